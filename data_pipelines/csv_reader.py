@@ -1,0 +1,168 @@
+"""The one strict CSV reader behind every CSV format of the project.
+
+Files are RFC 4180 CSV as written by Python's ``csv`` module or pandas (comma, double quote,
+doubled quotes inside quoted fields, quoted fields may span lines). Every fault raises
+:class:`~data_pipelines.errors.DataError` with the file, the 1-based physical line (as a text
+editor shows it) and, where there is one, the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from data_pipelines.errors import DataError
+
+LINE_KEY = "_line"
+"""Key of each record's 1-based line number (the line where the record starts)."""
+
+
+def _line_of_offset(prefix: str) -> int:
+    # Count line breaks the way csv/io count them with newline="": "\r\n", "\n" and a lone "\r".
+    return prefix.count("\n") + prefix.count("\r") - prefix.count("\r\n") + 1
+
+
+def _decode(path: Path, data: bytes) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        # The bytes before the offending one are valid up to err.start by definition.
+        prefix = data[: err.start].decode("utf-8")
+        line = _line_of_offset(prefix)
+        column = len(prefix) - max(prefix.rfind("\n"), prefix.rfind("\r"))
+        bad = data[err.start : err.end].hex(" ")
+        raise DataError(
+            path, line, None, f"invalid UTF-8 (byte(s) {bad} at character {column}): {err.reason}"
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def _field_index_of_quote_error(record_text: str) -> int:
+    """0-based index of the field where the quoting of a record goes wrong.
+
+    Replays the default csv dialect (``,`` delimiter, ``"`` quote, doubled quotes) over the
+    text from the record's first character; used only after ``csv`` has reported an error,
+    to say which field it is in.
+    """
+    field, i, n = 0, 0, len(record_text)
+    at_start, in_quotes = True, False
+    while i < n:
+        c = record_text[i]
+        if in_quotes:
+            if c == '"':
+                if i + 1 < n and record_text[i + 1] == '"':
+                    i += 2
+                    continue
+                in_quotes = False
+                if i + 1 < n and record_text[i + 1] not in ',\r\n':
+                    return field  # text after the closing quote
+        elif c == '"' and at_start:
+            in_quotes = True
+            at_start = False
+        elif c == ",":
+            field += 1
+            at_start = True
+        elif c in "\r\n":
+            return field
+        else:
+            at_start = False
+        i += 1
+    return field  # end of file inside a quoted field
+
+
+def read_csv_records(
+    path: str | os.PathLike[str],
+    required_columns: Sequence[str],
+    *,
+    allow_empty: Sequence[str] = (),
+) -> list[dict[str, str | int]]:
+    """Reads a CSV file with a header row into one dict per record, checking it strictly.
+
+    Args:
+      path: the CSV file (UTF-8, an optional BOM is dropped).
+      required_columns: column names that the header must contain; their values must not be
+        empty or whitespace-only (unless listed in ``allow_empty``). Other columns are kept.
+      allow_empty: required columns whose values may be empty.
+
+    Returns:
+      One dict per record, in file order: every header column -> its string value (quoted
+      fields may contain newlines), plus ``"_line"`` (:data:`LINE_KEY`) -> the 1-based physical
+      line on which the record starts. Blank lines are skipped.
+
+    Raises:
+      FileNotFoundError: the file does not exist.
+      DataError: invalid UTF-8 (line of the offending byte); no header; a duplicated header
+        name; a required column missing from the header (names it and lists the header);
+        broken quoting (line where the record starts, and the field); a row with a different
+        number of fields than the header; an empty required field (line and column).
+    """
+    path = Path(path)
+    text = _decode(path, path.read_bytes())
+    # newline="" keeps line breaks inside quoted fields as they are (the csv module's rule)
+    # and makes csv count lines exactly as _line_of_offset does.
+    lines = io.StringIO(text, newline="").readlines()
+    reader = csv.reader(iter(lines), strict=True)
+    required = list(required_columns)
+    empty_ok = set(allow_empty)
+    unknown = empty_ok - set(required)
+    if unknown:
+        raise ValueError(f"allow_empty names columns that are not required: {sorted(unknown)}")
+
+    header: list[str] | None = None
+    records: list[dict[str, str | int]] = []
+    while True:
+        start_line = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as err:
+            index = _field_index_of_quote_error("".join(lines[start_line - 1 :]))
+            if header is None:
+                field = f"column {index + 1} of the header"
+            else:
+                field = header[index] if index < len(header) else f"column {index + 1}"
+            end = "the end of the file" if reader.line_num >= len(lines) else (
+                f"line {reader.line_num}"
+            )
+            raise DataError(
+                path, start_line, field,
+                f"malformed record starting on this line: {err} (detected at {end}); a quote "
+                "inside a field must be doubled and the field itself quoted",
+            ) from None
+        if not row:
+            continue
+        if header is None:
+            header = row
+            seen: set[str] = set()
+            for name in header:
+                if name in seen:
+                    raise DataError(
+                        path, start_line, name, "column name appears twice in the header"
+                    )
+                seen.add(name)
+            for name in required:
+                if name not in seen:
+                    raise DataError(
+                        path, start_line, name,
+                        f"required column missing from the header; the header is {header}",
+                    )
+            must_fill = [name for name in required if name not in empty_ok]
+            continue
+        if len(row) != len(header):
+            raise DataError(
+                path, start_line, None,
+                f"row has {len(row)} fields, the header has {len(header)} ({header})",
+            )
+        record: dict[str, str | int] = dict(zip(header, row, strict=True))
+        for name in must_fill:
+            if not record[name].strip():
+                raise DataError(path, start_line, name, "empty or whitespace-only value")
+        record[LINE_KEY] = start_line
+        records.append(record)
+    if header is None:
+        raise DataError(path, None, None, "file has no header row (it is empty)")
+    return records

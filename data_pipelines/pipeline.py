@@ -1,0 +1,206 @@
+"""tf.data input pipeline: deterministic, resumable, per-host slices of global batches.
+
+The order is a pure function of (seed, step): step s is in epoch ``e = s // steps_per_epoch``,
+epoch e visits the rows in the order ``np.random.default_rng([seed, e]).permutation(n)``, and
+the global batch of step s is rows ``perm[b*B:(b+1)*B]`` with ``b = s % steps_per_epoch`` (the
+remainder of each epoch is dropped). Every host computes the same permutation and the same
+padded length, then keeps only its contiguous slice of the global batch, so the hosts'
+slices put side by side are the global batch, and restarting at step k (the saved data
+position) continues exactly as an uninterrupted run.
+
+The token table stays in host memory as numpy; tf.data only gathers the rows of each step
+(no shuffle buffer), pads to the step's length and prefetches. TensorFlow is kept off every
+accelerator.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from data_pipelines.table import TokenTable, text_identity_ids
+
+try:
+    # TensorFlow must never take the GPU/TPU memory that JAX needs.
+    tf.config.set_visible_devices([], "GPU")
+except (RuntimeError, ValueError):
+    pass  # devices already initialised by an earlier import; nothing more can be done here
+
+__all__ = ["TokenTable", "make_batches", "steps_per_epoch", "text_identity_ids"]
+
+
+def steps_per_epoch(n: int, global_batch_size: int) -> int:
+    """Full global batches in one pass over n examples (the remainder is dropped).
+
+    Raises:
+      ValueError: ``global_batch_size`` < 1 or > n.
+    """
+    if global_batch_size < 1:
+        raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
+    if global_batch_size > n:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is larger than the data set ({n} examples): "
+            "no full batch can be formed; lower the batch size or add data"
+        )
+    return n // global_batch_size
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+class _StepBatcher:
+    """Numpy side of the pipeline: the host slice of step s (thread-safe)."""
+
+    def __init__(
+        self,
+        table: TokenTable,
+        *,
+        global_batch_size: int,
+        seed: int,
+        process_index: int,
+        process_count: int,
+        pad_multiple: int,
+        fixed_length: int | None,
+    ) -> None:
+        self.table = table
+        self.batch = global_batch_size
+        self.seed = seed
+        self.spe = steps_per_epoch(table.num_examples, global_batch_size)
+        local = global_batch_size // process_count
+        self.lo, self.hi = process_index * local, (process_index + 1) * local
+        self.pad_multiple = pad_multiple
+        self.fixed_length = fixed_length
+        self._lock = threading.Lock()
+        self._epoch = -1
+        self._perm = np.empty((0,), np.int64)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        with self._lock:
+            if epoch != self._epoch:
+                self._perm = np.random.default_rng([self.seed, epoch]).permutation(
+                    self.table.num_examples
+                )
+                self._epoch = epoch
+            return self._perm
+
+    def global_rows(self, step: int) -> np.ndarray:
+        """[B] int64 table rows of the global batch of ``step``."""
+        epoch, b = divmod(int(step), self.spe)
+        return self.permutation(epoch)[b * self.batch : (b + 1) * self.batch]
+
+    def __call__(self, step: np.int64) -> tuple[np.ndarray, ...]:
+        rows = self.global_rows(int(step))
+        t = self.table
+        if self.fixed_length is not None:
+            length = self.fixed_length
+        else:
+            # From the GLOBAL batch, so every host pads to the same length.
+            longest = max(int(t.lengths[rows].max()), 1)
+            length = min(_round_up(longest, self.pad_multiple), t.max_len)
+        local = rows[self.lo : self.hi]
+        input_ids = t.input_ids[local, :, :length]
+        token_type_ids = t.token_type_ids[local, :, :length]
+        mask = (np.arange(length, dtype=np.int32) < t.lengths[local][:, :, None]).astype(np.int32)
+        return input_ids, mask, token_type_ids, t.text_ids[local]
+
+
+def make_batches(
+    table: TokenTable,
+    *,
+    global_batch_size: int,
+    seed: int,
+    start_step: int = 0,
+    num_steps: int | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    pad_multiple: int = 16,
+    fixed_length: int | None = None,
+    prefetch: int = 2,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Yields this host's slice of each global batch, from ``start_step`` on.
+
+    Args:
+      table: the examples; see :class:`TokenTable`.
+      global_batch_size: B, examples per step summed over all hosts.
+      seed: the order's seed; epoch e's order is ``default_rng([seed, e]).permutation(n)``.
+      start_step: the first step to yield (the resumable data position).
+      num_steps: how many steps to yield; None for no end (epochs repeat with new orders).
+      process_index, process_count: this host p and the number of hosts P; host p gets rows
+        ``[p*B/P, (p+1)*B/P)`` of each global batch.
+      pad_multiple: the padded length L of a step is the longest sequence of the global
+        batch (all rows, all fields) rounded up to this multiple, capped at the table's
+        max_len; fewer distinct shapes means fewer XLA recompilations.
+      fixed_length: if given, every step is padded to exactly this length instead.
+      prefetch: batches prepared ahead in the background.
+
+    Yields:
+      dicts with ``"input_ids"`` [B/P, F, L] int32, ``"attention_mask"`` [B/P, F, L] int32
+      (1 on real tokens), ``"token_type_ids"`` [B/P, F, L] int32, ``"text_ids"`` [B/P, F] int32
+      and ``"step"`` (int64 scalar, the global step of the batch).
+
+    Raises:
+      ValueError: B not divisible by P, B larger than the table, process_index out of range,
+        start_step or num_steps negative, pad_multiple < 1, or fixed_length shorter than a
+        sequence of the table or longer than its max_len.
+    """
+    n = table.num_examples
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} must lie in [0, {process_count})")
+    if global_batch_size % process_count:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not divisible by "
+            f"process_count={process_count}"
+        )
+    steps_per_epoch(n, global_batch_size)  # raises on B > n
+    if start_step < 0 or (num_steps is not None and num_steps < 0):
+        raise ValueError(f"start_step={start_step} and num_steps={num_steps} must be >= 0")
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be positive, got {pad_multiple}")
+    if fixed_length is not None:
+        longest = int(table.lengths.max())
+        if not longest <= fixed_length <= table.max_len:
+            raise ValueError(
+                f"fixed_length={fixed_length} must lie in [{longest}, {table.max_len}]: the "
+                "longest sequence of the table and the stored width"
+            )
+
+    batcher = _StepBatcher(
+        table,
+        global_batch_size=global_batch_size,
+        seed=seed,
+        process_index=process_index,
+        process_count=process_count,
+        pad_multiple=pad_multiple,
+        fixed_length=fixed_length,
+    )
+    local = global_batch_size // process_count
+    num_fields = len(table.field_names)
+
+    def gather(step: tf.Tensor) -> dict[str, tf.Tensor]:
+        input_ids, mask, token_type_ids, text_ids = tf.numpy_function(
+            batcher, [step], [tf.int32] * 4, stateful=False
+        )
+        input_ids.set_shape([local, num_fields, fixed_length])
+        mask.set_shape([local, num_fields, fixed_length])
+        token_type_ids.set_shape([local, num_fields, fixed_length])
+        text_ids.set_shape([local, num_fields])
+        return {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "token_type_ids": token_type_ids,
+            "text_ids": text_ids,
+            "step": step,
+        }
+
+    if num_steps is None:
+        steps = tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
+    else:
+        steps = tf.data.Dataset.range(start_step, start_step + num_steps, dtype=tf.int64)
+    options = tf.data.Options()
+    options.deterministic = True
+    dataset = steps.map(gather).prefetch(prefetch).with_options(options)
+    return iter(dataset.as_numpy_iterator())

@@ -1,0 +1,16 @@
+"""CPU-sized DualCSE-Cross preset for the README's main job (2 cores, minutes not hours)."""
+
+from dualcse_jax.configs import default
+
+
+def get_config():
+    c = default.get_config()
+    c.max_length = 64
+    c.pad_multiple = 16
+    c.batch_size = 16
+    c.learning_rate = 5e-5
+    c.warmup_steps = 10
+    c.num_train_steps = 150
+    c.log_every = 10
+    c.checkpoint_every = 50
+    return c

@@ -1,0 +1,113 @@
+"""The DualCSE 5-term contrastive loss and the supervised SimCSE loss.
+
+Both are written on the global batch (all devices' premises are negatives of each other)
+and are built from ``embedding_core.losses.info_nce``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from embedding_core.losses import info_nce
+
+# Sentence slots of an INLI example, in the order data_pipelines.dualcse_data builds them.
+PREMISE, EXPLICIT, IMPLIED, CONTRADICTION = 0, 1, 2, 3
+
+
+def _ids(text_ids: jax.Array, kind: int) -> jax.Array:
+    # A vector's identity is (text, which of r/u): equal identities are equal vectors, so a
+    # copy of the positive is masked out of the denominator instead of pushed away.
+    return text_ids * 2 + kind
+
+
+def dualcse_loss(
+    r: jax.Array,
+    u: jax.Array,
+    text_ids: jax.Array,
+    *,
+    temperature: float = 0.05,
+    use_contradiction: bool = True,
+    use_intra: bool = True,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """DualCSE loss (Oda et al. 2025, the loss equation of Sec. 3; PAPERS.md section 1).
+
+    With ``v(a, b) = exp(cos(a, b) / tau)`` and sums over the global batch j::
+
+        l_i = -log v(r_i, r+_i1) / sum_j [v(r_i, r+_j1) + v(r_i, r-_j) + v(r_i, u_j)]
+              -log v(u_i, r+_i2) / sum_j [v(u_i, r+_j2) + v(u_i, r-_j) + v(u_i, r_j)]
+              -log v(r+_i1, u+_i1) / sum_j v(r+_i1, u+_j1)
+              -log v(r+_i2, u+_i2) / sum_j v(r+_i2, u+_j2)
+              -log v(r-_i, u-_i) / sum_j v(r-_i, u-_j)
+
+    Ablation switches (our reading of the paper's ablations):
+
+    * ``use_contradiction=False`` removes the contradiction negatives ``r-_j`` from terms
+      1-2 and drops term 5 (contradictions are then unused);
+    * ``use_intra=False`` removes the intra-sentence relations: the premise's other vector
+      (``u_j`` in term 1, ``r_j`` in term 2) and terms 3-5.
+
+    Args:
+      r, u: ``[batch, 4, dim]`` float explicit / implicit vectors of (premise, explicit
+        entailment, implied entailment, contradiction).
+      text_ids: ``[batch, 4]`` int32 text identities; keys whose identity equals the
+        positive's are removed from the denominator (duplicates are not negatives).
+      temperature: tau; the paper uses 0.05.
+
+    Returns:
+      ``(loss, terms)``: the batch mean of ``l_i`` (float32 scalar) and the mean of each
+      term (``term1`` ... ``term5``; dropped terms are absent).
+    """
+    r = r.astype(jnp.float32)
+    u = u.astype(jnp.float32)
+    n = r.shape[0]
+    idx = jnp.arange(n, dtype=jnp.int32)
+    rid, uid = _ids(text_ids, 0), _ids(text_ids, 1)
+
+    def term(query, blocks):
+        keys = jnp.concatenate([b[0] for b in blocks], axis=0)
+        ids = jnp.concatenate([b[1] for b in blocks], axis=0)
+        return info_nce(query, keys, idx, temperature=temperature, key_ids=ids)
+
+    blocks1 = [(r[:, EXPLICIT], rid[:, EXPLICIT])]
+    blocks2 = [(r[:, IMPLIED], rid[:, IMPLIED])]
+    if use_contradiction:
+        blocks1.append((r[:, CONTRADICTION], rid[:, CONTRADICTION]))
+        blocks2.append((r[:, CONTRADICTION], rid[:, CONTRADICTION]))
+    if use_intra:
+        blocks1.append((u[:, PREMISE], uid[:, PREMISE]))
+        blocks2.append((r[:, PREMISE], rid[:, PREMISE]))
+    terms = {
+        "term1": term(r[:, PREMISE], blocks1),
+        "term2": term(u[:, PREMISE], blocks2),
+    }
+    if use_intra:
+        hypotheses = [EXPLICIT, IMPLIED] + ([CONTRADICTION] if use_contradiction else [])
+        for k, slot in enumerate(hypotheses, start=3):
+            terms[f"term{k}"] = term(r[:, slot], [(u[:, slot], uid[:, slot])])
+    total = sum(terms.values())
+    return jnp.mean(total), {k: jnp.mean(v) for k, v in terms.items()}
+
+
+def simcse_loss(
+    e: jax.Array, text_ids: jax.Array, *, temperature: float = 0.05
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Supervised SimCSE (Gao et al. 2021, eq. 5): anchors against positives + hard negatives.
+
+    ``l_i = -log v(h_i, h+_i) / sum_j [v(h_i, h+_j) + v(h_i, h-_j)]``, one direction, over
+    the global batch.
+
+    Args:
+      e: ``[batch, 3, dim]`` float vectors of (anchor, positive, hard negative).
+      text_ids: ``[batch, 3]`` int32 text identities (duplicates of the positive masked).
+
+    Returns:
+      ``(loss, {})``: float32 batch mean.
+    """
+    e = e.astype(jnp.float32)
+    n = e.shape[0]
+    keys = jnp.concatenate([e[:, 1], e[:, 2]], axis=0)
+    ids = jnp.concatenate([text_ids[:, 1], text_ids[:, 2]], axis=0)
+    per = info_nce(e[:, 0], keys, jnp.arange(n, dtype=jnp.int32), temperature=temperature,
+                   key_ids=ids)
+    return jnp.mean(per), {}

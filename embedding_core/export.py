@@ -1,0 +1,397 @@
+"""Streaming, atomic export of embeddings to ``.npy`` files with ids and metadata.
+
+Layout of an export directory::
+
+    <name>.npy    one per array, [num_rows, dim] float32 (NumPy .npy format)
+    ids.txt       UTF-8, one id per line: line i (0-based) is the id of row i
+    meta.json     the caller's metadata plus shapes, dtype, file names and creation time
+
+Rows arrive in blocks (any order of contiguous blocks, e.g. one per host or per batch)
+and go straight into memory-mapped temporary files in the output directory, so no more
+than one block is ever held in RAM. On success every file is moved into place with
+``os.replace``; on any error the temporary files are deleted and an older export in the
+same directory is left as it was. Each file is replaced atomically; ``meta.json`` is
+replaced last and :func:`load_export` checks that shapes and id count agree with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from tqdm.auto import tqdm
+
+META_FILENAME = "meta.json"
+FORMAT_VERSION = 1
+# Keys that the writer puts in meta.json itself; the caller's meta may not use them.
+_RESERVED_META_KEYS = ("format_version", "num_rows", "arrays", "ids_file", "created_utc")
+# Keys of export_embeddings' result that are not array names.
+_RESERVED_ARRAY_NAMES = ("ids", "meta")
+
+
+def _check_filename(name: str, what: str) -> None:
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith(".")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+    ):
+        raise ValueError(f"{what} must be a plain file name (no '/', not hidden), got {name!r}")
+
+
+class EmbeddingWriter:
+    """Context manager that streams embedding blocks into an export directory.
+
+    Usage::
+
+        with EmbeddingWriter(out, {"r": 768, "u": 768}, num_rows=n, meta={"model": "..."}) as w:
+            for start, ids, r, u in blocks:
+                w.write(start, {"r": r, "u": u}, ids)
+
+    Args:
+      out_dir: output directory; created if missing (and removed again on failure if this
+        writer created it and it is empty).
+      arrays: ``{name: dim}``; each name becomes ``<name>.npy`` of shape ``[num_rows, dim]``.
+        ``"ids"`` and ``"meta"`` are reserved.
+      num_rows: total number of rows, >= 1.
+      dtype: floating dtype of the stored arrays (default float32).
+      ids_filename: name of the id file (default ``ids.txt``).
+      meta: JSON-serialisable dict stored in ``meta.json`` (for example model, checkpoint
+        step, data split). Must not use the keys the writer adds.
+
+    Raises:
+      ValueError: bad names, dims, row count, dtype, or meta keys; TypeError: meta is not
+        JSON-serialisable.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        arrays: Mapping[str, int],
+        num_rows: int,
+        dtype: npt.DTypeLike = np.float32,
+        *,
+        ids_filename: str = "ids.txt",
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.out_dir = Path(out_dir)
+        if not arrays:
+            raise ValueError("arrays must name at least one array")
+        for name, dim in arrays.items():
+            _check_filename(name, "array name")
+            if name in _RESERVED_ARRAY_NAMES:
+                raise ValueError(f"array name {name!r} is reserved ({_RESERVED_ARRAY_NAMES})")
+            if isinstance(dim, bool) or int(dim) != dim or dim < 1:
+                raise ValueError(f"dim of array {name!r} must be a positive int, got {dim!r}")
+        self.dims = {name: int(dim) for name, dim in arrays.items()}
+        if isinstance(num_rows, bool) or int(num_rows) != num_rows or num_rows < 1:
+            raise ValueError(f"num_rows must be a positive int, got {num_rows!r}")
+        self.num_rows = int(num_rows)
+        self.dtype = np.dtype(dtype)
+        if not np.issubdtype(self.dtype, np.floating):
+            raise ValueError(f"dtype must be a floating type, got {self.dtype}")
+        _check_filename(ids_filename, "ids_filename")
+        if ids_filename == META_FILENAME or ids_filename in {f"{n}.npy" for n in self.dims}:
+            raise ValueError(f"ids_filename {ids_filename!r} collides with another output")
+        self.ids_filename = ids_filename
+        self.meta = dict(meta or {})
+        clash = sorted(set(self.meta) & set(_RESERVED_META_KEYS))
+        if clash:
+            raise ValueError(f"meta keys {clash} are reserved for the writer")
+        try:
+            json.dumps(self.meta)
+        except TypeError as e:
+            raise TypeError(f"meta must be JSON-serialisable: {e}") from e
+        self._state = "new"
+        self._created_dir = False
+        self._tmp_paths: list[Path] = []
+        self._memmaps: dict[str, np.memmap] = {}
+        self._array_tmp: dict[str, Path] = {}
+        self._ids_spool = None
+        self._ids_spool_path: Path | None = None
+        # (start_row, byte offset, byte length) of each block's ids in the spool file.
+        self._id_blocks: list[tuple[int, int, int]] = []
+        self._written: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def output_paths(self) -> dict[str, Path]:
+        """Final paths: ``{array name: <name>.npy, "ids": ids file, "meta": meta.json}``."""
+        paths = {name: self.out_dir / f"{name}.npy" for name in self.dims}
+        paths["ids"] = self.out_dir / self.ids_filename
+        paths["meta"] = self.out_dir / META_FILENAME
+        return paths
+
+    def _tmp_file(self, stem: str) -> Path:
+        fd, path = tempfile.mkstemp(dir=self.out_dir, prefix=f".{stem}.", suffix=".tmp")
+        os.close(fd)
+        self._tmp_paths.append(Path(path))
+        return Path(path)
+
+    def __enter__(self) -> EmbeddingWriter:
+        if self._state != "new":
+            raise RuntimeError("an EmbeddingWriter can be entered only once")
+        self._state = "open"
+        try:
+            if not self.out_dir.exists():
+                self.out_dir.mkdir(parents=True)
+                self._created_dir = True
+            for name, dim in self.dims.items():
+                path = self._tmp_file(f"{name}.npy")
+                self._array_tmp[name] = path
+                self._memmaps[name] = np.lib.format.open_memmap(
+                    path, mode="w+", dtype=self.dtype, shape=(self.num_rows, dim)
+                )
+            self._ids_spool_path = self._tmp_file(f"{self.ids_filename}.spool")
+            self._ids_spool = open(self._ids_spool_path, "wb")
+            self._written = np.zeros(self.num_rows, dtype=bool)
+        except BaseException:
+            self._cleanup()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            self._cleanup()
+            return False
+        try:
+            self._finish()
+        except BaseException:
+            self._cleanup()
+            raise
+        return False
+
+    # ---------------------------------------------------------------------- write
+
+    def write(self, start_row: int, blocks: Mapping[str, np.ndarray], ids: Sequence[str]) -> None:
+        """Write rows ``[start_row, start_row + b)`` of every array and their ids.
+
+        Args:
+          start_row: first row of the block, 0-based.
+          blocks: ``{name: [b, dim] array}`` for every array named at construction; any
+            float dtype (numpy or jax arrays), cast to the writer's dtype.
+          ids: ``b`` strings, the ids of these rows; no line breaks.
+
+        Raises:
+          RuntimeError: used outside its ``with`` block.
+          ValueError: missing/extra arrays, wrong shapes, rows out of range or already
+            written, non-finite values (NaN/inf, also after the cast), ids with line breaks.
+          TypeError: an id that is not a ``str``.
+        """
+        if self._state != "open":
+            raise RuntimeError("EmbeddingWriter.write must be called inside its `with` block")
+        if set(blocks) != set(self.dims):
+            raise ValueError(
+                f"write needs exactly the arrays {sorted(self.dims)}, got {sorted(blocks)}"
+            )
+        b = len(ids)
+        start = int(start_row)
+        if start < 0 or start + b > self.num_rows:
+            raise ValueError(f"rows [{start}, {start + b}) fall outside [0, {self.num_rows})")
+        for i, id_ in enumerate(ids):
+            if not isinstance(id_, str):
+                raise TypeError(f"id of row {start + i} must be str, got {type(id_).__name__}")
+            if "\n" in id_ or "\r" in id_:
+                raise ValueError(f"id of row {start + i} contains a line break: {id_!r}")
+        if self._written[start : start + b].any():
+            first = start + int(np.argmax(self._written[start : start + b]))
+            raise ValueError(f"row {first} was already written")
+        cast = {}
+        for name, block in blocks.items():
+            arr = np.asarray(block)
+            if arr.shape != (b, self.dims[name]):
+                raise ValueError(
+                    f"array {name!r}: block shape {arr.shape}, expected ({b}, {self.dims[name]})"
+                    f" for {b} ids"
+                )
+            with np.errstate(over="ignore", invalid="ignore"):
+                arr = arr.astype(self.dtype, copy=False)
+            finite = np.isfinite(arr)
+            if not finite.all():
+                row = int(np.argwhere(~finite)[0, 0])
+                raise ValueError(
+                    f"array {name!r} row {start + row} (id {ids[row]!r}) is not finite "
+                    f"(NaN or inf, possibly after casting to {self.dtype}); not exporting it"
+                )
+            cast[name] = arr
+        # Validate everything before touching the files, so a bad block writes nothing.
+        for name, arr in cast.items():
+            self._memmaps[name][start : start + b] = arr
+        data = "".join(f"{id_}\n" for id_ in ids).encode("utf-8")
+        offset = self._ids_spool.tell()
+        self._ids_spool.write(data)
+        self._id_blocks.append((start, offset, len(data)))
+        self._written[start : start + b] = True
+
+    # --------------------------------------------------------------------- finish
+
+    def _finish(self) -> None:
+        if not self._written.all():
+            missing = np.flatnonzero(~self._written)
+            raise ValueError(
+                f"{missing.size} of {self.num_rows} rows were never written "
+                f"(first missing rows: {missing[:10].tolist()}); nothing exported to "
+                f"{self.out_dir}"
+            )
+        for mm in self._memmaps.values():
+            mm.flush()
+        self._memmaps.clear()  # closes the maps before the files move
+        self._ids_spool.close()
+
+        ids_tmp = self._tmp_file(self.ids_filename)
+        with open(self._ids_spool_path, "rb") as spool, open(ids_tmp, "wb") as out:
+            for _, offset, length in sorted(self._id_blocks):
+                spool.seek(offset)
+                out.write(spool.read(length))
+            out.flush()
+            os.fsync(out.fileno())
+
+        meta = dict(self.meta)
+        meta.update(
+            format_version=FORMAT_VERSION,
+            num_rows=self.num_rows,
+            arrays={
+                name: {
+                    "file": f"{name}.npy",
+                    "shape": [self.num_rows, dim],
+                    "dtype": self.dtype.name,
+                }
+                for name, dim in self.dims.items()
+            },
+            ids_file=self.ids_filename,
+            created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        meta_tmp = self._tmp_file(META_FILENAME)
+        with open(meta_tmp, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+        for path in self._array_tmp.values():
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+        finals = self.output_paths
+        # meta.json last: its presence with matching shapes marks a complete export.
+        moves = [(self._array_tmp[n], finals[n]) for n in self.dims]
+        moves += [(ids_tmp, finals["ids"]), (meta_tmp, finals["meta"])]
+        for src, dst in moves:
+            os.replace(src, dst)
+            self._tmp_paths.remove(src)
+        self._state = "done"
+        self._cleanup()  # removes the spool
+
+    def _cleanup(self) -> None:
+        if self._state != "done":
+            self._state = "failed"
+        self._memmaps.clear()
+        if self._ids_spool is not None and not self._ids_spool.closed:
+            self._ids_spool.close()
+        for path in self._tmp_paths:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        self._tmp_paths.clear()
+        if self._state == "failed" and self._created_dir:
+            try:
+                self.out_dir.rmdir()  # only if empty
+            except OSError:
+                pass
+
+
+def export_embeddings(
+    out_dir: str | os.PathLike,
+    batches: Iterable[tuple[Sequence[str], Mapping[str, np.ndarray]]],
+    num_rows: int,
+    dims: Mapping[str, int],
+    meta: Mapping[str, Any] | None = None,
+    ids_filename: str = "ids.txt",
+) -> dict[str, Path]:
+    """Write ``batches`` in order as one export, with a tqdm progress bar (in rows).
+
+    Args:
+      out_dir: output directory.
+      batches: iterable of ``(ids, {name: [b, dim] array})``, rows in order.
+      num_rows: total rows the batches add up to.
+      dims: ``{name: dim}`` of the arrays.
+      meta: JSON-serialisable metadata for ``meta.json``.
+      ids_filename: name of the id file.
+
+    Returns:
+      ``{array name: Path of <name>.npy, "ids": Path, "meta": Path}``.
+
+    Raises:
+      ValueError: as :class:`EmbeddingWriter` (too many or too few rows, NaN, ...); in that
+        case nothing new is left in ``out_dir``.
+    """
+    writer = EmbeddingWriter(out_dir, dims, num_rows, ids_filename=ids_filename, meta=meta)
+    with writer, tqdm(total=num_rows, unit="row", desc=f"export {out_dir}") as bar:
+        start = 0
+        for ids, blocks in batches:
+            writer.write(start, blocks, ids)
+            start += len(ids)
+            bar.update(len(ids))
+    return writer.output_paths
+
+
+def load_export(
+    out_dir: str | os.PathLike, mmap_mode: str | None = None
+) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+    """Read an export written by :class:`EmbeddingWriter`.
+
+    Args:
+      out_dir: export directory.
+      mmap_mode: passed to ``np.load`` (e.g. ``"r"`` to map large arrays, not read them).
+
+    Returns:
+      ``(arrays, ids, meta)``: ``{name: [num_rows, dim] array}``, the ``num_rows`` ids
+      (``ids[i]`` belongs to row ``i``), and the parsed ``meta.json``.
+
+    Raises:
+      FileNotFoundError: ``meta.json`` or a listed file is missing.
+      ValueError: a file disagrees with ``meta.json`` (shape, dtype, number of ids).
+    """
+    out_dir = Path(out_dir)
+    meta_path = out_dir / META_FILENAME
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path}: no {META_FILENAME}; not an export directory")
+    with open(meta_path, encoding="utf-8") as f:
+        meta = json.load(f)
+    try:
+        num_rows = int(meta["num_rows"])
+        spec = meta["arrays"]
+        ids_file = meta["ids_file"]
+    except KeyError as e:
+        raise ValueError(f"{meta_path}: missing field {e}") from e
+    arrays = {}
+    for name, info in spec.items():
+        path = out_dir / info["file"]
+        arr = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+        if list(arr.shape) != list(info["shape"]) or arr.dtype.name != info["dtype"]:
+            raise ValueError(
+                f"{path}: shape {list(arr.shape)} dtype {arr.dtype.name} disagrees with "
+                f"{meta_path} field 'arrays.{name}' ({info['shape']}, {info['dtype']})"
+            )
+        arrays[name] = arr
+    ids_path = out_dir / ids_file
+    with open(ids_path, encoding="utf-8", newline="") as f:
+        text = f.read()
+    if text and not text.endswith("\n"):
+        raise ValueError(f"{ids_path}: last line has no newline; the file is truncated")
+    ids = text.split("\n")[:-1]
+    if len(ids) != num_rows:
+        raise ValueError(
+            f"{ids_path}: {len(ids)} ids, but {meta_path} field 'num_rows' is {num_rows}"
+        )
+    return arrays, ids, meta

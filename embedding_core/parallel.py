@@ -1,0 +1,148 @@
+"""Device mesh, logical-axis rules, host-to-global batches and multi-host start-up.
+
+The one way (DESIGN.md): a 2-D mesh ``("data", "model")`` with Auto axis types; parameters
+carry logical axis names and ``LOGICAL_AXIS_RULES`` map them onto mesh axes; host batches
+enter as global ``jax.Array`` through ``jax.make_array_from_process_local_data``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+LogicalRules = Sequence[tuple[str, str | tuple[str, ...] | None]]
+
+# Logical names used by the encoders and heads -> mesh axes. Tensor parallelism shards the
+# vocabulary, the attention heads and the MLP width over "model"; batch goes over "data".
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("entities", "model"),
+    ("heads", "model"),
+    ("mlp", "model"),
+    ("embed", None),
+    ("length", None),
+)
+
+
+def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Builds the ``("data", "model")`` mesh with Auto axis types.
+
+    Args:
+      data: data-parallel size; ``-1`` takes all devices left after ``model``.
+      model: tensor/vocabulary-parallel size.
+      devices: defaults to ``jax.devices()`` (all processes).
+
+    Raises:
+      ValueError: if ``data * model`` does not equal the number of devices.
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    n = len(devices)
+    if model < 1 or n % model:
+        raise ValueError(f"mesh model={model} does not divide the {n} available devices")
+    if data == -1:
+        data = n // model
+    if data * model != n:
+        raise ValueError(
+            f"mesh data={data} x model={model} = {data * model} devices, but {n} are available; "
+            "set config.mesh_data=-1 to use all devices"
+        )
+    if devices == list(jax.devices()):
+        return jax.make_mesh((data, model), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    return Mesh(np.asarray(devices).reshape(data, model), ("data", "model"),
+                axis_types=(AxisType.Auto,) * 2)
+
+
+def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES):
+    """NamedShardings for a tree whose leaves may be ``nn.LogicallyPartitioned`` boxes.
+
+    Unboxed leaves (optimizer counters, scalars) are replicated.
+    """
+    specs = nn.get_partition_spec(abstract_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of a batch: leading axis over ``data``, the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec("data"))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def check_global_batch(global_batch_size: int, mesh: Mesh) -> None:
+    """Fails before any compilation when the batch cannot be split over the data axis.
+
+    Raises:
+      ValueError: naming the batch size, the data-parallel size and the process count.
+    """
+    data = mesh.shape["data"]
+    if global_batch_size % data:
+        raise ValueError(
+            f"batch_size={global_batch_size} is not divisible by the data-parallel size "
+            f"{data} (mesh data={data}, model={mesh.shape['model']}); choose a multiple of {data}"
+        )
+    if global_batch_size % jax.process_count():
+        raise ValueError(
+            f"batch_size={global_batch_size} is not divisible by the process count "
+            f"{jax.process_count()}"
+        )
+
+
+def host_to_global(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Assembles each process's slice of the batch into global arrays sharded over ``data``.
+
+    Args:
+      batch: this process's rows, ``[global_batch / process_count, ...]`` per entry;
+        processes hold contiguous slices in process order.
+
+    Returns:
+      Global arrays ``[global_batch, ...]`` with a ``PartitionSpec("data")`` sharding.
+    """
+    sharding = batch_sharding(mesh)
+    return {
+        k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+        for k, v in batch.items()
+    }
+
+
+def maybe_initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: Sequence[int] | None = None,
+) -> None:
+    """Calls ``jax.distributed.initialize`` when a multi-process run is asked for.
+
+    On TPU pods ``jax.distributed.initialize()`` finds everything itself; pass
+    ``coordinator_address="auto"`` for that. On CPU (tests, local multi-process runs) the
+    gloo collectives are selected so cross-process all-reduces work.
+    Nothing happens when ``coordinator_address`` is empty and ``JAX_COORDINATOR_ADDRESS`` is
+    unset.
+    """
+    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not coordinator_address:
+        return
+    if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if coordinator_address == "auto":
+        jax.distributed.initialize()
+    else:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+            local_device_ids=local_device_ids,
+        )
+    logging.info(
+        "process %d of %d, %d local / %d global devices",
+        jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
+    )

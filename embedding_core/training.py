@@ -1,0 +1,382 @@
+"""Train state, optimizer, the sharded train-step factory and the one training loop.
+
+Every model package supplies only (a) a parameter initialiser, (b) a loss function
+``loss_fn(params, batch, rng) -> (loss, metrics)`` written on the global batch, and (c) a
+batch iterator factory ``make_batches(start_step) -> Iterator[dict]``. Everything else —
+sharded state creation, ``jax.jit`` with in/out shardings and donation, metrics, progress,
+evaluation hooks, checkpoints and pre-emption — lives here, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax.training import train_state
+from jax.sharding import Mesh
+
+from embedding_core import checkpoints, parallel
+
+LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
+
+
+class TrainState(train_state.TrainState):
+    """flax's TrainState; ``apply_fn`` is unused (losses close over their modules)."""
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def learning_rate_schedule(
+    peak: float, total_steps: int, warmup_steps: int, decay: str = "linear"
+) -> optax.Schedule:
+    """Linear warm-up from 0 to ``peak`` over ``warmup_steps``, then linear or cosine decay to 0.
+
+    The linear form is Hugging Face's ``get_linear_schedule_with_warmup`` (what SimCSE and
+    DualCSE train with).
+    """
+    warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
+    decay_steps = max(total_steps - warmup_steps, 1)
+    if decay == "linear":
+        after = optax.linear_schedule(peak, 0.0, decay_steps)
+    elif decay == "cosine":
+        after = optax.cosine_decay_schedule(peak, decay_steps)
+    elif decay == "constant":
+        after = optax.constant_schedule(peak)
+    else:
+        raise ValueError(f"unknown lr decay {decay!r}; use linear, cosine or constant")
+    if warmup_steps == 0:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps), after],
+                                [warmup_steps])
+
+
+def weight_decay_mask(params: Any) -> Any:
+    """True for matrices (kernels, embeddings); False for biases and LayerNorm parameters.
+
+    Same split as Hugging Face's ``no_decay = ["bias", "LayerNorm.weight"]``.
+    """
+    return jax.tree.map(lambda p: np.ndim(p) > 1, params)
+
+
+def make_optimizer(
+    *,
+    learning_rate: float,
+    total_steps: int,
+    warmup_steps: int = 0,
+    weight_decay: float = 0.0,
+    decay: str = "linear",
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    grad_clip_norm: float | None = None,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) with warm-up/decay.
+
+    Returns:
+      ``(optimizer, schedule)``; the schedule is returned for logging.
+    """
+    schedule = learning_rate_schedule(learning_rate, total_steps, warmup_steps, decay)
+    chain = []
+    if grad_clip_norm:
+        chain.append(optax.clip_by_global_norm(grad_clip_norm))
+    chain.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                             mask=weight_decay_mask))
+    return optax.chain(*chain), schedule
+
+
+# ----------------------------------------------------------------------------- state
+
+
+def create_sharded_state(
+    init_params: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    rng: jax.Array,
+    *,
+    rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
+    pretrained: Mapping[str, Any] | None = None,
+) -> tuple[TrainState, Any]:
+    """Builds the train state directly in its sharded layout.
+
+    Args:
+      init_params: ``rng -> params`` whose leaves are ``nn.LogicallyPartitioned`` boxes
+        (``module.init(...)["params"]``).
+      tx: the optimizer.
+      mesh: the device mesh.
+      rng: PRNG key for the random initialisation.
+      pretrained: optional ``{param path: numpy tree}``; each subtree replaces the freshly
+        initialised one at that path, e.g. ``{("encoder", "transformer"): minilm_params}``.
+        Structures and shapes must match.
+
+    Returns:
+      ``(state, state_shardings)``; params in the state are plain (unboxed) arrays.
+
+    Raises:
+      ValueError: a pretrained subtree whose structure or shapes differ from the model's.
+    """
+
+    def init_state(key):
+        params = init_params(key)
+        return TrainState(step=jnp.zeros((), jnp.int32), apply_fn=None, params=params,
+                          tx=tx, opt_state=tx.init(params))
+
+    abstract = jax.eval_shape(init_state, rng)
+    shardings = parallel.logical_shardings(abstract, mesh, rules)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        state = jax.jit(lambda k: nn.unbox(init_state(k)), out_shardings=shardings)(rng)
+    if pretrained:
+        params = state.params
+        for path, tree in pretrained.items():
+            params = _replace_subtree(params, shardings.params, tuple(path), tree)
+        state = state.replace(params=params)
+    return state, shardings
+
+
+def _replace_subtree(params: Any, shardings: Any, path: tuple[str, ...], tree: Any) -> Any:
+    name = "/".join(path)
+    if not path:
+        return _place_like(tree, params, shardings, name)
+    if not isinstance(params, Mapping) or path[0] not in params:
+        have = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+        raise ValueError(f"pretrained weights for {name!r}, but the model has {have} there")
+    out = dict(params)
+    out[path[0]] = _replace_subtree(params[path[0]], shardings[path[0]], path[1:], tree)
+    return out
+
+
+def _place_like(tree: Any, like: Any, shardings: Any, name: str) -> Any:
+    want = jax.tree.structure(like)
+    got = jax.tree.structure(tree)
+    if want != got:
+        raise ValueError(f"pretrained tree for {name!r} has structure {got}, model has {want}")
+
+    def put(value, target, sharding):
+        value = np.asarray(value, dtype=target.dtype)
+        if value.shape != target.shape:
+            raise ValueError(f"pretrained {name}: shape {value.shape} != model {target.shape}")
+        return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
+
+    return jax.tree.map(put, tree, like, shardings)
+
+
+# ----------------------------------------------------------------------------- step
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    state_shardings: Any,
+    mesh: Mesh,
+    *,
+    schedule: optax.Schedule | None = None,
+    rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
+) -> Callable[[TrainState, Mapping[str, jax.Array], jax.Array], tuple[TrainState, dict]]:
+    """The pure train step, jitted with shardings and a donated state.
+
+    ``loss_fn(params, batch, rng)`` sees the *global* batch; gradients are those of the
+    global mean loss, XLA inserts the reductions. The per-step dropout key is
+    ``fold_in(rng, state.step)``, so a resumed run draws the same masks.
+
+    Returns:
+      ``step(state, batch, rng) -> (state, metrics)``; metrics are replicated scalars
+      including ``loss``, ``grad_norm`` and ``learning_rate``.
+    """
+
+    def step(state: TrainState, batch, rng):
+        key = jax.random.fold_in(rng, state.step)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, batch, key)
+        metrics = dict(metrics)
+        metrics["loss"] = loss
+        metrics["grad_norm"] = optax.global_norm(grads)
+        if schedule is not None:
+            metrics["learning_rate"] = schedule(state.step)
+        return state.apply_gradients(grads=grads), metrics
+
+    jitted = jax.jit(
+        step,
+        in_shardings=(state_shardings, parallel.batch_sharding(mesh), parallel.replicated(mesh)),
+        out_shardings=(state_shardings, parallel.replicated(mesh)),
+        donate_argnums=0,
+    )
+
+    def run(state, batch, rng):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            return jitted(state, batch, rng)
+
+    run.jitted = jitted  # for ahead-of-time lowering in benchmarks
+    return run
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop checks once per step (save, then exit)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame):
+        logging.warning("SIGTERM received: saving a checkpoint and stopping")
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+
+def _progress_bar(total: int, initial: int):
+    if jax.process_index() != 0:
+        return contextlib.nullcontext(None)
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                desc="train", smoothing=0.1)
+
+
+def train_loop(
+    *,
+    workdir: str | os.PathLike,
+    state: TrainState,
+    state_shardings: Any,
+    train_step: Callable,
+    make_batches: Callable[[int], Iterator[Mapping[str, np.ndarray]]],
+    mesh: Mesh,
+    num_train_steps: int,
+    rng: jax.Array,
+    seed: int,
+    global_batch_size: int,
+    log_every: int = 50,
+    checkpoint_every: int = 500,
+    keep_checkpoints: int = 3,
+    eval_every: int = 0,
+    eval_fn: Callable[[TrainState, int], Mapping[str, float]] | None = None,
+    hparams: Mapping[str, Any] | None = None,
+    stop_after: int | None = None,
+) -> TrainState:
+    """Runs (or resumes) training to ``num_train_steps``.
+
+    Resumption: when ``workdir/checkpoints`` holds a checkpoint, the state is restored onto
+    ``state_shardings`` and the batches restart at the saved data position. Checkpoints are
+    written every ``checkpoint_every`` steps, on SIGTERM and at the end; the loop waits
+    for pending asynchronous saves before it returns (no truncated last checkpoint).
+    Metrics go to TensorBoard event files in ``workdir`` and to the log; a tqdm bar with
+    ETA shows progress on process 0.
+
+    Args:
+      make_batches: ``start_step -> iterator`` of this process's host batches (numpy,
+        leading dimension ``global_batch_size / process_count``); a ``"step"`` entry, when
+        present, is checked against the loop's step.
+      eval_fn: ``(state, step) -> {name: float}``, called every ``eval_every`` steps and at
+        the end when ``eval_every > 0``.
+      stop_after: stop (with a checkpoint) after this many steps of *this* invocation;
+        for tests of resumption.
+
+    Returns:
+      The final state.
+    """
+    from clu import metric_writers
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    manager = checkpoints.make_manager(workdir / "checkpoints", max_to_keep=keep_checkpoints)
+    start_step = 0
+    restored = checkpoints.restore_latest(manager,
+                                          checkpoints.abstract_like(state, state_shardings))
+    if restored is not None:
+        _, state, position = restored
+        start_step = checkpoints.check_data_position(
+            position, seed=seed, global_batch_size=global_batch_size, directory=workdir)
+        logging.info("resuming at step %d", start_step)
+
+    writer = metric_writers.create_default_writer(
+        str(workdir), just_logging=jax.process_index() > 0, asynchronous=True)
+    if hparams and start_step == 0:
+        writer.write_hparams({k: v for k, v in hparams.items()
+                              if isinstance(v, (int, float, str, bool))})
+
+    def position(next_step: int) -> dict:
+        return {"next_step": next_step, "seed": seed, "global_batch_size": global_batch_size}
+
+    last_saved = start_step if restored is not None else -1
+    step = start_step
+    batches = make_batches(start_step)
+    pending: list[dict] = []
+    window_start = time.perf_counter()
+    try:
+        with _Preemption() as preemption, _progress_bar(num_train_steps, start_step) as bar:
+            while step < num_train_steps:
+                host_batch = dict(next(batches))
+                batch_step = host_batch.pop("step", None)
+                if batch_step is not None and int(batch_step) != step:
+                    raise RuntimeError(f"data position {int(batch_step)} != train step {step}")
+                batch = parallel.host_to_global(host_batch, mesh)
+                state, metrics = train_step(state, batch, rng)
+                pending.append(metrics)
+                step += 1
+                if bar is not None:
+                    bar.update(1)
+                if step % log_every == 0 or step == num_train_steps:
+                    summary = _mean_metrics(pending)
+                    elapsed = time.perf_counter() - window_start
+                    summary["steps_per_sec"] = len(pending) / max(elapsed, 1e-9)
+                    summary["examples_per_sec"] = summary["steps_per_sec"] * global_batch_size
+                    _check_finite(summary, step)
+                    writer.write_scalars(step, summary)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{summary['loss']:.4f}")
+                    pending.clear()
+                    window_start = time.perf_counter()
+                if eval_fn is not None and eval_every and (
+                        step % eval_every == 0 or step == num_train_steps):
+                    writer.write_scalars(step, dict(eval_fn(state, step)))
+                    window_start = time.perf_counter()
+                stop_now = preemption.requested or (
+                    stop_after is not None and step - start_step >= stop_after)
+                if step % checkpoint_every == 0 or step == num_train_steps or stop_now:
+                    checkpoints.save(manager, step, state, position(step))
+                    last_saved = step
+                if stop_now:
+                    break
+        if last_saved != step:
+            checkpoints.save(manager, step, state, position(step))
+    finally:
+        manager.wait_until_finished()
+        manager.close()
+        writer.flush()
+        writer.close()
+    return state
+
+
+def _mean_metrics(pending: list[dict]) -> dict[str, float]:
+    fetched = jax.device_get(pending)
+    return {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+
+
+def _check_finite(summary: Mapping[str, float], step: int) -> None:
+    bad = {k: v for k, v in summary.items() if not math.isfinite(v)}
+    if bad:
+        raise FloatingPointError(f"non-finite training metrics at step {step}: {bad}; "
+                                 "lower the learning rate or check the data")
