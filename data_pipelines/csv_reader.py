@@ -125,13 +125,11 @@ def read_csv_records(
                 field = f"column {index + 1} of the header"
             else:
                 field = header[index] if index < len(header) else f"column {index + 1}"
-            end = "the end of the file" if reader.line_num >= len(lines) else (
-                f"line {reader.line_num}"
-            )
             raise DataError(
                 path, start_line, field,
-                f"malformed record starting on this line: {err} (detected at {end}); a quote "
-                "inside a field must be doubled and the field itself quoted",
+                f"malformed record starting on this line: {err} (detected on line "
+                f"{reader.line_num}); a quote inside a field must be doubled and the field "
+                "itself quoted",
             ) from None
         if not row:
             continue

@@ -129,3 +129,22 @@ def pretrained_paths(architecture: str) -> tuple[tuple[str, ...], ...]:
     if architecture == "bi":
         return (("explicit_encoder", "transformer"), ("implicit_encoder", "transformer"))
     return (("encoder", "transformer"),)
+
+
+def build_model(config, encoder_config: EncoderConfig) -> DualEncoder:
+    """The model a config describes (``architecture``, ``pooling``, ``dtype``, ``dropout``)."""
+    if not config.dropout:
+        encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
+                                                attention_dropout_rate=0.0)
+    return DualEncoder(encoder_config.replace(dtype=config.dtype), config.architecture,
+                       config.pooling)
+
+
+def init_fn(model: DualEncoder, num_fields: int):
+    """``rng -> boxed params`` for ``model`` on ``[1, num_fields, 8]`` dummy inputs."""
+
+    def init(rng):
+        ids = jnp.zeros((1, num_fields, 8), jnp.int32)
+        return model.init({"params": rng}, ids, jnp.ones_like(ids), jnp.zeros_like(ids))["params"]
+
+    return init

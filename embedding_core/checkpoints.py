@@ -63,10 +63,10 @@ def abstract_like(state: Any, shardings: Any) -> Any:
     )
 
 
-def restore_latest(
-    manager: ocp.CheckpointManager, abstract_state: Any
+def restore(
+    manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
 ) -> tuple[int, Any, dict] | None:
-    """Restores the newest checkpoint onto ``abstract_state``'s shardings.
+    """Restores checkpoint ``step`` (default: the newest) onto ``abstract_state``'s shardings.
 
     Args:
       abstract_state: ``ShapeDtypeStruct`` tree (see ``abstract_like``) giving the target
@@ -75,7 +75,7 @@ def restore_latest(
     Returns:
       ``(step, state, data_position)`` or ``None`` when the directory has no checkpoint.
     """
-    step = manager.latest_step()
+    step = manager.latest_step() if step is None else step
     if step is None:
         return None
     restored = manager.restore(

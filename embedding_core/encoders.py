@@ -270,8 +270,10 @@ class HashDropout(nn.Module):
 
     The seed is one uint32 drawn from the ``"dropout"`` rng stream per call; element ``i``
     (row-major index into the global shape) is kept when ``fmix32(i * golden + seed) >=
-    rate * 2**32``. Far cheaper than generating random bits per element, and the mask does
-    not depend on how the array is sharded. Kept values are scaled by ``1 / (1 - rate)``.
+    rate * 2**32``. One integer hash per element instead of threefry random bits (cheaper;
+    not a cryptographic generator, only its keep rate and lack of structure matter), and the
+    mask does not depend on how the array is sharded. Kept values are scaled by
+    ``1 / (1 - rate)``. Each call site draws its own seed (flax folds the module path in).
     """
 
     rate: float

@@ -78,16 +78,23 @@ def info_nce(
 TRIPLET_DISTANCES = ("euclidean", "squared", "cosine")
 
 
-def _safe_unit_rows(x: jax.Array, eps: float = 1e-12) -> jax.Array:
-    """Unit-length rows whose gradient stays finite for an all-zero row (the row maps to 0).
+def safe_l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
+    """``x / ||x||`` along ``axis``, with a finite gradient everywhere.
 
-    ``l2_normalize`` differentiates ``sqrt`` at 0 for a zero row and returns NaN gradients;
-    here the square root only ever sees a positive argument (double-where form).
+    A vector with ``||x|| <= eps`` (e.g. the all-zero vector of an empty text) maps to 0 with
+    gradient 0. ``l2_normalize`` differentiates ``sqrt`` at 0 for a zero vector and returns
+    NaN gradients; here ``rsqrt`` only ever sees a positive argument (double-where form).
+
+    Args:
+      x: float array. axis: the vector axis. eps: norms at or below it count as zero.
+
+    Returns:
+      Array of ``x``'s shape and dtype.
     """
-    sq = jnp.sum(x * x, axis=-1, keepdims=True)
+    sq = jnp.sum(x * x, axis=axis, keepdims=True)
     big = sq > eps * eps
     inv = jnp.where(big, jax.lax.rsqrt(jnp.where(big, sq, 1.0)), 0.0)
-    return x * inv
+    return x * inv.astype(x.dtype)
 
 
 def pairwise_distances(embeddings: jax.Array, distance: str = "euclidean") -> jax.Array:
@@ -115,7 +122,7 @@ def pairwise_distances(embeddings: jax.Array, distance: str = "euclidean") -> ja
     n = x.shape[0]
     eye = jnp.eye(n, dtype=bool)
     if distance == "cosine":
-        u = _safe_unit_rows(x)
+        u = safe_l2_normalize(x)
         cos = jnp.einsum("nd,md->nm", u, u, precision=jax.lax.Precision.HIGHEST)
         return jnp.where(eye, 0.0, 1.0 - cos)
     gram = jnp.einsum("nd,md->nm", x, x, precision=jax.lax.Precision.HIGHEST)

@@ -327,7 +327,7 @@ def ndcg_at_k(scores, gains, k: int) -> float:
 
     Args:
       scores: ``[n_queries, n_items]`` float scores.
-      gains: ``[n_queries, n_items]`` float gains, >= 0.
+      gains: ``[n_queries, n_items]`` float gains, >= 0 (bool = binary relevance).
       k: cut-off, positive int; a ``k`` above ``n_items`` uses all items.
 
     Returns:
@@ -338,7 +338,8 @@ def ndcg_at_k(scores, gains, k: int) -> float:
         query with a positive gain.
     """
     s = _scores(scores, 2)
-    g = _scores(gains, 2, "gains").astype(np.float64)
+    g = np.asarray(gains)
+    g = _scores(g.astype(np.float64) if g.dtype == np.bool_ else g, 2, "gains").astype(np.float64)
     if g.shape != s.shape:
         raise ValueError(f"gains must have shape {s.shape} (as the scores), got {g.shape}")
     if (g < 0).any():

@@ -128,13 +128,8 @@ def create_sharded_state(
       ValueError: a pretrained subtree whose structure or shapes differ from the model's.
     """
 
-    def init_state(key):
-        params = init_params(key)
-        return TrainState(step=jnp.zeros((), jnp.int32), apply_fn=None, params=params,
-                          tx=tx, opt_state=tx.init(params))
-
-    abstract = jax.eval_shape(init_state, rng)
-    shardings = parallel.logical_shardings(abstract, mesh, rules)
+    init_state = _state_initializer(init_params, tx)
+    shardings = state_shardings(init_params, tx, mesh, rules)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state = jax.jit(lambda k: nn.unbox(init_state(k)), out_shardings=shardings)(rng)
     if pretrained:
@@ -143,6 +138,59 @@ def create_sharded_state(
             params = _replace_subtree(params, shardings.params, tuple(path), tree)
         state = state.replace(params=params)
     return state, shardings
+
+
+def _state_initializer(init_params, tx):
+    def init_state(key):
+        params = init_params(key)
+        return TrainState(step=jnp.zeros((), jnp.int32), apply_fn=None, params=params,
+                          tx=tx, opt_state=tx.init(params))
+
+    return init_state
+
+
+def state_shardings(
+    init_params: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
+) -> Any:
+    """Shardings of the train state (params and optimizer moments follow logical names)."""
+    abstract = jax.eval_shape(_state_initializer(init_params, tx), jax.random.key(0))
+    return parallel.logical_shardings(abstract, mesh, rules)
+
+
+def restore_params(
+    directory: str | os.PathLike,
+    init_params: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    *,
+    step: int | None = None,
+    rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
+) -> tuple[int, Any]:
+    """Restores the params of checkpoint ``step`` (default: latest) onto ``mesh``.
+
+    ``init_params`` and ``tx`` must describe the trained model (they fix the state's
+    structure; nothing is initialised).
+
+    Raises:
+      FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
+    """
+    shardings = state_shardings(init_params, tx, mesh, rules)
+    abstract = nn.unbox(jax.eval_shape(_state_initializer(init_params, tx), jax.random.key(0)))
+    target = checkpoints.abstract_like(abstract, shardings)
+    manager = checkpoints.make_manager(directory, async_save=False)
+    try:
+        steps = manager.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"{directory} holds no checkpoint; train first")
+        if step is not None and step not in steps:
+            raise FileNotFoundError(f"{directory}: no checkpoint at step {step}; have {steps}")
+        step, state, _ = checkpoints.restore(manager, target, step)
+    finally:
+        manager.close()
+    return step, state.params
 
 
 def _replace_subtree(params: Any, shardings: Any, path: tuple[str, ...], tree: Any) -> Any:
@@ -303,7 +351,7 @@ def train_loop(
     workdir.mkdir(parents=True, exist_ok=True)
     manager = checkpoints.make_manager(workdir / "checkpoints", max_to_keep=keep_checkpoints)
     start_step = 0
-    restored = checkpoints.restore_latest(manager,
+    restored = checkpoints.restore(manager,
                                           checkpoints.abstract_like(state, state_shardings))
     if restored is not None:
         _, state, position = restored

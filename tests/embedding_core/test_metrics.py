@@ -118,10 +118,16 @@ def test_best_threshold_extremes():
 
 def _brute_force_threshold(scores, labels):
     values = sorted(set(scores.tolist()))
-    candidates = [-math.inf] + [(a + b) / 2 for a, b in zip(values, values[1:])] + [math.inf]
+    candidates = (
+        [-math.inf]
+        + [(a + b) / 2 for a, b in zip(values[:-1], values[1:], strict=True)]
+        + [math.inf]
+    )
     best_thr, best_acc = None, -1.0
     for thr in candidates:  # increasing, so ">" keeps the smallest on ties
-        acc = sum((s > thr) == y for s, y in zip(scores.tolist(), labels.tolist())) / len(scores)
+        acc = sum(
+            (s > thr) == y for s, y in zip(scores.tolist(), labels.tolist(), strict=True)
+        ) / len(scores)
         if acc > best_acc:
             best_thr, best_acc = thr, acc
     return best_thr, best_acc
@@ -140,7 +146,8 @@ def test_best_threshold_matches_brute_force(seed):
 
 
 def test_best_threshold_on_adjacent_float32_scores():
-    lo = np.float32(1.0)
+    # lo has an odd last mantissa bit, so lo + (hi - lo) / 2 rounds (to even) up to hi.
+    lo = np.nextafter(np.float32(1.0), np.float32(2.0))
     hi = np.nextafter(lo, np.float32(2.0))
     scores = np.array([lo, hi, lo, hi], dtype=np.float32)
     labels = np.array([False, True, False, True])
@@ -232,7 +239,7 @@ def test_map_matches_sklearn_average_precision_per_row():
     relevant[:3] = False  # queries without a relevant item are skipped
     rows = [i for i in range(25) if relevant[i].any()]
     per_row = [sklearn.metrics.average_precision_score(relevant[i], scores[i]) for i in rows]
-    for i, ref in zip(rows, per_row):
+    for i, ref in zip(rows, per_row, strict=True):
         assert metrics.average_precision(scores[i], relevant[i]) == pytest.approx(ref)
     assert metrics.mean_average_precision(scores, relevant) == pytest.approx(np.mean(per_row))
 
@@ -249,7 +256,7 @@ def test_average_precision_ties_hand_worked():
 
 def _brute_force_lrap(scores, relevant):
     per_row = []
-    for s, y in zip(scores.tolist(), relevant.tolist()):
+    for s, y in zip(scores.tolist(), relevant.tolist(), strict=True):
         pos = [j for j, r in enumerate(y) if r]
         if not pos:
             continue

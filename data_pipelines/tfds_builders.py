@@ -1,0 +1,135 @@
+"""TensorFlow Datasets builders for the shipped data: ``inli`` and ``snli_triplets``.
+
+Importing this module registers both builders; nothing is downloaded, the builders read the
+files under :func:`data_pipelines.paths.data_dir` with the strict readers of this package::
+
+    import tensorflow_datasets as tfds
+    import data_pipelines.tfds_builders  # noqa: F401  (registers "inli", "snli_triplets")
+
+    test = tfds.load("inli", split="test")          # 1000 premises
+    triplets = tfds.load("snli_triplets", split="train")
+
+Examples keep the file order (shuffling at preparation time is off), so example i of a split
+is row i of its CSV file.
+"""
+
+from __future__ import annotations
+
+import tensorflow_datasets as tfds
+from etils import epath
+
+from data_pipelines.inli import inli_split_path, read_inli
+from data_pipelines.snli import read_snli_triplets, snli_triplets_path
+
+_INLI_CITATION = """\
+@inproceedings{havaldar2025inli,
+  title     = {Entailed Between the Lines: Incorporating Implication into NLI},
+  author    = {Havaldar, Shreya and Hosseini, Hamidreza and Kumar, Vijay and others},
+  booktitle = {Proceedings of the 63rd Annual Meeting of the Association for Computational
+               Linguistics (ACL)},
+  year      = {2025}
+}"""
+
+_SNLI_CITATION = """\
+@inproceedings{bowman2015snli,
+  title     = {A large annotated corpus for learning natural language inference},
+  author    = {Bowman, Samuel R. and Angeli, Gabor and Potts, Christopher and
+               Manning, Christopher D.},
+  booktitle = {Proceedings of EMNLP},
+  year      = {2015}
+}"""
+
+
+class _ShippedDataBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Base of builders whose data ships in the repository (no downloads, no checksums)."""
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls) -> epath.Path:
+        # tensorflow-datasets 4.9.10 resolves this through the `importlib_resources` backport,
+        # which it does not install on Python >= 3.9 (tensorflow/datasets#11212); the file of
+        # this module is what it would find anyway.
+        return epath.Path(__file__)
+
+
+class Inli(_ShippedDataBuilder):
+    """Implied NLI (Havaldar et al., ACL 2025): premises with four hypotheses each."""
+
+    name = "inli"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "google-deepmind/inli data commit d40bfc1, shipped in data/inli."}
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        text = tfds.features.Text()
+        return self.dataset_info_from_configs(
+            description=(
+                "Implied NLI: each premise has an explicit entailment, an implied entailment, "
+                "a neutral hypothesis and a contradiction; 'dataset' names the source corpus."
+            ),
+            features=tfds.features.FeaturesDict(
+                {
+                    "premise": text,
+                    "explicit_entailment": text,
+                    "implied_entailment": text,
+                    "neutral": text,
+                    "contradiction": text,
+                    "dataset": text,
+                }
+            ),
+            homepage="https://github.com/google-deepmind/inli",
+            citation=_INLI_CITATION,
+            license="CC BY-SA 4.0",
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # the data ships with the package; nothing is fetched
+        return {
+            "train": self._generate_examples(inli_split_path("train")),
+            "validation": self._generate_examples(inli_split_path("val")),
+            "test": self._generate_examples(inli_split_path("test")),
+        }
+
+    def _generate_examples(self, path):
+        for example in read_inli(path):
+            yield example.line, {
+                "premise": example.premise,
+                "explicit_entailment": example.explicit_entailment,
+                "implied_entailment": example.implied_entailment,
+                "neutral": example.neutral,
+                "contradiction": example.contradiction,
+                "dataset": example.dataset,
+            }
+
+
+class SnliTriplets(_ShippedDataBuilder):
+    """SNLI 1.0 (Bowman et al. 2015) as supervised-SimCSE triplets (premise, entailment,
+    contradiction), reduced from the first 100,000 training pairs."""
+
+    name = "snli_triplets"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "27,195 triplets shipped in data/snli."}
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        text = tfds.features.Text()
+        return self.dataset_info_from_configs(
+            description=(
+                "SNLI triplets in the SimCSE layout: sent0 a premise, sent1 its entailment, "
+                "hard_neg its contradiction."
+            ),
+            features=tfds.features.FeaturesDict(
+                {"sent0": text, "sent1": text, "hard_neg": text}
+            ),
+            homepage="https://nlp.stanford.edu/projects/snli/",
+            citation=_SNLI_CITATION,
+            license="CC BY-SA 4.0",
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # the data ships with the package; nothing is fetched
+        return {"train": self._generate_examples(snli_triplets_path())}
+
+    def _generate_examples(self, path):
+        for t in read_snli_triplets(path):
+            yield t.line, {"sent0": t.sent0, "sent1": t.sent1, "hard_neg": t.hard_neg}

@@ -1,0 +1,124 @@
+"""RTE and EIS evaluation of DualCSE (and of one-vector baselines).
+
+Protocols are our reading of Oda et al. 2025 (PAPERS.md section 1):
+
+* RTE: a (premise, hypothesis) pair is called entailed when its score exceeds a threshold
+  tuned on INLI val for accuracy; DualCSE's score is
+  ``max(cos(r_p, r_h), cos(u_p, r_h))`` (for one-vector models r = u, so it is
+  ``cos(e_p, e_h)``). Accuracy is reported per hypothesis class on the test split
+  (explicit and implied should be entailed, neutral and contradiction should not) and as
+  the mean of the four.
+* EIS: ``implicitness(s) = 1 - cos(r_s, u_s)``; accuracy is the share of (implicit,
+  explicit) sentence pairs where the implicit one scores higher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from data_pipelines.inli import INLIExample
+from embedding_core.metrics import accuracy_at_threshold, best_threshold_accuracy
+
+CLASSES = ("explicit", "implied", "neutral", "contradiction")
+_FIELDS = {"explicit": "explicit_entailment", "implied": "implied_entailment",
+           "neutral": "neutral", "contradiction": "contradiction"}
+ENTAILED = {"explicit": True, "implied": True, "neutral": False, "contradiction": False}
+
+
+def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.maximum(np.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
+    b = b / np.maximum(np.linalg.norm(b, axis=-1, keepdims=True), 1e-12)
+    return np.sum(a * b, axis=-1)
+
+
+def rte_scores(embedder, examples: Sequence[INLIExample],
+               progress: bool = False) -> dict[str, np.ndarray]:
+    """Entailment scores per hypothesis class.
+
+    Returns:
+      ``{class: [n_premises] float32}`` with ``max(cos(r_p, r_h), cos(u_p, r_h))``.
+    """
+    premises = [ex.premise for ex in examples]
+    hyps = {c: [getattr(ex, _FIELDS[c]) for ex in examples] for c in CLASSES}
+    unique = sorted({h for hs in hyps.values() for h in hs})
+    index = {h: i for i, h in enumerate(unique)}
+    r_p, u_p = embedder.encode(premises, parts=("r", "u"), progress=progress)
+    (r_h,) = embedder.encode(unique, parts=("r",), progress=progress)
+    out = {}
+    for c, hs in hyps.items():
+        rh = r_h[[index[h] for h in hs]]
+        out[c] = np.maximum(_cos_rows(r_p, rh), _cos_rows(u_p, rh)).astype(np.float32)
+    return out
+
+
+def _flatten(scores: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    s = np.concatenate([scores[c] for c in CLASSES])
+    y = np.concatenate([np.full(len(scores[c]), ENTAILED[c]) for c in CLASSES])
+    return s, y
+
+
+def evaluate_rte(embedder, val: Sequence[INLIExample], test: Sequence[INLIExample],
+                 progress: bool = False) -> dict[str, float]:
+    """Threshold tuned on ``val`` pairs, accuracies on ``test`` pairs.
+
+    Returns:
+      ``{"explicit", "implied", "neutral", "contradiction", "average", "threshold"}``;
+      accuracies in [0, 1], ``average`` the mean of the four class accuracies.
+    """
+    threshold, _ = best_threshold_accuracy(*_flatten(rte_scores(embedder, val, progress)))
+    test_scores = rte_scores(embedder, test, progress)
+    result = {}
+    for c in CLASSES:
+        labels = np.full(len(test_scores[c]), ENTAILED[c])
+        result[c] = float(accuracy_at_threshold(test_scores[c], labels, threshold))
+    result["average"] = float(np.mean([result[c] for c in CLASSES]))
+    result["threshold"] = float(threshold)
+    return result
+
+
+def implicitness(embedder, texts: Sequence[str]) -> np.ndarray:
+    """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher = more implicit)."""
+    r, u = embedder.encode(texts, parts=("r", "u"))
+    return (1.0 - _cos_rows(r, u)).astype(np.float32)
+
+
+def evaluate_eis(embedder, pairs: Sequence[tuple[str, str]]) -> float:
+    """Share of ``(implicit, explicit)`` pairs whose implicit sentence scores higher.
+
+    Ties count as failures (no tie is resolved in the model's favour).
+    """
+    if not pairs:
+        raise ValueError("evaluate_eis needs at least one (implicit, explicit) pair")
+    imp = implicitness(embedder, [p[0] for p in pairs])
+    exp = implicitness(embedder, [p[1] for p in pairs])
+    return float(np.mean(imp > exp))
+
+
+def inli_eis_proxy_pairs(examples: Sequence[INLIExample]) -> list[tuple[str, str]]:
+    """PROXY for EIS on INLI: (premise, its explicit-entailment hypothesis) pairs.
+
+    ImpScore's data is not shipped; this proxy treats an INLI premise as the implicit
+    sentence and its explicit entailment as the explicit one. Reports must call it a proxy.
+    """
+    return [(ex.premise, ex.explicit_entailment) for ex in examples]
+
+
+def impscore_pairs(rows) -> list[tuple[str, str]]:
+    """(implicit, explicit) pairs of ImpScore rows (two per row: pos_ and neg_ columns)."""
+    pairs = []
+    for row in rows:
+        pairs.append((row.pos_implicit, row.pos_explicit))
+        pairs.append((row.neg_implicit, row.neg_explicit))
+    return pairs
+
+
+def format_rte_table(rows: dict[str, dict[str, float]]) -> str:
+    """A fixed-width table, one line per model, accuracies in percent."""
+    head = f"{'model':<28}" + "".join(f"{c:>14}" for c in (*CLASSES, "average"))
+    lines = [head, "-" * len(head)]
+    for name, r in rows.items():
+        lines.append(f"{name:<28}" + "".join(f"{100 * r[c]:>14.2f}"
+                                            for c in (*CLASSES, "average")))
+    return "\n".join(lines)

