@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
-import io
 import json
 import os
 import tempfile
@@ -196,7 +195,9 @@ class EntityVocab:
         try:
             return self._ids[key]
         except KeyError:
-            raise KeyError(f"entity {key!r} is not in the vocabulary ({len(self)} entities)") from None
+            raise KeyError(
+                f"entity {key!r} is not in the vocabulary ({len(self)} entities)"
+            ) from None
 
     def key_of(self, entity_id: int) -> str:
         """The key of ``entity_id``. Raises IndexError for an id outside ``[0, len)``."""
@@ -209,7 +210,7 @@ class EntityVocab:
         path = Path(path)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with io.open(fd, "w", encoding="utf-8", newline="\n") as f:
+            with open(fd, "w", encoding="utf-8", newline="\n") as f:
                 f.writelines(f"{key}\n" for key in self._keys)
             os.replace(tmp, path)
         except BaseException:

@@ -137,6 +137,10 @@ def read_csv_records(
             header = row
             seen: set[str] = set()
             for name in header:
+                if name == LINE_KEY:
+                    raise DataError(
+                        path, start_line, name, f"the column name {LINE_KEY!r} is reserved"
+                    )
                 if name in seen:
                     raise DataError(
                         path, start_line, name, "column name appears twice in the header"

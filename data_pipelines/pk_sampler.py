@@ -67,7 +67,7 @@ def pk_sample_batches(
     # Stable sort: the members of each group in item order, independent of hashing.
     order = np.argsort(groups, kind="stable")
     ids, starts, counts = np.unique(groups[order], return_index=True, return_counts=True)
-    members = [order[s : s + c] for s, c in zip(starts, counts)]
+    members = [order[s : s + c] for s, c in zip(starts, counts, strict=True)]
     eligible = [i for i, c in enumerate(counts) if c >= K or small_groups == "replace"]
     if len(eligible) < P:
         raise ValueError(

@@ -63,7 +63,7 @@ class SquadParagraph:
 
 @dataclasses.dataclass(frozen=True)
 class SquadArticle:
-    """One Wikipedia article: its title (as in the file, e.g. ``"Super_Bowl_50"``) and paragraphs."""
+    """One Wikipedia article: its title as in the file (``"Super_Bowl_50"``) and paragraphs."""
 
     title: str
     paragraphs: list[SquadParagraph]

@@ -70,6 +70,18 @@ class TokenTable:
         """The padded width of the stored sequences."""
         return int(self.input_ids.shape[2])
 
+    def take(self, n: int) -> TokenTable:
+        """The first ``n`` examples in file order (for CPU presets and tests).
+
+        Raises:
+          ValueError: ``n`` not in [1, num_examples].
+        """
+        if not 1 <= n <= self.num_examples:
+            raise ValueError(f"take({n}) from a table of {self.num_examples} examples")
+        return dataclasses.replace(
+            self, input_ids=self.input_ids[:n], token_type_ids=self.token_type_ids[:n],
+            lengths=self.lengths[:n], text_ids=self.text_ids[:n])
+
 
 def normalise_text(text: str) -> str:
     """The form under which two texts count as the same: stripped, casefolded, runs of

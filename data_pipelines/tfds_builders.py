@@ -24,7 +24,8 @@ from data_pipelines.snli import read_snli_triplets, snli_triplets_path
 _INLI_CITATION = """\
 @inproceedings{havaldar2025inli,
   title     = {Entailed Between the Lines: Incorporating Implication into NLI},
-  author    = {Havaldar, Shreya and Hosseini, Hamidreza and Kumar, Vijay and others},
+  author    = {Havaldar, Shreya and Alvari, Hamidreza and Palowitch, John and
+               Hosseini, Mohammad Javad and Buthpitiya, Senaka and Fabrikant, Alex},
   booktitle = {Proceedings of the 63rd Annual Meeting of the Association for Computational
                Linguistics (ACL)},
   year      = {2025}

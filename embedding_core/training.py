@@ -248,7 +248,7 @@ def make_train_step(
             state.params, batch, key)
         metrics = dict(metrics)
         metrics["loss"] = loss
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
         return state.apply_gradients(grads=grads), metrics

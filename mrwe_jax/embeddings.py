@@ -194,7 +194,7 @@ class GloveSource:
         out = np.zeros((len(words), self.dim), np.float32)
         rows = [(i, self.index[w]) for i, w in enumerate(words) if w in self.index]
         if rows:
-            pos, idx = map(np.asarray, zip(*rows))
+            pos, idx = map(np.asarray, zip(*rows, strict=True))
             out[pos] = self.matrix[idx]
         return out
 
@@ -519,6 +519,9 @@ def mix_layers(
 
     Returns:
       ``[..., num_words, d']`` float32.
+
+    Raises:
+      ValueError: unknown ``aggregate``.
     """
     _check_aggregate(aggregate, AGGREGATES)
     weighted = (
@@ -589,6 +592,9 @@ def pool_words(words: jax.Array, mask: jax.Array, aggregate: str = "average") ->
 
     Returns:
       ``[..., d]`` float32.
+
+    Raises:
+      ValueError: unknown ``aggregate``.
     """
     _check_aggregate(aggregate, WORD_AGGREGATES)
     m = mask.astype(jnp.float32)
@@ -637,6 +643,10 @@ class MultiResolutionEmbedding(nn.Module):
     Returns:
       ``(words [batch, num_words, d''] float32`` with padding rows zero,
       ``text [batch, d''] float32)``.
+
+    Raises:
+      ValueError: the number of sources or of layers differs from the configuration, a
+      weight vector has the wrong length or is not non-negative, or an unknown aggregate.
     """
 
     layer_counts: tuple[int, ...]
@@ -674,7 +684,7 @@ class MultiResolutionEmbedding(nn.Module):
                 f"layer_weights has {len(self.layer_weights)} entries for {len(layers)} sources"
             )
         mixtures = []
-        for j, (x, count) in enumerate(zip(layers, self.layer_counts)):
+        for j, (x, count) in enumerate(zip(layers, self.layer_counts, strict=True)):
             if x.shape[-2] != count:
                 raise ValueError(f"source {j} has {x.shape[-2]} layers, configured {count}")
             init = None if self.layer_weights is None else self.layer_weights[j]
@@ -759,7 +769,7 @@ def embed_texts(
             idf_w[i, : counts[i]] = weights
             idfs.append(weights)
         padded = []
-        for s, tensors in zip(sources, per_source):
+        for s, tensors in zip(sources, per_source, strict=True):
             arr = np.zeros((rows, width, s.num_layers, s.dim), np.float32)
             for i, t in enumerate(tensors):
                 arr[i, : t.shape[0]] = t

@@ -22,7 +22,7 @@ def test_batches_have_p_distinct_groups_of_k(policy):
         assert np.all(per_group == per_group[:, :1])  # K items of one group, contiguous
         assert len(set(per_group[:, 0])) == P  # P distinct groups
         seen += list(per_group[:, 0])
-        for row, idx in zip(per_group, batch.reshape(P, K)):
+        for row, idx in zip(per_group, batch.reshape(P, K), strict=True):
             if (GROUPS == row[0]).sum() >= K:
                 assert len(set(idx)) == K  # large groups: no repeated item
     if policy == "skip":
@@ -42,8 +42,8 @@ def test_deterministic_by_seed_and_epoch():
     a = pk_sample_batches(GROUPS, 2, 2, seed=3, epoch=4)
     b = pk_sample_batches(GROUPS, 2, 2, seed=3, epoch=4)
     c = pk_sample_batches(GROUPS, 2, 2, seed=3, epoch=5)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
 
 
 def test_errors():

@@ -112,3 +112,15 @@ def test_cache_recovers_from_corrupt_entry(texts, tmp_path, monkeypatch):
     out = tokenize_cached(MODEL_DIR, texts, 20)
     assert out.input_ids.shape == (len(texts), 20)
     assert tokenize_cached(MODEL_DIR, texts, 20).input_ids.tolist() == out.input_ids.tolist()
+
+
+def test_only_the_text_is_cut_even_when_the_pair_is_longer(tokenizer):
+    # With "longest_first" the 4-token pair would lose tokens too; "only_first" keeps it.
+    pair = "explicit explicit explicit explicit"
+    out = tokenize(tokenizer, ["one two three four five six"], 9, pair=pair)
+    ids = out.input_ids[0, : out.lengths[0]].tolist()
+    assert tokenizer.decode(ids, skip_special_tokens=False) == f"[CLS] one two [SEP] {pair} [SEP]"
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    assert reference("one two three four five six", pair, truncation="only_first",
+                     max_length=9)["input_ids"] == ids

@@ -38,8 +38,10 @@ def _config(model_dir, architecture="cross"):
 
 
 @pytest.fixture(scope="module")
-def setting(tiny_bert_dir):
-    config = _config(tiny_bert_dir)
+def setting(minilm_dir):
+    # Real MiniLM weights: a random tiny model's gradients cancel so heavily that float32
+    # reordering noise dominates them, which says nothing about the sharding.
+    config = _config(minilm_dir)
     pre = load_pretrained(config.model)
     tok = load_tokenizer(pre.model_dir)
     rows = inli.read_inli(inli.inli_split_path("val"))[:8]
@@ -80,9 +82,19 @@ def test_loss_and_gradients_equal_across_meshes(setting, single_device, data, mo
     flat1 = jax.tree_util.tree_leaves_with_path(grads1)
     flat = dict(jax.tree_util.tree_leaves_with_path(grads))
     assert len(flat1) == len(flat)
+    scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(grads1))
     for path, g1 in flat1:
-        np.testing.assert_allclose(flat[path], g1, rtol=1e-5, atol=1e-7,
+        # Elementwise rtol 1e-5, with an absolute floor of 1e-5 of the largest gradient:
+        # entries that are mathematically zero (e.g. key biases, softmax-invariant) hold
+        # only float32 reduction noise, whose order depends on the device split.
+        np.testing.assert_allclose(flat[path], g1, rtol=1e-5, atol=1e-5 * scale,
                                    err_msg=jax.tree_util.keystr(path))
+    diff = np.sqrt(sum(float(np.sum((flat[p] - g) ** 2)) for p, g in flat1))
+    norm1 = np.sqrt(sum(float(np.sum(g * g)) for _, g in flat1))
+    assert diff / norm1 < 1e-5
+    # A per-device loss without gradient averaging would be off by the device count.
+    norm = np.sqrt(sum(float(np.sum(g * g)) for g in jax.tree.leaves(grads)))
+    np.testing.assert_allclose(norm, norm1, rtol=1e-5)
 
 
 def _free_port() -> int:
@@ -121,9 +133,10 @@ def test_two_processes_match_single_process(tmp_path, tiny_bert_dir):
               for k, v in jax.tree_util.tree_leaves_with_path(state.params)}
     multi = dict(np.load(tmp_path / "params_0.npz"))
     assert sorted(single) == sorted(multi)
-    moved = 0.0
     for key, value in single.items():
-        np.testing.assert_allclose(multi[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+        # atol: attention key biases get only float32 reduction noise as gradient (softmax
+        # is invariant to them) and Adam turns noise into steps of up to ~1e-6 here.
+        np.testing.assert_allclose(multi[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
     # Training did move the weights (so equality is not equality of initialisations).
     from embedding_core.encoders import load_pretrained as lp
 

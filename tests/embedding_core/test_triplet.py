@@ -151,3 +151,25 @@ def test_bad_arguments_raise():
                                 distance="manhattan")
     with pytest.raises(ValueError, match="labels"):
         batch_hard_triplet_loss(jnp.ones((2, 2)), jnp.zeros(3, jnp.int32), margin=1.0)
+
+
+def test_sharded_batch_gives_same_loss_and_gradient():
+    """The loss is written on the global batch: 8 devices must agree with one."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 fake CPU devices of conftest")
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(16, 4)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 4, size=16), jnp.int32)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))  # as DESIGN.md
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+
+    def f(x, labels):
+        return batch_hard_triplet_loss(x, labels, margin=0.5)[0]
+
+    step = jax.jit(jax.value_and_grad(f))
+    want_loss, want_grad = step(x, labels)
+    loss, grad = step(jax.device_put(x, rows), jax.device_put(labels, rows))
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-7)

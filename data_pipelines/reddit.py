@@ -1,0 +1,180 @@
+"""Reader for DocEnt's Reddit Movie Suggestions (Zemlyanskiy et al., EACL 2021, section 4.3).
+
+4,765 movie-seeking queries from r/MovieSuggestions with the community's recommendations,
+the ground truth of DocEnt's zero-shot movie ranking. The file (``reddit.json``, not
+shippable here) is a JSON list of records, or JSON lines with one record per line::
+
+    {"request": {"query_original": str, "query_full": str, "query_title": str},
+     "response": {"result": [{"score": number, "asin": str}, ...]}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from data_pipelines.amazon import EntityVocab
+from data_pipelines.errors import DataError
+
+PathLike = str | os.PathLike[str]
+QUERY_FIELDS = ("query_original", "query_full", "query_title")
+
+
+@dataclasses.dataclass(frozen=True)
+class RedditQuery:
+    """One query with its recommended movies.
+
+    Attributes:
+      record: 0-based index of the record in the file.
+      query_original: the post as written.
+      query_full: the full query text (the one to embed by default).
+      query_title: the post title.
+      asins: recommended movies (ASINs, as in the file), in file order, only those known.
+      entity_ids: ``vocab`` ids of ``asins`` (after ``entity_of``), same order.
+      scores: the community score of each recommendation, same order.
+    """
+
+    record: int
+    query_original: str
+    query_full: str
+    query_title: str
+    asins: tuple[str, ...]
+    entity_ids: tuple[int, ...]
+    scores: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RedditStats:
+    """What :func:`read_reddit_suggestions` skipped (``skip_invalid=True``).
+
+    Attributes:
+      records: records in the file.
+      unknown_results: recommendations whose movie is not in the vocabulary.
+      queries_without_results: records left with no known recommendation (dropped).
+    """
+
+    records: int
+    unknown_results: int
+    queries_without_results: int
+
+
+def _load_records(path: Path) -> list[tuple[Any, int | None]]:
+    """(record, line) pairs; line is None for records of a JSON list."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise DataError(path, line, None, f"invalid UTF-8: {err.reason}") from None
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(path, err.lineno, None, f"invalid JSON: {err.msg}") from None
+        return [(r, None) for r in records]
+    out = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((json.loads(line), line_no))
+        except json.JSONDecodeError as err:
+            raise DataError(
+                path, line_no, None,
+                f"invalid JSON line: {err.msg} (expected a JSON list or one record per line)",
+            ) from None
+    return out
+
+
+def read_reddit_suggestions(
+    path: PathLike,
+    vocab: EntityVocab,
+    *,
+    entity_of: Mapping[str, str] | None = None,
+    skip_invalid: bool = False,
+) -> tuple[list[RedditQuery], RedditStats]:
+    """Reads the Reddit Movie Suggestions file and resolves its movies in ``vocab``.
+
+    Args:
+      path: a JSON list of records or JSON lines (format in the module docstring).
+      vocab: the entity vocabulary of the model being evaluated.
+      entity_of: ASIN -> entity key (e.g. ``canon_asin`` from Reviews2Movielens) when the
+        vocabulary holds aggregated entities; None looks the ASIN up directly.
+      skip_invalid: drop (and count) recommendations whose movie is not in ``vocab`` and
+        records left without any, instead of raising.
+
+    Returns:
+      ``(queries, stats)``: queries in file order.
+
+    Raises:
+      DataError: invalid UTF-8 or JSON; a missing or mistyped field (``field`` names the
+        record, e.g. ``record[12].response.result[3].asin``; ``line`` is the line for JSON
+        lines, None inside a JSON list); an unknown movie or a record without any
+        recommendation unless ``skip_invalid``.
+    """
+    path = Path(path)
+    queries: list[RedditQuery] = []
+    unknown = empty = 0
+    records = _load_records(path)
+    for index, (record, line) in enumerate(records):
+        rec = f"record[{index}]"
+
+        def fail(field: str, reason: str, line: int | None = line) -> DataError:
+            return DataError(path, line, field, reason)
+
+        if not isinstance(record, dict):
+            raise fail(rec, "expected a JSON object")
+        request, response = record.get("request"), record.get("response")
+        if not isinstance(request, dict):
+            raise fail(f"{rec}.request", "missing or not an object")
+        texts = {}
+        for key in QUERY_FIELDS:
+            if not isinstance(request.get(key), str):
+                raise fail(f"{rec}.request.{key}", "missing or not a string")
+            texts[key] = request[key]
+        if not texts["query_full"].strip():
+            raise fail(f"{rec}.request.query_full", "empty query")
+        if not isinstance(response, dict) or not isinstance(response.get("result"), list):
+            raise fail(f"{rec}.response.result", "missing or not a list")
+        asins, ids, scores = [], [], []
+        for j, result in enumerate(response["result"]):
+            res = f"{rec}.response.result[{j}]"
+            if not isinstance(result, dict):
+                raise fail(res, "expected a JSON object")
+            asin, score = result.get("asin"), result.get("score")
+            if not isinstance(asin, str) or not asin:
+                raise fail(f"{res}.asin", "missing or not a non-empty string")
+            if not isinstance(score, (int, float)) or isinstance(score, bool):
+                raise fail(f"{res}.score", "missing or not a number")
+            key = asin if entity_of is None else entity_of.get(asin)
+            if key is None or key not in vocab:
+                if not skip_invalid:
+                    mapped = "" if entity_of is None else f" (mapped to {key!r})"
+                    raise fail(
+                        f"{res}.asin",
+                        f"movie {asin!r}{mapped} is not in the entity vocabulary "
+                        f"({len(vocab)} entities); pass skip_invalid=True to skip it",
+                    )
+                unknown += 1
+                continue
+            asins.append(asin)
+            ids.append(vocab.id_of(key))
+            scores.append(float(score))
+        if not asins:
+            if not skip_invalid:
+                raise fail(f"{rec}.response.result", "no recommended movie")
+            empty += 1
+            continue
+        queries.append(
+            RedditQuery(
+                record=index, asins=tuple(asins), entity_ids=tuple(ids), scores=tuple(scores),
+                **texts,
+            )
+        )
+    return queries, RedditStats(
+        records=len(records), unknown_results=unknown, queries_without_results=empty
+    )
