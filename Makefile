@@ -34,7 +34,7 @@ install-test: $(VENV)/.installed-test
 install-bench: $(VENV)/.installed-bench
 
 demo: install
-	$(BIN)/python -m dualcse_jax.demo --workdir=$(WORKDIR)
+	$(BIN)/dualcse-jax demo --workdir=$(WORKDIR)
 
 demo-docent: install
 	$(BIN)/docent-jax demo --workdir=workdirs/docent_dual_cpu

@@ -1,0 +1,31 @@
+"""DocEnt: entity representations learned from the documents about each entity.
+
+Python API (nothing parses flags at import; TensorFlow never takes an accelerator)::
+
+    import docent_jax
+    from docent_jax.configs import dual_cpu
+    docent_jax.train(dual_cpu.get_config(), "workdirs/docent")
+    ranker = docent_jax.load("workdirs/docent")
+    g = ranker.entity_embeddings()                  # [num_entities, dim] float32
+    q = ranker.encode_queries(["Who won Super Bowl 50?"])  # [1, dim] float32
+"""
+
+from __future__ import annotations
+
+
+def train(config, workdir, **kwargs):
+    """See ``docent_jax.trainer.train`` (DocEnt-Dual)."""
+    from docent_jax.trainer import train as _train
+
+    return _train(config, workdir, **kwargs)
+
+
+def load(workdir, **kwargs):
+    """See ``docent_jax.inference.load``: an ``EntityRanker`` with ``entity_embeddings()``
+    and ``encode_queries(list_of_str)``."""
+    from docent_jax.inference import load as _load
+
+    return _load(workdir, **kwargs)
+
+
+__all__ = ["train", "load"]

@@ -318,6 +318,11 @@ class Embeddings(nn.Module):
     dtype. RoBERTa positions follow HF ``create_position_ids_from_input_ids``:
     ``cumsum(mask) * mask + pad_token_id`` with ``mask`` the attention mask (equal to HF's
     ``input_ids != pad`` whenever padding uses the pad id, and robust when it does not).
+
+    ``extra_token_embeddings`` (``[num_extra, hidden]`` float, owned by the caller) extends the
+    input vocabulary: id ``vocab_size + i`` looks up row ``i`` of it, ids below ``vocab_size``
+    the word-piece table as usual (DocEnt-Full's entity tokens; the checkpoint's table and
+    parameter tree stay unchanged).
     """
 
     config: EncoderConfig
@@ -329,6 +334,7 @@ class Embeddings(nn.Module):
         attention_mask: jax.Array,
         token_type_ids: jax.Array,
         deterministic: bool,
+        extra_token_embeddings: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
         seq_len = input_ids.shape[1]
@@ -355,7 +361,18 @@ class Embeddings(nn.Module):
                 name=name,
             )
 
-        x = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")(input_ids)
+        word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
+        if extra_token_embeddings is None:
+            x = word_embeddings(input_ids)
+        else:
+            table = extra_token_embeddings
+            if table.ndim != 2 or table.shape[1] != cfg.hidden_size:
+                raise ValueError(f"extra_token_embeddings must be [num_extra, "
+                                 f"{cfg.hidden_size}], got {table.shape}")
+            words = word_embeddings(jnp.minimum(input_ids, cfg.vocab_size - 1))
+            extra_ids = jnp.clip(input_ids - cfg.vocab_size, 0, table.shape[0] - 1)
+            extra = jnp.take(table.astype(jnp.float32), extra_ids, axis=0)
+            x = jnp.where((input_ids >= cfg.vocab_size)[..., None], extra, words)
         x = x + embed(cfg.max_position_embeddings, (None, "embed"), "position_embeddings")(
             positions
         )
@@ -472,6 +489,9 @@ class TransformerEncoder(nn.Module):
       token_type_ids: ``[batch, seq_len]`` int32 segment ids, zeros when ``None``.
       deterministic: ``False`` applies dropout and needs a ``"dropout"`` rng.
       output_hidden_states: also return all ``num_layers + 1`` hidden states.
+      extra_token_embeddings: optional ``[num_extra, hidden]`` float rows for the ids
+        ``vocab_size .. vocab_size + num_extra - 1`` (an input vocabulary extended by the
+        caller, e.g. DocEnt-Full's entity tokens); ``None``: every id is a word piece.
 
     Returns:
       :class:`EncoderOutput`, arrays ``[batch, seq_len, hidden]`` in ``config.dtype``.
@@ -491,6 +511,7 @@ class TransformerEncoder(nn.Module):
         *,
         deterministic: bool = True,
         output_hidden_states: bool = False,
+        extra_token_embeddings: jax.Array | None = None,
     ) -> EncoderOutput:
         if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
             raise ValueError(
@@ -500,7 +521,7 @@ class TransformerEncoder(nn.Module):
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         x = Embeddings(self.config, name="embeddings")(
-            input_ids, attention_mask, token_type_ids, deterministic
+            input_ids, attention_mask, token_type_ids, deterministic, extra_token_embeddings
         )
         x = nn.with_logical_constraint(x, _HIDDEN_AXES)
         last, layer_outputs = Encoder(self.config, name="encoder")(

@@ -1,0 +1,28 @@
+"""Multi-resolution word embeddings with ConvRR / FCRR retrieval (Cakaloglu & Xu).
+
+Python API (nothing parses flags at import)::
+
+    import mrwe_jax
+    from mrwe_jax.configs import convrr_cpu
+    mrwe_jax.train(convrr_cpu.get_config(), "workdirs/convrr")
+    vectors = mrwe_jax.load("workdirs/convrr").encode(["Who founded the NFL?"])
+"""
+
+from __future__ import annotations
+
+
+def train(config, workdir, **kwargs):
+    """See ``mrwe_jax.trainer.train``."""
+    from mrwe_jax.trainer import train as _train
+
+    return _train(config, workdir, **kwargs)
+
+
+def load(workdir, **kwargs):
+    """See ``mrwe_jax.evaluate.load``: an object with ``encode(list_of_str) -> [n, d'']``."""
+    from mrwe_jax.evaluate import load as _load
+
+    return _load(workdir, **kwargs)
+
+
+__all__ = ["train", "load"]

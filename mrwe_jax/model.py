@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from embedding_core.losses import safe_l2_normalize
+from embedding_core.losses import l2_normalize
 
 
 class TextBatch(NamedTuple):
@@ -130,7 +130,7 @@ class ConvRR(nn.Module):
                 dim, use_bias=False, kernel_init=_kernel_init(("mlp", "embed")),
                 precision=jax.lax.Precision.HIGHEST, name="projection",
             )(pooled)
-        return safe_l2_normalize(text + self.scale * pooled)
+        return l2_normalize(text + self.scale * pooled)
 
 
 class FCRR(nn.Module):
@@ -171,7 +171,7 @@ class FCRR(nn.Module):
                 name=f"block_{i}_linear",
             )(h)
             x = x + self.scale * h
-        return safe_l2_normalize(x)
+        return l2_normalize(x)
 
 
 class SiameseRetriever(nn.Module):
@@ -192,7 +192,7 @@ class SiameseRetriever(nn.Module):
                deterministic: bool = True) -> jax.Array:
         """``[batch, d'']`` float32 unit vectors of one side."""
         if self.question_only and not is_question:
-            return safe_l2_normalize(batch.text.astype(jnp.float32))
+            return l2_normalize(batch.text.astype(jnp.float32))
         return self.tower(batch, deterministic=deterministic)
 
     def __call__(

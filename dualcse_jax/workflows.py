@@ -1,0 +1,160 @@
+"""The CLI's work as plain functions: evaluate a workdir, export embeddings, the demo.
+
+No flags are parsed here, so notebooks and tests call these directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def _json_write(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
+                     baseline: bool = False, eis_data: str | None = None,
+                     progress: bool = True) -> dict:
+    """RTE (+ EIS) of a workdir's checkpoint; writes ``workdir/eval/rte.json`` and prints."""
+    from data_pipelines import impscore, inli
+    from dualcse_jax import evaluate
+    from dualcse_jax.inference import baseline as make_baseline
+    from dualcse_jax.inference import load
+
+    val = inli.read_inli(inli.inli_split_path("val"))
+    test = inli.read_inli(inli.inli_split_path("test"))
+    embedder = load(workdir, step=step)
+    name = f"DualCSE-{embedder.config.architecture} (step {embedder.step})"
+    if embedder.config.architecture == "simcse":
+        name = f"SimCSE-{embedder.config.train_data} (step {embedder.step})"
+    rows = {name: evaluate.evaluate_rte(embedder, val, test, progress=progress)}
+    if baseline:
+        base = make_baseline(embedder.config.model, max_length=embedder.config.max_length)
+        rows["untrained MiniLM (mean)"] = evaluate.evaluate_rte(base, val, test,
+                                                                progress=progress)
+    if eis_data:
+        _, _, test_rows = impscore.split_impscore(impscore.read_impscore(eis_data))
+        pairs = evaluate.impscore_pairs(test_rows)
+        eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "eis_data": eis_data,
+               "proxy": False}
+    else:
+        pairs = evaluate.inli_eis_proxy_pairs(test)
+        eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "proxy": True,
+               "eis_data": "INLI test: premise (implicit) vs explicit entailment — a PROXY"}
+    out_dir = Path(workdir) / "eval"
+    _json_write(out_dir / "rte.json", rows[name])
+    _json_write(out_dir / "eis.json", eis)
+    if baseline:
+        _json_write(out_dir / "rte_baseline.json", rows["untrained MiniLM (mean)"])
+    print("\nRTE accuracy (%) on INLI test, threshold tuned on INLI val")
+    print(evaluate.format_rte_table(rows))
+    label = "EIS accuracy (INLI PROXY)" if eis["proxy"] else "EIS accuracy (ImpScore test)"
+    print(f"{label}: {100 * eis['eis_accuracy']:.2f}%")
+    print(f"wrote {out_dir / 'rte.json'}")
+    return {"rte": rows, "eis": eis}
+
+
+def read_sentences(path: str | os.PathLike) -> list[str]:
+    """One sentence per line, strict UTF-8; an empty line is an error naming the line."""
+    from data_pipelines.errors import DataError
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--input {path} does not exist")
+    lines = path.read_bytes().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the final newline ends the last line, it does not start one
+    sentences = []
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            text = line.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as e:
+            raise DataError(path, lineno, "sentence", f"invalid UTF-8 ({e.reason})") from None
+        if not text.strip():
+            raise DataError(path, lineno, "sentence", "empty sentence")
+        sentences.append(text)
+    if not sentences:
+        raise DataError(path, None, "sentence", "no sentences in file")
+    return sentences
+
+
+def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
+                   *, step: int | None = None, chunk: int = 4096) -> Path:
+    """Streams both embeddings of ``input_path``'s sentences into ``output`` atomically."""
+    from dualcse_jax.inference import load
+    from embedding_core.export import export_embeddings
+
+    sentences = read_sentences(input_path)
+    embedder = load(workdir, step=step)
+
+    def blocks():
+        for start in range(0, len(sentences), chunk):
+            part = sentences[start:start + chunk]
+            r, u = embedder.encode(part, progress=False)
+            yield part, {"explicit": r, "implicit": u}
+
+    meta = {
+        "model": embedder.config.model, "architecture": embedder.config.architecture,
+        "pooling": embedder.config.pooling, "checkpoint_step": embedder.step,
+        "workdir": str(Path(workdir).resolve()), "input": str(Path(input_path).resolve()),
+        "normalisation": "l2" if embedder.config.normalize else "none (raw pooled vectors; "
+        "compare with cosine)", "config": embedder.config.to_dict(),
+    }
+    dim = embedder.model.config.hidden_size
+    export_embeddings(output, blocks(), num_rows=len(sentences),
+                      dims={"explicit": dim, "implicit": dim}, meta=meta)
+    print(f"wrote {len(sentences)} x {dim} explicit.npy / implicit.npy, ids.txt, meta.json "
+          f"to {output}")
+    return Path(output)
+
+
+def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None) -> dict:
+    """The README's main job: train DualCSE-Cross from MiniLM on shipped INLI (CPU preset),
+    evaluate RTE next to the untrained baseline, export both embeddings of INLI test premises.
+    """
+    workdir = Path(workdir)
+
+    from data_pipelines import inli
+    from dualcse_jax.configs import cross_cpu
+    from dualcse_jax.trainer import train
+
+    config = cross_cpu.get_config()
+    if num_train_steps:
+        config.num_train_steps = num_train_steps
+    t0 = time.time()
+    print(f"[1/3] training DualCSE-Cross from {config.model} on INLI train "
+          f"({config.num_train_steps} steps x {config.batch_size} premises) -> {workdir}")
+    train(config, workdir)
+    t1 = time.time()
+    print("[2/3] evaluating RTE on INLI test (and the untrained baseline)")
+    result = evaluate_workdir(workdir, baseline=True)
+    t2 = time.time()
+    premises_file = workdir / "inli_test_premises.txt"
+    premises = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))]
+    tmp = premises_file.with_suffix(".tmp")
+    tmp.write_text("\n".join(premises) + "\n", encoding="utf-8")
+    os.replace(tmp, premises_file)
+    print(f"[3/3] exporting both embeddings of the {len(premises)} INLI test premises")
+    export_dir = workdir / "export_test_premises"
+    export_workdir(workdir, str(premises_file), str(export_dir))
+    t3 = time.time()
+    rows = result["rte"]
+    trained, base = (rows[k] for k in rows)
+    print("\nSummary")
+    print(f"  trained   implied {100 * trained['implied']:.2f}%  average "
+          f"{100 * trained['average']:.2f}%")
+    print(f"  untrained implied {100 * base['implied']:.2f}%  average "
+          f"{100 * base['average']:.2f}%")
+    print(f"  time: train {t1 - t0:.0f}s, evaluate {t2 - t1:.0f}s, export {t3 - t2:.0f}s")
+    print(f"  checkpoints:  {workdir / 'checkpoints'}")
+    print(f"  TensorBoard:  tensorboard --logdir {workdir}")
+    print(f"  RTE results:  {workdir / 'eval' / 'rte.json'} (baseline: rte_baseline.json)")
+    print(f"  embeddings:   {export_dir}/explicit.npy, implicit.npy, ids.txt, meta.json")
+
+    return result

@@ -1,0 +1,149 @@
+"""Resumption after SIGKILL, export == load().encode, and the CLI's errors on bad input."""
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from dualcse_jax.configs import default
+
+OVERRIDES = {"max_length": 32, "batch_size": 8, "num_train_steps": 60, "checkpoint_every": 5,
+             "log_every": 5, "max_train_examples": 64, "learning_rate": 1e-3,
+             "keep_checkpoints": 2, "eval_batch_size": 16}
+
+
+def _cli(*args, timeout=600, check=True):
+    cmd = [sys.executable, "-m", "dualcse_jax.main", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and out.returncode != 0:
+        raise AssertionError(out.stdout[-3000:] + out.stderr[-3000:])
+    return out
+
+
+def _flags(model_dir, workdir, **extra):
+    over = dict(OVERRIDES, model=str(model_dir), **extra)
+    return [f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in over.items()]
+
+
+def _params(workdir):
+    from dualcse_jax.inference import load
+
+    emb = load(workdir)
+    return emb, {jax.tree_util.keystr(k): np.asarray(v)
+                 for k, v in jax.tree_util.tree_leaves_with_path(emb.params)}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_bert_dir):
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    _cli("train", *_flags(tiny_bert_dir, workdir))
+    return workdir
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_gives_the_same_parameters(tmp_path, tiny_bert_dir, uninterrupted):
+    workdir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "dualcse_jax.main", "train", *_flags(tiny_bert_dir, workdir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = workdir / "checkpoints"
+    deadline = time.time() + 600
+    # Kill as soon as the first checkpoint is committed (orbax renames a finished save
+    # into place, so a listed step directory is complete).
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists() and any(p.name.isdigit() for p in ckpt.iterdir()):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+    assert steps and steps[-1] < OVERRIDES["num_train_steps"], steps  # really interrupted
+    _cli("train", *_flags(tiny_bert_dir, workdir))
+    _, resumed = _params(workdir)
+    _, reference = _params(uninterrupted)
+    for key, value in reference.items():
+        np.testing.assert_allclose(resumed[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def test_export_equals_fresh_encode(tmp_path, uninterrupted):
+    from data_pipelines import inli
+
+    sentences = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))[:37]]
+    src = tmp_path / "sentences.txt"
+    src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    out = tmp_path / "export"
+    _cli("export", f"--workdir={uninterrupted}", f"--input={src}", f"--output={out}")
+    explicit = np.load(out / "explicit.npy")
+    implicit = np.load(out / "implicit.npy")
+    assert explicit.dtype == np.float32 and explicit.shape == (37, 32)
+    assert (out / "ids.txt").read_text(encoding="utf-8").splitlines() == sentences
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["checkpoint_step"] == OVERRIDES["num_train_steps"]
+    emb, _ = _params(uninterrupted)
+    r, u = emb.encode(sentences)
+    np.testing.assert_allclose(explicit, r, atol=1e-5)
+    np.testing.assert_allclose(implicit, u, atol=1e-5)
+    assert np.abs(r - u).max() > 1e-4  # not the same vector twice (nor swapped unnoticed)
+    # Row order is input order, not the length-sorted batching order.
+    r_rev, _ = emb.encode(sentences[::-1])
+    np.testing.assert_allclose(r_rev[::-1], r, atol=1e-5)
+
+
+@pytest.mark.parametrize("content,expect", [
+    (b"A fine sentence.\n\nAnother.\n", ":2: field 'sentence': empty sentence"),
+    (b"ok\n\xff\xfe bad\n", ":2: field 'sentence': invalid UTF-8"),
+])
+def test_export_bad_input_names_line_and_writes_nothing(tmp_path, uninterrupted, content, expect):
+    src = tmp_path / "in.txt"
+    src.write_bytes(content)
+    out = tmp_path / "export"
+    res = _cli("export", f"--workdir={uninterrupted}", f"--input={src}", f"--output={out}",
+               check=False)
+    assert res.returncode != 0
+    assert expect in res.stderr and str(src) in res.stderr
+    assert not out.exists()
+
+
+def test_train_rejects_indivisible_batch_before_compiling(tmp_path, tiny_bert_dir):
+    from dualcse_jax.trainer import train
+
+    config = default.get_config()
+    config.update(dict(OVERRIDES, model=str(tiny_bert_dir), batch_size=12))  # 8 devices
+    with pytest.raises(ValueError, match="batch_size=12 is not divisible by the "
+                                         "data-parallel size 8"):
+        train(config, tmp_path / "w")
+    assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    res = _cli("train", f"--workdir={tmp_path / 'w'}", "--config.model=/no/such/model",
+               check=False)
+    assert res.returncode != 0
+    assert "/no/such/model" in res.stderr and "FileNotFoundError" in res.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_bad_training_csv_names_file_line_field(tmp_path, tiny_bert_dir, monkeypatch):
+    """A broken INLI copy: the error names the file, the line and the column."""
+    data = tmp_path / "data"
+    (data / "inli").mkdir(parents=True)
+    src = Path(__file__).resolve().parents[2] / "data" / "inli" / "train.csv"
+    with open(src, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))[:20]
+    rows[5][2] = ""  # the premise of the 5th data row, physical line 6 (no multi-line rows)
+    with open(data / "inli" / "train.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    monkeypatch.setenv("EMBEDDING_JAX_DATA", str(data))
+    from data_pipelines.errors import DataError
+    from dualcse_jax.trainer import train
+
+    config = default.get_config()
+    config.update(dict(OVERRIDES, model=str(tiny_bert_dir)))
+    with pytest.raises(DataError, match=r"train\.csv:6: field 'premise'"):
+        train(config, tmp_path / "w")
