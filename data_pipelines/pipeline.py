@@ -16,7 +16,7 @@ accelerator.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -65,8 +65,10 @@ class _StepBatcher:
         process_count: int,
         pad_multiple: int,
         fixed_length: int | None,
+        groups: Sequence[Sequence[int]],
     ) -> None:
         self.table = table
+        self.groups = [list(g) for g in groups]
         self.batch = global_batch_size
         self.seed = seed
         self.spe = steps_per_epoch(table.num_examples, global_batch_size)
@@ -95,17 +97,21 @@ class _StepBatcher:
     def __call__(self, step: np.int64) -> tuple[np.ndarray, ...]:
         rows = self.global_rows(int(step))
         t = self.table
-        if self.fixed_length is not None:
-            length = self.fixed_length
-        else:
-            # From the GLOBAL batch, so every host pads to the same length.
-            longest = max(int(t.lengths[rows].max()), 1)
-            length = min(_round_up(longest, self.pad_multiple), t.max_len)
         local = rows[self.lo : self.hi]
-        input_ids = t.input_ids[local, :, :length]
-        token_type_ids = t.token_type_ids[local, :, :length]
-        mask = (np.arange(length, dtype=np.int32) < t.lengths[local][:, :, None]).astype(np.int32)
-        return input_ids, mask, token_type_ids, t.text_ids[local]
+        out = []
+        for fields in self.groups:
+            if self.fixed_length is not None:
+                length = self.fixed_length
+            else:
+                # From the GLOBAL batch, so every host pads to the same length.
+                longest = max(int(t.lengths[np.ix_(rows, fields)].max()), 1)
+                length = min(_round_up(longest, self.pad_multiple), t.max_len)
+            input_ids = t.input_ids[local][:, fields, :length]
+            token_type_ids = t.token_type_ids[local][:, fields, :length]
+            lengths = t.lengths[local][:, fields]
+            mask = (np.arange(length, dtype=np.int32) < lengths[:, :, None]).astype(np.int32)
+            out += [input_ids, mask, token_type_ids]
+        return (*out, t.text_ids[local])
 
 
 def make_batches(
@@ -120,6 +126,7 @@ def make_batches(
     pad_multiple: int = 16,
     fixed_length: int | None = None,
     prefetch: int = 2,
+    length_groups: Sequence[Sequence[int]] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yields this host's slice of each global batch, from ``start_step`` on.
 
@@ -136,6 +143,11 @@ def make_batches(
         max_len; fewer distinct shapes means fewer XLA recompilations.
       fixed_length: if given, every step is padded to exactly this length instead.
       prefetch: batches prepared ahead in the background.
+      length_groups: optional partition of the field indices into groups padded
+        separately (e.g. long premises and short hypotheses), so short fields do not pay
+        for the longest one. Group g's arrays are yielded under ``"input_ids_g"``,
+        ``"attention_mask_g"`` and ``"token_type_ids_g"`` with shape [B/P, F_g, L_g];
+        ``text_ids`` stays [B/P, F].
 
     Yields:
       dicts with ``"input_ids"`` [B/P, F, L] int32, ``"attention_mask"`` [B/P, F, L] int32
@@ -144,6 +156,7 @@ def make_batches(
 
     Raises:
       ValueError: B not divisible by P, B larger than the table, process_index out of range,
+        length_groups that are not a partition of the fields,
         start_step or num_steps negative, pad_multiple < 1, or fixed_length shorter than a
         sequence of the table or longer than its max_len.
     """
@@ -168,6 +181,12 @@ def make_batches(
                 "longest sequence of the table and the stored width"
             )
 
+    num_fields = len(table.field_names)
+    groups = [list(range(num_fields))] if length_groups is None else [list(g) for g in
+                                                                        length_groups]
+    if sorted(i for g in groups for i in g) != list(range(num_fields)) or not all(groups):
+        raise ValueError(f"length_groups={length_groups} must partition the field indices "
+                         f"0..{num_fields - 1}")
     batcher = _StepBatcher(
         table,
         global_batch_size=global_batch_size,
@@ -176,25 +195,22 @@ def make_batches(
         process_count=process_count,
         pad_multiple=pad_multiple,
         fixed_length=fixed_length,
+        groups=groups,
     )
     local = global_batch_size // process_count
-    num_fields = len(table.field_names)
+    names = ("input_ids", "attention_mask", "token_type_ids")
 
     def gather(step: tf.Tensor) -> dict[str, tf.Tensor]:
-        input_ids, mask, token_type_ids, text_ids = tf.numpy_function(
-            batcher, [step], [tf.int32] * 4, stateful=False
-        )
-        input_ids.set_shape([local, num_fields, fixed_length])
-        mask.set_shape([local, num_fields, fixed_length])
-        token_type_ids.set_shape([local, num_fields, fixed_length])
-        text_ids.set_shape([local, num_fields])
-        return {
-            "input_ids": input_ids,
-            "attention_mask": mask,
-            "token_type_ids": token_type_ids,
-            "text_ids": text_ids,
-            "step": step,
-        }
+        arrays = tf.numpy_function(batcher, [step], [tf.int32] * (3 * len(groups) + 1),
+                                   stateful=False)
+        out = {"text_ids": arrays[-1], "step": step}
+        out["text_ids"].set_shape([local, num_fields])
+        for g, fields in enumerate(groups):
+            for k, name in enumerate(names):
+                array = arrays[3 * g + k]
+                array.set_shape([local, len(fields), fixed_length])
+                out[name if length_groups is None else f"{name}_{g}"] = array
+        return out
 
     if num_steps is None:
         steps = tf.data.Dataset.counter(start=start_step, dtype=tf.int64)

@@ -506,7 +506,8 @@ def full_loss(
       ``entity_accuracy``, ``masked_words``, ``masked_entities`` (counts in the batch).
     """
     mask_rng, entity_rng, dropout_rng = jax.random.split(rng, 3)
-    ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+    ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
+                                                         "token_type_ids"))
     words = mask_word_pieces(mask_rng, ids, maskable_word_pieces(ids, mask, masking), masking)
     corrupted, entity_labels, entity_weights = mask_entity_tokens(entity_rng, words.input_ids,
                                                                   masking)
@@ -563,8 +564,9 @@ def hybrid_loss(
       ``masked_words``.
     """
     mask_rng, dropout_rng = jax.random.split(rng)
-    ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
-    entity_ids = batch["entity_ids"].astype(jnp.int32)
+    ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
+                                                         "token_type_ids"))
+    entity_ids = jnp.asarray(batch["entity_ids"], jnp.int32)
     words = mask_word_pieces(mask_rng, ids, maskable_word_pieces(ids, mask, masking), masking)
     sentence, entity, logits = model.apply(
         {"params": params}, words.input_ids, mask, types, entity_ids, words.positions,

@@ -97,19 +97,33 @@ class DualEncoder(nn.Module):
             self.encoder = SentenceEncoder(self.config, self.pooling)
 
     def __call__(self, input_ids, attention_mask, token_type_ids, *, deterministic=True):
-        b, f, seq = input_ids.shape
-        flat = [x.reshape(b * f, seq) for x in (input_ids, attention_mask, token_type_ids)]
+        """Encodes every field.
+
+        Each input is either one ``[batch, fields, seq_len]`` array or a tuple of them, one
+        per length group (consecutive runs of fields padded to their own length; see
+        ``data_pipelines.pipeline.make_batches(length_groups=...)``).
+        """
+        if not isinstance(input_ids, (tuple, list)):
+            input_ids, attention_mask, token_type_ids = (
+                (input_ids,), (attention_mask,), (token_type_ids,))
+
+        def run(encoder):
+            outs = []
+            for ids, mask, types in zip(input_ids, attention_mask, token_type_ids, strict=True):
+                b, f, seq = ids.shape
+                flat = [x.reshape(b * f, seq) for x in (ids, mask, types)]
+                outs.append(encoder(*flat, deterministic=deterministic).reshape(b, f, -1))
+            return jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
+
         if self.architecture == "bi":
-            r = self.explicit_encoder(*flat, deterministic=deterministic)
-            u = self.implicit_encoder(*flat, deterministic=deterministic)
-            return r.reshape(b, f, -1), u.reshape(b, f, -1)
-        e = self.encoder(*flat, deterministic=deterministic)
+            return run(self.explicit_encoder), run(self.implicit_encoder)
+        e = run(self.encoder)
         if self.architecture == "simcse":
-            e = e.reshape(b, f, -1)
             return e, e
+        b, f, dim = e.shape
         if f % 2:
             raise ValueError(f"cross-encoder needs (explicit, implicit) field pairs, got {f}")
-        e = e.reshape(b, f // 2, 2, -1)
+        e = e.reshape(b, f // 2, 2, dim)
         return e[:, :, 0], e[:, :, 1]
 
     def encode_single(self, input_ids, attention_mask, token_type_ids, part: str = "r"):
@@ -136,6 +150,7 @@ def build_model(config, encoder_config: EncoderConfig) -> DualEncoder:
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
                                                 attention_dropout_rate=0.0)
+    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"))
     return DualEncoder(encoder_config.replace(dtype=config.dtype), config.architecture,
                        config.pooling)
 
@@ -148,3 +163,25 @@ def init_fn(model: DualEncoder, num_fields: int):
         return model.init({"params": rng}, ids, jnp.ones_like(ids), jnp.zeros_like(ids))["params"]
 
     return init
+
+
+def length_groups(architecture: str) -> tuple[tuple[int, ...], ...]:
+    """Field groups padded separately: the (long) premise apart from the (short) hypotheses.
+
+    Field order is that of ``data_pipelines.dualcse_data``: cross has the premise's two
+    indicator views first, bi and simcse the premise / anchor first.
+    """
+    if architecture == "cross":
+        return ((0, 1), (2, 3, 4, 5, 6, 7))
+    if architecture == "bi":
+        return ((0,), (1, 2, 3))
+    return ((0,), (1, 2))
+
+
+def model_inputs(batch) -> tuple:
+    """``(input_ids, attention_mask, token_type_ids)`` of a batch, grouped or not."""
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    if "input_ids" in batch:
+        return tuple(batch[n] for n in names)
+    groups = sorted(int(k.rsplit("_", 1)[1]) for k in batch if k.startswith("input_ids_"))
+    return tuple(tuple(batch[f"{n}_{g}"] for g in groups) for n in names)

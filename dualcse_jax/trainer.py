@@ -15,7 +15,14 @@ import ml_collections
 from data_pipelines import dualcse_data, inli, pipeline, snli
 from data_pipelines.tokenization import load_tokenizer
 from dualcse_jax.loss import dualcse_loss, simcse_loss
-from dualcse_jax.model import DualEncoder, build_model, init_fn, pretrained_paths
+from dualcse_jax.model import (
+    DualEncoder,
+    build_model,
+    init_fn,
+    length_groups,
+    model_inputs,
+    pretrained_paths,
+)
 from embedding_core import parallel, training
 from embedding_core.encoders import load_pretrained
 
@@ -68,9 +75,8 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict):
     """``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch."""
 
     def loss_fn(params, batch, rng):
-        r, u = model.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
-                           batch["token_type_ids"], deterministic=not config.dropout,
-                           rngs={"dropout": rng})
+        r, u = model.apply({"params": params}, *model_inputs(batch),
+                           deterministic=not config.dropout, rngs={"dropout": rng})
         if config.architecture == "simcse":
             return simcse_loss(r, batch["text_ids"], temperature=config.temperature)
         return dualcse_loss(r, u, batch["text_ids"], temperature=config.temperature,
@@ -116,7 +122,8 @@ def _batches(config, table, mesh):
         return pipeline.make_batches(
             table, global_batch_size=config.batch_size, seed=config.seed, start_step=start_step,
             process_index=jax.process_index(), process_count=jax.process_count(),
-            pad_multiple=config.pad_multiple)
+            pad_multiple=config.pad_multiple,
+            length_groups=length_groups(config.architecture) if config.group_padding else None)
 
     return make
 

@@ -6,6 +6,7 @@ from dualcse_jax.configs import default
 def get_config():
     c = default.get_config()
     c.max_length = 64
+    c.dropout_impl = "hash"  # ~18% cheaper train step on CPU (PERFORMANCE.md)
     c.pad_multiple = 16
     c.batch_size = 16
     c.learning_rate = 5e-5

@@ -15,11 +15,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.pooling = "cls"  # cls | cls_mlp | mean; the same head at training and evaluation
     c.dtype = "float32"  # encoder compute dtype: float32 | bfloat16 (params stay float32)
     c.dropout = True  # the checkpoint's dropout rates during training
+    c.dropout_impl = "flax"  # flax | hash (integer-hash mask: cheaper on CPU, same rate)
     c.normalize = False  # L2-normalise exported / encoded vectors
     # Data.
     c.train_data = "inli"  # inli | snli (snli only for architecture=simcse)
     c.max_length = 128  # premises are long (p99 ~ 62 words)
     c.pad_multiple = 16  # batches padded to a multiple of this (fewer compiled shapes)
+    c.group_padding = True  # pad premises and (short) hypotheses to separate lengths
     c.max_train_examples = 0  # 0 = all
     # Loss.
     c.temperature = 0.05

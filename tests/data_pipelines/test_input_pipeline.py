@@ -121,3 +121,22 @@ def test_text_identity_ids():
     texts = ["A  b", " a b\n", "A\tB", "ab", "a b c", "AB"]
     assert text_identity_ids(texts).tolist() == [0, 0, 0, 1, 2, 1]
     assert text_identity_ids(texts).dtype == np.int32
+
+
+def test_length_groups_pad_each_group_to_its_own_longest(table):
+    plain = _run(table, global_batch_size=8, seed=3, num_steps=4, pad_multiple=8)
+    grouped = _run(table, global_batch_size=8, seed=3, num_steps=4, pad_multiple=8,
+                   length_groups=((0,), (1,)))
+    for p, g in zip(plain, grouped, strict=True):
+        rows = _rows(p)
+        for k, field in enumerate((0, 1)):
+            longest = table.lengths[rows, field].max()
+            length = g[f"input_ids_{k}"].shape[-1]
+            assert length == min(-(-longest // 8) * 8, MAX_LEN)
+            np.testing.assert_array_equal(g[f"input_ids_{k}"][:, 0],
+                                          p["input_ids"][:, field, :length])
+            np.testing.assert_array_equal(g[f"attention_mask_{k}"].sum(-1)[:, 0],
+                                          table.lengths[rows, field])
+        np.testing.assert_array_equal(g["text_ids"], p["text_ids"])
+    with pytest.raises(ValueError, match="partition"):
+        make_batches(table, global_batch_size=8, seed=0, length_groups=((0,), (0, 1)))

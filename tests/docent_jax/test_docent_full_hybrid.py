@@ -55,6 +55,20 @@ def sentence_batch(corpus, tokenizer):
 
 
 @pytest.fixture(scope="module")
+def full_tiny():
+    """A tiny DocEnt-Full (5 entities) and its freshly initialised params."""
+    model = mlm.DocEntFull(_tiny_config(), num_entities=5)
+    return model, nn.unbox(jax.jit(mlm.init_fn(model))(jax.random.key(0)))
+
+
+@pytest.fixture(scope="module")
+def hybrid_tiny():
+    """A tiny DocEnt-Hybrid (4 entities) and its freshly initialised params."""
+    model = mlm.DocEntHybrid(_tiny_config(), num_entities=4)
+    return model, nn.unbox(jax.jit(mlm.init_fn(model))(jax.random.key(0)))
+
+
+@pytest.fixture(scope="module")
 def masking(tokenizer):
     return mlm.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
                                             entity_mask_rate=0.5, max_predictions=8)
@@ -126,12 +140,12 @@ def test_masking_rates_and_never_special(sentence_batch, tokenizer):
 # ----------------------------------------------------------------------------- encoder hook, heads
 
 
-def test_extra_token_embeddings_hook_extends_the_vocabulary():
+def test_extra_token_embeddings_hook_extends_the_vocabulary(full_tiny):
     cfg = _tiny_config()
     enc = TransformerEncoder(cfg)
     ids = jnp.array([[101, 5, 7, 102]], jnp.int32)
     mask = jnp.ones_like(ids)
-    params = nn.unbox(jax.jit(enc.init)(jax.random.key(0), ids, mask))["params"]
+    params = full_tiny[1]["transformer"]
     extra = jax.random.normal(jax.random.key(1), (4, cfg.hidden_size))
     # Extra id vocab + 2 must behave as a word piece whose row is extra[2].
     swapped = jax.tree.map(lambda x: x, params)
@@ -162,12 +176,12 @@ def _layer_norm(x, scale, bias, eps=1e-12):
     return (x - mu) / np.sqrt(var + eps) * scale + bias
 
 
-def test_full_head_is_tied_to_both_tables():
+def test_full_head_is_tied_to_both_tables(full_tiny):
     from scipy.special import erf
 
     cfg = _tiny_config()
-    model = mlm.DocEntFull(cfg, num_entities=5)
-    params = nn.unbox(jax.jit(mlm.init_fn(model))(jax.random.key(0)))
+    model, params = full_tiny
+    params = dict(params)
     params["word_bias"] = jax.random.normal(jax.random.key(1), (cfg.vocab_size,))
     params["entity_bias"] = jax.random.normal(jax.random.key(2), (5,))
     h = np.asarray(jax.random.normal(jax.random.key(3), (3, cfg.hidden_size)), np.float64)
@@ -191,14 +205,13 @@ def test_full_head_is_tied_to_both_tables():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_full_loss_weighting(masking):
+def test_full_loss_weighting(full_tiny, masking):
     cfg = _tiny_config()
-    model = mlm.DocEntFull(cfg, num_entities=4)
-    params = nn.unbox(jax.jit(mlm.init_fn(model))(jax.random.key(0)))
+    model, params = full_tiny
     rng = np.random.default_rng(0)
     words = rng.integers(104, cfg.vocab_size, (8, 12)).astype(np.int32)
     words[:, 0], words[:, -1] = 101, 102
-    batch = mlm.full_inputs_from_tokens(words, np.full(8, 12), np.arange(8) % 4,
+    batch = mlm.full_inputs_from_tokens(words, np.full(8, 12), np.arange(8) % 5,
                                         word_vocab_size=cfg.vocab_size, sep_id=102)
     small = dataclasses.replace(masking, word_vocab_size=cfg.vocab_size, word_mask_rate=0.3)
 
@@ -219,10 +232,9 @@ def test_full_loss_weighting(masking):
     assert abs(loss_single - loss1) > 1e-3  # the two weightings do differ
 
 
-def test_hybrid_head_sees_the_entity_and_its_gradient_reaches_the_table(masking):
+def test_hybrid_head_sees_the_entity_and_its_gradient_reaches_the_table(hybrid_tiny, masking):
     cfg = _tiny_config()
-    model = mlm.DocEntHybrid(cfg, num_entities=4)
-    params = nn.unbox(jax.jit(mlm.init_fn(model))(jax.random.key(0)))
+    model, params = hybrid_tiny
     rng = np.random.default_rng(0)
     ids = rng.integers(104, cfg.vocab_size, (4, 12)).astype(np.int32)
     ids[:, 0], ids[:, -1] = 101, 102
@@ -239,10 +251,9 @@ def test_hybrid_head_sees_the_entity_and_its_gradient_reaches_the_table(masking)
     assert norms[1] == 0 and norms[3] == 0  # the others get nothing
 
 
-def test_hybrid_dual_term_masks_same_entity_sentences(masking):
+def test_hybrid_dual_term_masks_same_entity_sentences(hybrid_tiny, masking):
     cfg = _tiny_config()
-    model = mlm.DocEntHybrid(cfg, num_entities=3)
-    params = nn.unbox(jax.jit(mlm.init_fn(model))(jax.random.key(0)))
+    model, params = hybrid_tiny
     rng = np.random.default_rng(1)
     ids = rng.integers(104, cfg.vocab_size, (5, 9)).astype(np.int32)
     ids[:, 0], ids[:, -1] = 101, 102
@@ -298,7 +309,7 @@ def test_full_model_loads_minilm_unchanged(minilm_dir, tokenizer):
         plain = TransformerEncoder(pre.config).apply({"params": theirs}, ids, mask, types)
         return full.last_hidden_state, plain.last_hidden_state
 
-    ours, minilm = both(params, jax.device_put(pre.params, jax.devices()[0]))
+    ours, minilm = both(params, jax.device_put(pre.params, parallel.replicated(mesh)))
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(minilm))
     # Entity rows: truncated normal, std 0.02 before truncation at 2 sigma (std ~0.0176).
     entities = np.asarray(mlm.entity_table(params))

@@ -1,0 +1,78 @@
+"""The held-out paragraph protocol on real SQuAD dev, the training table and id files."""
+
+import numpy as np
+import pytest
+
+from data_pipelines import squad
+from data_pipelines.errors import DataError
+from data_pipelines.tokenization import load_tokenizer
+from docent_jax import data
+
+
+@pytest.fixture(scope="module")
+def articles():
+    return squad.read_squad()[0]
+
+
+def test_paragraph_split_is_a_seeded_partition_of_each_article(articles):
+    train, held = data.paragraph_split(articles, 0.2, seed=0)
+    assert [a.title for a in train] == [a.title for a in held] == [a.title for a in articles]
+    for a, t, h in zip(articles, train, held, strict=True):
+        ids = [p.paragraph_id for p in a.paragraphs]
+        t_ids, h_ids = [p.paragraph_id for p in t.paragraphs], [p.paragraph_id for p in h.paragraphs]
+        assert not set(t_ids) & set(h_ids)
+        assert sorted(t_ids + h_ids) == sorted(ids)
+        assert t_ids == [i for i in ids if i in set(t_ids)]  # file order kept
+        n = len(ids)
+        assert len(h_ids) == min(max(round(0.2 * n), 1), n - 1)
+    again = data.paragraph_split(articles, 0.2, seed=0)[1]
+    other = data.paragraph_split(articles, 0.2, seed=1)[1]
+    key = lambda side: [[p.paragraph_id for p in a.paragraphs] for a in side]  # noqa: E731
+    assert key(again) == key(held) != key(other)
+    with pytest.raises(ValueError, match="heldout_fraction"):
+        data.paragraph_split(articles, 1.0, seed=0)
+
+
+def test_heldout_queries_are_the_questions_of_heldout_paragraphs_only(articles):
+    # One "sentence" per paragraph keeps this fast; the protocol does not depend on pySBD.
+    d = data.squad_entity_data(None, 0.2, 0, lambda text: [text])
+    train, held = data.paragraph_split(articles, 0.2, seed=0)
+    assert d.entity_ids == [a.title for a in articles]
+    expected = [(q.question, (i,)) for i, a in enumerate(held)
+                for p in a.paragraphs for q in p.questions]
+    assert d.queries == expected
+    assert len(d.sentences) == sum(len(a.paragraphs) for a in train)
+    heldout_contexts = {p.context for a in held for p in a.paragraphs}
+    # A training document may lose its title, so compare on a long inner slice.
+    for _, text in d.sentences:
+        assert not any(text[20:80] in c for c in heldout_contexts if len(text) > 100)
+    assert "SQuAD" in d.description and str(len(expected)) in d.description
+
+
+def test_entity_sentence_table_carries_entity_ids(minilm_dir):
+    tok = load_tokenizer(minilm_dir)
+    table = data.entity_sentence_table([(2, "Paris is big."), (0, "x"), (2, "Hello there")],
+                                       3, tok, 16)
+    assert table.field_names == ("sentence",)
+    np.testing.assert_array_equal(table.text_ids[:, 0], [2, 0, 2])
+    assert table.input_ids.shape == (3, 1, 16)
+    with pytest.raises(ValueError, match="sentence pair 1: entity index 3"):
+        data.entity_sentence_table([(0, "a"), (3, "b")], 3, tok, 16)
+    with pytest.raises(ValueError, match="sentence pair 0 .* empty"):
+        data.entity_sentence_table([(0, "  ")], 3, tok, 16)
+
+
+def test_entity_id_files_round_trip_and_name_bad_lines(tmp_path):
+    path = tmp_path / "ids.txt"
+    data.write_entity_ids(path, ["Super_Bowl_50", "Warsaw"])
+    assert data.read_entity_ids(path) == ["Super_Bowl_50", "Warsaw"]
+    path.write_text("a\n\nb\n")
+    with pytest.raises(DataError, match=r"ids.txt:2: field 'entity_id': empty id"):
+        data.read_entity_ids(path)
+    path.write_text("a\nb\na\n")
+    with pytest.raises(DataError, match=r":3: .*repeats line 1"):
+        data.read_entity_ids(path)
+    with pytest.raises(ValueError, match="line break"):
+        data.write_entity_ids(path, ["a\nb"])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        data.read_entity_ids(tmp_path / "missing.txt")
