@@ -72,10 +72,10 @@ def _simcse_config():
 def bench_train_jax(steps: int) -> dict[str, float]:
     import jax
 
+    from data_pipelines import pipeline
     from dualcse_jax.model import length_groups
     from dualcse_jax.trainer import setup
     from embedding_core import parallel
-    from data_pipelines import pipeline
 
     config = _simcse_config()
     s = setup(config, "/tmp/bench_unused")

@@ -311,9 +311,15 @@ def _gather(hidden: jax.Array, positions: jax.Array) -> jax.Array:
     return jnp.take_along_axis(hidden, positions[..., None], axis=1)
 
 
-def _bias(name_axes: str, size: int, module: nn.Module, name: str) -> jax.Array:
-    return module.param(name, nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                           (name_axes,)), (size,), jnp.float32)
+def _zeros(module: nn.Module, name: str, axis: str, size: int) -> jax.Array:
+    """A float32 ``[size]`` parameter of zeros with logical axis ``axis`` (output biases)."""
+    init = nn.with_logical_partitioning(nn.initializers.zeros_init(), (axis,))
+    return module.param(name, init, (size,), jnp.float32)
+
+
+def _word_table(transformer: TransformerEncoder) -> jax.Array:
+    """The encoder's word-piece table ``[vocab, hidden]`` (the encoder must have run)."""
+    return nn.unbox(transformer.variables["params"]["embeddings"]["word_embeddings"]["embedding"])
 
 
 class DocEntFull(nn.Module):
@@ -326,7 +332,13 @@ class DocEntFull(nn.Module):
 
     Call: ``(input_ids, attention_mask, token_type_ids, positions)`` with ``[batch, seq_len]``
     int32 inputs (entity ``e`` = id ``vocab_size + e``) and ``[batch, P]`` int32 positions to
-    predict; returns ``[batch, P, vocab_size + num_entities]`` float32 logits.
+    predict; returns ``[batch, P, vocab_size + num_entities]`` float32 logits. Only the ``P``
+    gathered positions get logits (BERT's ``max_predictions_per_seq`` gather); both tables
+    and biases carry the logical names ``"vocab"`` / ``"entities"``, so with the default rules
+    the logits are sharded over the mesh's ``"model"`` axis instead of living on one device.
+
+    Raises:
+      ValueError: ``num_entities < 1`` (at init).
     """
 
     config: EncoderConfig
@@ -341,8 +353,8 @@ class DocEntFull(nn.Module):
                                             (self.num_entities, cfg.hidden_size), jnp.float32)
         self.mlm_transform = MLMHeadTransform(cfg.hidden_size, cfg.layer_norm_eps,
                                               cfg.initializer_range)
-        self.word_bias = _bias("vocab", cfg.vocab_size, self, "word_bias")
-        self.entity_bias = _bias("entities", self.num_entities, self, "entity_bias")
+        self.word_bias = _zeros(self, "word_bias", "vocab", cfg.vocab_size)
+        self.entity_bias = _zeros(self, "entity_bias", "entities", self.num_entities)
 
     def encode(self, input_ids, attention_mask, token_type_ids, *, deterministic=True,
                output_hidden_states=False):
@@ -354,8 +366,7 @@ class DocEntFull(nn.Module):
 
     def word_table(self) -> jax.Array:
         """The encoder's word-piece table ``[vocab, hidden]`` (call after :meth:`encode`)."""
-        table = self.transformer.variables["params"]["embeddings"]["word_embeddings"]
-        return nn.unbox(table["embedding"])
+        return _word_table(self.transformer)
 
     def mlm_logits(self, hidden: jax.Array) -> jax.Array:
         """Tied head: ``t = LN(gelu(h W + b))``, ``logits = t [E_word; E_ent]^T + [b_w; b_e]``.
@@ -388,6 +399,9 @@ class DocEntHybrid(nn.Module):
     ids and ``[batch, P]`` int32 positions to predict. Returns ``(f(s), g(e), logits)``:
     ``[batch, hidden]``, ``[batch, hidden]`` and ``[batch, P, vocab]``, all float32.
     ``pooling``: ``"cls"`` (the paper's ``f_CLS``) or ``"mean"`` (over real tokens).
+
+    Raises:
+      ValueError: ``num_entities < 1`` or an unknown ``pooling`` (at init).
     """
 
     config: EncoderConfig
@@ -405,7 +419,7 @@ class DocEntHybrid(nn.Module):
                                             (self.num_entities, cfg.hidden_size), jnp.float32)
         self.mlm_transform = MLMHeadTransform(cfg.hidden_size, cfg.layer_norm_eps,
                                               cfg.initializer_range)
-        self.word_bias = _bias("vocab", cfg.vocab_size, self, "word_bias")
+        self.word_bias = _zeros(self, "word_bias", "vocab", cfg.vocab_size)
 
     def encode_sentences(self, input_ids, attention_mask, token_type_ids, *,
                          deterministic=True) -> tuple[jax.Array, jax.Array]:
@@ -429,9 +443,7 @@ class DocEntHybrid(nn.Module):
         g = jnp.broadcast_to(entity_vectors[:, None, :], hidden.shape[:-1] + (
             entity_vectors.shape[-1],))
         t = self.mlm_transform(jnp.concatenate([hidden.astype(jnp.float32), g], axis=-1))
-        table = nn.unbox(
-            self.transformer.variables["params"]["embeddings"]["word_embeddings"]["embedding"])
-        return jnp.einsum("...h,vh->...v", t, table,
+        return jnp.einsum("...h,vh->...v", t, _word_table(self.transformer),
                           precision=jax.lax.Precision.HIGHEST) + self.word_bias
 
     def __call__(self, input_ids, attention_mask, token_type_ids, entity_ids, positions, *,

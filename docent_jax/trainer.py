@@ -13,7 +13,6 @@ import jax
 import ml_collections
 import optax
 
-from data_pipelines import pipeline
 from data_pipelines.tokenization import load_tokenizer
 from docent_jax import data as docent_data
 from docent_jax.loss import LOSSES, full_softmax_entity_loss, in_batch_entity_loss
@@ -58,6 +57,8 @@ def load_data(config: ml_collections.ConfigDict) -> docent_data.EntityData:
 def num_steps(config: ml_collections.ConfigDict, num_examples: int) -> int:
     if config.num_train_steps > 0:
         return int(config.num_train_steps)
+    from data_pipelines import pipeline  # TensorFlow: only once training is certain
+
     per_epoch = pipeline.steps_per_epoch(num_examples, config.batch_size)
     return max(1, math.ceil(per_epoch * config.num_epochs))
 
@@ -145,6 +146,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
 
 
 def _batches(config, table):
+    from data_pipelines import pipeline
+
     def make(start_step: int):
         return pipeline.make_batches(
             table, global_batch_size=config.batch_size, seed=config.seed, start_step=start_step,

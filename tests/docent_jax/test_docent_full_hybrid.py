@@ -135,6 +135,14 @@ def test_masking_rates_and_never_special(sentence_batch, tokenizer):
     other = jax.device_get(draw(jax.random.key(9), jax.random.key(8)))[1]
     np.testing.assert_array_equal(again.input_ids, new)
     assert (other.input_ids != new).any()
+    # The batch sharded over 8 devices gets the same masks (global random draws).
+    mesh = parallel.make_mesh(8, 1)
+    sharded = parallel.host_to_global({"ids": full["input_ids"], "mask": full["attention_mask"]},
+                                      mesh)
+    on_mesh = jax.jit(lambda k, i, m: mlm.mask_word_pieces(
+        k, i, mlm.maskable_word_pieces(i, m, cfg), cfg).input_ids)(
+        jax.random.key(7), sharded["ids"], sharded["mask"])
+    np.testing.assert_array_equal(np.asarray(on_mesh), new)
 
 
 # ----------------------------------------------------------------------------- encoder hook, heads

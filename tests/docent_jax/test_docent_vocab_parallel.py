@@ -41,8 +41,11 @@ def _dense(queries, table, targets, scale, num_classes=V, cosine=True):
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
 
 
-@pytest.mark.parametrize("data,model", [(2, 4), (1, 8)])
-@pytest.mark.parametrize("cosine,num_classes", [(True, V), (False, V), (True, 50)])
+@pytest.mark.parametrize("data,model,cosine,num_classes", [
+    (2, 4, True, V), (1, 8, True, V),
+    (2, 4, False, V),  # plain dot product
+    (2, 4, True, 50),  # padded table: rows 50..63 are not classes
+])
 def test_loss_and_gradients_equal_dense(inputs, data, model, cosine, num_classes):
     queries, table, targets = inputs
     targets = targets % num_classes

@@ -16,7 +16,8 @@ from dualcse_jax.configs import default
 
 OVERRIDES = {"max_length": 32, "batch_size": 8, "num_train_steps": 60, "checkpoint_every": 5,
              "log_every": 5, "max_train_examples": 64, "learning_rate": 1e-3,
-             "keep_checkpoints": 2, "eval_batch_size": 16}
+             "keep_checkpoints": 2, "eval_batch_size": 16, "eval_every": 30,
+             "eval_examples": 16}
 
 
 def _cli(*args, timeout=600, check=True):
@@ -43,7 +44,10 @@ def _params(workdir):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tiny_bert_dir):
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    _cli("train", *_flags(tiny_bert_dir, workdir))
+    out = _cli("train", *_flags(tiny_bert_dir, workdir))
+    # Console metric lines, the periodic RTE evaluation, TensorBoard event files.
+    assert "loss=" in out.stderr and "val_rte_average=" in out.stderr
+    assert list(workdir.glob("events.out.tfevents*"))
     return workdir
 
 
