@@ -7,10 +7,11 @@ encoded by BERT as ``f(s)`` (its [CLS] state, optionally through a linear projec
 
     score(e, s) = a * cos(g(e), f(s)),      P(e | s) = softmax_e score(e, s)
 
-over in-batch entities or the whole table (``docent_jax.loss``). RELIC learns the scale a
-(our reading of Ling et al. 2020, eq. 1, "a is a learned scalar"; the DocEnt seed only
-says cosine); here ``learn_scale`` chooses learned (RELIC, default) or fixed, starting at
-``scale_init``, and it is parameterised as ``exp(log_scale)`` so it stays positive.
+over in-batch entities or the whole table (``docent_jax.loss``). The DocEnt seed gives the
+plain cosine; RELIC multiplies it by a *learned* scalar a (our recollection of Ling et al.
+2020, sec. 3, not checked against the paper here: "our reading"). ``learn_scale`` chooses
+learned (default, RELIC) or fixed; a starts at ``scale_init`` (our choice, 20) and is
+parameterised as ``exp(log_scale)`` so it stays positive.
 
 The table carries the logical axes ``("entities", "embed")``; the project's rules shard its
 rows over the ``"model"`` mesh axis, so a table of millions of entities never sits whole

@@ -107,7 +107,6 @@ def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | Non
     workdir = Path(workdir)
     config = config if config is not None else dual_cpu.get_config()
     if num_train_steps:
-        config.unlock()
         config.num_train_steps = num_train_steps
     t0 = time.time()
     print(f"[1/3] training DocEnt-Dual ({config.loss} softmax) from {config.model} on the "

@@ -117,7 +117,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                 dropout_rng=dropout_rng, num_steps=steps, workdir=Path(workdir))
 
 
-def _batches(config, table, mesh):
+def _batches(config, table):
     def make(start_step: int):
         return pipeline.make_batches(
             table, global_batch_size=config.batch_size, seed=config.seed, start_step=start_step,
@@ -157,10 +157,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
         from dualcse_jax.inference import Embedder
 
         val = inli.read_inli(inli.inli_split_path("val"))[: config.eval_examples]
+        embedder = Embedder(s["model"], None, s["tokenizer"], config)  # compiled once
 
         def eval_fn(state, step):
-            emb = Embedder(s["model"], state.params, s["tokenizer"], config)
-            out = evaluate.evaluate_rte(emb, val, val)
+            embedder.params, embedder.step = state.params, step
+            out = evaluate.evaluate_rte(embedder, val, val)
             return {f"val_rte_{k}": v for k, v in out.items()}
 
     logging.info("training %s for %d steps on %d examples, global batch %d, mesh %s",
@@ -168,7 +169,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
                  config.batch_size, dict(s["mesh"].shape))
     return training.train_loop(
         workdir=s["workdir"], state=s["state"], state_shardings=s["shardings"],
-        train_step=s["step_fn"], make_batches=_batches(config, s["table"], s["mesh"]),
+        train_step=s["step_fn"], make_batches=_batches(config, s["table"]),
         mesh=s["mesh"], num_train_steps=s["num_steps"], rng=s["dropout_rng"], seed=config.seed,
         global_batch_size=config.batch_size, log_every=config.log_every,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,

@@ -29,7 +29,7 @@ def enable_compilation_cache() -> None:
 def quiet_library_logs() -> None:
     """INFO lines from this project (metrics, progress); only warnings from orbax/XLA."""
     logging.set_verbosity(logging.INFO)
-    logging.get_absl_logger().addFilter(
+    logging.get_absl_handler().addFilter(
         lambda record: record.levelno >= pylogging.WARNING
         or not any(n in record.pathname for n in _NOISY))
 

@@ -301,6 +301,7 @@ class TextFeatures:
 
     @property
     def dim(self) -> int:
+        """d_j, the width of the source's word vectors."""
         return int(self.vectors.shape[1])
 
     @property
@@ -340,6 +341,7 @@ class FeatureSet:
     idf_table: mr.IdfTable
 
     def side(self, side: str) -> dict[str, TextFeatures]:
+        """``{name: TextFeatures}`` of ``"questions"`` or ``"paragraphs"`` (else ValueError)."""
         if side not in ("questions", "paragraphs"):
             raise ValueError(f"side must be 'questions' or 'paragraphs', got {side!r}")
         return self.questions if side == "questions" else self.paragraphs
@@ -351,6 +353,7 @@ class FeatureSet:
         return sum(widths) if self.source_aggregate == "concatenate" else widths[0]
 
     def lengths(self, side: str) -> np.ndarray:
+        """``[n]`` int64 words per text of one side."""
         return self.side(side)[self.names[0]].lengths
 
 

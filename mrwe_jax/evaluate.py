@@ -214,13 +214,15 @@ def evaluate_retrieval(
     pool: str = "test",
     ks: Sequence[int] = (1, 2, 3, 5, 10, 20, 50),
     lexical: bool = True,
+    ensemble_variants: Sequence[str] = (),
     progress: bool = False,
 ) -> dict[str, dict[int, float]]:
     """Recall@k of every system on the test questions, one row per system.
 
     Rows, in order: TF-IDF and BM25 (``mrwe_jax.baselines``, fitted on the pool's
-    paragraphs), each single source's text vectors, the multi-resolution ensemble, then
-    each trained tower.
+    paragraphs), each single source's text vectors, the multi-resolution ensemble (with
+    the features' ``u``, then with each of ``ensemble_variants``, ``config.source_weights``
+    values such as ``"balanced"``), then each trained tower (which uses the features' ``u``).
 
     Returns:
       ``{row label: {k: recall in [0, 1]}}``.
@@ -251,6 +253,16 @@ def evaluate_retrieval(
             cosine_ranks(data.ensemble_vectors(features, "questions", indices=q_idx),
                          data.ensemble_vectors(features, "paragraphs", indices=p_idx),
                          targets))
+        for variant in ensemble_variants:
+            u = data.resolve_source_weights(
+                variant, features.names, {n: features.paragraphs[n].vectors
+                                          for n in features.names})
+            other = dataclasses.replace(features, source_weights=u)
+            add(f"multi-resolution ensemble, u={variant} ("
+                + ", ".join(f"{x:.3f}" for x in u) + ")",
+                cosine_ranks(data.ensemble_vectors(other, "questions", indices=q_idx),
+                             data.ensemble_vectors(other, "paragraphs", indices=p_idx),
+                             targets))
     for tower in towers:
         add(tower.name, cosine_ranks(tower.encode(features, "questions", q_idx,
                                                   progress=progress),

@@ -20,7 +20,8 @@ export    question and paragraph embeddings of the trained tower: OUT_DIR/questi
           OUT_DIR/paragraphs, each embedding.npy (float32 [N, d''], unit rows), ids.txt
           (SQuAD question ids / "title#index" paragraph ids) and meta.json.
 demo      the shipped run: features, ConvRR and FCRR with the CPU presets on the training
-          articles of SQuAD dev, the table and the t-SNE picture (DIR/convrr, DIR/fcrr).
+          articles of SQuAD dev, the tables for both pools and the t-SNE picture
+          (DIR/convrr, DIR/fcrr).
 """
 
 from __future__ import annotations
@@ -93,8 +94,10 @@ def evaluate_workdirs(workdirs, *, pool: str | None = None, step: int | None = N
         corpus, features = trainer.load_data(config)
     towers = [evaluate.load_tower(w, features, step=step) for w in workdirs]
     ks = data.parse_list(config.recall_ks, int)
+    variants = [v for v in ("uniform", "balanced")
+                if v != (config.source_weights or "uniform")]
     rows = evaluate.evaluate_retrieval(corpus, features, towers, pool=pool, ks=ks,
-                                       progress=progress)
+                                       ensemble_variants=variants, progress=progress)
     n_pool = len(evaluate.pool_indices(corpus, pool))
     pool_words = ("all paragraphs of the test articles" if pool == "test"
                   and corpus.split == "articles" else "all paragraphs of the corpus")
@@ -184,8 +187,13 @@ def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) 
     trainer.train(fc_config, workdir / "fcrr", corpus=corpus, features=features)
     t3 = time.time()
     print("[4/4] evaluating")
-    result = evaluate_workdirs([workdir / "convrr", workdir / "fcrr"], corpus=corpus,
-                               features=features, progress=False)
+    runs = [workdir / "convrr", workdir / "fcrr"]
+    result = evaluate_workdirs(runs, pool="test", corpus=corpus, features=features,
+                               progress=False)
+    # The paper ranks among all paragraphs: here the training articles' paragraphs join the
+    # pool as distractors (never as answers: test questions ask about test paragraphs).
+    evaluate_workdirs(runs, pool="all", tsne=False, corpus=corpus, features=features,
+                      progress=False)
     t4 = time.time()
     print(f"\ntime: features {t1 - t0:.0f}s, ConvRR {t2 - t1:.0f}s, FCRR {t3 - t2:.0f}s, "
           f"evaluation {t4 - t3:.0f}s, total {t4 - t0:.0f}s")
@@ -213,6 +221,7 @@ def main(argv: list[str]) -> None:
     else:
         import jax
 
+        logging.set_verbosity(logging.WARNING)  # the demo prints its own progress
         jax.config.update("jax_compilation_cache_dir",
                           str(Path(FLAGS.workdir).resolve() / ".jax_cache"))
         run_demo(FLAGS.workdir, num_train_steps=FLAGS.num_train_steps)

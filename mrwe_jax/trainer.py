@@ -188,6 +188,7 @@ def make_tx(config: ml_collections.ConfigDict, total_steps: int):
 
 
 def num_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
+    """``num_train_steps`` when positive, else ``ceil(num_epochs * steps_per_epoch)``."""
     if config.num_train_steps > 0:
         return int(config.num_train_steps)
     return max(1, math.ceil(steps_per_epoch * float(config.num_epochs)))
@@ -220,8 +221,13 @@ def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
         config.process_id if config.process_id >= 0 else None)
     mesh = parallel.make_mesh(int(config.mesh_data), int(config.mesh_model))
     P, K = int(config.paragraphs_per_batch), int(config.questions_per_paragraph)
-    parallel.check_global_batch(P, mesh)  # both sides are sharded over "data"
-    parallel.check_global_batch(P * K, mesh)
+    data_size = mesh.shape["data"]
+    if P % data_size or P % jax.process_count():
+        # Both sides are sharded over "data": P paragraphs and P*K questions per batch.
+        raise ValueError(
+            f"config.paragraphs_per_batch={P} must be divisible by the data-parallel size "
+            f"{data_size} and the process count {jax.process_count()} (mesh "
+            f"{dict(mesh.shape)}); choose a multiple of {data_size}")
     if corpus is None or features is None:
         corpus, features = load_data(config)
     batches = data.PKBatches(

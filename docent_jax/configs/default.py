@@ -15,7 +15,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.pooling = "cls"  # cls (the paper's f_CLS) | mean; the same at training and inference
     c.projection_dim = 0  # 0 = f(s) is the pooled state; >0 adds a linear projection
     c.scale_init = 20.0  # a in a*cos(g(e), f(s)); initial value is our choice
-    c.learn_scale = True  # RELIC learns a (our reading of Ling et al. 2020); False = fixed
+    c.learn_scale = True  # RELIC learns a (our reading of Ling et al. 2020); False = fixed a
     c.entity_init_std = 0.02  # normal init of the entity table g
     c.table_multiple = 128  # table rows padded to a multiple (must be divisible by mesh_model)
     c.dtype = "float32"  # encoder compute dtype: float32 | bfloat16 (params stay float32)

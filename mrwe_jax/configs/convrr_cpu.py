@@ -1,7 +1,10 @@
 """CPU-sized ConvRR preset for ``mrwe-jax demo`` (2 cores, minutes).
 
-Departures from ``default.py`` (for time only): one convolution block of 128 kernels with a
-projection back to d'' instead of d'' kernels in three blocks, and a fixed number of steps.
+Departures from ``default.py``: one convolution block of 128 kernels with a projection back
+to d'' instead of d'' kernels in three blocks, 300 steps (about 3 epochs of the training
+paragraphs of SQuAD dev), and learning rate 1e-4 instead of the authors' 1e-3 (chosen on a
+validation split of the *training* articles: with 1e-3 ConvRR fell below its input
+embedding there, with 1e-4 it gained about 5 points of recall@1).
 """
 
 from mrwe_jax.configs import default
@@ -12,6 +15,7 @@ def get_config():
     c.tower = "convrr"
     c.num_blocks = 1
     c.kernels = 128
+    c.learning_rate = 1e-4
     c.num_train_steps = 300
     c.log_every = 25
     c.checkpoint_every = 300

@@ -211,3 +211,29 @@ def test_evaluate_table_and_export_agree(trained, tmp_path):
     ranks = evaluate.cosine_ranks(q_arrays["embedding"], p_arrays["embedding"], targets)
     for k, v in rows[tower_row[0]].items():
         assert np.mean(ranks <= k) == pytest.approx(v)
+
+
+def test_load_encodes_new_texts_like_the_stored_features(trained):
+    import mrwe_jax
+
+    retriever = mrwe_jax.load(trained["workdir"])
+    corpus, feats = retriever.corpus, retriever.features
+    idx = np.array([0, 5])
+    texts = [corpus.question_texts[i] for i in idx] + ["?!"]
+    got = retriever.encode(texts)
+    want = retriever.tower.encode(feats, "questions", idx)
+    np.testing.assert_allclose(got[:2], want, rtol=1e-5, atol=1e-6)
+    assert got.shape == (3, 66) and np.all(got[2] == 0)  # no words: zero in, zero out
+
+
+def test_bad_settings_fail_before_compiling(tmp_path):
+    feats, q_par = synthetic_features()
+    config = tiny_config()
+    config.paragraphs_per_batch = 4  # 8 devices on "data"
+    with pytest.raises(ValueError, match="paragraphs_per_batch=4 must be divisible by the "
+                                         "data-parallel size 8"):
+        trainer.setup(config, tmp_path, corpus=object(), features=feats)
+    config = tiny_config()
+    config.tower = "transformer"
+    with pytest.raises(ValueError, match="config.tower='transformer'"):
+        trainer.setup(config, tmp_path, corpus=object(), features=feats)
