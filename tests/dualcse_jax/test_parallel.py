@@ -134,8 +134,12 @@ def test_two_processes_match_single_process(tmp_path, tiny_bert_dir):
     multi = dict(np.load(tmp_path / "params_0.npz"))
     assert sorted(single) == sorted(multi)
     for key, value in single.items():
-        # atol: attention key biases get only float32 reduction noise as gradient (softmax
-        # is invariant to them) and Adam turns noise into steps of up to ~1e-6 here.
+        if "['key']['bias']" in key:
+            # Softmax is invariant to the key bias, so its true gradient is 0 and it gets
+            # only float32 reduction noise, which Adam scales up to ~1e-5-sized steps:
+            # it must stay near 0 in both runs, but its noise need not agree.
+            assert np.abs(value).max() < 1e-4 and np.abs(multi[key]).max() < 1e-4, key
+            continue
         np.testing.assert_allclose(multi[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
     # Training did move the weights (so equality is not equality of initialisations).
     from embedding_core.encoders import load_pretrained as lp
