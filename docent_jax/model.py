@@ -153,6 +153,7 @@ def build_model(config, encoder_config: EncoderConfig, num_entities: int) -> Doc
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
                                                 attention_dropout_rate=0.0)
+    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"))
     return DocEntDual(
         encoder_config.replace(dtype=config.dtype), num_entities=num_entities,
         num_rows=table_rows(num_entities, config.table_multiple),

@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.table_multiple = 128  # table rows padded to a multiple (must be divisible by mesh_model)
     c.dtype = "float32"  # encoder compute dtype: float32 | bfloat16 (params stay float32)
     c.dropout = True  # the checkpoint's dropout rates during training
+    c.dropout_impl = "flax"  # flax | hash (integer-hash mask: cheaper on CPU, same rate)
     # Loss.
     c.loss = "in_batch"  # in_batch (paper) | full (softmax over the whole table, vocab-parallel)
     # Data.
