@@ -11,10 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
 
-jax.config.update(
-    "jax_compilation_cache_dir",
-    os.environ.get("JAX_TEST_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "jax")),
-)
+_CACHE = os.path.join(os.path.dirname(__file__), "..", ".cache", "jax")
+jax.config.update("jax_compilation_cache_dir", os.environ.get("JAX_TEST_CACHE", _CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 import shutil  # noqa: E402

@@ -120,7 +120,7 @@ def test_two_processes_match_single_process(tmp_path, tiny_bert_dir):
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for pid in range(2)]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, out in zip(procs, outputs):
+    for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-4000:]
 
     # The same run in this (8-device) process.
