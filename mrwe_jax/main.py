@@ -35,6 +35,8 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from embedding_core.cli import run_app
+
 _DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
 COMMANDS = ("train", "evaluate", "export", "demo")
 # Fields that fix the corpus, the split and the features: runs compared in one table
@@ -219,22 +221,13 @@ def main(argv: list[str]) -> None:
             raise app.UsageError("export needs --output=DIR")
         export_workdir(FLAGS.workdir, FLAGS.output, split=FLAGS.export_split, step=FLAGS.step)
     else:
-        import jax
-
         logging.set_verbosity(logging.WARNING)  # the demo prints its own progress
-        jax.config.update("jax_compilation_cache_dir",
-                          str(Path(FLAGS.workdir).resolve() / ".jax_cache"))
         run_demo(FLAGS.workdir, num_train_steps=FLAGS.num_train_steps)
 
 
 def run() -> None:
     """Console-script entry point."""
-    main_module = sys.modules.get("__main__")
-    if main_module is not None and not getattr(main_module, "__doc__", None):
-        main_module.__doc__ = __doc__  # absl prints __main__'s docstring for --help
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    logging.set_verbosity(logging.INFO)
-    app.run(main)
+    run_app(main, sys.modules[__name__])
 
 
 if __name__ == "__main__":
