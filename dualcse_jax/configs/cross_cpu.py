@@ -12,7 +12,7 @@ def get_config():
     c.dropout_impl = "hash"  # ~18% cheaper train step on CPU (PERFORMANCE.md)
     c.pad_multiple = 16
     c.batch_size = 16
-    c.learning_rate = 5e-5
+    c.learning_rate = 1e-4  # few steps: a larger step than the paper's 5e-5
     c.warmup_steps = 10
     c.num_train_steps = 150
     c.log_every = 10
