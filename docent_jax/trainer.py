@@ -120,12 +120,7 @@ def make_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict, mesh):
 def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
     """Everything ``train`` needs, built without running a step (also used by tests)."""
     validate_config(config)
-    parallel.maybe_initialize_distributed(
-        config.coordinator_address or None,
-        config.num_processes or None,
-        config.process_id if config.process_id >= 0 else None,
-    )
-    mesh = parallel.make_mesh(config.mesh_data, config.mesh_model)
+    mesh = parallel.mesh_from_config(config)
     parallel.check_global_batch(config.batch_size, mesh)  # before any compilation
     pretrained = load_pretrained(config.model)  # a bad model path fails before data work
     tokenizer = load_tokenizer(pretrained.model_dir)

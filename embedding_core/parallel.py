@@ -146,3 +146,17 @@ def maybe_initialize_distributed(
         "process %d of %d, %d local / %d global devices",
         jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
     )
+
+
+def mesh_from_config(config: Any) -> Mesh:
+    """Multi-host start-up (if asked) and the mesh, from the fields every config shares.
+
+    Reads ``coordinator_address``, ``num_processes``, ``process_id`` (``-1`` = unset),
+    ``mesh_data`` and ``mesh_model``.
+    """
+    maybe_initialize_distributed(
+        config.coordinator_address or None,
+        config.num_processes or None,
+        config.process_id if config.process_id >= 0 else None,
+    )
+    return make_mesh(int(config.mesh_data), int(config.mesh_model))

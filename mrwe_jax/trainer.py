@@ -216,10 +216,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
     ``corpus`` and ``features`` may be passed to skip loading (tests, the demo).
     """
     validate_config(config)
-    parallel.maybe_initialize_distributed(
-        config.coordinator_address or None, config.num_processes or None,
-        config.process_id if config.process_id >= 0 else None)
-    mesh = parallel.make_mesh(int(config.mesh_data), int(config.mesh_model))
+    mesh = parallel.mesh_from_config(config)
     P, K = int(config.paragraphs_per_batch), int(config.questions_per_paragraph)
     data_size = mesh.shape["data"]
     if P % data_size or P % jax.process_count():
