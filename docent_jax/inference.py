@@ -15,7 +15,7 @@ from data_pipelines.tokenization import load_tokenizer, tokenize
 from docent_jax.data import read_entity_ids
 from docent_jax.model import DocEntDual, build_model, init_fn
 from embedding_core import parallel, training
-from embedding_core.encoders import load_pretrained
+from embedding_core.pretrained import load_pretrained
 
 CONFIG_FILE = "config.json"
 ENTITY_IDS_FILE = "entity_ids.txt"

@@ -24,34 +24,23 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-from embedding_core.cli import run_app
+from embedding_core.cli import define_workdir_flags, parse_command, run_app, user_errors
 
-_DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
 COMMANDS = ("train", "evaluate", "export", "demo")
 
-config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Training configuration file.",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "Training directory (checkpoints, config, eval).")
+define_workdir_flags(str(Path(__file__).parent / "configs" / "default.py"))
 flags.DEFINE_string("output", None, "export: output directory (default WORKDIR/export).")
-flags.DEFINE_integer("step", None, "evaluate/export: checkpoint step (default: latest).")
 flags.DEFINE_bool("baselines", True, "evaluate: also score BoS-MiniLM, BoS-GloVe, TF-IDF.")
-flags.DEFINE_integer("num_train_steps", None, "demo: override the preset's number of steps.")
 FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 2 or argv[1] not in COMMANDS:
-        raise app.UsageError(f"give one command: {' | '.join(COMMANDS)} (see --help)")
-    if not FLAGS.workdir:
-        raise app.UsageError("--workdir is required")
-    from data_pipelines.errors import DataError
+    command = parse_command(argv, COMMANDS)
     from docent_jax import workflows
 
-    command = argv[1]
-    try:
+    with user_errors("docent-jax", command):
         if command == "train":
             from docent_jax.trainer import train
 
@@ -65,9 +54,6 @@ def main(argv: list[str]) -> None:
         else:
             config = FLAGS.config if FLAGS["config"].present else None
             workflows.run_demo(FLAGS.workdir, config, FLAGS.num_train_steps)
-    except (FileNotFoundError, DataError) as err:
-        # Bad paths and bad data are the user's to fix: the message, not a traceback.
-        sys.exit(f"docent-jax {command}: error: {err}")
 
 
 def run() -> None:

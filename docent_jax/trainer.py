@@ -18,7 +18,7 @@ from docent_jax import data as docent_data
 from docent_jax.loss import LOSSES, full_softmax_entity_loss, in_batch_entity_loss
 from docent_jax.model import ENTITY_PARAMS, PRETRAINED_PATH, DocEntDual, build_model, init_fn
 from embedding_core import parallel, training
-from embedding_core.encoders import load_pretrained
+from embedding_core.pretrained import load_pretrained
 
 CONFIG_FILE = "config.json"
 ENTITY_IDS_FILE = "entity_ids.txt"

@@ -16,7 +16,7 @@ import numpy as np
 from data_pipelines.tokenization import load_tokenizer, tokenize
 from dualcse_jax.model import DualEncoder, build_model, init_fn
 from embedding_core import parallel, training
-from embedding_core.encoders import load_pretrained
+from embedding_core.pretrained import load_pretrained
 
 INDICATORS = {"r": "explicit", "u": "implicit"}
 

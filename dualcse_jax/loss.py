@@ -15,6 +15,14 @@ from embedding_core.losses import info_nce
 PREMISE, EXPLICIT, IMPLIED, CONTRADICTION = 0, 1, 2, 3
 
 
+def _check_ids(vectors: jax.Array, text_ids: jax.Array) -> None:
+    # Ids of the wrong layout (e.g. one per indicator field instead of one per sentence)
+    # would silently mask true negatives; refuse them at trace time.
+    if tuple(text_ids.shape) != tuple(vectors.shape[:2]):
+        raise ValueError(f"text_ids has shape {tuple(text_ids.shape)}; expected one id per "
+                         f"sentence, {tuple(vectors.shape[:2])}")
+
+
 def _ids(text_ids: jax.Array, kind: int) -> jax.Array:
     # A vector's identity is (text, which of r/u): equal identities are equal vectors, so a
     # copy of the positive is masked out of the denominator instead of pushed away.
@@ -50,14 +58,19 @@ def dualcse_loss(
     Args:
       r, u: ``[batch, 4, dim]`` float explicit / implicit vectors of (premise, explicit
         entailment, implied entailment, contradiction).
-      text_ids: ``[batch, 4]`` int32 text identities; keys whose identity equals the
+      text_ids: ``[batch, 4]`` int32 sentence identities (one per sentence, not per
+        indicator field: see ``model.sentence_text_ids``); keys whose identity equals the
         positive's are removed from the denominator (duplicates are not negatives).
       temperature: tau; the paper uses 0.05.
+
+    Raises:
+      ValueError: ``text_ids`` is not ``[batch, 4]``.
 
     Returns:
       ``(loss, terms)``: the batch mean of ``l_i`` (float32 scalar) and the mean of each
       term (``term1`` ... ``term5``; dropped terms are absent).
     """
+    _check_ids(r, text_ids)
     r = r.astype(jnp.float32)
     u = u.astype(jnp.float32)
     n = r.shape[0]
@@ -104,6 +117,7 @@ def simcse_loss(
     Returns:
       ``(loss, {})``: float32 batch mean.
     """
+    _check_ids(e, text_ids)
     e = e.astype(jnp.float32)
     n = e.shape[0]
     keys = jnp.concatenate([e[:, 1], e[:, 2]], axis=0)

@@ -185,3 +185,22 @@ def model_inputs(batch) -> tuple:
         return tuple(batch[n] for n in names)
     groups = sorted(int(k.rsplit("_", 1)[1]) for k in batch if k.startswith("input_ids_"))
     return tuple(tuple(batch[f"{n}_{g}"] for g in groups) for n in names)
+
+
+def sentence_text_ids(text_ids, architecture: str):
+    """Per-sentence identities ``[batch, sentences]`` from per-field ``[batch, fields]`` ids.
+
+    The cross-encoder's fields are the (explicit, implicit) indicator views of each sentence
+    in turn, and both views carry the sentence's id: keep one column per sentence, so that
+    column k names the sentence of ``r[:, k]`` / ``u[:, k]``. Bi and simcse have one field
+    per sentence already.
+
+    Raises:
+      ValueError: a cross batch with an odd number of fields.
+    """
+    if architecture != "cross":
+        return text_ids
+    if text_ids.shape[1] % 2:
+        raise ValueError(f"cross-encoder batches have (explicit, implicit) field pairs; "
+                         f"got {text_ids.shape[1]} text-id columns")
+    return text_ids[:, ::2]

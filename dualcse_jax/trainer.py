@@ -22,9 +22,10 @@ from dualcse_jax.model import (
     length_groups,
     model_inputs,
     pretrained_paths,
+    sentence_text_ids,
 )
 from embedding_core import parallel, training
-from embedding_core.encoders import load_pretrained
+from embedding_core.pretrained import load_pretrained
 
 CONFIG_FILE = "config.json"
 
@@ -77,9 +78,10 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict):
     def loss_fn(params, batch, rng):
         r, u = model.apply({"params": params}, *model_inputs(batch),
                            deterministic=not config.dropout, rngs={"dropout": rng})
+        text_ids = sentence_text_ids(batch["text_ids"], config.architecture)
         if config.architecture == "simcse":
-            return simcse_loss(r, batch["text_ids"], temperature=config.temperature)
-        return dualcse_loss(r, u, batch["text_ids"], temperature=config.temperature,
+            return simcse_loss(r, text_ids, temperature=config.temperature)
+        return dualcse_loss(r, u, text_ids, temperature=config.temperature,
                             use_contradiction=config.use_contradiction,
                             use_intra=config.use_intra)
 

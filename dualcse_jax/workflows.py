@@ -114,9 +114,18 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
     return Path(output)
 
 
-def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None) -> dict:
+def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
+             config=None) -> dict:
     """The README's main job: train DualCSE-Cross from MiniLM on shipped INLI (CPU preset),
     evaluate RTE next to the untrained baseline, export both embeddings of INLI test premises.
+
+    Args:
+      workdir: run folder (created; an existing run there is resumed).
+      num_train_steps: overrides the preset's step count.
+      config: an ``ml_collections.ConfigDict`` instead of ``configs/cross_cpu.py``.
+
+    Returns:
+      ``{"rte": {row name: accuracies}, ...}`` as written by :func:`evaluate_workdir`.
     """
     workdir = Path(workdir)
 
@@ -124,7 +133,7 @@ def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None) -> 
     from dualcse_jax.configs import cross_cpu
     from dualcse_jax.trainer import train
 
-    config = cross_cpu.get_config()
+    config = cross_cpu.get_config() if config is None else config
     if num_train_steps:
         config.num_train_steps = num_train_steps
     t0 = time.time()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging as pylogging
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 from absl import app, flags, logging
 
@@ -37,14 +38,57 @@ def quiet_library_logs() -> None:
 def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None:
     """Runs an absl ``main`` with the project's defaults.
 
-    ``--help`` prints ``module``'s docstring and the flags it defines (console scripts
-    run a generated ``__main__``, so both are adopted from the CLI module).
+    ``--help`` prints ``module``'s docstring and its flags, the shared ones included
+    (console scripts run a generated ``__main__``, so both are adopted from the CLI module).
     """
     main_module = sys.modules.get("__main__")
     if main_module is not None and main_module is not module:
         main_module.__doc__ = module.__doc__
-        flags.adopt_module_key_flags(module)
+    # absl lists the key flags of the module named sys.argv[0]: the CLI module's own flags
+    # and the shared ones defined here.
+    for name in {module.__name__, __name__, sys.argv[0]}:
+        for flag in flags.FLAGS.get_key_flags_for_module(name):
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     enable_compilation_cache()
     quiet_library_logs()
     app.run(main)
+
+
+def define_workdir_flags(default_config: str, workdir_help: str = (
+        "Training directory (checkpoints, config, eval).")) -> None:
+    """The flags every model's CLI shares: ``--config`` (an ml_collections file, fields
+    overridable as ``--config.FIELD=VALUE``), ``--workdir``, ``--step`` and
+    ``--num_train_steps`` (the demo's override)."""
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", default_config, "Training configuration file "
+                                    "(a Python file with get_config()).", lock_config=True)
+    flags.DEFINE_string("workdir", None, workdir_help)
+    flags.DEFINE_integer("step", None, "evaluate/export: checkpoint step (default: latest).")
+    flags.DEFINE_integer("num_train_steps", None, "demo: override the preset's step count.")
+
+
+def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
+    """The one positional command of ``argv``; ``--workdir`` must be set.
+
+    Raises:
+      app.UsageError: no command, an unknown one, several, or no ``--workdir``.
+    """
+    if len(argv) != 2 or argv[1] not in commands:
+        raise app.UsageError(f"give one command: {' | '.join(commands)} (see --help)")
+    if not flags.FLAGS.workdir:
+        raise app.UsageError("--workdir is required")
+    return argv[1]
+
+
+@contextlib.contextmanager
+def user_errors(prog: str, command: str) -> Iterator[None]:
+    """Bad paths and bad data are the user's to fix: exit with the message (which names
+    file, line and field), not a traceback."""
+    from data_pipelines.errors import DataError
+
+    try:
+        yield
+    except (FileNotFoundError, DataError) as err:
+        sys.exit(f"{prog} {command}: error: {err}")

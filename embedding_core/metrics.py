@@ -58,6 +58,16 @@ def _binary(x, shape: tuple[int, ...], name: str) -> np.ndarray:
     return arr
 
 
+def _queries_with_relevant(scores, relevant, caller: str) -> tuple[np.ndarray, np.ndarray]:
+    # Queries with no relevant item have no defined AP: they are dropped, not scored.
+    s = _scores(scores, 2)
+    rel = _binary(relevant, s.shape, "relevant")
+    keep = rel.any(axis=1)
+    if not keep.any():
+        raise ValueError(f"{caller}: no query has a relevant item")
+    return s[keep], rel[keep]
+
+
 def _positive_int(k, name: str = "k") -> int:
     if isinstance(k, bool) or int(k) != k or k < 1:
         raise ValueError(f"{name} must be a positive integer, got {k!r}")
@@ -307,12 +317,8 @@ def mean_average_precision(scores, relevant) -> float:
     Raises:
       ValueError: NaN scores, shape mismatch, or no query with a relevant item.
     """
-    s = _scores(scores, 2)
-    rel = _binary(relevant, s.shape, "relevant")
-    keep = rel.any(axis=1)
-    if not keep.any():
-        raise ValueError("mean_average_precision: no query has a relevant item")
-    return float(np.mean(_ap_rows(_relevance_in_rank_order(s[keep], rel[keep]))))
+    s, rel = _queries_with_relevant(scores, relevant, "mean_average_precision")
+    return float(np.mean(_ap_rows(_relevance_in_rank_order(s, rel))))
 
 
 def ndcg_at_k(scores, gains, k: int) -> float:
@@ -406,12 +412,8 @@ def label_ranking_average_precision(scores, relevant) -> float:
     Raises:
       ValueError: NaN scores, shape mismatch, or no query with a relevant item.
     """
-    s = _scores(scores, 2)
-    rel = _binary(relevant, s.shape, "relevant")
-    keep = rel.any(axis=1)
-    if not keep.any():
-        raise ValueError("label_ranking_average_precision: no query has a relevant item")
-    return float(sklearn.metrics.label_ranking_average_precision_score(rel[keep], s[keep]))
+    s, rel = _queries_with_relevant(scores, relevant, "label_ranking_average_precision")
+    return float(sklearn.metrics.label_ranking_average_precision_score(rel, s))
 
 
 def roc_auc(scores, labels) -> float:

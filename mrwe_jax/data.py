@@ -43,6 +43,7 @@ from data_pipelines.squad import (
     split_articles,
     split_seen_paragraphs,
 )
+from embedding_core.glove import glove_files
 from mrwe_jax import embeddings as mr
 
 SPLITS = ("articles", "seen_paragraphs")
@@ -247,11 +248,8 @@ def source_specs(config: Any) -> list[SourceSpec]:
     specs = []
     for name in names:
         if name == "glove":
-            folder = Path(config.glove_dir) if config.glove_dir else mr._glove_default_dir()
-            files = [folder / "glove_6B_50d_emb.npy", folder / "glove_6B_index.parquet"]
-            for f in files:
-                if not f.is_file():
-                    raise FileNotFoundError(f"GloVe file {f} does not exist (config.glove_dir)")
+            files = glove_files(config.glove_dir or None)
+            folder = files[0].parent
             fp = "glove|" + "|".join(_file_fingerprint(f) for f in files)
             specs.append(SourceSpec("glove", 1, (1.0,), fp,
                                     lambda folder=folder: mr.GloveSource(folder)))
@@ -260,7 +258,7 @@ def source_specs(config: Any) -> list[SourceSpec]:
             specs.append(SourceSpec("tfidf", 1, (1.0,), f"tfidf|dim={dim}|seed={seed}",
                                     lambda dim=dim, seed=seed: mr.HashedTfidfSource(dim, seed)))
         else:
-            from embedding_core.encoders import resolve_model_dir
+            from embedding_core.pretrained import resolve_model_dir
 
             model_dir = resolve_model_dir(config.contextual_model)
             layers = tuple(parse_list(config.contextual_layers, int))

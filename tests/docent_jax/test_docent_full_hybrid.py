@@ -15,7 +15,8 @@ from data_pipelines import squad
 from data_pipelines.tokenization import load_tokenizer, tokenize
 from docent_jax import mlm
 from embedding_core import parallel, training
-from embedding_core.encoders import EncoderConfig, TransformerEncoder, load_pretrained
+from embedding_core.encoders import EncoderConfig, TransformerEncoder
+from embedding_core.pretrained import load_pretrained
 
 SEQ_LEN = 30  # sentence tokens incl. [CLS]/[SEP]; Full inputs are 2 longer
 

@@ -15,7 +15,7 @@ from docent_jax.configs import default
 from docent_jax.model import PRETRAINED_PATH, build_model, init_fn
 from docent_jax.trainer import make_loss_fn, make_optimizer
 from embedding_core import parallel, training
-from embedding_core.encoders import load_pretrained
+from embedding_core.pretrained import load_pretrained
 
 
 @pytest.fixture(scope="module")

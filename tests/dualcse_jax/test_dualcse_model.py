@@ -16,7 +16,7 @@ from dualcse_jax.model import (
     length_groups,
     model_inputs,
 )
-from embedding_core.encoders import load_pretrained
+from embedding_core.pretrained import load_pretrained
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +65,39 @@ def test_cls_mlp_head_is_trained_and_used(tiny):
     ids = jnp.asarray([[[101, 2023, 102], [101, 2003, 102], [101, 1037, 102]]], jnp.int32)
     e, _ = model.apply({"params": params}, ids, jnp.ones_like(ids), jnp.zeros_like(ids))
     assert np.all(np.abs(np.asarray(e)) <= 1.0)  # tanh head applied
+
+
+@pytest.mark.parametrize("architecture", ["cross", "bi"])
+def test_train_loss_gets_one_id_per_sentence(tiny, architecture):
+    # Regression: the cross batch carries one text id per indicator field; fed to the loss
+    # as is, the own contradiction took the implied hypothesis' id and was masked out of
+    # term 2 as a "duplicate of the positive", so u never learnt to avoid contradictions.
+    from data_pipelines.table import text_identity_ids
+    from dualcse_jax.loss import dualcse_loss
+    from dualcse_jax.trainer import make_loss_fn
+
+    pre, tok, rows = tiny
+    config = default.get_config()
+    config.architecture, config.dropout = architecture, False
+    model = build_model(config, pre.config)
+    table = dualcse_data.inli_table(rows, tok, 64, encoder=architecture)
+    params = init_fn(model, len(table.field_names))(jax.random.key(0))
+    batch = next(pipeline.make_batches(table, global_batch_size=6, seed=3, num_steps=1,
+                                       length_groups=length_groups(architecture)))
+    n = len(rows)
+    columns = [[ex.premise for ex in rows], [ex.explicit_entailment for ex in rows],
+               [ex.implied_entailment for ex in rows], [ex.contradiction for ex in rows]]
+    ids = text_identity_ids([t for c in columns for t in c]).reshape(4, n).T  # [n, 4]
+    premise_col = np.asarray(table.text_ids)[:, 0]
+    order = [int(np.flatnonzero(premise_col == t)[0]) for t in batch["text_ids"][:, 0]]
+    assert sorted(order) == list(range(n))
+    expected_ids = jnp.asarray(ids[order])
+    assert bool(jnp.all(expected_ids[:, 3] != expected_ids[:, 2]))
+
+    r, u = model.apply({"params": params}, *model_inputs(batch))
+    want, _ = dualcse_loss(r, u, expected_ids)
+    got, _ = make_loss_fn(model, config)(params, batch, jax.random.key(1))
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    if architecture == "cross":
+        with pytest.raises(ValueError, match="one id per sentence"):
+            dualcse_loss(r, u, jnp.asarray(batch["text_ids"]))

