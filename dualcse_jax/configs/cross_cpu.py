@@ -14,7 +14,7 @@ def get_config():
     c.batch_size = 16
     c.learning_rate = 1e-4  # few steps: a larger step than the paper's 5e-5
     c.warmup_steps = 10
-    c.num_train_steps = 150
+    c.num_train_steps = 200  # 3,200 premises (0.4 epoch); ~13 min on 2 cores
     c.log_every = 10
     c.checkpoint_every = 50
     return c
