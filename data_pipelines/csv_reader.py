@@ -78,6 +78,7 @@ def read_csv_records(
     required_columns: Sequence[str],
     *,
     allow_empty: Sequence[str] = (),
+    min_records: int = 1,
 ) -> list[dict[str, str | int]]:
     """Reads a CSV file with a header row into one dict per record, checking it strictly.
 
@@ -86,6 +87,8 @@ def read_csv_records(
       required_columns: column names that the header must contain; their values must not be
         empty or whitespace-only (unless listed in ``allow_empty``). Other columns are kept.
       allow_empty: required columns whose values may be empty.
+      min_records: fewer records than this is an error (a header-only file is almost
+        always a truncated export, not a data set).
 
     Returns:
       One dict per record, in file order: every header column -> its string value (quoted
@@ -97,7 +100,8 @@ def read_csv_records(
       DataError: invalid UTF-8 (line of the offending byte); no header; a duplicated header
         name; a required column missing from the header (names it and lists the header);
         broken quoting (line where the record starts, and the field); a row with a different
-        number of fields than the header; an empty required field (line and column).
+        number of fields than the header; an empty required field (line and column); fewer
+        than ``min_records`` records.
     """
     path = Path(path)
     text = _decode(path, path.read_bytes())
@@ -167,4 +171,7 @@ def read_csv_records(
         records.append(record)
     if header is None:
         raise DataError(path, None, None, "file has no header row (it is empty)")
+    if len(records) < min_records:
+        raise DataError(path, None, None, f"{len(records)} records after the header; at least "
+                        f"{min_records} needed")
     return records

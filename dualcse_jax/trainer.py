@@ -96,6 +96,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     pretrained = load_pretrained(config.model)
     tokenizer = load_tokenizer(pretrained.model_dir)
     table = train_table(config, tokenizer)
+    if table.num_examples < config.batch_size:  # before the workdir is written
+        raise ValueError(f"the {config.train_data} training data has {table.num_examples} "
+                         f"examples, fewer than one batch (batch_size={config.batch_size})")
     model = build_model(config, pretrained.config)
     steps = num_steps(config, table.num_examples)
     tx, schedule = training.make_optimizer(

@@ -29,6 +29,11 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
 
     val = inli.read_inli(inli.inli_split_path("val"))
     test = inli.read_inli(inli.inli_split_path("test"))
+    if eis_data:
+        if not Path(eis_data).is_file():
+            raise FileNotFoundError(f"--eis_data {eis_data} does not exist or is not a file")
+        _, _, test_rows = impscore.split_impscore(impscore.read_impscore(eis_data))
+        eis_pairs = evaluate.impscore_pairs(test_rows)  # >= 1 row: the reader checks
     embedder = load(workdir, step=step)
     name = f"DualCSE-{embedder.config.architecture} (step {embedder.step})"
     if embedder.config.architecture == "simcse":
@@ -39,10 +44,8 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         rows["untrained MiniLM (mean)"] = evaluate.evaluate_rte(base, val, test,
                                                                 progress=progress)
     if eis_data:
-        _, _, test_rows = impscore.split_impscore(impscore.read_impscore(eis_data))
-        pairs = evaluate.impscore_pairs(test_rows)
-        eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "eis_data": eis_data,
-               "proxy": False}
+        eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, eis_pairs),
+               "eis_data": eis_data, "proxy": False}
     else:
         pairs = evaluate.inli_eis_proxy_pairs(test)
         eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "proxy": True,
@@ -67,6 +70,9 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--input {path} does not exist")
+    if not path.is_file():
+        raise IsADirectoryError(f"--input {path} is not a file; give a text file, one "
+                                "sentence a line")
     lines = path.read_bytes().split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line, it does not start one
@@ -90,6 +96,8 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
     from dualcse_jax.inference import load
     from embedding_core.export import export_embeddings
 
+    if Path(output).exists() and not Path(output).is_dir():
+        raise FileExistsError(f"--output {output} exists and is not a folder")
     sentences = read_sentences(input_path)
     embedder = load(workdir, step=step)
 

@@ -52,7 +52,7 @@ def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     enable_compilation_cache()
     quiet_library_logs()
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
 
 
 def define_workdir_flags(default_config: str, workdir_help: str = (
@@ -62,8 +62,13 @@ def define_workdir_flags(default_config: str, workdir_help: str = (
     ``--num_train_steps`` (the demo's override)."""
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", default_config, "Training configuration file "
-                                    "(a Python file with get_config()).", lock_config=True)
+    try:
+        # ml_collections defines one flag per --config.FIELD found in sys.argv, here.
+        config_flags.DEFINE_config_file("config", default_config, "Training configuration "
+                                        "file (a Python file with get_config()).",
+                                        lock_config=True)
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        _bad_override(sys.argv, err)
     flags.DEFINE_string("workdir", None, workdir_help)
     flags.DEFINE_integer("step", None, "evaluate/export: checkpoint step (default: latest).")
     flags.DEFINE_integer("num_train_steps", None, "demo: override the preset's step count.")
@@ -82,13 +87,48 @@ def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
     return argv[1]
 
 
+DEBUG_ENV = "EMBEDDING_JAX_DEBUG"
+
+
 @contextlib.contextmanager
 def user_errors(prog: str, command: str) -> Iterator[None]:
-    """Bad paths and bad data are the user's to fix: exit with the message (which names
-    file, line and field), not a traceback."""
-    from data_pipelines.errors import DataError
+    """Bad paths, bad data and bad settings are the user's to fix: exit with status 1 and
+    the message (which names file, line and field), not a traceback.
 
+    ``OSError`` (missing file, a folder where a file belongs, ...) and ``ValueError`` (which
+    ``DataError`` and every config check raise) are reported this way; with
+    ``EMBEDDING_JAX_DEBUG=1`` they propagate with their traceback.
+    """
     try:
         yield
-    except (FileNotFoundError, DataError) as err:
-        sys.exit(f"{prog} {command}: error: {err}")
+    except (OSError, ValueError) as err:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        sys.exit(f"{prog} {command}: error: {err}\n({DEBUG_ENV}=1 shows the traceback)")
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    # absl reports unknown flags itself, but a bad --config file or --config.FIELD override
+    # surfaces as a chain of ml_collections tracebacks: check and word them here.
+    for arg in argv[1:]:
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1].split(":", 1)[0]
+            if not os.path.isfile(path):
+                sys.exit(f"error: --config={path}: no such file (give a Python file with "
+                         "get_config(), e.g. dualcse_jax/configs/cross_cpu.py)")
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as err:
+        sys.exit(f"error: {err}\nPass --help for usage.")
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        _bad_override(argv, err)
+
+
+def _bad_override(argv: Sequence[str], err: Exception) -> None:
+    overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+    reason = str(err)
+    if isinstance(err, (AttributeError, KeyError)):
+        reason = f"the config has no field {reason.strip(chr(34) + chr(39))!r}"
+    sys.exit(f"error: bad --config override among {overrides}: {reason}; the fields are "
+             "those of the config file (see it): --config.FIELD=VALUE needs an existing FIELD "
+             "and a VALUE of its type")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from embedding_core.cli import define_workdir_flags, parse_command, run_app
+from embedding_core.cli import define_workdir_flags, parse_command, run_app, user_errors
 
 _DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
 COMMANDS = ("train", "evaluate", "export", "demo")
@@ -200,20 +200,21 @@ def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) 
 
 def main(argv: list[str]) -> None:
     command = parse_command(argv, COMMANDS)
-    if command == "train":
-        from mrwe_jax.trainer import train
+    with user_errors("mrwe-jax", command):
+        if command == "train":
+            from mrwe_jax.trainer import train
 
-        train(FLAGS.config, FLAGS.workdir)
-        print(f"checkpoints and TensorBoard events in {FLAGS.workdir}")
-    elif command == "evaluate":
-        evaluate_workdirs([FLAGS.workdir, *FLAGS.also], pool=FLAGS.pool, step=FLAGS.step)
-    elif command == "export":
-        if not FLAGS.output:
-            raise app.UsageError("export needs --output=DIR")
-        export_workdir(FLAGS.workdir, FLAGS.output, split=FLAGS.export_split, step=FLAGS.step)
-    else:
-        logging.set_verbosity(logging.WARNING)  # the demo prints its own progress
-        run_demo(FLAGS.workdir, num_train_steps=FLAGS.num_train_steps)
+            train(FLAGS.config, FLAGS.workdir)
+            print(f"checkpoints and TensorBoard events in {FLAGS.workdir}")
+        elif command == "evaluate":
+            evaluate_workdirs([FLAGS.workdir, *FLAGS.also], pool=FLAGS.pool, step=FLAGS.step)
+        elif command == "export":
+            if not FLAGS.output:
+                raise app.UsageError("export needs --output=DIR")
+            export_workdir(FLAGS.workdir, FLAGS.output, split=FLAGS.export_split, step=FLAGS.step)
+        else:
+            logging.set_verbosity(logging.WARNING)  # the demo prints its own progress
+            run_demo(FLAGS.workdir, num_train_steps=FLAGS.num_train_steps)
 
 
 def run() -> None:

@@ -108,6 +108,10 @@ def test_empty_file_and_allow_empty(tmp_path):
     with pytest.raises(DataError) as info:
         read_csv_records(path, ["a", "b"])
     assert (info.value.line, info.value.field) == (2, "b")
+    header_only = _write(tmp_path, "a,b\n\n", name="c.csv")
+    with pytest.raises(DataError, match=r"c\.csv: 0 records after the header"):
+        read_csv_records(header_only, ["a", "b"])
+    assert read_csv_records(header_only, ["a", "b"], min_records=0) == []
 
 
 def test_blank_lines_skipped_but_counted(tmp_path):

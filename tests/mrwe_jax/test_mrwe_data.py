@@ -114,8 +114,9 @@ def test_cli_reports_the_bad_record(tmp_path):
          f"--config.squad_path={path}", "--config.sources=tfidf"],
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2],
         env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode != 0
-    assert "DataError" in proc.stderr and str(path) in proc.stderr
+    assert proc.returncode == 1
+    assert "mrwe-jax train: error: " in proc.stderr and str(path) in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert "data[3] 'Article_3'.paragraphs[0].context': missing field" in proc.stderr
 
 

@@ -1,0 +1,83 @@
+"""User mistakes give one clear message (file / field named), no traceback, no output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from data_pipelines.errors import DataError
+from dualcse_jax import workflows
+from dualcse_jax.configs import default
+from dualcse_jax.inference import read_config
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "dualcse_jax.main", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["train", "--config.architecture=foo"], "config.architecture='foo': use cross, bi"),
+    (["train", "--config.nope=1"], "bad --config override among ['--config.nope']"),
+    (["train", "--config=/no/such/config.py"], "--config=/no/such/config.py: no such file"),
+])
+def test_train_settings(tmp_path, args, expect):
+    workdir = tmp_path / "w"
+    proc = _cli(*args, f"--workdir={workdir}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert expect in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not workdir.exists()
+
+
+def test_export_input_folder_and_output_file(tmp_path):
+    out_file = tmp_path / "taken"
+    out_file.write_text("keep me")
+    proc = _cli("export", f"--workdir={tmp_path}", f"--input={tmp_path}",
+                f"--output={tmp_path / 'out'}")
+    assert proc.returncode == 1 and f"--input {tmp_path} is not a file" in proc.stderr
+    (tmp_path / "in.txt").write_text("A sentence.\n")
+    proc = _cli("export", f"--workdir={tmp_path}", f"--input={tmp_path / 'in.txt'}",
+                f"--output={out_file}")
+    assert proc.returncode == 1 and f"--output {out_file} exists and is not a folder" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert out_file.read_text() == "keep me" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content,expect", [
+    ('{"model": "x", ', "not valid JSON"),
+    ("[1, 2]", "expected a JSON object of config fields, got list"),
+    (json.dumps({"model": "x", "pooling": "mean", "max_length": 8, "dtype": "float32"}),
+     "missing config fields ['architecture']"),
+    (json.dumps(dict(default.get_config().to_dict(), pooling="foo")),
+     "config.pooling='foo'"),
+])
+def test_damaged_config_json_names_the_file(tmp_path, content, expect):
+    (tmp_path / "config.json").write_text(content)
+    with pytest.raises(ValueError, match="config.json: ") as info:
+        read_config(tmp_path)
+    assert expect in str(info.value)
+
+
+def test_eis_data_is_checked_before_the_rte_pass(tmp_path):
+    # The workdir does not exist either: the --eis_data check must come first, before any
+    # model is loaded or sentence encoded.
+    with pytest.raises(FileNotFoundError, match="--eis_data .*nosuch.csv does not exist"):
+        workflows.evaluate_workdir(tmp_path / "nowhere", eis_data=str(tmp_path / "nosuch.csv"))
+    header_only = tmp_path / "few.csv"
+    header_only.write_text("pos_implicit,pos_explicit,neg_implicit,neg_explicit\n")
+    with pytest.raises(DataError, match="few.csv: 0 records after the header"):
+        workflows.evaluate_workdir(tmp_path / "nowhere", eis_data=str(header_only))
+
+
+def test_train_set_smaller_than_a_batch_writes_nothing(tmp_path, tiny_bert_dir):
+    from dualcse_jax.trainer import train
+
+    config = default.get_config()
+    config.update(model=str(tiny_bert_dir), max_length=32, batch_size=8, max_train_examples=4)
+    with pytest.raises(ValueError, match="4 examples, fewer than one batch"):
+        train(config, tmp_path / "w")
+    assert not (tmp_path / "w").exists()
