@@ -77,13 +77,16 @@ def define_workdir_flags(default_config: str, workdir_help: str = (
 def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
     """The one positional command of ``argv``; ``--workdir`` must be set.
 
-    Raises:
-      app.UsageError: no command, an unknown one, several, or no ``--workdir``.
+    Exits with status 1 and a two-line usage message on no command, an unknown one,
+    several, or no ``--workdir``.
     """
+    prog = os.path.basename(sys.argv[0])
     if len(argv) != 2 or argv[1] not in commands:
-        raise app.UsageError(f"give one command: {' | '.join(commands)} (see --help)")
+        got = f" (got {argv[1:]})" if len(argv) > 1 else ""
+        sys.exit(f"usage: {prog} {{{'|'.join(commands)}}} --workdir=DIR [flags]{got}\n"
+                 f"{prog} --help explains the commands and flags")
     if not flags.FLAGS.workdir:
-        raise app.UsageError("--workdir is required")
+        sys.exit(f"{prog} {argv[1]}: error: --workdir is required (see --help)")
     return argv[1]
 
 
@@ -118,6 +121,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
                          "get_config(), e.g. dualcse_jax/configs/cross_cpu.py)")
     try:
         return flags.FLAGS(argv)
+    except SystemExit as done:
+        # absl's --help exits 1 after printing the help; asking for help is not a failure.
+        if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
+            sys.exit(0)
+        raise done
     except flags.Error as err:
         sys.exit(f"error: {err}\nPass --help for usage.")
     except (AttributeError, KeyError, TypeError, ValueError) as err:

@@ -9,7 +9,7 @@ def get_config():
     # MiniLM was trained with mean pooling: starting from its own sentence space lets a
     # few hundred CPU steps add the implicit view instead of first re-learning a CLS head.
     c.pooling = "mean"
-    c.dropout_impl = "hash"  # ~18% cheaper train step on CPU (PERFORMANCE.md)
+    c.dropout_impl = "hash"  # cheaper CPU step: no random-bit generation (benchmarks/)
     c.pad_multiple = 16
     c.batch_size = 16
     c.learning_rate = 1e-4  # few steps: a larger step than the paper's 5e-5

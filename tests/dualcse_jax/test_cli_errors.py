@@ -81,3 +81,13 @@ def test_train_set_smaller_than_a_batch_writes_nothing(tmp_path, tiny_bert_dir):
     with pytest.raises(ValueError, match="4 examples, fewer than one batch"):
         train(config, tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+def test_usage_and_help():
+    proc = _cli()
+    assert proc.returncode == 1
+    assert "{train|evaluate|export|demo} --workdir=DIR" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 2  # a usage line, not the whole help
+    proc = _cli("--help")
+    assert proc.returncode == 0
+    assert "--workdir: Training directory" in proc.stdout and "--num_train_steps" in proc.stdout
