@@ -5,17 +5,11 @@ No flags are parsed here, so notebooks and tests call these directly.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
-
-def _json_write(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+from embedding_core.export import write_json
 
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
@@ -45,7 +39,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         rows.update(evaluate_baselines(data, model=ranker.config.model,
                                        max_length=ranker.config.max_length,
                                        progress=progress))
-    _json_write(Path(workdir) / "eval" / "ranking.json",
+    write_json(Path(workdir) / "eval" / "ranking.json",
                 {"protocol": data.description, "rows": rows})
     print(f"\nZero-shot entity ranking (%), {int(rows[name]['num_queries'])} held-out queries "
           f"over {data.num_entities} entities")

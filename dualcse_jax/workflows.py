@@ -5,17 +5,11 @@ No flags are parsed here, so notebooks and tests call these directly.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
-
-def _json_write(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+from embedding_core.export import write_json
 
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
@@ -51,10 +45,10 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "proxy": True,
                "eis_data": "INLI test: premise (implicit) vs explicit entailment — a PROXY"}
     out_dir = Path(workdir) / "eval"
-    _json_write(out_dir / "rte.json", rows[name])
-    _json_write(out_dir / "eis.json", eis)
+    write_json(out_dir / "rte.json", rows[name])
+    write_json(out_dir / "eis.json", eis)
     if baseline:
-        _json_write(out_dir / "rte_baseline.json", rows["untrained MiniLM (mean)"])
+        write_json(out_dir / "rte_baseline.json", rows["untrained MiniLM (mean)"])
     print("\nRTE accuracy (%) on INLI test, threshold tuned on INLI val")
     print(evaluate.format_rte_table(rows))
     label = "EIS accuracy (INLI PROXY)" if eis["proxy"] else "EIS accuracy (ImpScore test)"

@@ -36,6 +36,19 @@ _RESERVED_META_KEYS = ("format_version", "num_rows", "arrays", "ids_file", "crea
 _RESERVED_ARRAY_NAMES = ("ids", "meta")
 
 
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Writes ``obj`` as indented, key-sorted JSON to ``path`` atomically.
+
+    The parent folder is created; the file appears complete or not at all (temporary file in
+    the same folder, then ``os.replace``), so a reader never sees half a result.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _check_filename(name: str, what: str) -> None:
     if (
         not isinstance(name, str)

@@ -26,7 +26,6 @@ demo      the shipped run: features, ConvRR and FCRR with the CPU presets on the
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from embedding_core.cli import define_workdir_flags, parse_command, run_app, user_errors
+from embedding_core.export import write_json
 
 _DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
 COMMANDS = ("train", "evaluate", "export", "demo")
@@ -54,13 +54,6 @@ flags.DEFINE_string("output", None, "export: output directory.")
 flags.DEFINE_enum("export_split", "all", ["all", "test"],
                   "export: every question and paragraph, or the test questions and pool.")
 FLAGS = flags.FLAGS
-
-
-def _json_write(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def check_same_data(configs) -> None:
@@ -103,7 +96,7 @@ def evaluate_workdirs(workdirs, *, pool: str | None = None, step: int | None = N
     print()
     print(evaluate.format_table(rows, title))
     out_dir = Path(workdirs[0]) / "eval"
-    _json_write(out_dir / f"recall_{pool}.json", {
+    write_json(out_dir / f"recall_{pool}.json", {
         "pool": pool, "pool_size": n_pool, "split": corpus.split,
         "num_test_questions": int(corpus.test_questions.sum()),
         "rows": {k: {str(kk): v for kk, v in r.items()} for k, r in rows.items()},

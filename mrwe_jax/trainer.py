@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 
 from embedding_core import parallel, training
+from embedding_core.export import write_json
 from embedding_core.losses import batch_hard_triplet_loss
 from mrwe_jax import data
 from mrwe_jax.embeddings import ensemble_sources, pool_words
@@ -245,20 +246,13 @@ def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
                 dropout_rng=dropout_rng, num_steps=steps, workdir=Path(workdir))
 
 
-def _json_write(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def save_config(config: ml_collections.ConfigDict, workdir: Path,
                 features: data.FeatureSet) -> None:
     """``config.json`` and ``features.json`` (source names, widths, resolved ``u``)."""
     if jax.process_index() != 0:
         return
-    _json_write(workdir / CONFIG_FILE, config.to_dict())
-    _json_write(workdir / FEATURES_FILE, {
+    write_json(workdir / CONFIG_FILE, config.to_dict())
+    write_json(workdir / FEATURES_FILE, {
         "sources": features.names,
         "source_dims": {n: features.questions[n].dim for n in features.names},
         "source_weights": [float(x) for x in features.source_weights],
