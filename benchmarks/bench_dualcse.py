@@ -12,8 +12,9 @@ Workloads:
   train   pairs/s of a supervised-SimCSE step (premise, entailment, contradiction as hard
           negative; CLS pooling; AdamW; dropout on), batch 32, max length 64, padded to a
           multiple of 16 per batch: our jitted step vs the same loop in PyTorch.
-  also    compile time of the train step, and the tf.data pipeline's examples/s alone next
-          to what the step consumes.
+  also    compile time of the train step, the tf.data pipeline's examples/s alone next
+          to what the step consumes, and each framework's float32 matmul GFLOP/s (both
+          encoders are matmul-bound, so this ratio bounds the others on the machine at hand).
 """
 
 from __future__ import annotations
@@ -65,6 +66,31 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int,
     return {"jax": len(texts) / statistics.median(jax_t),
             "torch": len(texts) / statistics.median(torch_t),
             "first_pass_s": compile_pass, "steady_pass_s": statistics.median(jax_t)}
+
+
+def bench_matmul(n: int = 1024, repeats: int = 20) -> tuple[float, float]:
+    """GFLOP/s of one float32 ``[n, n] @ [n, n]`` in XLA and in torch: the ceiling both
+    encoders are bound by, so the ratio the workloads can reach on this CPU."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    torch.set_num_threads(THREADS)
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(repeats):
+        f(a).block_until_ready()
+    jax_s = (time.perf_counter() - t) / repeats
+    b = torch.ones(n, n)
+    b @ b
+    t = time.perf_counter()
+    for _ in range(repeats):
+        b @ b
+    torch_s = (time.perf_counter() - t) / repeats
+    flops = 2 * n**3
+    return flops / jax_s / 1e9, flops / torch_s / 1e9
 
 
 def _simcse_config():
@@ -178,6 +204,9 @@ def main() -> None:
                         help="JAX encode pads each batch to a multiple of this length")
     args = parser.parse_args()
     print(f"threads: {THREADS} (XLA CPU and torch); sentences: {args.sentences}")
+    jax_gf, torch_gf = bench_matmul()
+    print(f"matmul  XLA {jax_gf:6.0f} GFLOP/s   torch {torch_gf:6.0f} GFLOP/s   ratio "
+          f"{jax_gf / torch_gf:.2f}x (1024x1024 float32: the ceiling of both encoders)")
     if not args.skip_encode:
         texts = _sentences(args.sentences)
         r = bench_encode(texts, args.repeats, args.encode_batch, args.pad_multiple)
