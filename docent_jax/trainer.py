@@ -120,6 +120,7 @@ def make_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict, mesh):
 def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
     """Everything ``train`` needs, built without running a step (also used by tests)."""
     validate_config(config)
+    training.check_workdir(workdir)
     mesh = parallel.mesh_from_config(config)
     parallel.check_global_batch(config.batch_size, mesh)  # before any compilation
     pretrained = load_pretrained(config.model)  # a bad model path fails before data work

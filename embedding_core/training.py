@@ -39,6 +39,18 @@ class TrainState(train_state.TrainState):
 # ----------------------------------------------------------------------------- optimizer
 
 
+def check_workdir(workdir: str | os.PathLike) -> Path:
+    """``workdir`` as a Path, refused early when it names an existing file.
+
+    Raises:
+      NotADirectoryError: ``workdir`` exists and is not a folder.
+    """
+    path = Path(workdir)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"--workdir {path} exists and is not a folder")
+    return path
+
+
 def learning_rate_schedule(
     peak: float, total_steps: int, warmup_steps: int, decay: str = "linear"
 ) -> optax.Schedule:

@@ -217,6 +217,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
     ``corpus`` and ``features`` may be passed to skip loading (tests, the demo).
     """
     validate_config(config)
+    training.check_workdir(workdir)
     mesh = parallel.mesh_from_config(config)
     P, K = int(config.paragraphs_per_batch), int(config.questions_per_paragraph)
     data_size = mesh.shape["data"]

@@ -33,6 +33,15 @@ def test_train_settings(tmp_path, args, expect):
     assert not workdir.exists()
 
 
+def test_workdir_that_is_a_file(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("keep me")
+    proc = _cli("train", f"--workdir={taken}")
+    assert proc.returncode == 1
+    assert f"--workdir {taken} exists and is not a folder" in proc.stderr
+    assert taken.read_text() == "keep me"
+
+
 def test_export_input_folder_and_output_file(tmp_path):
     out_file = tmp_path / "taken"
     out_file.write_text("keep me")
