@@ -27,21 +27,27 @@ def tiny(tiny_bert_dir):
     return pre, tok, rows
 
 
-@pytest.mark.parametrize("architecture", ["cross", "bi"])
-def test_grouped_padding_gives_the_same_vectors(tiny, architecture):
+def _untrained(tiny, architecture):
+    """(config, model, table, params, rows) of a dropout-free model on the 6 INLI rows."""
     pre, tok, rows = tiny
     config = default.get_config()
     config.architecture, config.dropout = architecture, False
     model = build_model(config, pre.config)
     table = dualcse_data.inli_table(rows, tok, 64, encoder=architecture)
     params = init_fn(model, len(table.field_names))(jax.random.key(0))
+    return config, model, table, params, rows
+
+
+@pytest.mark.parametrize("architecture", ["cross", "bi"])
+def test_grouped_padding_gives_the_same_vectors(tiny, architecture):
+    config, model, table, params, rows = _untrained(tiny, architecture)
     kw = dict(global_batch_size=6, seed=0, num_steps=1, pad_multiple=8)
     plain = next(pipeline.make_batches(table, **kw))
     grouped = next(pipeline.make_batches(table, length_groups=length_groups(architecture), **kw))
     assert grouped["input_ids_1"].shape[-1] < plain["input_ids"].shape[-1]  # really shorter
     r1, u1 = model.apply({"params": params}, *model_inputs(plain))
     r2, u2 = model.apply({"params": params}, *model_inputs(grouped))
-    assert r1.shape == (6, 4, pre.config.hidden_size)
+    assert r1.shape == (6, 4, model.config.hidden_size)
     np.testing.assert_allclose(r2, r1, atol=2e-5)
     np.testing.assert_allclose(u2, u1, atol=2e-5)
     assert np.abs(np.asarray(r1) - np.asarray(u1)).max() > 1e-4
@@ -76,12 +82,7 @@ def test_train_loss_gets_one_id_per_sentence(tiny, architecture):
     from dualcse_jax.loss import dualcse_loss
     from dualcse_jax.trainer import make_loss_fn
 
-    pre, tok, rows = tiny
-    config = default.get_config()
-    config.architecture, config.dropout = architecture, False
-    model = build_model(config, pre.config)
-    table = dualcse_data.inli_table(rows, tok, 64, encoder=architecture)
-    params = init_fn(model, len(table.field_names))(jax.random.key(0))
+    config, model, table, params, rows = _untrained(tiny, architecture)
     batch = next(pipeline.make_batches(table, global_batch_size=6, seed=3, num_steps=1,
                                        length_groups=length_groups(architecture)))
     n = len(rows)
