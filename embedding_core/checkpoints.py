@@ -1,7 +1,9 @@
-"""Orbax checkpoints of the train state plus the data position.
+"""Orbax checkpoints: params, optimizer state and the data position as separate items.
 
-A checkpoint holds two items: ``state`` (the sharded ``TrainState`` pytree) and ``data``
-(JSON: the next step to run, the data seed and the global batch size). The input pipeline
+A checkpoint holds three items: ``params`` (the sharded parameter pytree), ``opt_state``
+(the optimizer's state, e.g. Adam moments, with the step counter) and ``data`` (JSON: the
+next step to run, the data seed and the global batch size). Keeping params apart lets
+inference restore them alone (:func:`restore_params`), with no optimizer and no moments. The input pipeline
 is a pure function of (seed, step), so restoring ``data.next_step`` continues the exact
 order of an uninterrupted run. Restores are given target shardings, so a checkpoint
 written on one mesh restores onto another (PITFALLS: no silent replication).
@@ -18,8 +20,15 @@ import jax
 import orbax.checkpoint as ocp
 
 
+ITEMS = ("params", "opt_state", "data")
+
+
 class CheckpointMismatchError(ValueError):
     """A checkpoint's data position does not belong to the current configuration."""
+
+
+class IncompatibleCheckpointError(ValueError):
+    """A checkpoint written by an older version of the library (one ``state`` item)."""
 
 
 def make_manager(
@@ -28,7 +37,7 @@ def make_manager(
     max_to_keep: int = 3,
     async_save: bool = True,
 ) -> ocp.CheckpointManager:
-    """An ``ocp.CheckpointManager`` for ``{state, data}`` items under ``directory``.
+    """An ``ocp.CheckpointManager`` for ``{params, opt_state, data}`` items under ``directory``.
 
     Saves are asynchronous: device arrays are copied to host before ``save`` returns (so
     donated buffers may be reused right after), files are written in the background.
@@ -40,27 +49,42 @@ def make_manager(
         create=True,
         enable_async_checkpointing=async_save,
     )
-    return ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
+    return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_position: dict,
          *, force: bool = True) -> bool:
-    """Saves ``state`` and ``data_position`` (JSON-serialisable) as checkpoint ``step``."""
+    """Saves ``state.params``, ``state.opt_state`` (with ``state.step``) and the data position.
+
+    Args:
+      state: a ``TrainState`` (anything with ``params``, ``opt_state`` and ``step``).
+      data_position: JSON-serialisable (see :func:`check_data_position`).
+    """
     return manager.save(
         step,
         args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
+            params=ocp.args.StandardSave(state.params),
+            opt_state=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
             data=ocp.args.JsonSave(data_position),
         ),
         force=force,
     )
 
 
-def abstract_like(state: Any, shardings: Any) -> Any:
+def abstract_like(tree: Any, shardings: Any) -> Any:
     """``ShapeDtypeStruct`` tree with the target shardings, for restoring onto a mesh."""
     return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
     )
+
+
+def _check_layout(manager: ocp.CheckpointManager, step: int) -> None:
+    folder = Path(str(manager.directory)) / str(step)
+    if (folder / "state").exists() and not (folder / "params").exists():
+        raise IncompatibleCheckpointError(
+            f"{folder} was written by an older embedding-jax (one 'state' item); this version "
+            "keeps params and optimizer state apart. Retrain into a new --workdir (or use the "
+            "older version to export the embeddings).")
 
 
 def restore(
@@ -69,24 +93,67 @@ def restore(
     """Restores checkpoint ``step`` (default: the newest) onto ``abstract_state``'s shardings.
 
     Args:
-      abstract_state: ``ShapeDtypeStruct`` tree (see ``abstract_like``) giving the target
-        structure, dtypes and shardings.
+      abstract_state: the ``TrainState`` as a ``ShapeDtypeStruct`` tree (see
+        ``abstract_like``) giving the target structure, dtypes and shardings.
 
     Returns:
       ``(step, state, data_position)`` or ``None`` when the directory has no checkpoint.
+
+    Raises:
+      IncompatibleCheckpointError: the checkpoint predates the params/optimizer split.
     """
     step = manager.latest_step() if step is None else step
     if step is None:
         return None
+    _check_layout(manager, step)
     restored = manager.restore(
         step,
         args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
+            params=ocp.args.StandardRestore(abstract_state.params),
+            opt_state=ocp.args.StandardRestore(
+                {"step": abstract_state.step, "opt_state": abstract_state.opt_state}),
             data=ocp.args.JsonRestore(),
         ),
     )
     logging.info("restored checkpoint step %d from %s", step, manager.directory)
-    return step, restored["state"], dict(restored["data"])
+    opt = restored["opt_state"]
+    state = abstract_state.replace(params=restored["params"], step=opt["step"],
+                                   opt_state=opt["opt_state"])
+    return step, state, dict(restored["data"])
+
+
+def restore_params(directory: str | os.PathLike, abstract_params: Any,
+                   step: int | None = None) -> tuple[int, Any]:
+    """Restores only the ``params`` item (no optimizer, no moments) onto the given shardings.
+
+    Args:
+      directory: the run's ``checkpoints`` folder.
+      abstract_params: ``ShapeDtypeStruct`` tree with target shardings (``abstract_like``).
+      step: checkpoint step; default the newest.
+
+    Returns:
+      ``(step, params)``.
+
+    Raises:
+      FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
+      IncompatibleCheckpointError: the checkpoint predates the params/optimizer split.
+    """
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"{directory} holds no checkpoint; train first")
+    manager = make_manager(directory, async_save=False)
+    try:
+        steps = manager.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"{directory} holds no checkpoint; train first")
+        if step is not None and step not in steps:
+            raise FileNotFoundError(f"{directory}: no checkpoint at step {step}; have {steps}")
+        step = max(steps) if step is None else step
+        _check_layout(manager, step)
+        restored = manager.restore(
+            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))
+    finally:
+        manager.close()
+    return step, restored["params"]
 
 
 def check_data_position(position: dict, *, seed: int, global_batch_size: int,

@@ -11,7 +11,7 @@ and go straight into memory-mapped temporary files in the output directory, so n
 than one block is ever held in RAM. On success every file is moved into place with
 ``os.replace``; on any error the temporary files are deleted and an older export in the
 same directory is left as it was. Each file is replaced atomically; ``meta.json`` is
-replaced last and :func:`load_export` checks that shapes and id count agree with it.
+replaced last and :func:`load_arrays` checks that shapes and id count agree with it.
 """
 
 from __future__ import annotations
@@ -28,25 +28,14 @@ import numpy as np
 import numpy.typing as npt
 from tqdm.auto import tqdm
 
+from embedding_core.files import make_readable, write_json  # noqa: F401 (re-export)
+
 META_FILENAME = "meta.json"
 FORMAT_VERSION = 1
 # Keys that the writer puts in meta.json itself; the caller's meta may not use them.
 _RESERVED_META_KEYS = ("format_version", "num_rows", "arrays", "ids_file", "created_utc")
 # Keys of export_embeddings' result that are not array names.
 _RESERVED_ARRAY_NAMES = ("ids", "meta")
-
-
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Writes ``obj`` as indented, key-sorted JSON to ``path`` atomically.
-
-    The parent folder is created; the file appears complete or not at all (temporary file in
-    the same folder, then ``os.replace``), so a reader never sees half a result.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _check_filename(name: str, what: str) -> None:
@@ -148,6 +137,7 @@ class EmbeddingWriter:
     def _tmp_file(self, stem: str) -> Path:
         fd, path = tempfile.mkstemp(dir=self.out_dir, prefix=f".{stem}.", suffix=".tmp")
         os.close(fd)
+        make_readable(path)  # others may read an export (mkstemp makes it 0600)
         self._tmp_paths.append(Path(path))
         return Path(path)
 
@@ -358,7 +348,7 @@ def export_embeddings(
     return writer.output_paths
 
 
-def load_export(
+def load_arrays(
     out_dir: str | os.PathLike, mmap_mode: str | None = None
 ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
     """Read an export written by :class:`EmbeddingWriter`.
@@ -408,3 +398,81 @@ def load_export(
             f"{ids_path}: {len(ids)} ids, but {meta_path} field 'num_rows' is {num_rows}"
         )
     return arrays, ids, meta
+
+
+# ----------------------------------------------------------------------------- views
+
+VIEW_ARRAY = "embeddings"
+# What every view's meta.json must say, so a reader can use the vectors without our code.
+VIEW_META_KEYS = ("model", "config", "step", "normalized", "similarity")
+SIMILARITIES = ("cosine", "dot", "euclidean")
+
+
+def export_view(
+    out_dir: str | os.PathLike,
+    blocks: Iterable[tuple[Sequence[str], np.ndarray]],
+    *,
+    num_rows: int,
+    dim: int,
+    meta: Mapping[str, Any],
+) -> dict[str, Path]:
+    """Writes one view of an export: ``embeddings.npy``, ``ids.txt``, ``meta.json``.
+
+    The project's one export layout (``docs/architecture.md``): an export folder holds one
+    sub-folder per view (DualCSE ``explicit/`` and ``implicit/``, DocEnt ``entities/`` and
+    ``queries/``, MRWE ``questions/`` and ``paragraphs/``); each is written by this function,
+    streamed block by block and moved into place only when complete.
+
+    Args:
+      out_dir: the view's folder (e.g. ``export/explicit``).
+      blocks: ``(ids, vectors [b, dim])`` in row order.
+      num_rows: total rows; dim: vector width.
+      meta: must hold ``model``, ``config``, ``step``, ``normalized`` (bool: rows have unit
+        L2 norm) and ``similarity`` (``cosine``, ``dot`` or ``euclidean``: how the
+        vectors are meant to be compared); anything else JSON-serialisable may be added.
+
+    Returns:
+      ``{"embeddings": .npy path, "ids": ..., "meta": ...}``.
+
+    Raises:
+      ValueError: missing meta keys, an unknown similarity, or as :class:`EmbeddingWriter`
+        (row count, NaN, ...); nothing new is left in ``out_dir`` then.
+    """
+    missing = [k for k in VIEW_META_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"export meta lacks {missing}")
+    if meta["similarity"] not in SIMILARITIES:
+        raise ValueError(f"meta similarity={meta['similarity']!r}: use one of {SIMILARITIES}")
+    return export_embeddings(out_dir, ((ids, {VIEW_ARRAY: v}) for ids, v in blocks),
+                             num_rows=num_rows, dims={VIEW_ARRAY: dim}, meta=dict(meta))
+
+
+def load_view(out_dir: str | os.PathLike, mmap_mode: str | None = None
+              ) -> tuple[np.ndarray, list[str], dict[str, Any]]:
+    """``(embeddings [N, dim] float32, ids, meta)`` of one view folder."""
+    arrays, ids, meta = load_arrays(out_dir, mmap_mode)
+    if VIEW_ARRAY not in arrays:
+        raise ValueError(f"{out_dir}: not a view folder (arrays {sorted(arrays)}, expected "
+                         f"{VIEW_ARRAY!r})")
+    return arrays[VIEW_ARRAY], ids, meta
+
+
+def load_export(out_dir: str | os.PathLike, mmap_mode: str | None = None
+               ) -> dict[str, tuple[np.ndarray, list[str], dict[str, Any]]]:
+    """Every view of an export folder (or the one view, when given a view folder).
+
+    Returns:
+      ``{view name: (embeddings, ids, meta)}``; a view folder itself maps its own name.
+
+    Raises:
+      FileNotFoundError: ``out_dir`` holds neither ``meta.json`` nor view folders.
+    """
+    out_dir = Path(out_dir)
+    if (out_dir / META_FILENAME).is_file():
+        return {out_dir.name: load_view(out_dir, mmap_mode)}
+    views = sorted(p for p in out_dir.iterdir() if (p / META_FILENAME).is_file()) \
+        if out_dir.is_dir() else []
+    if not views:
+        raise FileNotFoundError(f"{out_dir}: no export here (no meta.json and no view "
+                                "folders holding one)")
+    return {p.name: load_view(p, mmap_mode) for p in views}

@@ -172,10 +172,19 @@ def state_shardings(
     return parallel.logical_shardings(abstract, mesh, rules)
 
 
+def params_shardings(
+    init_params: Callable[[jax.Array], Any],
+    mesh: Mesh,
+    rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
+) -> Any:
+    """Shardings of the params alone (from their logical names; nothing is initialised)."""
+    return parallel.logical_shardings(jax.eval_shape(init_params, jax.random.key(0)), mesh,
+                                      rules)
+
+
 def restore_params(
     directory: str | os.PathLike,
     init_params: Callable[[jax.Array], Any],
-    tx: optax.GradientTransformation,
     mesh: Mesh,
     *,
     step: int | None = None,
@@ -183,26 +192,21 @@ def restore_params(
 ) -> tuple[int, Any]:
     """Restores the params of checkpoint ``step`` (default: latest) onto ``mesh``.
 
-    ``init_params`` and ``tx`` must describe the trained model (they fix the state's
-    structure; nothing is initialised).
+    Only the checkpoint's ``params`` item is read: no optimizer is built and no Adam
+    moments are loaded. ``init_params`` (``rng -> boxed params``) fixes the structure and
+    the logical axis names, hence the shardings; it is only traced, never run.
+
+    Returns:
+      ``(step, params)`` with params as plain sharded ``jax.Array`` leaves.
 
     Raises:
       FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
+      checkpoints.IncompatibleCheckpointError: a checkpoint of an older layout.
     """
-    shardings = state_shardings(init_params, tx, mesh, rules)
-    abstract = nn.unbox(jax.eval_shape(_state_initializer(init_params, tx), jax.random.key(0)))
-    target = checkpoints.abstract_like(abstract, shardings)
-    manager = checkpoints.make_manager(directory, async_save=False)
-    try:
-        steps = manager.all_steps()
-        if not steps:
-            raise FileNotFoundError(f"{directory} holds no checkpoint; train first")
-        if step is not None and step not in steps:
-            raise FileNotFoundError(f"{directory}: no checkpoint at step {step}; have {steps}")
-        step, state, _ = checkpoints.restore(manager, target, step)
-    finally:
-        manager.close()
-    return step, state.params
+    shardings = params_shardings(init_params, mesh, rules)
+    abstract = nn.unbox(jax.eval_shape(init_params, jax.random.key(0)))
+    return checkpoints.restore_params(directory, checkpoints.abstract_like(abstract, shardings),
+                                      step)
 
 
 def _replace_subtree(params: Any, shardings: Any, path: tuple[str, ...], tree: Any) -> Any:

@@ -70,7 +70,7 @@ def test_export_streams_blocks_with_ids_on_their_rows(trained, tmp_path, monkeyp
     monkeypatch.setattr(export_lib.EmbeddingWriter, "write", spy)
     out = workflows.export_workdir(workdir, tmp_path / "exp", block_rows=2)
     assert sizes == [(0, 2), (2, 2), (4, 1)]
-    arrays, ids, meta = export_lib.load_export(out)
+    arrays, ids, meta = export_lib.load_arrays(out)
     assert sorted(p.name for p in out.iterdir()) == ["entities.npy", "entity_ids.txt",
                                                      "meta.json"]
     assert ids == ENTITIES and meta["checkpoint_step"] == 2
@@ -104,7 +104,7 @@ def test_large_table_export_holds_one_block_at_a_time(tmp_path, monkeypatch):
                         (largest.append(len(ids_)), original(self, start, blocks, ids_))[1])
     workflows.export_ranker(ranker, tmp_path / "big", block_rows=4096)
     assert max(largest) == 4096 and sum(largest) == n
-    arrays, read_ids, _ = export_lib.load_export(tmp_path / "big", mmap_mode="r")
+    arrays, read_ids, _ = export_lib.load_arrays(tmp_path / "big", mmap_mode="r")
     assert read_ids == ids
     np.testing.assert_array_equal(arrays["entities"], table[:n])  # padding rows dropped
 

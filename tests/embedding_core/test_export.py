@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from embedding_core.export import EmbeddingWriter, export_embeddings, load_export
+from embedding_core.export import EmbeddingWriter, export_embeddings, load_arrays
 
 IDS = ["a", "b b", "ünï", "d\tx", "e", "f", "g", "h", "i", "j"]
 
@@ -36,7 +36,7 @@ def test_round_trip_blocks_in_any_order(tmp_path):
             w.write(lo, {"r": src["r"][lo:hi], "u": src["u"][lo:hi]}, IDS[lo:hi])
     assert sorted(os.listdir(out)) == ["ids.txt", "meta.json", "r.npy", "u.npy"]
 
-    arrays, ids, meta = load_export(out)
+    arrays, ids, meta = load_arrays(out)
     assert ids == IDS
     # Row i of every array belongs to line i of ids.txt.
     lines = (out / "ids.txt").read_text(encoding="utf-8").split("\n")
@@ -66,7 +66,7 @@ def test_export_embeddings_wrapper_accepts_jax_arrays(tmp_path):
         "ids": tmp_path / "keys.txt",
         "meta": tmp_path / "meta.json",
     }
-    arrays, ids, _ = load_export(tmp_path)
+    arrays, ids, _ = load_arrays(tmp_path)
     assert ids == IDS
     np.testing.assert_allclose(arrays["r"], src["r"], rtol=1e-6)
 
@@ -80,7 +80,7 @@ def test_exception_midway_leaves_older_export_untouched(tmp_path):
             w.write(0, {"r": src["r"][:5], "u": src["u"][:5]}, IDS[:5])
             raise RuntimeError("encoder crashed")
     assert _snapshot(tmp_path) == before
-    assert load_export(tmp_path)[2]["version"] == "old"
+    assert load_arrays(tmp_path)[2]["version"] == "old"
 
 
 def test_failure_removes_a_directory_it_created(tmp_path):
@@ -145,11 +145,11 @@ def test_write_validation(tmp_path):
         EmbeddingWriter(tmp_path, {"r": 4}, 1).write(0, {"r": np.zeros((1, 4))}, ["a"])
 
 
-def test_load_export_detects_a_truncated_id_file(tmp_path):
+def test_load_arrays_detects_a_truncated_id_file(tmp_path):
     _write_export(tmp_path, _arrays(), IDS)
     (tmp_path / "ids.txt").write_text("\n".join(IDS[:9]) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"ids.txt: 9 ids, .*'num_rows' is 10"):
-        load_export(tmp_path)
+        load_arrays(tmp_path)
 
 
 def test_streaming_export_memory_stays_far_below_array_size(tmp_path):
@@ -170,7 +170,7 @@ def test_streaming_export_memory_stays_far_below_array_size(tmp_path):
         tracemalloc.stop()
     assert peak < full_bytes / 10, f"peak {peak / 1e6:.1f} MB"
 
-    arrays, ids, meta = load_export(tmp_path, mmap_mode="r")
+    arrays, ids, meta = load_arrays(tmp_path, mmap_mode="r")
     assert arrays["e"].shape == (num_rows, dim) and len(ids) == num_rows
     assert ids[123_456] == "doc123456"
     last = num_rows // block - 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from embedding_core import parallel, training
-from embedding_core.export import load_export
+from embedding_core.export import load_arrays
 from embedding_core.losses import batch_hard_triplet_loss
 from mrwe_jax import data, evaluate, trainer
 from mrwe_jax import embeddings as mr
@@ -198,8 +198,8 @@ def test_evaluate_table_and_export_agree(trained, tmp_path):
 
     out = export_workdir(trained["workdir"], tmp_path / "export", split="test")
     corpus, _ = trainer.load_data(trained["config"])
-    q_arrays, q_ids, q_meta = load_export(out / "questions")
-    p_arrays, p_ids, _ = load_export(out / "paragraphs")
+    q_arrays, q_ids, q_meta = load_arrays(out / "questions")
+    p_arrays, p_ids, _ = load_arrays(out / "paragraphs")
     test_q = np.flatnonzero(corpus.test_questions)
     pool = evaluate.pool_indices(corpus, "test")
     assert q_ids == [corpus.question_ids[i] for i in test_q]

@@ -1,0 +1,158 @@
+"""The config fields every model shares, declared once, and the run's saved config.
+
+Each preset is ``get_config()`` in a package's ``configs/`` that starts from :func:`base` and
+adds only its model's fields (see ``docs/architecture.md``). Fields are flat and commented
+so that ``--config.FIELD=VALUE`` overrides them and ``--help`` can list them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import ml_collections
+
+from embedding_core import parallel
+
+CONFIG_FILE = "config.json"
+LR_DECAYS = ("linear", "cosine", "constant")
+
+
+def base() -> ml_collections.ConfigDict:
+    """The loop, optimizer, mesh and logical-axis-rule fields of every model's config."""
+    c = ml_collections.ConfigDict()
+    # Optimisation (AdamW, decoupled weight decay on matrices only).
+    c.learning_rate = 5e-5
+    c.warmup_steps = 0  # linear warm-up from 0
+    c.lr_decay = "linear"  # linear | cosine | constant after warm-up
+    c.weight_decay = 0.0
+    c.grad_clip_norm = 0.0  # 0 = off
+    c.num_epochs = 1.0
+    c.num_train_steps = 0  # >0 overrides num_epochs
+    c.seed = 42  # parameter init, dropout and data order
+    # Loop.
+    c.log_every = 50  # steps between logged/TensorBoard training metrics
+    c.checkpoint_every = 500  # steps between checkpoints (also on SIGTERM and at the end)
+    c.keep_checkpoints = 3
+    c.eval_every = 0  # >0: the model's evaluation every N steps and at the end
+    c.eval_batch_size = 64  # texts per encoder call at evaluation and export
+    # Parallelism.
+    c.mesh_data = -1  # -1 = all devices not used by mesh_model
+    c.mesh_model = 1  # tensor / vocabulary-parallel size
+    c.coordinator_address = ""  # "host:port" or "auto" for jax.distributed.initialize
+    c.num_processes = 0
+    c.process_id = -1
+    # Logical axis name -> mesh axis ("" = replicated); see embedding_core/parallel.py.
+    c.logical_axis_rules = tuple((name, axis or "")
+                                 for name, axis in parallel.LOGICAL_AXIS_RULES)
+    return c
+
+
+def axis_rules(config: ml_collections.ConfigDict) -> parallel.LogicalRules:
+    """The config's ``logical_axis_rules`` as flax expects them (``""`` -> ``None``)."""
+    rules = config.get("logical_axis_rules") or ()
+    return tuple((str(name), str(axis) or None) for name, axis in rules) or \
+        parallel.LOGICAL_AXIS_RULES
+
+
+def validate_base(config: ml_collections.ConfigDict) -> None:
+    """Checks the shared fields before anything is loaded or compiled.
+
+    Raises:
+      ValueError: naming the field and what it must be.
+    """
+    if config.lr_decay not in LR_DECAYS:
+        raise ValueError(f"config.lr_decay={config.lr_decay!r}: use one of {LR_DECAYS}")
+    if not config.learning_rate > 0:
+        raise ValueError(f"config.learning_rate must be positive, got {config.learning_rate}")
+    for name in ("log_every", "checkpoint_every", "keep_checkpoints", "eval_batch_size"):
+        if int(config[name]) < 1:
+            raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
+    for name in ("warmup_steps", "eval_every", "num_train_steps"):
+        if int(config[name]) < 0:
+            raise ValueError(f"config.{name} must be >= 0, got {config[name]}")
+    if config.num_train_steps == 0 and not config.num_epochs > 0:
+        raise ValueError("config.num_epochs must be positive when num_train_steps is 0")
+    if config.weight_decay < 0 or config.grad_clip_norm < 0:
+        raise ValueError("config.weight_decay and config.grad_clip_norm must be >= 0")
+    if config.mesh_model < 1 or (config.mesh_data < 1 and config.mesh_data != -1):
+        raise ValueError(f"config.mesh_data={config.mesh_data}, mesh_model="
+                         f"{config.mesh_model}: sizes >= 1 (mesh_data may be -1 = the rest)")
+    for entry in config.get("logical_axis_rules") or ():
+        if len(entry) != 2:
+            raise ValueError(f"config.logical_axis_rules: {entry!r} is not (name, mesh axis)")
+
+
+def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
+    """``num_train_steps`` when positive, else ``ceil(num_epochs * steps_per_epoch)`` (>= 1)."""
+    if int(config.num_train_steps) > 0:
+        return int(config.num_train_steps)
+    return max(1, math.ceil(float(config.num_epochs) * int(steps_per_epoch)))
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
+    """Writes ``workdir/config.json`` atomically (call on process 0 only)."""
+    from embedding_core.files import write_json
+
+    write_json(Path(workdir) / CONFIG_FILE, config.to_dict())
+
+
+def read_config(
+    workdir: str | os.PathLike,
+    defaults: Callable[[], ml_collections.ConfigDict],
+    *,
+    prog: str,
+    required: Iterable[str] = (),
+    validate: Callable[[ml_collections.ConfigDict], None] | None = None,
+) -> ml_collections.ConfigDict:
+    """The config a run saved in ``workdir/config.json``, on top of today's defaults.
+
+    Fields added to the defaults after a run was trained keep their default value; fields
+    the saved config has and the defaults lack are kept too (the saved run is the truth).
+
+    Args:
+      defaults: the package's ``configs/default.py:get_config``.
+      prog: the command-line tool's name, for the message.
+      required: fields without which the model cannot be rebuilt.
+      validate: the package's config check; its error is prefixed with the file.
+
+    Raises:
+      FileNotFoundError: the workdir or its config.json is missing.
+      ValueError: not a JSON object, missing a required field, or an impossible setting
+        (the message names the file).
+    """
+    workdir = Path(workdir)
+    path = workdir / CONFIG_FILE
+    if not workdir.is_dir():
+        raise FileNotFoundError(f"workdir {workdir} does not exist; train first with "
+                                f"`{prog} train --workdir={workdir}`")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {workdir} a {prog} training workdir?")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object of config fields, got "
+                         f"{type(raw).__name__}")
+    missing = sorted(set(required) - set(raw))
+    if missing:
+        raise ValueError(f"{path}: missing config fields {missing}")
+    config = defaults()
+    config.unlock()
+    for key, value in raw.items():
+        if key in config and isinstance(config[key], tuple) and isinstance(value, list):
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        try:
+            config[key] = value
+        except TypeError as err:
+            raise ValueError(f"{path}: field {key!r}: {err}") from None
+    if validate is not None:
+        try:
+            validate(config)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+    return config

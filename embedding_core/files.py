@@ -1,0 +1,66 @@
+"""Atomic file writes with the permissions users expect.
+
+Every result file of the project (configs, evaluation JSON, exports, line files) is written
+to a temporary file in the target folder and moved into place with ``os.replace``, so a
+reader never sees half a file; temporary files get the mode a plain ``open()`` would give
+(``0666`` minus the umask, i.e. ``0644`` usually), not ``mkstemp``'s private ``0600``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+def default_file_mode() -> int:
+    """``0o666`` minus the process umask (what ``open(path, "w")`` creates)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def make_readable(path: str | os.PathLike) -> None:
+    """Gives ``path`` the default file mode (undoes ``tempfile.mkstemp``'s 0600)."""
+    os.chmod(path, default_file_mode())
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` (UTF-8) to ``path`` atomically; the parent folder is created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Writes ``obj`` as indented, key-sorted JSON to ``path`` atomically.
+
+    Raises:
+      TypeError: ``obj`` is not JSON-serialisable (nothing is written).
+    """
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
+    """One string a line (each followed by ``\\n``), atomically.
+
+    Raises:
+      ValueError: a line that contains a line break (it would shift every later line).
+    """
+    out = []
+    for i, line in enumerate(lines):
+        if "\n" in line or "\r" in line:
+            raise ValueError(f"{path}: line {i + 1} would contain a line break: {line!r}")
+        out.append(line + "\n")
+    write_text_atomic(path, "".join(out))

@@ -1,0 +1,195 @@
+"""The one inference layer: pooling, the length-sorted encode loop and the ``Encoder`` base.
+
+Every loaded model (``dualcse_jax.load``, ``docent_jax.load``, ``mrwe_jax.load``) is an
+:class:`Encoder`, whose ``encode(texts, *, batch_size, normalize, show_progress_bar)``
+follows sentence-transformers' habits and returns one float32 ``[N, dim]`` numpy array.
+Texts are encoded longest first in fixed-size batches whose width is rounded up to a
+multiple of ``pad_multiple``, so only a few shapes are ever compiled and little padding is
+computed; rows come back in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# (rows [b] int, width) -> model inputs for those texts padded to ``width`` and to the
+# fixed batch size; the encode loop hands them to the forward function unchanged.
+BatchBuilder = Callable[[np.ndarray, int], Any]
+# model inputs -> [batch_size, dim] vectors (numpy or jax).
+Forward = Callable[[Any], Any]
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean over the real positions of a padded sequence (sentence-transformers' pooling).
+
+    Args:
+      x: ``[..., L, d]`` vectors (any float dtype; summed in float32).
+      mask: ``[..., L]`` 1/True for real positions.
+
+    Returns:
+      ``[..., d]`` float32; a row with no real position gives zeros.
+    """
+    m = mask.astype(jnp.float32)[..., None]
+    total = jnp.sum(x.astype(jnp.float32) * m, axis=-2)
+    return total / jnp.maximum(jnp.sum(m, axis=-2), 1.0)
+
+
+def l2_normalize(x: np.ndarray | jax.Array, eps: float = 1e-12):
+    """Rows scaled to unit L2 norm (a zero row stays zero); numpy in, numpy out."""
+    xp = jnp if isinstance(x, jax.Array) else np
+    norm = xp.linalg.norm(x, axis=-1, keepdims=True)
+    return x / xp.maximum(norm, eps)
+
+
+def round_up(n: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``n``."""
+    return -(-int(n) // int(multiple)) * int(multiple)
+
+
+def encode_in_batches(
+    lengths: np.ndarray,
+    build_batch: BatchBuilder,
+    forward: Forward,
+    *,
+    batch_size: int,
+    pad_multiple: int = 8,
+    max_width: int | None = None,
+    show_progress_bar: bool = False,
+    desc: str = "encode",
+) -> np.ndarray:
+    """Runs ``forward`` over texts sorted by length; returns rows in input order.
+
+    Args:
+      lengths: ``[N]`` int, each text's length in the unit ``build_batch`` pads (tokens,
+        words).
+      build_batch: see :data:`BatchBuilder`; it must pad the rows to ``batch_size`` so that
+        each width compiles once.
+      forward: see :data:`Forward`.
+      batch_size: texts per call.
+      pad_multiple: widths are rounded up to a multiple of this.
+      max_width: cap on the width (e.g. the tokenised array's width).
+      show_progress_bar: a tqdm bar over batches.
+
+    Returns:
+      ``[N, dim]`` float32 (``[0, 0]`` for no texts).
+
+    Raises:
+      ValueError: ``batch_size`` or ``pad_multiple`` below 1.
+    """
+    if int(batch_size) < 1 or int(pad_multiple) < 1:
+        raise ValueError(f"batch_size ({batch_size}) and pad_multiple ({pad_multiple}) must "
+                         "be >= 1")
+    lengths = np.asarray(lengths)
+    order = np.argsort(-lengths, kind="stable")
+    starts = range(0, len(lengths), int(batch_size))
+    if show_progress_bar:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc=desc, unit="batch", leave=False)
+    out: np.ndarray | None = None
+    for start in starts:
+        rows = order[start:start + int(batch_size)]
+        width = round_up(max(int(lengths[rows].max()), 1), pad_multiple)
+        if max_width is not None:
+            width = min(width, int(max_width))
+        vectors = np.asarray(forward(build_batch(rows, width)), dtype=np.float32)[: len(rows)]
+        if out is None:
+            out = np.zeros((len(lengths), vectors.shape[-1]), np.float32)
+        out[rows] = vectors
+    return out if out is not None else np.zeros((0, 0), np.float32)
+
+
+def token_batch_builder(tok, batch_size: int) -> BatchBuilder:
+    """``build_batch`` over tokenised texts (``data_pipelines.tokenization.TokenizedTexts``).
+
+    Returns ``(input_ids, attention_mask, token_type_ids)``, each ``[batch_size, width]``
+    int32; rows past the real ones are all padding.
+    """
+
+    def build(rows: np.ndarray, width: int):
+        ids = tok.input_ids[rows, :width]
+        types = tok.token_type_ids[rows, :width]
+        mask = (np.arange(width)[None, :] < tok.lengths[rows, None]).astype(np.int32)
+        pad = int(batch_size) - len(rows)
+        if pad:
+            ids, mask, types = (np.pad(x, ((0, pad), (0, 0))) for x in (ids, mask, types))
+        return ids, mask, types
+
+    return build
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """The texts as a list, checked the same way for every model.
+
+    Raises:
+      TypeError: a single string instead of a list, or a non-string item.
+      ValueError: an empty or whitespace-only text (its index is given): it has no
+        content to embed, and a silent zero or ``[CLS]``-only vector would rank
+        arbitrarily.
+    """
+    if isinstance(texts, (str, bytes)):
+        raise TypeError("encode takes a list of texts, not a single string: "
+                        "encode([text])")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i} is a {type(text).__name__}, not a str")
+        if not text.strip():
+            raise ValueError(f"text {i} is empty or whitespace only: {text!r}")
+    return texts
+
+
+class Encoder:
+    """A loaded model that turns texts into vectors; subclasses implement :meth:`_encode`.
+
+    Attributes:
+      config: the run's config (``ml_collections.ConfigDict``).
+      step: the checkpoint step (``None`` for an untrained model or in-memory params).
+      dim: the width of the vectors :meth:`encode` returns.
+    """
+
+    config: Any = None
+    step: int | None = None
+    default_batch_size: int = 32
+
+    @property
+    def dim(self) -> int:
+        raise NotImplementedError
+
+    def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
+                **kwargs: Any) -> np.ndarray:
+        """``[len(texts), dim]`` raw vectors of non-empty, checked texts."""
+        raise NotImplementedError
+
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None,
+               normalize: bool = False, show_progress_bar: bool = False,
+               **kwargs: Any) -> np.ndarray:
+        """Encodes texts into one float32 ``[len(texts), dim]`` array; row i = texts[i].
+
+        Args:
+          texts: a list of strings. Empty or whitespace-only strings raise ``ValueError``
+            (the same in every model; see :func:`check_texts`).
+          batch_size: texts per encoder call (default: the run's ``eval_batch_size``).
+          normalize: scale rows to unit L2 norm (then dot product = cosine).
+          show_progress_bar: a tqdm bar over batches.
+          **kwargs: the model's own choice of view (DualCSE ``kind``, MRWE ``side``).
+
+        Raises:
+          TypeError, ValueError: see :func:`check_texts`; ``batch_size`` < 1.
+        """
+        texts = check_texts(texts)
+        batch_size = int(batch_size or self.default_batch_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not texts:
+            out = np.zeros((0, self.dim), np.float32)
+        else:
+            out = np.asarray(self._encode(texts, batch_size=batch_size,
+                                          show_progress_bar=bool(show_progress_bar),
+                                          **kwargs), dtype=np.float32)
+        return l2_normalize(out) if normalize else out

@@ -1,0 +1,102 @@
+"""``run(make_task, config, workdir)``: the one way every model is trained.
+
+The core owns everything that is not a model, a loss or a protocol: config checks before
+anything compiles, multi-host start-up and the mesh, the sharded state (pretrained weights
+placed in it), resume with the data position, the loop, periodic evaluation, checkpoints,
+pre-emption and TensorBoard. A package's ``trainer.py`` only builds its :class:`Task`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import ml_collections
+import optax
+from jax.sharding import Mesh
+
+from embedding_core import configs, parallel, training
+from embedding_core.task import Task
+
+
+def default_optimizer(config: ml_collections.ConfigDict, total_steps: int
+                      ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW with warm-up and decay from the shared fields of ``configs.base()``."""
+    return training.make_optimizer(
+        learning_rate=float(config.learning_rate), total_steps=max(int(total_steps), 1),
+        warmup_steps=int(config.warmup_steps), weight_decay=float(config.weight_decay),
+        decay=config.lr_decay, grad_clip_norm=float(config.grad_clip_norm) or None)
+
+
+def run(
+    make_task: Callable[[ml_collections.ConfigDict, Mesh], Task],
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    validate: Callable[[ml_collections.ConfigDict], None] | None = None,
+    stop_after: int | None = None,
+) -> training.TrainState:
+    """Trains (or resumes) the task ``make_task(config, mesh)`` into ``workdir``.
+
+    Order: shared and model config checks (``validate``), the workdir check, multi-host
+    start-up and the mesh, the global batch against the data-parallel size (when the
+    config has ``batch_size``), then the task (data and pretrained weights load here), the
+    saved config and run files, the sharded state and the loop. Nothing compiles before
+    the checks pass, and nothing is written before the task has loaded its data.
+
+    Writes ``workdir/config.json``, the task's run files, TensorBoard events and orbax
+    checkpoints under ``workdir/checkpoints`` (params, optimizer state and data position).
+
+    Args:
+      make_task: builds the task for this config on this mesh.
+      validate: the package's config check (raises ``ValueError``).
+      stop_after: stop with a checkpoint after this many steps of this call (tests).
+
+    Returns:
+      The final train state.
+
+    Raises:
+      ValueError: a bad config; NotADirectoryError: ``workdir`` is a file; whatever the
+        task raises for bad data or missing models.
+    """
+    configs.validate_base(config)
+    if validate is not None:
+        validate(config)
+    workdir = training.check_workdir(workdir)
+    mesh = parallel.mesh_from_config(config)
+    if "batch_size" in config:
+        parallel.check_global_batch(int(config.batch_size), mesh)
+    task = make_task(config, mesh)
+    if task.num_examples < 1 or task.steps_per_epoch < 1:
+        raise ValueError(f"{task.name}: no training examples ({task.num_examples}) or no full "
+                         "batch of them; check the data and the batch size")
+    num_steps = configs.num_train_steps(config, task.steps_per_epoch)
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        configs.save_config(config, workdir)
+        for name, write in task.run_files.items():
+            write(workdir / name)
+    rules = configs.axis_rules(config)
+    tx, schedule = (task.make_optimizer or default_optimizer)(config, num_steps)
+    init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
+    state, shardings = training.create_sharded_state(
+        task.init_params, tx, mesh, init_rng, rules=rules, pretrained=task.pretrained)
+    step_fn = training.make_train_step(task.loss_fn, shardings, mesh, schedule=schedule,
+                                       rules=rules)
+    eval_fn = None
+    if task.evaluate is not None and int(config.eval_every) > 0:
+        eval_fn = lambda state, step: task.evaluate(state.params, step)
+    logging.info("training %s for %d steps on %d examples (%d steps per epoch), global "
+                 "batch %d, mesh %s%s", task.name, num_steps, task.num_examples,
+                 task.steps_per_epoch, task.global_batch_size, dict(mesh.shape),
+                 f"; {task.summary}" if task.summary else "")
+    return training.train_loop(
+        workdir=Path(workdir), state=state, state_shardings=shardings, train_step=step_fn,
+        make_batches=task.make_batches, mesh=mesh, num_train_steps=num_steps,
+        rng=dropout_rng, seed=int(config.seed), global_batch_size=task.global_batch_size,
+        log_every=int(config.log_every), checkpoint_every=int(config.checkpoint_every),
+        keep_checkpoints=int(config.keep_checkpoints), eval_every=int(config.eval_every),
+        eval_fn=eval_fn, hparams=config.to_dict(), stop_after=stop_after)

@@ -1,0 +1,134 @@
+"""The core's run(): a tiny linear-regression Task trained, resumed and restored."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from embedding_core import checkpoints, configs, parallel, training
+from embedding_core.run import run
+from embedding_core.task import Task
+
+DIM, ROWS = 4, 64
+
+
+class Linear(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        w = self.param("kernel", nn.with_logical_partitioning(
+            nn.initializers.zeros, ("mlp", "embed")), (DIM, 1))
+        return (x @ w)[:, 0]
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, DIM)).astype(np.float32)
+    return x, x @ np.arange(1, DIM + 1, dtype=np.float32)
+
+
+def _config(**kw):
+    c = configs.base()
+    c.batch_size = 8
+    c.learning_rate = 0.05
+    c.lr_decay = "constant"
+    c.num_train_steps = 12
+    c.log_every = 2
+    c.checkpoint_every = 4
+    c.eval_every = 6
+    for k, v in kw.items():
+        c[k] = v
+    return c
+
+
+def _make_task(evals: list):
+    x, y = _data()
+    model = Linear()
+
+    def make_batches(start_step):
+        step = start_step
+        while True:
+            rows = np.random.default_rng(step).choice(ROWS, 8, replace=False)
+            yield {"x": x[rows], "y": y[rows], "step": np.int32(step)}
+            step += 1
+
+    def loss_fn(params, batch, rng):
+        err = model.apply({"params": params}, batch["x"]) - batch["y"]
+        return jnp.mean(err ** 2), {"abs_err": jnp.mean(jnp.abs(err))}
+
+    def evaluate(params, step):
+        evals.append(step)
+        return {"mse": float(np.mean((x @ np.asarray(params["kernel"]))[:, 0] - y) ** 2)}
+
+    def make(config, mesh):
+        return Task(name="linear", init_params=lambda k: model.init(k, x[:1])["params"],
+                    loss_fn=loss_fn, make_batches=make_batches, num_examples=ROWS,
+                    steps_per_epoch=ROWS // 8, global_batch_size=8, evaluate=evaluate,
+                    run_files={"note.txt": lambda p: p.write_text("hi")})
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("full")
+    evals: list = []
+    state = run(_make_task(evals), _config(), workdir)
+    return workdir, state, evals
+
+
+def test_run_trains_writes_files_and_evaluates(full_run):
+    workdir, state, evals = full_run
+    assert int(state.step) == 12
+    assert evals == [6, 12]
+    assert (workdir / "note.txt").read_text() == "hi"
+    saved = configs.read_config(workdir, _config, prog="t")
+    assert saved.num_train_steps == 12 and saved.batch_size == 8
+    # the loss went down: the kernel moved towards [1, 2, 3, 4]
+    kernel = np.asarray(state.params["kernel"])[:, 0]
+    assert np.linalg.norm(kernel - np.arange(1, 5)) < np.linalg.norm(np.arange(1, 5))
+
+
+def test_resume_equals_uninterrupted_run(full_run, tmp_path):
+    _, state, _ = full_run
+    run(_make_task([]), _config(), tmp_path, stop_after=5)
+    resumed = run(_make_task([]), _config(), tmp_path)
+    np.testing.assert_allclose(np.asarray(resumed.params["kernel"]),
+                               np.asarray(state.params["kernel"]), rtol=1e-6, atol=1e-6)
+
+
+def test_params_only_restore_onto_another_mesh(full_run):
+    workdir, state, _ = full_run
+    model = Linear()
+    init = lambda k: model.init(k, np.zeros((1, DIM), np.float32))["params"]
+    mesh = parallel.make_mesh(4, 2)
+    step, params = training.restore_params(workdir / "checkpoints", init, mesh)
+    assert step == 12
+    assert set(params) == {"kernel"}  # no optimizer state anywhere
+    assert params["kernel"].sharding.spec == jax.sharding.PartitionSpec("model", None)
+    np.testing.assert_array_equal(np.asarray(params["kernel"]),
+                                  np.asarray(state.params["kernel"]))
+    with pytest.raises(FileNotFoundError, match="no checkpoint at step 3"):
+        training.restore_params(workdir / "checkpoints", init, mesh, step=3)
+
+
+def test_old_single_item_checkpoint_is_refused_with_a_clear_message(tmp_path):
+    (tmp_path / "7" / "state").mkdir(parents=True)
+    (tmp_path / "7" / "_CHECKPOINT_METADATA").write_text("{}")
+    model = Linear()
+    init = lambda k: model.init(k, np.zeros((1, DIM), np.float32))["params"]
+    mesh = parallel.make_mesh(8, 1)
+    with pytest.raises((checkpoints.IncompatibleCheckpointError, FileNotFoundError),
+                       match="older embedding-jax|no checkpoint"):
+        training.restore_params(tmp_path, init, mesh)
+
+
+def test_bad_shared_config_is_refused_before_anything_runs(tmp_path):
+    for field, value, match in (("lr_decay", "step", "lr_decay"),
+                                ("log_every", 0, "log_every"),
+                                ("learning_rate", 0.0, "learning_rate")):
+        with pytest.raises(ValueError, match=match):
+            run(_make_task([]), _config(**{field: value}), tmp_path / "x")
+        assert not (tmp_path / "x").exists()
