@@ -3,10 +3,10 @@
 A checkpoint holds three items: ``params`` (the sharded parameter pytree), ``opt_state``
 (the optimizer's state, e.g. Adam moments, with the step counter) and ``data`` (JSON: the
 next step to run, the data seed and the global batch size). Keeping params apart lets
-inference restore them alone (:func:`restore_params`), with no optimizer and no moments. The input pipeline
-is a pure function of (seed, step), so restoring ``data.next_step`` continues the exact
-order of an uninterrupted run. Restores are given target shardings, so a checkpoint
-written on one mesh restores onto another (PITFALLS: no silent replication).
+inference restore them alone (:func:`restore_params`), with no optimizer and no moments.
+The input pipeline is a pure function of (seed, step), so restoring ``data.next_step``
+continues the exact order of an uninterrupted run. Restores are given target shardings, so
+a checkpoint written on one mesh restores onto another (no silent replication).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-
 
 ITEMS = ("params", "opt_state", "data")
 
