@@ -180,3 +180,33 @@ def test_streaming_export_memory_stays_far_below_array_size(tmp_path):
         num_rows,
         dim,
     ]
+
+
+def test_views_are_readable_by_others_and_load_back(tmp_path):
+    from embedding_core.export import export_view, load_export, load_view
+
+    old = os.umask(0o022)
+    try:
+        vecs = np.arange(12, dtype=np.float32).reshape(3, 4)
+        meta = {"model": "m", "config": {}, "step": 2, "normalized": False,
+                "similarity": "cosine"}
+        for view in ("explicit", "implicit"):
+            export_view(tmp_path / "out" / view, [(["a", "b", "c"], vecs)], num_rows=3, dim=4,
+                        meta=meta)
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "out").rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mode & 0o777 == 0o644, path
+    views = load_export(tmp_path / "out")
+    assert sorted(views) == ["explicit", "implicit"]
+    emb, ids, got = views["implicit"]
+    np.testing.assert_array_equal(emb, vecs)
+    assert ids == ["a", "b", "c"] and got["step"] == 2 and got["similarity"] == "cosine"
+    assert list(load_export(tmp_path / "out" / "explicit")) == ["explicit"]
+    np.testing.assert_array_equal(load_view(tmp_path / "out" / "explicit")[0], vecs)
+    with pytest.raises(ValueError, match="lacks"):
+        export_view(tmp_path / "bad", [(["a"], vecs[:1])], num_rows=1, dim=4, meta={})
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(FileNotFoundError, match="no export"):
+        load_export(tmp_path)

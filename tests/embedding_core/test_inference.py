@@ -1,0 +1,84 @@
+"""The one encode loop, pooling and the Encoder base, against direct computations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedding_core.inference import (
+    Encoder,
+    check_texts,
+    encode_in_batches,
+    l2_normalize,
+    masked_mean,
+    round_up,
+)
+
+
+def test_masked_mean_matches_a_hand_computation():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    mask = np.array([[1, 1, 0], [0, 0, 0]])
+    out = np.asarray(masked_mean(x, mask))
+    np.testing.assert_allclose(out[0], (x[0, 0] + x[0, 1]) / 2)
+    np.testing.assert_array_equal(out[1], np.zeros(4))  # nothing real: zeros, not NaN
+
+
+@pytest.mark.parametrize("batch_size,pad_multiple", [(1, 1), (3, 4), (8, 8), (100, 16)])
+def test_encode_loop_returns_input_order_and_is_chunking_invariant(batch_size, pad_multiple):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 30, size=23)
+    values = rng.normal(size=(23, 48)).astype(np.float32)
+    widths, shapes = [], []
+
+    def build(rows, width):
+        widths.append(width)
+        assert width >= lengths[rows].max() and width % pad_multiple == 0
+        block = np.zeros((batch_size, width), np.float32)
+        block[: len(rows)] = values[rows, :width]
+        return block, np.pad(lengths[rows], (0, batch_size - len(rows)))
+
+    def forward(inputs):
+        block, lens = inputs
+        shapes.append(block.shape)
+        keep = np.arange(block.shape[1])[None, :] < lens[:, None]
+        return np.stack([(block * keep).sum(1), lens.astype(np.float32)], axis=1)
+
+    out = encode_in_batches(lengths, build, forward, batch_size=batch_size,
+                            pad_multiple=pad_multiple)
+    want = np.stack([[values[i, :lengths[i]].sum(), lengths[i]] for i in range(23)])
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert all(s[0] == batch_size for s in shapes)  # fixed batch: one compile per width
+    assert widths == sorted(widths, reverse=True)  # longest first
+
+
+def test_round_up_and_normalize():
+    assert [round_up(n, 8) for n in (1, 8, 9)] == [8, 8, 16]
+    v = l2_normalize(np.array([[3.0, 4.0], [0.0, 0.0]]))
+    np.testing.assert_allclose(v, [[0.6, 0.8], [0.0, 0.0]])
+
+
+class _Lengths(Encoder):
+    """A toy encoder: [len(text), 1.0]."""
+
+    dim = 2
+
+    def _encode(self, texts, *, batch_size, show_progress_bar, scale=1.0):
+        return np.array([[len(t) * scale, 1.0] for t in texts])
+
+
+def test_encoder_base_checks_normalises_and_passes_the_view():
+    enc = _Lengths()
+    out = enc.encode(["abc", "a"], scale=2.0)
+    assert out.dtype == np.float32 and out.shape == (2, 2)
+    np.testing.assert_allclose(out, [[6, 1], [2, 1]])
+    unit = enc.encode(["abc"], normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, rtol=1e-6)
+    assert enc.encode([]).shape == (0, 2)
+    with pytest.raises(TypeError, match="single string"):
+        enc.encode("abc")
+    with pytest.raises(ValueError, match="text 1 is empty"):
+        enc.encode(["ok", "  \t"])
+    with pytest.raises(ValueError, match="batch_size"):
+        enc.encode(["ok"], batch_size=-1)
+    with pytest.raises(TypeError, match="text 0 is a int"):
+        check_texts([3])
