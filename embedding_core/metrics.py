@@ -117,7 +117,7 @@ def best_threshold_accuracy(scores, labels) -> tuple[float, float]:
     one of them. Among equally accurate candidates the smallest threshold is returned.
     O(n log n) (one sort plus cumulative counts). This is the usual protocol of tuning the
     decision threshold on a validation set and applying it to the test set (DualCSE RTE,
-    see ``reference/PAPERS.md``; SentEval-style binary evaluation of similarity scores).
+    see ``docs/dualcse.md``; SentEval-style binary evaluation of similarity scores).
 
     Midpoints are computed in the scores' floating dtype (float64 for integer scores) and
     kept strictly below the upper score, so ``scores > threshold`` evaluated in either the
@@ -174,7 +174,7 @@ def ranks_of_targets(scores, targets) -> np.ndarray:
     ``rank_i = 1 + #{j != t_i : scores[i, j] >= scores[i, t_i]}``: every other item that
     scores at least as high as the target is counted ahead of it, so ties (and a constant
     scorer) never favour the model. This avoids the off-by-one and optimistic-tie faults
-    listed in ``reference/PITFALLS.md``.
+    listed in ``docs/pitfalls.md``.
 
     Args:
       scores: ``[n_queries, n_items]`` float (or int) similarity scores, higher = better.
