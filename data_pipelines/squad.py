@@ -252,8 +252,8 @@ def split_articles(
 
     ``round(test_fraction * n_articles)`` articles, chosen by
     ``np.random.default_rng(seed).permutation``, go to test. This is the project's protocol
-    for retrieval evaluation (PAPERS.md section 3 lists the authors' seen-paragraph split as
-    a departure not to copy; see :func:`split_seen_paragraphs`).
+    for retrieval evaluation (``docs/mrwe.md`` explains why the authors' seen-paragraph split
+    is a departure not to copy; see :func:`split_seen_paragraphs`).
 
     Args:
       articles: the articles to split.
@@ -279,8 +279,8 @@ def split_seen_paragraphs(
     """The authors' protocol (Cakaloglu & Xu code): split questions, keep every paragraph seen.
 
     For reproducing the authors' numbers only: test questions ask about paragraphs that
-    training also sees (through other questions), which PAPERS.md section 3 lists as a
-    leak. ``round(test_fraction * n_questions)`` questions over the whole input, chosen by
+    training also sees (through other questions), a leak (``docs/mrwe.md``).
+    ``round(test_fraction * n_questions)`` questions over the whole input, chosen by
     ``np.random.default_rng(seed).permutation`` of the questions in file order, go to test.
 
     Args:
