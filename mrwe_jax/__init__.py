@@ -1,11 +1,12 @@
-"""Multi-resolution word embeddings with ConvRR / FCRR retrieval (Cakaloglu & Xu).
+"""Multi-resolution word embeddings with ConvRR / FCRR retrieval (``docs/mrwe.md``).
 
 Python API (nothing parses flags at import)::
 
     import mrwe_jax
     from mrwe_jax.configs import convrr_cpu
     mrwe_jax.train(convrr_cpu.get_config(), "workdirs/convrr")
-    vectors = mrwe_jax.load("workdirs/convrr").encode(["Who founded the NFL?"])
+    vectors = mrwe_jax.load("workdirs/convrr").encode(["Who founded the NFL?"],
+                                                      side="question", normalize=True)
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ def train(config, workdir, **kwargs):
 
 
 def load(workdir, **kwargs):
-    """See ``mrwe_jax.evaluate.load``: an object with ``encode(list_of_str) -> [n, d'']``."""
-    from mrwe_jax.evaluate import load as _load
+    """See ``mrwe_jax.inference.load``: an ``Encoder`` whose ``encode(texts, side=...)``
+    returns float32 ``[n, d'']``."""
+    from mrwe_jax.inference import load as _load
 
     return _load(workdir, **kwargs)
 

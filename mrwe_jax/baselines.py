@@ -2,7 +2,7 @@
 
 Both return dense score matrices ``[n_questions, n_paragraphs]`` float32 (higher = more
 relevant) for ``embedding_core.metrics`` recall@k. Both use the method's word tokenisation
-(:func:`mrwe_jax.embeddings.tokenize_words`: lowercase ``\\w+``, no stop-word removal, no
+(``data_pipelines.word_sources.tokenize_words``: lowercase ``\\w+``, no stop-word removal, no
 stemming) unless another tokenizer is passed, so every system sees the same words.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mrwe_jax.embeddings import tokenize_words
+from data_pipelines.word_sources import tokenize_words
 
 Tokenizer = Callable[[str], list[str]]
 

@@ -1,609 +1,165 @@
-"""SQuAD retrieval data for multi-resolution embeddings: corpus, cached features, P x K batches.
+"""MRWE's data: corpus features through the model's mixture, and P x K triplet batches.
 
-Three jobs, in the order a run needs them:
-
-1. :func:`load_corpus`: SQuAD paragraphs (the knowledge base) and questions, each question
-   pointing at its paragraph, split into train and test questions by article (default; the
-   test questions *and* their paragraphs are unseen in training) or with the authors'
-   seen-paragraph split (``split="seen_paragraphs"``: for reproduction only).
-2. :func:`build_features`: per embedding source (GloVe, MiniLM hidden states, hashed TF-IDF)
-   the IDF-weighted layer mixture ``x_i^j`` of every word of every text
-   (``mrwe_jax.embeddings.embed_texts`` with one source at a time) and the pooled text
-   vectors, computed once and cached on disk under
-   ``data_pipelines.paths.cache_dir()/mrwe_features/<sha256 of the inputs>/``. The ensemble
-   over sources (``f_ensemble``) is *not* cached: it is applied on the fly
-   (:func:`ensemble_vectors` on the host, ``mrwe_jax.trainer.text_batch`` on the device), so
-   the source weights ``u`` can change without recomputing anything.
+1. :func:`load_data`: the SQuAD retrieval corpus (``data_pipelines.retrieval_corpus``) and
+   its cached per-source word features (``data_pipelines.word_features``), computed with
+   the model's ``f_mixture`` (:func:`mixture`, :func:`embed_texts`).
+2. :func:`ensemble_vectors`: host-side ``f_ensemble`` of the pooled text vectors (the
+   baselines' rows; the training input applies it on device, ``mrwe_jax.model.text_batch``).
 3. :class:`PKBatches`: P x K batches for the batch-hard triplet loss: P paragraphs, and K
    of each paragraph's questions (labels = paragraph index; questions are the anchors,
    paragraphs the candidates), deterministic per ``(seed, step)`` and so resumable.
+
+``docs/mrwe.md`` describes the method and the protocol.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
-import math
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator, Sequence
 
+import jax
+import ml_collections
 import numpy as np
 
-from data_pipelines.paths import cache_dir
+from data_pipelines import word_features
 from data_pipelines.pk_sampler import pk_sample_batches
-from data_pipelines.squad import (
-    SquadSkips,
-    read_squad,
-    split_articles,
-    split_seen_paragraphs,
-)
-from embedding_core.glove import glove_files
-from mrwe_jax import embeddings as mr
-
-SPLITS = ("articles", "seen_paragraphs")
-SOURCE_KINDS = ("glove", "contextual", "tfidf")
-FEATURE_CACHE_VERSION = "mrwe_features v1"
-
-
-# --------------------------------------------------------------------------- corpus
-
-
-@dataclasses.dataclass(frozen=True)
-class RetrievalCorpus:
-    """SQuAD as a retrieval task: every question has exactly one relevant paragraph.
-
-    Attributes:
-      paragraph_ids: ``[n_p]`` ids ``"{title}#{index}"`` (``data_pipelines.squad``).
-      paragraph_texts: ``[n_p]`` contexts, file order.
-      paragraph_article: ``[n_p]`` int64 article index (file order).
-      question_ids: ``[n_q]`` SQuAD question ids.
-      question_texts: ``[n_q]`` questions, file order.
-      question_paragraph: ``[n_q]`` int64 index of each question's paragraph.
-      train_questions, test_questions: ``[n_q]`` bool, disjoint.
-      train_paragraphs: ``[n_p]`` bool, paragraphs that may appear in training batches.
-      test_pool: ``[n_p]`` bool, paragraphs of the test articles (article split) or every
-        paragraph (seen-paragraph split): the "test" retrieval pool.
-      split: ``"articles"`` or ``"seen_paragraphs"``.
-      source: the file that was read.
-      skips: what ``read_squad(skip_invalid=True)`` dropped (all zero otherwise).
-    """
-
-    paragraph_ids: list[str]
-    paragraph_texts: list[str]
-    paragraph_article: np.ndarray
-    question_ids: list[str]
-    question_texts: list[str]
-    question_paragraph: np.ndarray
-    train_questions: np.ndarray
-    test_questions: np.ndarray
-    train_paragraphs: np.ndarray
-    test_pool: np.ndarray
-    split: str
-    source: str
-    skips: SquadSkips
-
-    def summary(self) -> str:
-        """One line: sizes of the split, for logs."""
-        return (
-            f"{len(self.paragraph_ids)} paragraphs, {len(self.question_ids)} questions "
-            f"({self.split} split: {int(self.train_questions.sum())} train / "
-            f"{int(self.test_questions.sum())} test questions, "
-            f"{int(self.train_paragraphs.sum())} train paragraphs, "
-            f"{int(self.test_pool.sum())} test-pool paragraphs) from {self.source}"
-        )
-
-
-def load_corpus(
-    path: str | os.PathLike[str] | None = None,
-    *,
-    split: str = "articles",
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    skip_invalid: bool = False,
-) -> RetrievalCorpus:
-    """Reads a SQuAD v1.1 file and splits its questions for retrieval.
-
-    Args:
-      path: SQuAD ``.json`` or zip; default the shipped dev set.
-      split: ``"articles"`` (``data_pipelines.squad.split_articles``: whole articles go to
-        test, so test questions and their paragraphs are never trained on; the project's
-        protocol) or ``"seen_paragraphs"`` (``split_seen_paragraphs``: the authors' split of
-        questions, where test questions ask about paragraphs seen in training; a leak kept
-        only to reproduce their numbers).
-      test_fraction: share of articles (or questions) for test, in (0, 1).
-      seed: seed of the split.
-      skip_invalid: drop and count paragraphs with an empty context or without questions and
-        empty questions (``read_squad``) instead of raising.
-
-    Returns:
-      :class:`RetrievalCorpus`.
-
-    Raises:
-      data_pipelines.errors.DataError: a malformed record (file, field naming the record,
-        e.g. ``data[0] 'Title'.paragraphs[3].context``), unless skippable and skipped.
-      ValueError: unknown ``split``; a split with no train or no test question.
-      FileNotFoundError: no such file.
-    """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    articles, skips = read_squad(path, skip_invalid=skip_invalid)
-    splitter = split_articles if split == "articles" else split_seen_paragraphs
-    train_articles, test_articles = splitter(articles, test_fraction, seed)
-
-    def qids(side) -> set[str]:
-        return {q.qid for a in side for p in a.paragraphs for q in p.questions}
-
-    def pids(side) -> set[str]:
-        return {p.paragraph_id for a in side for p in a.paragraphs}
-
-    train_qids, test_qids = qids(train_articles), qids(test_articles)
-    train_pids = {p.paragraph_id for a in train_articles for p in a.paragraphs if p.questions}
-    test_pids = pids(test_articles)
-    paragraph_ids, paragraph_texts, paragraph_article = [], [], []
-    question_ids, question_texts, question_paragraph = [], [], []
-    for a_index, article in enumerate(articles):
-        for paragraph in article.paragraphs:
-            p_index = len(paragraph_ids)
-            paragraph_ids.append(paragraph.paragraph_id)
-            paragraph_texts.append(paragraph.context)
-            paragraph_article.append(a_index)
-            for q in paragraph.questions:
-                question_ids.append(q.qid)
-                question_texts.append(q.question)
-                question_paragraph.append(p_index)
-    train_q = np.array([q in train_qids for q in question_ids], bool)
-    test_q = np.array([q in test_qids for q in question_ids], bool)
-    if not train_q.any() or not test_q.any():
-        raise ValueError(
-            f"the {split} split of {len(question_ids)} questions with test_fraction="
-            f"{test_fraction} leaves {int(train_q.sum())} train and {int(test_q.sum())} test "
-            "questions; both must be non-empty"
-        )
-    source = str(path) if path is not None else "shipped SQuAD v1.1 dev"
-    return RetrievalCorpus(
-        paragraph_ids=paragraph_ids,
-        paragraph_texts=paragraph_texts,
-        paragraph_article=np.asarray(paragraph_article, np.int64),
-        question_ids=question_ids,
-        question_texts=question_texts,
-        question_paragraph=np.asarray(question_paragraph, np.int64),
-        train_questions=train_q,
-        test_questions=test_q,
-        train_paragraphs=np.array([p in train_pids for p in paragraph_ids], bool),
-        test_pool=np.array([p in test_pids for p in paragraph_ids], bool),
-        split=split,
-        source=source,
-        skips=skips,
-    )
-
-
-# --------------------------------------------------------------------------- sources
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceSpec:
-    """One embedding model as configured, buildable on demand (MiniLM only when needed).
-
-    Attributes:
-      name: ``"glove"``, ``"contextual"`` or ``"tfidf"`` (the kind; also the batch key).
-      num_layers: L_j, layers the source yields per word.
-      layer_weights: ``m^j`` (normalised to sum 1).
-      fingerprint: everything that changes the source's output, for the cache key.
-      build: ``() -> WordSource``.
-    """
-
-    name: str
-    num_layers: int
-    layer_weights: tuple[float, ...]
-    fingerprint: str
-    build: Callable[[], mr.WordSource]
-
-
-def _file_fingerprint(path: Path) -> str:
-    stat = path.stat()
-    return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-
-
-def parse_list(value: str | Sequence[Any], kind: type = str) -> list[Any]:
-    """``"a, b"`` or a sequence -> ``[kind(a), kind(b)]`` (config fields are flat strings)."""
-    if isinstance(value, str):
-        parts = [v.strip() for v in value.split(",") if v.strip()]
-    else:
-        parts = list(value)
-    return [kind(v) for v in parts]
-
-
-def _layer_weights(value: str, count: int, name: str) -> tuple[float, ...]:
-    weights = parse_list(value, float) if value else [1.0] * count
-    if len(weights) != count:
-        raise ValueError(f"{name}: {len(weights)} layer weights for {count} layers")
-    return tuple(float(w) for w in mr.normalized_weights(weights, name))
-
-
-def source_specs(config: Any) -> list[SourceSpec]:
-    """The sources named by ``config.sources`` (comma-separated, in ensemble order).
-
-    Config fields used: ``sources``, ``glove_dir``, ``contextual_model``,
-    ``contextual_layers``, ``contextual_layer_weights``, ``contextual_max_length``,
-    ``contextual_batch_size``, ``tfidf_dim``, ``tfidf_seed`` (see ``configs/default.py``).
-
-    Raises:
-      ValueError: an unknown or repeated source, bad layer weights.
-      FileNotFoundError: GloVe or the contextual model is not installed (nothing downloads).
-    """
-    names = parse_list(config.sources)
-    if not names:
-        raise ValueError("config.sources names no source; use e.g. 'glove,contextual,tfidf'")
-    for n in names:
-        if n not in SOURCE_KINDS:
-            raise ValueError(f"config.sources: unknown source {n!r}; use {SOURCE_KINDS}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"config.sources repeats a source: {names}")
-    specs = []
-    for name in names:
-        if name == "glove":
-            files = glove_files(config.glove_dir or None)
-            folder = files[0].parent
-            fp = "glove|" + "|".join(_file_fingerprint(f) for f in files)
-            specs.append(SourceSpec("glove", 1, (1.0,), fp,
-                                    lambda folder=folder: mr.GloveSource(folder)))
-        elif name == "tfidf":
-            dim, seed = int(config.tfidf_dim), int(config.tfidf_seed)
-            specs.append(SourceSpec("tfidf", 1, (1.0,), f"tfidf|dim={dim}|seed={seed}",
-                                    lambda dim=dim, seed=seed: mr.HashedTfidfSource(dim, seed)))
-        else:
-            from embedding_core.pretrained import resolve_model_dir
-
-            model_dir = resolve_model_dir(config.contextual_model)
-            layers = tuple(parse_list(config.contextual_layers, int))
-            weights = _layer_weights(config.contextual_layer_weights, len(layers),
-                                     "config.contextual_layer_weights")
-            max_length = int(config.contextual_max_length) or None
-            files = sorted(p for p in Path(model_dir).iterdir()
-                           if p.is_file() and p.suffix in (".json", ".safetensors", ".txt"))
-            fp = (f"contextual|layers={layers}|max_length={max_length}|"
-                  + "|".join(_file_fingerprint(f) for f in files))
-            batch = int(config.contextual_batch_size)
-            specs.append(SourceSpec(
-                "contextual", len(layers), weights, fp,
-                lambda d=model_dir, la=layers, ml=max_length, b=batch:
-                    mr.ContextualSource.from_pretrained(d, layers=la, max_length=ml,
-                                                        batch_size=b)))
-    return specs
-
+from data_pipelines.retrieval_corpus import RetrievalCorpus, load_corpus
+from data_pipelines.word_features import FeatureSet, SourceSpec, normalized_weights
+from data_pipelines.word_sources import IdfTable, WordSource, tokenize_words
+from mrwe_jax.model import MultiResolutionEmbedding, ensemble_sources
 
 # --------------------------------------------------------------------------- features
 
 
 @dataclasses.dataclass
-class TextFeatures:
-    """One source's mixture word vectors for n texts, stored flat.
+class MultiResolutionTexts:
+    """Multi-resolution embeddings of n texts.
 
     Attributes:
-      words: ``[total_words, d_j]`` float32; text i's word matrix is
-        ``words[offsets[i]:offsets[i + 1]]`` (rows ``x_i^j`` of the paper: IDF-weighted
-        layer mixture of each word).
-      offsets: ``[n + 1]`` int64, ``offsets[0] = 0``.
-      vectors: ``[n, d_j]`` float32 pooled text vectors (zero for a text with no word).
+      word_matrices: n arrays ``[num_words_i, d'']`` float32 (ConvRR input; ``[0, d'']`` for
+        an empty text).
+      vectors: ``[n, d'']`` float32 text vectors (zero for an empty text).
+      idf_weights: n arrays ``[num_words_i]`` float32, the IDF of each word.
+      is_empty: ``[n]`` bool, true for texts with no word.
     """
 
-    words: np.ndarray
-    offsets: np.ndarray
+    word_matrices: list[np.ndarray]
     vectors: np.ndarray
-
-    @property
-    def dim(self) -> int:
-        """d_j, the width of the source's word vectors."""
-        return int(self.vectors.shape[1])
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """``[n]`` int64 number of words per text."""
-        return np.diff(self.offsets)
-
-    def padded(self, indices: np.ndarray, width: int) -> np.ndarray:
-        """``[len(indices), width, d_j]`` float32 word matrices, zero-padded or cut to width."""
-        out = np.zeros((len(indices), width, self.dim), np.float32)
-        for r, i in enumerate(indices):
-            start, end = int(self.offsets[i]), int(self.offsets[i + 1])
-            end = min(end, start + width)
-            out[r, : end - start] = self.words[start:end]
-        return out
+    idf_weights: list[np.ndarray]
+    is_empty: np.ndarray
 
 
-@dataclasses.dataclass
-class FeatureSet:
-    """Per-source features of the questions and the paragraphs of a corpus.
-
-    Attributes:
-      names: source names in ensemble order.
-      questions, paragraphs: ``{name: TextFeatures}``.
-      source_weights: ``[n_sources]`` float32 ``u`` (sums to 1).
-      source_aggregate: ``f_ensemble`` (``"concatenate"``, ``"sum"``, ``"average"``).
-      word_aggregate: word pooling (``"average"`` or ``"sum"``).
-      idf_table: the IDF used (words -> ln(N/df)), for embedding new texts.
-    """
-
-    names: list[str]
-    questions: dict[str, TextFeatures]
-    paragraphs: dict[str, TextFeatures]
-    source_weights: np.ndarray
-    source_aggregate: str
-    word_aggregate: str
-    idf_table: mr.IdfTable
-
-    def side(self, side: str) -> dict[str, TextFeatures]:
-        """``{name: TextFeatures}`` of ``"questions"`` or ``"paragraphs"`` (else ValueError)."""
-        if side not in ("questions", "paragraphs"):
-            raise ValueError(f"side must be 'questions' or 'paragraphs', got {side!r}")
-        return self.questions if side == "questions" else self.paragraphs
-
-    @property
-    def dim(self) -> int:
-        """d'', the width of the ensemble."""
-        widths = [self.questions[n].dim for n in self.names]
-        return sum(widths) if self.source_aggregate == "concatenate" else widths[0]
-
-    def lengths(self, side: str) -> np.ndarray:
-        """``[n]`` int64 words per text of one side."""
-        return self.side(side)[self.names[0]].lengths
-
-
-def _hash_texts(digest, texts: Sequence[str]) -> None:
-    digest.update(len(texts).to_bytes(8, "little"))
-    for t in texts:
-        b = t.encode("utf-8")
-        digest.update(len(b).to_bytes(8, "little"))
-        digest.update(b)
-
-
-def idf_fingerprint(table: mr.IdfTable) -> str:
-    """sha256 of an IDF table (its words, values and corpus size)."""
-    digest = hashlib.sha256(f"N={table.num_documents}".encode())
-    for word in sorted(table):
-        digest.update(f"{word}\x00{table[word]!r}\x01".encode())
-    return digest.hexdigest()
-
-
-def feature_cache_key(
-    texts: Sequence[str], spec: SourceSpec, idf_hash: str, layer_aggregate: str,
-    word_aggregate: str,
-) -> str:
-    """sha256 over everything a cached :class:`TextFeatures` depends on."""
-    digest = hashlib.sha256()
-    for part in (FEATURE_CACHE_VERSION, spec.fingerprint, repr(spec.layer_weights),
-                 layer_aggregate, word_aggregate, idf_hash):
-        b = part.encode("utf-8")
-        digest.update(len(b).to_bytes(8, "little"))
-        digest.update(b)
-    _hash_texts(digest, texts)
-    return digest.hexdigest()
-
-
-def compute_text_features(
+def embed_texts(
     texts: Sequence[str],
-    source: mr.WordSource,
-    idf_table: mr.IdfTable,
+    sources: Sequence[WordSource],
+    idf_table: IdfTable,
+    module: MultiResolutionEmbedding | None = None,
     *,
-    layer_weights: Sequence[float] | None = None,
-    layer_aggregate: str = "sum",
-    word_aggregate: str = "average",
-    batch_size: int = 64,
-    chunk: int = 512,
-    progress: str | None = None,
-) -> TextFeatures:
-    """``mrwe_jax.embeddings.embed_texts`` with one source, texts in length order.
+    batch_size: int = 128,
+) -> MultiResolutionTexts:
+    """Sources, ``f_mixture``, ``f_ensemble`` and pooling with fixed coefficients on texts.
 
-    Texts are processed shortest first (less padding in the encoder and the mixture), in
-    calls of ``chunk`` texts (bounds the memory of one call; each call compiles its own
-    mixture function, so calls are few) and batches of ``batch_size``, then put back in
-    input order.
+    Args:
+      texts: n strings.
+      sources: the embedding models, in the order ``module.layer_counts`` expects.
+      idf_table: from ``data_pipelines.word_sources.idf`` (OOV words: ``oov_idf``).
+      module: fixed-coefficient :class:`MultiResolutionEmbedding` (learned coefficients
+        need its params: apply it yourself); default: uniform m and u, layer sum, source
+        concatenation, word average.
+      batch_size: texts per call of the sources and of the module.
 
     Returns:
-      :class:`TextFeatures` of the texts, in input order.
+      :class:`MultiResolutionTexts`.
 
     Raises:
-      ValueError: no text.
+      ValueError: the module learns coefficients, or the sources disagree on word counts.
     """
-    if not texts:
-        raise ValueError("compute_text_features needs at least one text")
+    if module is None:
+        module = MultiResolutionEmbedding(tuple(s.num_layers for s in sources))
+    if module.learn_layer_weights or module.learn_source_weights:
+        raise ValueError("embed_texts runs fixed coefficients; apply a learning module directly")
+    run = jax.jit(lambda layers, idf_w, mask: module.apply({}, layers, idf_w, mask))
+    matrices: list[np.ndarray] = []
+    vectors: list[np.ndarray] = []
+    idfs: list[np.ndarray] = []
+    for b in range(0, len(texts), batch_size):
+        chunk = list(texts[b : b + batch_size])
+        per_source = [s.layer_tensors(chunk) for s in sources]
+        counts = [t.shape[0] for t in per_source[0]]
+        for j, tensors in enumerate(per_source[1:], start=1):
+            if [t.shape[0] for t in tensors] != counts:
+                raise ValueError(f"source {sources[j].name} disagrees on the number of words")
+        width = bucket_width(max(counts + [1]))
+        rows = batch_size  # fixed batch rows and bucketed widths: few compilations
+        mask = np.zeros((rows, width), bool)
+        idf_w = np.zeros((rows, width), np.float32)
+        for i, text in enumerate(chunk):
+            weights = idf_table.weights(tokenize_words(text))
+            mask[i, : counts[i]] = True
+            idf_w[i, : counts[i]] = weights
+            idfs.append(weights)
+        padded = []
+        for s, tensors in zip(sources, per_source, strict=True):
+            arr = np.zeros((rows, width, s.num_layers, s.dim), np.float32)
+            for i, t in enumerate(tensors):
+                arr[i, : t.shape[0]] = t
+            padded.append(arr)
+        words, text_vec = jax.device_get(run(padded, idf_w, mask))
+        for i, c in enumerate(counts):
+            matrices.append(np.asarray(words[i, :c]))
+        vectors.append(np.asarray(text_vec[: len(chunk)]))
+    dim = vectors[0].shape[1] if vectors else 0
+    return MultiResolutionTexts(
+        word_matrices=matrices,
+        vectors=np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32),
+        idf_weights=idfs,
+        is_empty=np.array([m.shape[0] == 0 for m in matrices], bool),
+    )
+
+
+def mixture(texts: Sequence[str], source: WordSource, idf_table: IdfTable, *,
+            layer_weights: Sequence[float] | None, layer_aggregate: str, word_aggregate: str,
+            batch_size: int = 64) -> tuple[list[np.ndarray], np.ndarray]:
+    """``f_mixture`` and word pooling of one source (``data_pipelines.word_features.Mixture``).
+
+    Returns:
+      ``(word matrices [num_words_i, d_j] per text, text vectors [n, d_j])`` float32.
+    """
     weights = None if layer_weights is None else (tuple(layer_weights),)
-    module = mr.MultiResolutionEmbedding(
+    module = MultiResolutionEmbedding(
         (source.num_layers,), layer_weights=weights, source_weights=(1.0,),
         layer_aggregate=layer_aggregate, source_aggregate="concatenate",
         word_aggregate=word_aggregate,
     )
-    counts = np.array([len(mr.tokenize_words(t)) for t in texts], np.int64)
-    offsets = np.zeros(len(texts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    order = np.argsort(counts, kind="stable")
-    words = vectors = None
-    chunks = range(0, len(texts), chunk)
-    if progress:
-        from tqdm.auto import tqdm
-
-        chunks = tqdm(chunks, desc=progress, unit="chunk", leave=False)
-    for start in chunks:
-        rows = order[start:start + chunk]
-        out = mr.embed_texts([texts[i] for i in rows], [source], idf_table, module,
-                             batch_size=batch_size)
-        if words is None:
-            dim = out.vectors.shape[1]
-            words = np.zeros((int(offsets[-1]), dim), np.float32)
-            vectors = np.zeros((len(texts), dim), np.float32)
-        for r, i in enumerate(rows):
-            words[offsets[i]:offsets[i + 1]] = out.word_matrices[r]
-        vectors[rows] = out.vectors
-    return TextFeatures(words=words, offsets=offsets, vectors=vectors)
+    out = embed_texts(texts, [source], idf_table, module, batch_size=batch_size)
+    return out.word_matrices, out.vectors
 
 
-def _load_cached(folder: Path) -> TextFeatures | None:
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-        feats = TextFeatures(
-            words=np.load(folder / "words.npy", mmap_mode="r"),
-            offsets=np.load(folder / "offsets.npy"),
-            vectors=np.load(folder / "vectors.npy"),
-        )
-    except (OSError, ValueError):
-        return None  # unreadable entry: re-create it
-    if (feats.words.shape[0] != int(feats.offsets[-1])
-            or feats.vectors.shape[0] != len(feats.offsets) - 1
-            or meta.get("num_texts") != len(feats.offsets) - 1):
-        return None
-    return feats
+def build_features(config: ml_collections.ConfigDict, corpus: RetrievalCorpus, *,
+                   use_cache: bool = True, specs: Sequence[SourceSpec] | None = None
+                   ) -> FeatureSet:
+    """``data_pipelines.word_features.build_features`` with the model's :func:`mixture`."""
+    return word_features.build_features(config, corpus, mixture=mixture, use_cache=use_cache,
+                                        specs=specs)
 
 
-def _save_atomic(folder: Path, feats: TextFeatures, meta: Mapping[str, Any]) -> None:
-    """Writes into a temporary folder beside ``folder`` and renames it into place."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
-    try:
-        np.save(tmp / "words.npy", np.ascontiguousarray(feats.words))
-        np.save(tmp / "offsets.npy", feats.offsets)
-        np.save(tmp / "vectors.npy", feats.vectors)
-        (tmp / "meta.json").write_text(json.dumps(dict(meta), indent=2))
-        if folder.exists():  # a stale or concurrent entry: replace it
-            shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def load_corpus_of(config: ml_collections.ConfigDict) -> RetrievalCorpus:
+    """The corpus and split ``config`` names (``squad_path``, ``split``, ...)."""
+    corpus = load_corpus(config.squad_path or None, split=config.split,
+                         test_fraction=float(config.test_fraction),
+                         seed=int(config.split_seed), skip_invalid=bool(config.skip_invalid))
+    logging.info("mrwe: %s", corpus.summary())
+    if any(dataclasses.astuple(corpus.skips)):
+        logging.warning("mrwe: skipped invalid SQuAD records: %s", corpus.skips)
+    return corpus
 
 
-def cached_text_features(
-    texts: Sequence[str],
-    spec: SourceSpec,
-    idf_table: mr.IdfTable,
-    *,
-    layer_aggregate: str = "sum",
-    word_aggregate: str = "average",
-    use_cache: bool = True,
-    what: str = "texts",
-    source_cache: dict[str, mr.WordSource] | None = None,
-) -> TextFeatures:
-    """:func:`compute_text_features` through the on-disk cache.
-
-    The entry is ``cache_dir()/mrwe_features/<key>/`` with ``words.npy`` (memory-mapped on
-    load), ``offsets.npy``, ``vectors.npy`` and ``meta.json``; ``key`` is
-    :func:`feature_cache_key` (texts, source fingerprint incl. model files, layer weights
-    and aggregates, IDF table). Written to a temporary folder and renamed, so a killed run
-    never leaves a half entry; an unreadable entry is re-created.
-
-    Args:
-      source_cache: built sources by name, shared between calls (MiniLM loads once).
-    """
-    key = feature_cache_key(texts, spec, idf_fingerprint(idf_table), layer_aggregate,
-                            word_aggregate)
-    folder = cache_dir() / "mrwe_features" / key
-    if use_cache and folder.is_dir():
-        cached = _load_cached(folder)
-        if cached is not None:
-            logging.info("mrwe: %s %s features from cache %s", spec.name, what, folder)
-            return cached
-    if source_cache is not None and spec.name in source_cache:
-        source = source_cache[spec.name]
-    else:
-        source = spec.build()
-        if source_cache is not None:
-            source_cache[spec.name] = source
-    feats = compute_text_features(
-        texts, source, idf_table, layer_weights=spec.layer_weights,
-        layer_aggregate=layer_aggregate, word_aggregate=word_aggregate,
-        progress=f"{spec.name} {what}",
-    )
-    if use_cache:
-        _save_atomic(folder, feats, {"source": spec.fingerprint, "what": what,
-                                     "num_texts": len(texts), "dim": feats.dim,
-                                     "layer_weights": list(spec.layer_weights),
-                                     "layer_aggregate": layer_aggregate,
-                                     "word_aggregate": word_aggregate})
-        reloaded = _load_cached(folder)
-        if reloaded is not None:
-            return reloaded
-    return feats
-
-
-def resolve_source_weights(value: str, names: Sequence[str],
-                           paragraph_vectors: Mapping[str, np.ndarray]) -> np.ndarray:
-    """``u`` from ``config.source_weights``.
-
-    - ``"uniform"`` (default; the paper gives no values, so equal weights are our reading);
-    - ``"balanced"``: ``u_j`` proportional to ``1 / RMS_i ||v_i^j||`` over the paragraph
-      text vectors, so each source contributes the same mean squared norm to the
-      concatenation (our addition: with uniform ``u`` the source with the largest vectors
-      dominates the cosine);
-    - ``"a,b,c"``: explicit non-negative weights, one per source.
-
-    Returns:
-      ``[n_sources]`` float32 summing to 1.
-
-    Raises:
-      ValueError: wrong count, negative or all-zero weights.
-    """
-    if value in ("", "uniform"):
-        return mr.normalized_weights(np.ones(len(names)), "config.source_weights")
-    if value == "balanced":
-        rms = []
-        for n in names:
-            v = np.asarray(paragraph_vectors[n], np.float64)
-            r = math.sqrt(float(np.mean(np.sum(v * v, axis=1))))
-            rms.append(1.0 / r if r > 0 else 0.0)
-        return mr.normalized_weights(rms, "balanced source weights")
-    weights = parse_list(value, float)
-    if len(weights) != len(names):
-        raise ValueError(
-            f"config.source_weights has {len(weights)} entries for sources {list(names)}")
-    return mr.normalized_weights(weights, "config.source_weights")
-
-
-def build_features(
-    config: Any, corpus: RetrievalCorpus, *, use_cache: bool = True,
-    specs: Sequence[SourceSpec] | None = None,
-) -> FeatureSet:
-    """Features of every question and paragraph of ``corpus`` for the configured sources.
-
-    IDF: ``ln(N / df(w))`` over all paragraphs of the corpus (the knowledge base; no
-    labels are used), for questions and paragraphs alike.
-
-    Args:
-      config: fields ``sources`` and the source fields (:func:`source_specs`),
-        ``layer_aggregate``, ``word_aggregate``, ``source_aggregate``, ``source_weights``.
-      specs: override the sources (tests).
-
-    Returns:
-      :class:`FeatureSet`.
-    """
-    specs = list(specs) if specs is not None else source_specs(config)
-    idf_table = mr.idf(corpus.paragraph_texts)
-    built: dict[str, mr.WordSource] = {}
-    questions, paragraphs = {}, {}
-    for spec in specs:
-        for what, texts, out in (("paragraphs", corpus.paragraph_texts, paragraphs),
-                                 ("questions", corpus.question_texts, questions)):
-            out[spec.name] = cached_text_features(
-                texts, spec, idf_table, layer_aggregate=config.layer_aggregate,
-                word_aggregate=config.word_aggregate, use_cache=use_cache, what=what,
-                source_cache=built)
-    names = [s.name for s in specs]
-    u = resolve_source_weights(config.source_weights, names,
-                               {n: paragraphs[n].vectors for n in names})
-    feats = FeatureSet(names=names, questions=questions, paragraphs=paragraphs,
-                       source_weights=u, source_aggregate=config.source_aggregate,
-                       word_aggregate=config.word_aggregate, idf_table=idf_table)
-    _ = feats.dim  # fails early on an impossible aggregate
-    if config.source_aggregate != "concatenate":
-        widths = {n: paragraphs[n].dim for n in names}
-        if len(set(widths.values())) > 1:
-            raise ValueError(f"source_aggregate={config.source_aggregate!r} needs sources of "
-                             f"one width, got {widths}; use 'concatenate'")
-    return feats
+def load_data(config: ml_collections.ConfigDict, *, use_cache: bool = True
+              ) -> tuple[RetrievalCorpus, FeatureSet]:
+    """The corpus and its features as ``config`` describes them (features cached on disk)."""
+    corpus = load_corpus_of(config)
+    return corpus, build_features(config, corpus, use_cache=use_cache)
 
 
 def ensemble_vectors(features: FeatureSet, side: str, names: Sequence[str] | None = None,
@@ -617,13 +173,9 @@ def ensemble_vectors(features: FeatureSet, side: str, names: Sequence[str] | Non
     Returns:
       ``[n, d'']`` float32.
     """
-    import jax
-
-    from mrwe_jax.embeddings import ensemble_sources
-
     names = list(features.names if names is None else names)
     keep = [features.names.index(n) for n in names]
-    u = mr.normalized_weights(features.source_weights[keep], "source weights")
+    u = normalized_weights(features.source_weights[keep], "source weights")
     feats = features.side(side)
     parts = [feats[n].vectors if indices is None else feats[n].vectors[indices]
              for n in names]
@@ -646,7 +198,7 @@ def bucket_width(length: int, minimum: int = 16) -> int:
 
 def side_arrays(features: FeatureSet, side: str, indices: np.ndarray, *, with_words: bool,
                 width: int | None = None, prefix: str = "") -> dict[str, np.ndarray]:
-    """Host arrays of one side for ``mrwe_jax.trainer.text_batch``.
+    """Host arrays of one side for ``mrwe_jax.model.text_batch``.
 
     With words: ``{prefix+name: [b, width, d_j] float32, prefix+"mask": [b, width] bool}``
     (``width`` default: :func:`bucket_width` of the longest text); without:

@@ -1,11 +1,11 @@
 """Recall@k of the right paragraph for each test question, the comparison table and t-SNE.
 
-Protocol (Cakaloglu & Xu, arXiv 1902.00663, sec. 4; recall@k as in Manning et al. 2008):
-for each test question, all paragraphs of the pool are ranked by cosine similarity (the
-towers' outputs are unit vectors, so this is also the Euclidean order the triplet loss
-trains); ``recall@k`` is the share of questions whose paragraph is among the first k.
-Ties are pessimistic (``embedding_core.metrics.ranks_of_targets``: every other paragraph
-scoring at least as high counts ahead), so rank k counts and rank k+1 does not.
+Protocol (``docs/mrwe.md``; recall@k as in Manning et al. 2008): for each test question,
+all paragraphs of the pool are ranked by cosine similarity (the towers' outputs are unit
+vectors, so this is also the Euclidean order the triplet loss trains); ``recall@k`` is the
+share of questions whose paragraph is among the first k. Ties are pessimistic
+(``embedding_core.metrics.ranks_of_targets``: every other paragraph scoring at least as
+high counts ahead), so rank k counts and rank k+1 does not.
 
 Pools: ``"test"``: all paragraphs of the test articles (article split: unseen in training);
 ``"all"``: every paragraph of the corpus (the paper's "all paragraphs"; with the article
@@ -18,17 +18,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-import jax
-import ml_collections
 import numpy as np
 
+from data_pipelines.retrieval_corpus import RetrievalCorpus
+from data_pipelines.word_features import FeatureSet, resolve_source_weights
 from embedding_core.metrics import ranks_of_targets, recall_at_k_from_ranks
-from mrwe_jax import data
-from mrwe_jax.model import SiameseRetriever
+from mrwe_jax import baselines, data
+from mrwe_jax.inference import Retriever
+
+# (side "questions" | "paragraphs", row indices) -> [n, d] vectors of those rows.
+EncodeRows = Callable[[str, np.ndarray], np.ndarray]
 
 SOURCE_LABELS = {
     "glove": "GloVe 6B 50d (context-free)",
@@ -40,7 +42,7 @@ SOURCE_LABELS = {
 # --------------------------------------------------------------------------- ranking
 
 
-def pool_indices(corpus: data.RetrievalCorpus, pool: str) -> np.ndarray:
+def pool_indices(corpus: RetrievalCorpus, pool: str) -> np.ndarray:
     """``[n_pool]`` int64 paragraph indices of the retrieval pool (``"test"`` or ``"all"``)."""
     if pool == "test":
         return np.flatnonzero(corpus.test_pool)
@@ -107,109 +109,13 @@ def score_ranks(scores: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return ranks_of_targets(scores, targets)
 
 
-# --------------------------------------------------------------------------- encoding
-
-
-def _encoder(model: SiameseRetriever, config: ml_collections.ConfigDict,
-             features: data.FeatureSet, is_question: bool):
-    from mrwe_jax.trainer import text_batch, with_words
-
-    words = with_words(config)
-    names, u = list(features.names), np.asarray(features.source_weights)
-
-    @jax.jit
-    def run(params, arrays):
-        tb = text_batch(arrays, "x_", names, u, features.source_aggregate,
-                        features.word_aggregate, words)
-        return model.apply({"params": params}, tb, is_question,
-                           method=SiameseRetriever.encode)
-
-    return run
-
-
-def encode_side(model: SiameseRetriever, params: Any, config: ml_collections.ConfigDict,
-                features: data.FeatureSet, side: str, indices: np.ndarray | None = None, *,
-                batch_size: int | None = None, progress: bool = False) -> np.ndarray:
-    """Tower outputs of the questions or paragraphs ``indices`` (default all).
-
-    Texts go shortest first in fixed-size batches (padded with empty rows) with word
-    widths rounded up to powers of two, so few shapes compile; rows come back in the order
-    of ``indices``.
-
-    Returns:
-      ``[len(indices), d'']`` float32 unit vectors (zero for a text with no word when the
-      tower is skipped, e.g. paragraphs with ``question_only``).
-    """
-    from mrwe_jax.trainer import with_words
-
-    feats = features.side(side)
-    n = len(feats[features.names[0]].offsets) - 1
-    indices = np.arange(n) if indices is None else np.asarray(indices, np.int64)
-    batch_size = int(batch_size or config.eval_batch_size)
-    run = _encoder(model, config, features, side == "questions")
-    lengths = features.lengths(side)[indices]
-    order = np.argsort(lengths, kind="stable")
-    out = np.zeros((len(indices), features.dim), np.float32)
-    starts = range(0, len(indices), batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc=f"encode {side}", unit="batch", leave=False)
-    for start in starts:
-        rows = order[start:start + batch_size]
-        idx = indices[rows]
-        pad = batch_size - len(idx)
-        arrays = data.side_arrays(features, side, idx, with_words=with_words(config),
-                                  prefix="x_")
-        if pad:
-            arrays = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)])
-                      for k, v in arrays.items()}
-        out[rows] = np.asarray(run(params, arrays))[: len(idx)]
-    return out
-
-
-@dataclasses.dataclass
-class TrainedTower:
-    """A restored ConvRR/FCRR run: its model, params, config and checkpoint step."""
-
-    name: str
-    model: SiameseRetriever
-    params: Any
-    config: ml_collections.ConfigDict
-    step: int
-    workdir: str = ""
-
-    def encode(self, features: data.FeatureSet, side: str, indices: np.ndarray | None = None,
-               *, progress: bool = False) -> np.ndarray:
-        """See :func:`encode_side`."""
-        return encode_side(self.model, self.params, self.config, features, side, indices,
-                           progress=progress)
-
-
-def tower_label(config: ml_collections.ConfigDict, step: int) -> str:
-    """Row label, e.g. ``"ensemble + ConvRR (step 300)"``."""
-    name = {"convrr": "ConvRR", "fcrr": "FCRR"}[config.tower]
-    extra = ", question side only" if config.question_only else ""
-    return f"ensemble + {name} (step {step}{extra})"
-
-
-def load_tower(workdir: str | os.PathLike, features: data.FeatureSet, *,
-               step: int | None = None) -> TrainedTower:
-    """Restores a training workdir (see ``mrwe_jax.trainer.restore``)."""
-    from mrwe_jax import trainer
-
-    config = trainer.read_config(workdir)
-    model, params, step = trainer.restore(workdir, config, features, step=step)
-    return TrainedTower(tower_label(config, step), model, params, config, step, str(workdir))
-
-
 # --------------------------------------------------------------------------- the table
 
 
 def evaluate_retrieval(
-    corpus: data.RetrievalCorpus,
-    features: data.FeatureSet,
-    towers: Sequence[TrainedTower] = (),
+    corpus: RetrievalCorpus,
+    features: FeatureSet,
+    towers: Sequence[Retriever] = (),
     *,
     pool: str = "test",
     ks: Sequence[int] = (1, 2, 3, 5, 10, 20, 50),
@@ -227,8 +133,6 @@ def evaluate_retrieval(
     Returns:
       ``{row label: {k: recall in [0, 1]}}``.
     """
-    from mrwe_jax import baselines
-
     q_idx = np.flatnonzero(corpus.test_questions)
     p_idx = pool_indices(corpus, pool)
     targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)
@@ -254,9 +158,9 @@ def evaluate_retrieval(
                          data.ensemble_vectors(features, "paragraphs", indices=p_idx),
                          targets))
         for variant in ensemble_variants:
-            u = data.resolve_source_weights(
-                variant, features.names, {n: features.paragraphs[n].vectors
-                                          for n in features.names})
+            u = resolve_source_weights(variant, features.names,
+                                       {n: features.paragraphs[n].vectors
+                                        for n in features.names})
             other = dataclasses.replace(features, source_weights=u)
             add(f"multi-resolution ensemble, u={variant} ("
                 + ", ".join(f"{x:.3f}" for x in u) + ")",
@@ -264,11 +168,27 @@ def evaluate_retrieval(
                              data.ensemble_vectors(other, "paragraphs", indices=p_idx),
                              targets))
     for tower in towers:
-        add(tower.name, cosine_ranks(tower.encode(features, "questions", q_idx,
-                                                  progress=progress),
-                                     tower.encode(features, "paragraphs", p_idx,
-                                                  progress=progress), targets))
+        add(tower.name, tower_ranks(
+            lambda side, rows, tower=tower: tower.encode_features(
+                features, side, rows, show_progress_bar=progress), corpus, pool))
     return rows
+
+
+def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "test"
+                ) -> np.ndarray:
+    """``[n_test_questions]`` ranks of each test question's paragraph among the pool."""
+    q_idx = np.flatnonzero(corpus.test_questions)
+    p_idx = pool_indices(corpus, pool)
+    targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)
+    return cosine_ranks(encode_rows("questions", q_idx), encode_rows("paragraphs", p_idx),
+                        targets)
+
+
+def tower_recall(encode_rows: EncodeRows, corpus: RetrievalCorpus, *, pool: str = "test",
+                 ks: Sequence[int] = (1, 2, 3, 5, 10, 20, 50)) -> dict[str, float]:
+    """``{"<pool>_recall@k": recall}`` of a tower (the training loop's evaluation)."""
+    recall = recall_at_k_from_ranks(tower_ranks(encode_rows, corpus, pool), ks)
+    return {f"{pool}_recall@{k}": float(v) for k, v in recall.items()}
 
 
 def format_table(rows: Mapping[str, Mapping[int, float]], title: str = "") -> str:
@@ -286,7 +206,7 @@ def format_table(rows: Mapping[str, Mapping[int, float]], title: str = "") -> st
 # --------------------------------------------------------------------------- t-SNE
 
 
-def tsne_selection(corpus: data.RetrievalCorpus, num_paragraphs: int) -> tuple[np.ndarray,
+def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.ndarray,
                                                                                 np.ndarray]:
     """Test questions of the ``num_paragraphs`` test paragraphs with the most questions.
 
@@ -357,65 +277,15 @@ def plot_tsne(panels: Sequence[tuple[str, np.ndarray]], labels: np.ndarray,
     return path
 
 
-def tsne_before_after(corpus: data.RetrievalCorpus, features: data.FeatureSet,
-                      tower: TrainedTower, path: str | os.PathLike, *,
+def tsne_before_after(corpus: RetrievalCorpus, features: FeatureSet,
+                      tower: Retriever, path: str | os.PathLike, *,
                       num_paragraphs: int = 15) -> Path:
     """t-SNE of test questions (coloured by paragraph): ensemble vs the trained tower."""
     sel, labels = tsne_selection(corpus, num_paragraphs)
     before = data.ensemble_vectors(features, "questions", indices=sel)
-    after = tower.encode(features, "questions", sel)
+    after = tower.encode_features(features, "questions", sel)
     return plot_tsne(
         [("multi-resolution ensemble (before)", before), (f"{tower.name} (after)", after)],
         labels, path,
         title=f"test questions of the {len(set(labels.tolist()))} test paragraphs with most "
               "questions, coloured by paragraph")
-
-
-# --------------------------------------------------------------------------- loading
-
-
-class Retriever:
-    """A trained workdir ready to embed: its corpus, features and tower.
-
-    Attributes:
-      corpus, features: as the run was trained (features from the on-disk cache).
-      tower: the restored :class:`TrainedTower`.
-    """
-
-    def __init__(self, workdir: str | os.PathLike, *, step: int | None = None) -> None:
-        from mrwe_jax import trainer
-
-        self.config = trainer.read_config(workdir)
-        self.corpus, self.features = trainer.load_data(self.config)
-        self.tower = load_tower(workdir, self.features, step=step)
-        self._sources: dict[str, Any] = {}
-
-    def encode(self, texts: Sequence[str], *, side: str = "questions") -> np.ndarray:
-        """Embeds new texts with the run's sources, IDF table and tower.
-
-        Args:
-          texts: strings (a text without words gets the zero vector, or the tower's output
-            of a zero input).
-          side: ``"questions"`` or ``"paragraphs"`` (differs only with ``question_only``).
-
-        Returns:
-          ``[len(texts), d'']`` float32.
-        """
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts, not a single string")
-        specs = data.source_specs(self.config)
-        feats = {}
-        for spec in specs:
-            if spec.name not in self._sources:
-                self._sources[spec.name] = spec.build()
-            feats[spec.name] = data.compute_text_features(
-                list(texts), self._sources[spec.name], self.features.idf_table,
-                layer_weights=spec.layer_weights, layer_aggregate=self.config.layer_aggregate,
-                word_aggregate=self.config.word_aggregate)
-        new = dataclasses.replace(self.features, questions=feats, paragraphs=feats)
-        return self.tower.encode(new, side)
-
-
-def load(workdir: str | os.PathLike, *, step: int | None = None) -> Retriever:
-    """See :class:`Retriever`."""
-    return Retriever(workdir, step=step)

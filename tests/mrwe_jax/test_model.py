@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from embedding_core.inference import masked_mean
 from embedding_core.losses import l2_normalize
-from mrwe_jax.model import FCRR, ConvRR, SiameseRetriever, TextBatch, masked_mean
+from mrwe_jax.model import FCRR, ConvRR, SiameseRetriever, TextBatch
 
 DIM, WORDS, BATCH = 6, 5, 3
 
@@ -152,5 +153,6 @@ def test_siamese_shares_one_tower_and_question_only():
 
 
 def test_masked_mean_divides_by_real_count():
+    """ConvRR pools with the core's masked mean: divides by the real words, not the width."""
     x = jnp.array([[[2.0], [4.0], [50.0]]])
     np.testing.assert_allclose(masked_mean(x, jnp.array([[1, 1, 0]], bool)), [[3.0]])

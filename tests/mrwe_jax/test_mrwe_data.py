@@ -1,4 +1,5 @@
-"""mrwe_jax.data: SQuAD corpus and splits, bad input, the feature cache, P x K batches."""
+"""SQuAD retrieval corpus and splits, bad input, the feature cache (``data_pipelines``), and
+``mrwe_jax.data``'s P x K batches."""
 
 import json
 import os
@@ -10,9 +11,11 @@ import ml_collections
 import numpy as np
 import pytest
 
+from data_pipelines import word_features
+from data_pipelines import word_sources as ws
 from data_pipelines.errors import DataError
+from data_pipelines.retrieval_corpus import load_corpus
 from mrwe_jax import data
-from mrwe_jax import embeddings as mr
 
 WORDS = ("river city music king war film school church energy water law team army ship "
          "bird tree gold light stone north").split()
@@ -45,7 +48,7 @@ def write(tmp_path, obj, name="squad.json"):
 
 def test_article_split_keeps_test_paragraphs_unseen(tmp_path):
     path = write(tmp_path, squad_dict())
-    c = data.load_corpus(path, split="articles", test_fraction=0.34, seed=1)
+    c = load_corpus(path, split="articles", test_fraction=0.34, seed=1)
     assert len(c.paragraph_ids) == 18 and len(c.question_ids) == len(set(c.question_ids))
     # Every test question's paragraph is in the test pool and never a training paragraph.
     test_par = set(c.question_paragraph[c.test_questions].tolist())
@@ -64,7 +67,7 @@ def test_article_split_keeps_test_paragraphs_unseen(tmp_path):
 
 
 def test_seen_paragraph_split_is_the_authors_leak(tmp_path):
-    c = data.load_corpus(write(tmp_path, squad_dict()), split="seen_paragraphs",
+    c = load_corpus(write(tmp_path, squad_dict()), split="seen_paragraphs",
                          test_fraction=0.3, seed=0)
     assert c.test_pool.all()  # every paragraph is a candidate
     assert not (c.train_questions & c.test_questions).any()
@@ -77,7 +80,7 @@ def test_missing_field_names_the_record(tmp_path):
     obj = squad_dict()
     del obj["data"][1]["paragraphs"][2]["qas"][0]["question"]
     with pytest.raises(DataError) as err:
-        data.load_corpus(write(tmp_path, obj))
+        load_corpus(write(tmp_path, obj))
     assert "data[1] 'Article_1'.paragraphs[2].qas[0]" in str(err.value)
     assert "question" in err.value.field and "missing field" in str(err.value)
 
@@ -87,8 +90,8 @@ def test_question_without_paragraph_text_errors_or_is_counted(tmp_path):
     obj["data"][0]["paragraphs"][1]["context"] = "   "  # questions with no paragraph
     path = write(tmp_path, obj)
     with pytest.raises(DataError, match=r"data\[0\] 'Article_0'.paragraphs\[1\].context"):
-        data.load_corpus(path)
-    c = data.load_corpus(path, skip_invalid=True)
+        load_corpus(path)
+    c = load_corpus(path, skip_invalid=True)
     assert c.skips.empty_contexts == 1
     assert len(c.paragraph_ids) == 17 and "Article_0#1" not in c.paragraph_ids
     n_questions = sum(len(p["qas"]) for a in obj["data"] for p in a["paragraphs"])
@@ -100,8 +103,8 @@ def test_empty_paragraph_errors_or_is_counted(tmp_path):
     obj["data"][2]["paragraphs"][0]["qas"] = []
     path = write(tmp_path, obj)
     with pytest.raises(DataError, match="paragraph has no questions"):
-        data.load_corpus(path)
-    c = data.load_corpus(path, skip_invalid=True)
+        load_corpus(path)
+    c = load_corpus(path, skip_invalid=True)
     assert c.skips.paragraphs_without_questions == 1 and len(c.paragraph_ids) == 17
 
 
@@ -133,9 +136,9 @@ class CountingSpec:
     def spec(self):
         def build():
             self.builds += 1
-            return mr.HashedTfidfSource(self.dim, seed=3)
+            return ws.HashedTfidfSource(self.dim, seed=3)
 
-        return data.SourceSpec("tfidf", 1, (1.0,), f"tfidf|dim={self.dim}|seed=3", build)
+        return word_features.SourceSpec("tfidf", 1, (1.0,), f"tfidf|dim={self.dim}|seed=3", build)
 
 
 def _config(**kw):
@@ -148,13 +151,13 @@ def _config(**kw):
 
 def test_features_match_embed_texts_and_are_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBEDDING_JAX_CACHE", str(tmp_path / "cache"))
-    corpus = data.load_corpus(write(tmp_path, squad_dict()), test_fraction=0.34)
+    corpus = load_corpus(write(tmp_path, squad_dict()), test_fraction=0.34)
     counting = CountingSpec()
     feats = data.build_features(_config(), corpus, specs=[counting.spec()])
     assert counting.builds == 1
     # The stored rows are embed_texts' rows, in input order.
-    ref = mr.embed_texts(corpus.question_texts, [mr.HashedTfidfSource(8, seed=3)],
-                         mr.idf(corpus.paragraph_texts))
+    ref = data.embed_texts(corpus.question_texts, [ws.HashedTfidfSource(8, seed=3)],
+                         ws.idf(corpus.paragraph_texts))
     q = feats.questions["tfidf"]
     for i in range(len(corpus.question_texts)):
         np.testing.assert_allclose(q.words[q.offsets[i]:q.offsets[i + 1]],
@@ -168,7 +171,7 @@ def test_features_match_embed_texts_and_are_cached(tmp_path, monkeypatch):
     entries = list((tmp_path / "cache" / "mrwe_features").iterdir())
     assert len(entries) == 2 and not any(e.name.startswith(".") for e in entries)
     # Different texts -> a different key -> computed again.
-    corpus2 = data.load_corpus(write(tmp_path, squad_dict(seed=1), "b.json"),
+    corpus2 = load_corpus(write(tmp_path, squad_dict(seed=1), "b.json"),
                                test_fraction=0.34)
     data.build_features(_config(), corpus2, specs=[counting.spec()])
     assert counting.builds == 2
@@ -176,14 +179,14 @@ def test_features_match_embed_texts_and_are_cached(tmp_path, monkeypatch):
 
 def test_balanced_source_weights_equalise_rms_norms():
     vecs = {"a": np.full((4, 2), 3.0), "b": np.full((4, 8), 0.5)}
-    u = data.resolve_source_weights("balanced", ["a", "b"], vecs)
+    u = word_features.resolve_source_weights("balanced", ["a", "b"], vecs)
     rms = [np.sqrt(np.mean(np.sum(v * v, 1))) for v in vecs.values()]
     np.testing.assert_allclose(u[0] * rms[0], u[1] * rms[1], rtol=1e-6)
     np.testing.assert_allclose(u.sum(), 1.0, rtol=1e-6)
-    np.testing.assert_allclose(data.resolve_source_weights("1,3", ["a", "b"], vecs),
+    np.testing.assert_allclose(word_features.resolve_source_weights("1,3", ["a", "b"], vecs),
                                [0.25, 0.75])
     with pytest.raises(ValueError, match="3 entries"):
-        data.resolve_source_weights("1,2,3", ["a", "b"], vecs)
+        word_features.resolve_source_weights("1,2,3", ["a", "b"], vecs)
 
 
 # --------------------------------------------------------------------------- batches
@@ -195,7 +198,7 @@ def _features(corpus, tmp_path, monkeypatch):
 
 
 def test_pk_batches_hold_paragraphs_and_their_questions(tmp_path, monkeypatch):
-    corpus = data.load_corpus(write(tmp_path, squad_dict(num_articles=8)), test_fraction=0.25)
+    corpus = load_corpus(write(tmp_path, squad_dict(num_articles=8)), test_fraction=0.25)
     feats = _features(corpus, tmp_path, monkeypatch)
     batches = data.PKBatches(feats, corpus.question_paragraph, corpus.train_questions,
                              P=4, K=2, seed=5, with_words=True)

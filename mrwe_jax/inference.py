@@ -1,0 +1,184 @@
+"""``load(workdir)``: a trained ConvRR / FCRR run as an ``embedding_core.inference.Encoder``.
+
+``load(w).encode(texts, side="question"|"paragraph")`` embeds new texts the way the run's
+training texts were embedded (``docs/mrwe.md``): the run's word sources, the IDF table of
+its corpus's paragraphs, ``f_mixture`` and ``f_ensemble`` with the run's ``u``
+(``features.json``), then the tower. Only the checkpoint's params are restored (no
+optimizer); the corpus's cached features are not needed. :meth:`Retriever.encode_features`
+encodes already computed features (the evaluation and the export use the feature cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from data_pipelines import word_features
+from data_pipelines.word_features import FeatureSet
+from data_pipelines.word_sources import WordSource, idf, tokenize_words
+from embedding_core import configs, parallel, training
+from embedding_core.inference import Encoder, encode_in_batches
+from mrwe_jax import data
+from mrwe_jax.configs import default
+from mrwe_jax.model import SiameseRetriever, build_model, init_fn, side_inputs, with_words
+
+FEATURES_FILE = "features.json"
+# encode(side=...) -> the feature side it reads.
+SIDES = {"question": "questions", "paragraph": "paragraphs"}
+
+
+def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
+    """The run's saved config on today's defaults (``embedding_core.configs.read_config``)."""
+    return configs.read_config(workdir, default.get_config, prog="mrwe-jax",
+                               required=("tower", "sources"),
+                               validate=default.validate_config)
+
+
+def read_recipe(workdir: str | os.PathLike) -> dict[str, Any]:
+    """``features.json``: sources, their widths, the resolved ``u`` and the aggregates.
+
+    Raises:
+      FileNotFoundError: the workdir has none; ValueError: not a JSON object.
+    """
+    path = Path(workdir) / FEATURES_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {workdir} a mrwe-jax training workdir?")
+    try:
+        recipe = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return recipe
+
+
+def tower_label(config: ml_collections.ConfigDict, step: int | None) -> str:
+    """Row label, e.g. ``"ensemble + ConvRR (step 300)"``."""
+    name = {"convrr": "ConvRR", "fcrr": "FCRR"}[config.tower]
+    extra = ", question side only" if config.question_only else ""
+    return f"ensemble + {name} (step {step}{extra})"
+
+
+class Retriever(Encoder):
+    """A ConvRR / FCRR tower with its feature recipe; ``encode(texts, side=...)``.
+
+    Attributes:
+      model, params, config, step: the restored run.
+      features: the run's feature recipe (``FeatureSet`` of no texts, or the corpus's).
+      name: the row label of evaluation tables.
+    """
+
+    def __init__(self, model: SiameseRetriever, params: Any, config: ml_collections.ConfigDict,
+                 features: FeatureSet, *, step: int | None = None, workdir: str = "") -> None:
+        self.model, self.params, self.config, self.features = model, params, config, features
+        self.step, self.workdir = step, workdir
+        self.default_batch_size = int(config.eval_batch_size)
+        self.name = tower_label(config, step)
+        self._sources: dict[str, WordSource] = {}
+        self._forward = {q: jax.jit(self._forward_fn(q)) for q in (True, False)}
+
+    @property
+    def dim(self) -> int:
+        return self.features.dim
+
+    def _forward_fn(self, is_question: bool):
+        model, features, config = self.model, self.features, self.config
+
+        def forward(params, arrays):
+            return model.apply({"params": params}, side_inputs(arrays, "x_", features, config),
+                               is_question, method=SiameseRetriever.encode)
+
+        return forward
+
+    def encode_features(self, features: FeatureSet, side: str,
+                        indices: np.ndarray | None = None, *, batch_size: int | None = None,
+                        show_progress_bar: bool = False, params: Any = None) -> np.ndarray:
+        """Tower outputs of computed features: ``"questions"`` or ``"paragraphs"`` rows.
+
+        Args:
+          features: features of the run's recipe (sources, ``u``, aggregates).
+          indices: rows of that side (default all), returned in this order.
+          params: other params of the same model (the training loop's evaluation).
+
+        Returns:
+          ``[len(indices), d'']`` float32 unit vectors (zero for a text with no word when the
+          tower is skipped, e.g. paragraphs with ``question_only``).
+        """
+        if list(features.names) != list(self.features.names):
+            raise ValueError(f"features of sources {features.names}, the run has "
+                             f"{self.features.names}")
+        n = len(features.lengths(side))
+        indices = np.arange(n) if indices is None else np.asarray(indices, np.int64)
+        if len(indices) == 0:
+            return np.zeros((0, self.dim), np.float32)
+        batch_size = int(batch_size or self.default_batch_size)
+        params = self.params if params is None else params
+        run = self._forward[side == "questions"]
+        words = with_words(self.config)
+
+        def build(rows: np.ndarray, width: int) -> dict[str, np.ndarray]:
+            arrays = data.side_arrays(features, side, indices[rows], with_words=words,
+                                      width=data.bucket_width(width), prefix="x_")
+            pad = batch_size - len(rows)
+            return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)])
+                    for k, v in arrays.items()} if pad else arrays
+
+        return encode_in_batches(features.lengths(side)[indices], build,
+                                 lambda arrays: run(params, arrays), batch_size=batch_size,
+                                 pad_multiple=16, show_progress_bar=show_progress_bar,
+                                 desc=f"encode {side}")
+
+    def text_features(self, texts: Sequence[str]) -> FeatureSet:
+        """The run's per-source features of new texts (its sources, IDF and mixture)."""
+        feats = {}
+        for spec in word_features.source_specs(self.config):
+            if spec.name not in self._sources:
+                self._sources[spec.name] = spec.build()
+            feats[spec.name] = word_features.compute_text_features(
+                list(texts), self._sources[spec.name], self.features.idf_table,
+                mixture=data.mixture, layer_weights=spec.layer_weights,
+                layer_aggregate=self.config.layer_aggregate,
+                word_aggregate=self.config.word_aggregate)
+        return self.features.with_texts(feats)
+
+    def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
+                side: str = "question") -> np.ndarray:
+        """See ``Encoder.encode``; ``side="question"`` or ``"paragraph"`` (they differ only
+        with ``question_only``). A text with no word (e.g. ``"?!"``) raises ``ValueError``
+        like an empty one: it has nothing to embed."""
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {tuple(SIDES)}, got {side!r}")
+        for i, text in enumerate(texts):
+            if not tokenize_words(text):
+                raise ValueError(f"text {i} has no word to embed: {text!r}")
+        return self.encode_features(self.text_features(texts), SIDES[side],
+                                    batch_size=batch_size, show_progress_bar=show_progress_bar)
+
+
+def load(workdir: str | os.PathLike, *, step: int | None = None) -> Retriever:
+    """Restores the params of a training workdir's checkpoint (default: the latest).
+
+    The params are placed on a mesh of all devices (``config.mesh_model`` wide); nothing of
+    the optimizer is read.
+
+    Raises:
+      FileNotFoundError: not a mrwe-jax workdir, or no checkpoint (at ``step``).
+      ValueError: a bad saved config or feature recipe.
+    """
+    config = read_config(workdir)
+    recipe = read_recipe(workdir)
+    corpus = data.load_corpus_of(config)
+    features = FeatureSet.from_recipe(recipe, idf(corpus.paragraph_texts))
+    model = build_model(config)
+    mesh = parallel.make_mesh(-1, int(config.mesh_model))
+    step, params = training.restore_params(
+        Path(workdir) / "checkpoints", init_fn(model, features, config), mesh, step=step,
+        rules=configs.axis_rules(config))
+    return Retriever(model, params, config, features, step=step, workdir=str(workdir))
