@@ -8,6 +8,12 @@ Importing the package is light (no TensorFlow): import the module you need.
 - ``csv_reader``, ``inli``, ``snli``, ``impscore``: strict readers of the CSV formats.
 - ``tokenization``: ``tokenizers`` with padding/truncation set per call, and a token cache.
 - ``table``, ``dualcse_data``: token tables for DualCSE and SimCSE.
+- ``squad``, ``retrieval_corpus``: SQuAD v1.1 and its paragraph-retrieval corpus and splits.
+- ``word_sources``, ``word_features``: word tokenisation, IDF, the GloVe / hashed TF-IDF /
+  MiniLM-layer word sources and their on-disk feature cache (multi-resolution embeddings).
+- ``amazon``, ``reddit``, ``reviews2movielens``, ``movielens``: DocEnt's review and tag
+  readers.
+- ``pk_sampler``: P x K batches (P groups, K members each) for the batch-hard triplet loss.
 - ``pipeline``: tf.data batches, deterministic, resumable, sliced per host.
 - ``tfds_builders``: TensorFlow Datasets builders of the shipped sets::
 
