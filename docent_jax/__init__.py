@@ -5,9 +5,11 @@ Python API (nothing parses flags at import; TensorFlow never takes an accelerato
     import docent_jax
     from docent_jax.configs import dual_cpu
     docent_jax.train(dual_cpu.get_config(), "workdirs/docent")
-    ranker = docent_jax.load("workdirs/docent")
+    ranker = docent_jax.load("workdirs/docent")     # an embedding_core.inference.Encoder
     g = ranker.entity_embeddings()                  # [num_entities, dim] float32
-    q = ranker.encode_queries(["Who won Super Bowl 50?"])  # [1, dim] float32
+    q = ranker.encode(["Who won Super Bowl 50?"])   # [1, dim] float32, f(q)
+
+See ``docs/docent.md`` for what the paper specifies and what we chose.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def train(config, workdir, **kwargs):
 
 def load(workdir, **kwargs):
     """See ``docent_jax.inference.load``: an ``EntityRanker`` with ``entity_embeddings()``
-    and ``encode_queries(list_of_str)``."""
+    and ``encode(list_of_str, *, batch_size=None, normalize=False, show_progress_bar=False)``."""
     from docent_jax.inference import load as _load
 
     return _load(workdir, **kwargs)

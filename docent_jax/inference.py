@@ -1,10 +1,14 @@
-"""Entity vectors and query encoding of a trained DocEnt-Dual: ``load(workdir)``."""
+"""A trained DocEnt-Dual: ``load(workdir)`` -> :class:`EntityRanker` (``docs/docent.md``).
+
+The ranker is an ``embedding_core.inference.Encoder``: ``encode(texts)`` embeds *queries*
+(or any sentence) with the sentence encoder ``f``; ``entity_embeddings()`` returns the
+entity table ``g``. Both are raw (not normalised) float32 vectors; score with cosine.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax
@@ -12,75 +16,25 @@ import ml_collections
 import numpy as np
 
 from data_pipelines.tokenization import load_tokenizer, tokenize
-from docent_jax.data import read_entity_ids
+from docent_jax.configs import default, validate_config
+from docent_jax.data import ENTITY_IDS_FILE, read_entity_ids
 from docent_jax.model import DocEntDual, build_model, init_fn
-from embedding_core import parallel, training
+from embedding_core import configs, parallel, training
+from embedding_core.inference import Encoder, encode_in_batches, token_batch_builder
 from embedding_core.pretrained import load_pretrained
 
-CONFIG_FILE = "config.json"
-ENTITY_IDS_FILE = "entity_ids.txt"
-
-# (input_ids, attention_mask, token_type_ids) [n, L] int32 -> [n, dim] float vectors.
-EncodeFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+PROG = "docent-jax"
+REQUIRED_FIELDS = ("model", "pooling", "projection_dim", "max_length", "table_multiple")
+"""Fields without which a saved run's model cannot be rebuilt."""
 
 
-def encode_texts(encode: EncodeFn, tokenizer, texts: Sequence[str], max_length: int, *,
-                 batch_size: int = 64, pad_multiple: int = 8,
-                 progress: bool | str = False) -> np.ndarray:
-    """Encodes texts in length-sorted, fixed-size batches (few compiled shapes).
-
-    Args:
-      encode: the jitted forward pass, see :data:`EncodeFn`.
-      tokenizer: a ``tokenizers.Tokenizer``.
-      texts: strings; empty or whitespace-only ones raise (index given).
-      max_length: tokens per text including special tokens (longer texts are cut).
-      batch_size: rows per call (the last batch is padded to it).
-      pad_multiple: each batch's length is rounded up to a multiple of this.
-      progress: a tqdm description (or True) to show a bar.
-
-    Returns:
-      ``[len(texts), dim]`` float32, row i = texts[i].
-
-    Raises:
-      TypeError: a single string instead of a list. ValueError: an empty text.
-    """
-    if isinstance(texts, str):
-        raise TypeError("pass a list of texts, not a single string")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str) or not t.strip():
-            raise ValueError(f"text {i} is empty or not a string: {t!r}")
-    tok = tokenize(tokenizer, texts, max_length)
-    order = np.argsort(-tok.lengths, kind="stable")
-    out: np.ndarray | None = None
-    starts = range(0, len(texts), batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc=progress if isinstance(progress, str) else "encode",
-                      unit="batch", leave=False)
-    for start in starts:
-        rows = order[start:start + batch_size]
-        length = int(tok.lengths[rows].max())
-        length = min(-(-length // pad_multiple) * pad_multiple, tok.input_ids.shape[1])
-        ids = tok.input_ids[rows, :length]
-        types = tok.token_type_ids[rows, :length]
-        mask = (np.arange(length)[None, :] < tok.lengths[rows, None]).astype(np.int32)
-        pad = batch_size - len(rows)
-        if pad:
-            ids, mask, types = (np.pad(x, ((0, pad), (0, 0))) for x in (ids, mask, types))
-        vec = np.asarray(encode(ids, mask, types), dtype=np.float32)[: len(rows)]
-        if out is None:
-            out = np.zeros((len(texts), vec.shape[-1]), np.float32)
-        out[rows] = vec
-    return out if out is not None else np.zeros((0, 0), np.float32)
-
-
-class EntityRanker:
+class EntityRanker(Encoder):
     """A trained DocEnt-Dual: entity vectors ``g(e)`` and the query encoder ``f``.
 
     Attributes:
       entity_ids: ``[num_entities]`` keys; row i of :meth:`entity_embeddings` is entity i.
       step: the checkpoint step (None when built from in-memory params).
+      config: the run's config.
     """
 
     def __init__(self, model: DocEntDual, params, tokenizer,
@@ -96,9 +50,9 @@ class EntityRanker:
         self.config = config
         self.entity_ids = list(entity_ids)
         self.step = step
-        self.batch_size = int(batch_size or config.get("eval_batch_size", 64))
+        self.default_batch_size = int(batch_size or config.get("eval_batch_size", 64))
         self.pad_multiple = pad_multiple
-        self._encode = jax.jit(lambda p, ids, mask, types: model.apply(
+        self._forward = jax.jit(lambda p, ids, mask, types: model.apply(
             {"params": p}, ids, mask, types, method=DocEntDual.encode_sentences))
 
     @property
@@ -108,6 +62,16 @@ class EntityRanker:
     @property
     def dim(self) -> int:
         return self.model.dim
+
+    def _encode(self, texts: list[str], *, batch_size: int,
+                show_progress_bar: bool) -> np.ndarray:
+        """``f(q)`` of checked, non-empty texts: ``[n, dim]`` float32 (raw)."""
+        tok = tokenize(self.tokenizer, texts, int(self.config.max_length))
+        return encode_in_batches(
+            tok.lengths, token_batch_builder(tok, batch_size),
+            lambda inputs: self._forward(self.params, *inputs), batch_size=batch_size,
+            pad_multiple=self.pad_multiple, max_width=tok.input_ids.shape[1],
+            show_progress_bar=show_progress_bar, desc="encode queries")
 
     def iter_entity_blocks(self, block_rows: int = 8192
                            ) -> Iterator[tuple[int, list[str], np.ndarray]]:
@@ -130,36 +94,23 @@ class EntityRanker:
         blocks = [b for _, _, b in self.iter_entity_blocks()]
         return np.concatenate(blocks, axis=0)
 
-    def encode_queries(self, texts: Sequence[str], *, progress: bool | str = False
-                       ) -> np.ndarray:
-        """``[n, dim]`` float32 ``f(q)`` of each query (raw; score with cosine)."""
-        if not len(texts):
-            return np.zeros((0, self.dim), np.float32)
-        encode = lambda ids, mask, types: self._encode(self.params, ids, mask, types)
-        return encode_texts(encode, self.tokenizer, texts, self.config.max_length,
-                            batch_size=self.batch_size, pad_multiple=self.pad_multiple,
-                            progress=progress)
-
 
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """The ``config.json`` of a training workdir.
+    """The ``config.json`` of a training workdir, on today's defaults, checked.
 
     Raises:
       FileNotFoundError: the workdir or its config.json is missing (message says what).
+      ValueError: a malformed or impossible config (the file is named).
     """
-    workdir = Path(workdir)
-    if not workdir.is_dir():
-        raise FileNotFoundError(f"workdir {workdir} does not exist; train first with "
-                                f"`docent-jax train --workdir={workdir}`")
-    path = workdir / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {workdir} is not a docent-jax training "
-                                "workdir (train into it first)")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    return configs.read_config(workdir, default.get_config, prog=PROG,
+                               required=REQUIRED_FIELDS, validate=validate_config)
 
 
 def load(workdir: str | os.PathLike, *, step: int | None = None) -> EntityRanker:
     """Loads the latest (or a given) checkpoint of a training workdir.
+
+    Only the checkpoint's params are restored (no optimizer, no Adam moments), onto a mesh
+    of all local devices.
 
     Raises:
       FileNotFoundError: no workdir, ``config.json``, ``entity_ids.txt`` or checkpoint, or
@@ -169,22 +120,11 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> EntityRanker
     entity_ids = read_entity_ids(Path(workdir) / ENTITY_IDS_FILE)
     pre = load_pretrained(config.model)
     model = build_model(config, pre.config, len(entity_ids))
-    # Any optimizer of the same structure restores the params (moments are not used).
-    from docent_jax.trainer import make_optimizer
-
-    tx, _ = make_optimizer(config, 10)
-    mesh = parallel.make_mesh(-1, 1)
     restored_step, params = training.restore_params(
-        Path(workdir) / "checkpoints", init_fn(model), tx, mesh, step=step)
+        Path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1), step=step,
+        rules=configs.axis_rules(config))
     return EntityRanker(model, params, load_tokenizer(pre.model_dir), config, entity_ids,
                         step=restored_step)
 
 
-def cosine_scores(queries: np.ndarray, entities: np.ndarray) -> np.ndarray:
-    """``[n_q, n_e]`` float32 cosine similarities (zero vectors score 0)."""
-    q = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
-    e = entities / np.maximum(np.linalg.norm(entities, axis=1, keepdims=True), 1e-12)
-    return (q @ e.T).astype(np.float32)
-
-
-__all__ = ["EntityRanker", "cosine_scores", "encode_texts", "load", "read_config"]
+__all__ = ["EntityRanker", "load", "read_config"]

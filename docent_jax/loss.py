@@ -1,25 +1,51 @@
-"""DocEnt-Dual's objective: maximise log P(e | s) over (entity, sentence) pairs.
+"""DocEnt's objectives, one function per equation (``docs/docent.md``).
 
+**DocEnt-Dual**: maximise log P(e | s) over (entity, sentence) pairs, with
 ``P(e | s) = exp(a cos(g(e), f(s))) / sum_{e'} exp(a cos(g(e'), f(s)))`` (Zemlyanskiy et al.
-2021, sec. 3.1, after RELIC). Two choices of the denominator's entities (``config.loss``):
+2021, sec. 3.1, after RELIC). Two choices of the denominator's entities
+(``config.softmax``):
 
 * ``"in_batch"``: the entities of the global batch (the DocEnt paper's footnote 3: "only a
   subset of entities ... the so called in-batch negatives"). Several sentences of one
   entity can share a batch; the copies of a sentence's own entity are removed from its
-  denominator, so they are neither negatives nor counted twice (PITFALLS: accidental hits).
-* ``"full"``: every entity of the table, computed vocabulary-parallel over the ``"model"``
-  mesh axis (``embedding_core.losses.vocab_parallel_softmax_cross_entropy``).
+  denominator, so they are neither negatives nor counted twice (accidental hits).
+* ``"full_vocab"``: every entity of the table, computed vocabulary-parallel over the
+  ``"model"`` mesh axis (``embedding_core.losses.vocab_parallel_softmax_cross_entropy``).
+  Not to be confused with DocEnt-Full, the MLM model below.
+
+**DocEnt-Full** (``L_MLM + lambda * L_E`` over the union vocabulary) and **DocEnt-Hybrid**
+(in-batch dual term + entity-conditioned MLM): :func:`full_loss`, :func:`hybrid_loss`.
+Masking is done in JAX inside the loss from the step's rng (``make_train_step`` passes
+``fold_in(rng, step)``; ``docent_jax.data.mask_word_pieces``): the masks of a step depend
+only on (seed, step, batch), so a resumed run draws exactly the masks the uninterrupted run
+would have, and ``jax.random`` draws the global array, so they do not change with the mesh.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import ml_collections
+import optax
 from jax.sharding import Mesh
 
-from embedding_core.losses import info_nce, vocab_parallel_softmax_cross_entropy
-
-LOSSES = ("in_batch", "full")
+from docent_jax.data import (
+    ENTITY_POSITION,
+    MaskingConfig,
+    mask_entity_tokens,
+    mask_word_pieces,
+    maskable_word_pieces,
+)
+from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid
+from embedding_core.losses import (
+    cosine_similarity_matrix,
+    info_nce,
+    vocab_parallel_softmax_cross_entropy,
+)
+from embedding_core.task import LossFn
 
 
 def in_batch_entity_loss(
@@ -52,7 +78,7 @@ def in_batch_entity_loss(
                            "distinct_entities": jnp.sum(first).astype(jnp.float32)}
 
 
-def full_softmax_entity_loss(
+def full_vocab_entity_loss(
     sentences: jax.Array,
     table: jax.Array,
     entity_ids: jax.Array,
@@ -79,3 +105,170 @@ def full_softmax_entity_loss(
     per = vocab_parallel_softmax_cross_entropy(sentences, table, entity_ids, mesh, scale,
                                                num_classes=num_entities)
     return jnp.mean(per), {"scale": jnp.asarray(scale, jnp.float32)}
+
+
+def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
+                      mesh: Mesh) -> LossFn:
+    """DocEnt-Dual's ``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch.
+
+    The batch holds ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[b, 1, L]`` and
+    ``entity_ids`` ``[b]`` int32 (``docent_jax.data.make_batches``); ``config.softmax``
+    picks :func:`in_batch_entity_loss` or :func:`full_vocab_entity_loss`.
+    """
+
+    def loss_fn(params, batch, rng):
+        sentences, table, scale = model.apply(
+            {"params": params}, batch["input_ids"], batch["attention_mask"],
+            batch["token_type_ids"], deterministic=not config.dropout, rngs={"dropout": rng})
+        entity_ids = batch["entity_ids"]
+        if config.softmax == "full_vocab":
+            return full_vocab_entity_loss(sentences, table, entity_ids, scale, mesh,
+                                          model.num_entities)
+        return in_batch_entity_loss(sentences, table[entity_ids], entity_ids, scale)
+
+    return loss_fn
+
+
+# ----------------------------------------------------------------------------- Full, Hybrid
+
+
+def _cross_entropy_sums(logits: jax.Array, labels: jax.Array,
+                        weights: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Sums of weighted cross-entropy and of correct top-1 predictions, and the weight sum."""
+    logits = logits.astype(jnp.float32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return jnp.sum(ce * weights), jnp.sum(correct * weights), jnp.sum(weights)
+
+
+def _mean(total: jax.Array, count: jax.Array) -> jax.Array:
+    return total / jnp.maximum(count, 1.0)
+
+
+def full_loss(
+    model: DocEntFull,
+    params: Any,
+    batch: Mapping[str, jax.Array],
+    rng: jax.Array,
+    masking: MaskingConfig,
+    *,
+    entity_loss_weight: float = 1.0,
+    single_cross_entropy: bool = False,
+    dropout: bool = False,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """DocEnt-Full loss ``L_MLM + lambda * L_E`` (paper sec. 3, "DocEnt-Full").
+
+    ``L_MLM`` is the mean cross-entropy of the masked word pieces and ``L_E`` that of the
+    masked entity tokens, both with softmax over the union vocabulary (word pieces and
+    entities), in float32. ``single_cross_entropy=True`` instead averages all masked tokens
+    together, ``(sum_words + lambda * sum_entities) / (n_words + n_entities)``: what the
+    released TF1 code did in effect (one MLM loss over the union); the two agree up to the
+    weighting of the terms.
+
+    Args:
+      batch: ``input_ids``, ``attention_mask``, ``token_type_ids``: ``[batch, seq_len]`` int32
+        in the :func:`full_inputs_from_tokens` layout.
+      rng: the step key; split into masking and dropout keys.
+      masking: rates and ids; ``entity_loss_weight`` is lambda.
+      dropout: apply the encoder's dropout.
+
+    Returns:
+      ``(loss, metrics)``: float32 scalar and ``mlm_loss``, ``entity_loss``, ``mlm_accuracy``,
+      ``entity_accuracy``, ``masked_words``, ``masked_entities`` (counts in the batch).
+    """
+    mask_rng, entity_rng, dropout_rng = jax.random.split(rng, 3)
+    ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
+                                                         "token_type_ids"))
+    words = mask_word_pieces(mask_rng, ids, maskable_word_pieces(ids, mask, masking), masking)
+    corrupted, entity_labels, entity_weights = mask_entity_tokens(entity_rng, words.input_ids,
+                                                                  masking)
+    positions = jnp.concatenate(
+        [words.positions, jnp.full((ids.shape[0], 1), ENTITY_POSITION, jnp.int32)], axis=1)
+    logits = model.apply({"params": params}, corrupted, mask, types, positions,
+                         deterministic=not dropout, rngs={"dropout": dropout_rng})
+    w_loss, w_correct, w_count = _cross_entropy_sums(logits[:, :-1], words.labels, words.weights)
+    e_loss, e_correct, e_count = _cross_entropy_sums(logits[:, -1], entity_labels,
+                                                     entity_weights)
+    mlm, entity = _mean(w_loss, w_count), _mean(e_loss, e_count)
+    if single_cross_entropy:
+        loss = (w_loss + entity_loss_weight * e_loss) / jnp.maximum(w_count + e_count, 1.0)
+    else:
+        loss = mlm + entity_loss_weight * entity
+    metrics = {"mlm_loss": mlm, "entity_loss": entity,
+               "mlm_accuracy": _mean(w_correct, w_count),
+               "entity_accuracy": _mean(e_correct, e_count),
+               "masked_words": w_count, "masked_entities": e_count}
+    return loss, metrics
+
+
+def hybrid_loss(
+    model: DocEntHybrid,
+    params: Any,
+    batch: Mapping[str, jax.Array],
+    rng: jax.Array,
+    masking: MaskingConfig,
+    *,
+    scale: float = 20.0,
+    mlm_weight: float = 1.0,
+    dropout: bool = False,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """DocEnt-Hybrid loss: in-batch dual-encoder softmax + entity-conditioned MLM.
+
+    ``L_dual = mean_i -log softmax_j(scale * cos(f(s_i), g(e_j)))_i`` over the global
+    batch's entities: Dual's in-batch equation, the same function
+    (:func:`in_batch_entity_loss`; another sentence of the same entity is not a negative).
+    ``L_MLM`` is the mean cross-entropy of the masked word pieces predicted from
+    ``[f(s_-J)_t ; g(e)]``. Loss ``L_dual + mlm_weight * L_MLM``.
+
+    One encoder pass on the masked sentence serves both terms (its ``f_CLS`` is the dual
+    encoder's sentence vector): our reading; the paper does not say whether ``f(s)`` of the
+    dual term sees the masked or the clean sentence.
+
+    Args:
+      batch: ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[batch, seq_len]`` int32
+        (the sentence alone) and ``entity_ids`` ``[batch]`` int32.
+      rng: the step key; split into masking and dropout keys.
+
+    Returns:
+      ``(loss, metrics)``: ``dual_loss``, ``dual_accuracy`` (the sentence's own entity scores
+      highest among the batch's other entities), ``mlm_loss``, ``mlm_accuracy``,
+      ``masked_words``.
+    """
+    mask_rng, dropout_rng = jax.random.split(rng)
+    ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
+                                                         "token_type_ids"))
+    entity_ids = jnp.asarray(batch["entity_ids"], jnp.int32)
+    words = mask_word_pieces(mask_rng, ids, maskable_word_pieces(ids, mask, masking), masking)
+    sentence, entity, logits = model.apply(
+        {"params": params}, words.input_ids, mask, types, entity_ids, words.positions,
+        deterministic=not dropout, rngs={"dropout": dropout_rng})
+    n = sentence.shape[0]
+    index = jnp.arange(n, dtype=jnp.int32)
+    dual = in_batch_entity_loss(sentence, entity, entity_ids, scale)[0]
+    cos = cosine_similarity_matrix(sentence, entity)
+    others = entity_ids[None, :] != entity_ids[:, None]
+    best_other = jnp.max(jnp.where(others, cos, -jnp.inf), axis=1)
+    dual_accuracy = jnp.mean((cos[index, index] > best_other).astype(jnp.float32))
+    w_loss, w_correct, w_count = _cross_entropy_sums(logits, words.labels, words.weights)
+    mlm = _mean(w_loss, w_count)
+    metrics = {"dual_loss": dual, "dual_accuracy": dual_accuracy, "mlm_loss": mlm,
+               "mlm_accuracy": _mean(w_correct, w_count), "masked_words": w_count}
+    return dual + mlm_weight * mlm, metrics
+
+
+def make_full_loss_fn(model: DocEntFull, masking: MaskingConfig, **options: Any) -> LossFn:
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` of :func:`full_loss`."""
+
+    def loss_fn(params, batch, rng):
+        return full_loss(model, params, batch, rng, masking, **options)
+
+    return loss_fn
+
+
+def make_hybrid_loss_fn(model: DocEntHybrid, masking: MaskingConfig, **options: Any) -> LossFn:
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` of :func:`hybrid_loss`."""
+
+    def loss_fn(params, batch, rng):
+        return hybrid_loss(model, params, batch, rng, masking, **options)
+
+    return loss_fn

@@ -1,4 +1,4 @@
-"""The CLI's work as plain functions: evaluate a workdir, export the entity table, the demo.
+"""The CLI's work as plain functions: evaluate a workdir, export its views, the demo.
 
 No flags are parsed here, so notebooks and tests call these directly.
 """
@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from embedding_core.export import write_json
+from embedding_core.files import write_json
+
+MODEL_NAME = "DocEnt-Dual"
 
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
@@ -22,16 +25,16 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     Raises:
       FileNotFoundError: not a training workdir / no checkpoint / model folder gone.
     """
+    from docent_jax import data as docent_data
     from docent_jax import evaluate
     from docent_jax.inference import load
-    from docent_jax.trainer import load_data
 
     ranker = load(workdir, step=step)
-    data = load_data(ranker.config)
+    data = docent_data.load_data(ranker.config)
     if data.entity_ids != ranker.entity_ids:
         raise ValueError(f"{workdir}/entity_ids.txt does not match the entities of the "
                          "configured data; was the data changed after training?")
-    name = f"DocEnt-Dual (step {ranker.step})"
+    name = f"{MODEL_NAME} (step {ranker.step})"
     rows = {name: evaluate.evaluate_ranker(ranker, data.queries, progress=progress)}
     if baselines:
         from docent_jax.baselines import evaluate_baselines
@@ -40,7 +43,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                                        max_length=ranker.config.max_length,
                                        progress=progress))
     write_json(Path(workdir) / "eval" / "ranking.json",
-                {"protocol": data.description, "rows": rows})
+               {"protocol": data.description, "rows": rows})
     print(f"\nZero-shot entity ranking (%), {int(rows[name]['num_queries'])} held-out queries "
           f"over {data.num_entities} entities")
     print(f"data: {data.description}")
@@ -49,47 +52,103 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     return rows
 
 
-def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None = None, *,
-                   step: int | None = None, block_rows: int = 8192) -> Path:
-    """Streams the entity table into ``output`` (entities.npy, entity_ids.txt, meta.json).
+def read_queries(path: str | os.PathLike) -> list[str]:
+    """One query per line, strict UTF-8; an empty line is an error naming the line.
 
-    Only one block of ``block_rows`` rows is on the host at a time
-    (``embedding_core.export.EmbeddingWriter``); files appear atomically.
+    Raises:
+      FileNotFoundError, IsADirectoryError: no such file.
+      data_pipelines.errors.DataError: invalid UTF-8, an empty line, or no queries.
+    """
+    from data_pipelines.errors import DataError
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--input {path} does not exist")
+    if not path.is_file():
+        raise IsADirectoryError(f"--input {path} is not a file; give a text file, one "
+                                "query a line")
+    lines = path.read_bytes().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the final newline ends the last line, it does not start one
+    queries = []
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            text = line.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as e:
+            raise DataError(path, lineno, "query", f"invalid UTF-8 ({e.reason})") from None
+        if not text.strip():
+            raise DataError(path, lineno, "query", "empty query")
+        queries.append(text)
+    if not queries:
+        raise DataError(path, None, "query", "no queries in file")
+    return queries
+
+
+def _view_meta(ranker, **extra) -> dict:
+    return {"model": MODEL_NAME, "encoder": ranker.config.model,
+            "config": ranker.config.to_dict(), "step": ranker.step, "normalized": False,
+            "similarity": "cosine", **extra}
+
+
+def export_entities(ranker, out_dir: str | os.PathLike, *, block_rows: int = 8192,
+                    meta: dict | None = None) -> dict[str, Path]:
+    """Streams ``ranker``'s entity table ``g`` (``inference.EntityRanker``) into one view.
+
+    ``out_dir`` gets ``embeddings.npy`` (float32 ``[num_entities, dim]``, row i = entity
+    i, raw: compare with cosine), ``ids.txt`` (line i = ``ranker.entity_ids[i]``) and
+    ``meta.json`` through ``embedding_core.export.export_view``: one block of
+    ``block_rows`` rows on the host at a time, files moved into place when complete.
+    """
+    from embedding_core.export import export_view
+
+    return export_view(out_dir, ((ids, v) for _, ids, v in ranker.iter_entity_blocks(block_rows)),
+                       num_rows=ranker.num_entities, dim=ranker.dim,
+                       meta=_view_meta(ranker, **(meta or {})))
+
+
+def export_queries(ranker, queries: list[str], out_dir: str | os.PathLike, *,
+                   block_rows: int = 4096, meta: dict | None = None) -> dict[str, Path]:
+    """``f(q)`` of each query into one view (``ids.txt`` line i = query i), streamed in
+    blocks of ``block_rows`` queries; raw vectors, compare with cosine."""
+    from embedding_core.export import export_view
+
+    def blocks() -> Iterator[tuple[list[str], object]]:
+        for start in range(0, len(queries), block_rows):
+            part = queries[start:start + block_rows]
+            yield part, ranker.encode(part)
+
+    return export_view(out_dir, blocks(), num_rows=len(queries), dim=ranker.dim,
+                       meta=_view_meta(ranker, **(meta or {})))
+
+
+def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None = None, *,
+                   input_path: str | os.PathLike | None = None, step: int | None = None,
+                   block_rows: int = 8192) -> Path:
+    """Exports a workdir's checkpoint: ``output/entities/`` and, with ``input_path`` (one
+    query per line), ``output/queries/`` (default output ``workdir/export``).
+
+    Each view holds ``embeddings.npy``, ``ids.txt`` and ``meta.json``
+    (``embedding_core.export.load_export(output)`` reads them back).
+
+    Raises:
+      FileNotFoundError: not a training workdir / no checkpoint / no input file.
+      FileExistsError: ``output`` is a file. DataError: a bad input file.
     """
     from docent_jax.inference import load
 
-    ranker = load(workdir, step=step)
     output = Path(output) if output else Path(workdir) / "export"
-    export_ranker(ranker, output, block_rows=block_rows,
-                  meta={"workdir": str(Path(workdir).resolve())})
-    print(f"wrote {ranker.num_entities} x {ranker.dim} entities.npy, entity_ids.txt, "
-          f"meta.json to {output}")
+    if output.exists() and not output.is_dir():
+        raise FileExistsError(f"--output {output} exists and is not a folder")
+    queries = read_queries(input_path) if input_path is not None else None
+    ranker = load(workdir, step=step)
+    meta = {"workdir": str(Path(workdir).resolve())}
+    export_entities(ranker, output / "entities", block_rows=block_rows, meta=meta)
+    print(f"wrote {ranker.num_entities} x {ranker.dim} entities to {output / 'entities'}")
+    if queries is not None:
+        export_queries(ranker, queries, output / "queries",
+                       meta={**meta, "input": str(Path(input_path).resolve())})
+        print(f"wrote {len(queries)} x {ranker.dim} queries to {output / 'queries'}")
     return output
-
-
-def export_ranker(ranker, output: str | os.PathLike, *, block_rows: int = 8192,
-                  meta: dict | None = None) -> dict[str, Path]:
-    """Streams ``ranker``'s entity table (``inference.EntityRanker``) into ``output``.
-
-    Writes ``entities.npy`` (float32 ``[num_entities, dim]``, row i = entity i),
-    ``entity_ids.txt`` (line i = ``ranker.entity_ids[i]``) and ``meta.json`` through
-    ``embedding_core.export.EmbeddingWriter``: one block of ``block_rows`` rows at a time on
-    the host, files moved into place only when complete.
-
-    Returns:
-      The written paths (``{"entities", "ids", "meta"}``).
-    """
-    from embedding_core.export import export_embeddings
-
-    blocks = ((ids, {"entities": vectors})
-              for _, ids, vectors in ranker.iter_entity_blocks(block_rows))
-    info = {"model": "DocEnt-Dual", "encoder": ranker.config.model,
-            "checkpoint_step": ranker.step,
-            "normalisation": "none (raw g(e); score with cosine)",
-            "config": ranker.config.to_dict(), **(meta or {})}
-    return export_embeddings(output, blocks, num_rows=ranker.num_entities,
-                             dims={"entities": ranker.dim}, meta=info,
-                             ids_filename="entity_ids.txt")
 
 
 def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | None = None
@@ -103,8 +162,8 @@ def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | Non
     if num_train_steps:
         config.num_train_steps = num_train_steps
     t0 = time.time()
-    print(f"[1/3] training DocEnt-Dual ({config.loss} softmax) from {config.model} on the "
-          f"SQuAD Wikipedia entity corpus ({config.num_train_steps} steps x "
+    print(f"[1/3] training {MODEL_NAME} ({config.softmax} softmax) from {config.model} on "
+          f"the SQuAD Wikipedia entity corpus ({config.num_train_steps} steps x "
           f"{config.batch_size} sentences) -> {workdir}")
     train(config, workdir)
     t1 = time.time()
@@ -119,5 +178,5 @@ def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | Non
     print(f"  checkpoints: {workdir / 'checkpoints'}")
     print(f"  TensorBoard: tensorboard --logdir {workdir}")
     print(f"  ranking:     {workdir / 'eval' / 'ranking.json'}")
-    print(f"  embeddings:  {out}/entities.npy, entity_ids.txt, meta.json")
+    print(f"  embeddings:  {out / 'entities'}/embeddings.npy, ids.txt, meta.json")
     return rows

