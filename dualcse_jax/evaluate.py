@@ -1,6 +1,6 @@
 """RTE and EIS evaluation of DualCSE (and of one-vector baselines).
 
-Protocols are our reading of Oda et al. 2025 (PAPERS.md section 1):
+Protocols are our reading of Oda et al. 2025 (``docs/dualcse.md``):
 
 * RTE: a (premise, hypothesis) pair is called entailed when its score exceeds a threshold
   tuned on INLI val for accuracy; DualCSE's score is
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from data_pipelines.inli import INLIExample
+from dualcse_jax.inference import Embedder
 from embedding_core.metrics import accuracy_at_threshold, best_threshold_accuracy
 
 CLASSES = ("explicit", "implied", "neutral", "contradiction")
@@ -33,7 +34,7 @@ def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=-1)
 
 
-def rte_scores(embedder, examples: Sequence[INLIExample],
+def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
                progress: bool = False) -> dict[str, np.ndarray]:
     """Entailment scores per hypothesis class.
 
@@ -44,8 +45,9 @@ def rte_scores(embedder, examples: Sequence[INLIExample],
     hyps = {c: [getattr(ex, _FIELDS[c]) for ex in examples] for c in CLASSES}
     unique = sorted({h for hs in hyps.values() for h in hs})
     index = {h: i for i, h in enumerate(unique)}
-    r_p, u_p = embedder.encode(premises, parts=("r", "u"), progress=progress)
-    (r_h,) = embedder.encode(unique, parts=("r",), progress=progress)
+    r_p = embedder.encode(premises, kind="explicit", show_progress_bar=progress)
+    u_p = embedder.encode(premises, kind="implicit", show_progress_bar=progress)
+    r_h = embedder.encode(unique, kind="explicit", show_progress_bar=progress)
     out = {}
     for c, hs in hyps.items():
         rh = r_h[[index[h] for h in hs]]
@@ -59,7 +61,7 @@ def _flatten(scores: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return s, y
 
 
-def evaluate_rte(embedder, val: Sequence[INLIExample], test: Sequence[INLIExample],
+def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[INLIExample],
                  progress: bool = False) -> dict[str, float]:
     """Threshold tuned on ``val`` pairs, accuracies on ``test`` pairs.
 
@@ -78,13 +80,14 @@ def evaluate_rte(embedder, val: Sequence[INLIExample], test: Sequence[INLIExampl
     return result
 
 
-def implicitness(embedder, texts: Sequence[str]) -> np.ndarray:
+def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
     """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher = more implicit)."""
-    r, u = embedder.encode(texts, parts=("r", "u"))
+    r = embedder.encode(texts, kind="explicit")
+    u = embedder.encode(texts, kind="implicit")
     return (1.0 - _cos_rows(r, u)).astype(np.float32)
 
 
-def evaluate_eis(embedder, pairs: Sequence[tuple[str, str]]) -> float:
+def evaluate_eis(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> float:
     """Share of ``(implicit, explicit)`` pairs whose implicit sentence scores higher.
 
     Ties count as failures (no tie is resolved in the model's favour).

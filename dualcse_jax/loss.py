@@ -1,4 +1,4 @@
-"""The DualCSE 5-term contrastive loss and the supervised SimCSE loss.
+"""The DualCSE 5-term contrastive loss and the supervised SimCSE loss (``docs/dualcse.md``).
 
 Both are written on the global batch (all devices' premises are negatives of each other)
 and are built from ``embedding_core.losses.info_nce``.
@@ -9,10 +9,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from data_pipelines.dualcse_data import sentence_slot
 from embedding_core.losses import info_nce
 
-# Sentence slots of an INLI example, in the order data_pipelines.dualcse_data builds them.
-PREMISE, EXPLICIT, IMPLIED, CONTRADICTION = 0, 1, 2, 3
+# Sentence slots of an INLI example on the model's sentence axis (dualcse_data.SENTENCES).
+PREMISE, EXPLICIT, IMPLIED, CONTRADICTION = (
+    sentence_slot("cross", s) for s in ("premise", "explicit_hyp", "implied_hyp",
+                                        "contradiction"))
+ANCHOR, POSITIVE, HARD_NEGATIVE = (
+    sentence_slot("simcse", s) for s in ("anchor", "positive", "hard_negative"))
 
 
 def _check_ids(vectors: jax.Array, text_ids: jax.Array) -> None:
@@ -38,7 +43,7 @@ def dualcse_loss(
     use_contradiction: bool = True,
     use_intra: bool = True,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """DualCSE loss (Oda et al. 2025, the loss equation of Sec. 3; PAPERS.md section 1).
+    """DualCSE loss (Oda et al. 2025, the loss equation of Sec. 3; ``docs/dualcse.md``).
 
     With ``v(a, b) = exp(cos(a, b) / tau)`` and sums over the global batch j::
 
@@ -120,8 +125,8 @@ def simcse_loss(
     _check_ids(e, text_ids)
     e = e.astype(jnp.float32)
     n = e.shape[0]
-    keys = jnp.concatenate([e[:, 1], e[:, 2]], axis=0)
-    ids = jnp.concatenate([text_ids[:, 1], text_ids[:, 2]], axis=0)
-    per = info_nce(e[:, 0], keys, jnp.arange(n, dtype=jnp.int32), temperature=temperature,
+    keys = jnp.concatenate([e[:, POSITIVE], e[:, HARD_NEGATIVE]], axis=0)
+    ids = jnp.concatenate([text_ids[:, POSITIVE], text_ids[:, HARD_NEGATIVE]], axis=0)
+    per = info_nce(e[:, ANCHOR], keys, jnp.arange(n, dtype=jnp.int32), temperature=temperature,
                    key_ids=ids)
     return jnp.mean(per), {}

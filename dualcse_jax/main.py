@@ -3,7 +3,7 @@
 Usage:
   dualcse-jax train    --config=CONFIG.py --workdir=DIR [--config.FIELD=VALUE ...]
   dualcse-jax evaluate --workdir=DIR [--baseline] [--eis_data=ImpScore.csv]
-  dualcse-jax export   --workdir=DIR --input=SENTENCES.txt --output=OUT_DIR
+  dualcse-jax export   --workdir=DIR --input=SENTENCES.txt --output=OUT_DIR [--normalize]
   dualcse-jax demo     --workdir=DIR [--config=PRESET.py] [--config.FIELD=VALUE ...]
 
 train     trains (or resumes) into DIR: config.json, TensorBoard events, orbax checkpoints.
@@ -17,8 +17,10 @@ evaluate  RTE on INLI test with the threshold tuned on INLI val; prints the tabl
 demo      the README's main job: train DualCSE-Cross from MiniLM on INLI with the CPU
           preset (configs/cross_cpu.py, or --config), evaluate next to the untrained
           MiniLM, export the INLI test premises' embeddings, print where everything is.
-export    encodes one sentence per line of --input and writes OUT_DIR/explicit.npy and
-          implicit.npy (float32 [N, dim], row i = line i), ids.txt and meta.json.
+export    encodes one sentence per line of --input into OUT_DIR/explicit/ (r) and
+          OUT_DIR/implicit/ (u), each with embeddings.npy (float32 [N, dim], row i =
+          line i), ids.txt and meta.json (model, config, step, normalized, similarity);
+          --normalize writes unit-length rows. embedding_core.export.load_export reads it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ flags.DEFINE_string("input", None, "export: text file, one sentence per line (UT
 flags.DEFINE_string("output", None, "export: output directory.")
 flags.DEFINE_bool("baseline", False, "evaluate: also score the untrained model.")
 flags.DEFINE_string("eis_data", None, "evaluate: ImpScore-format CSV for EIS.")
+flags.DEFINE_bool("normalize", None, "export: unit-length rows (default: the run's "
+                  "config.normalize, False unless set).")
 FLAGS = flags.FLAGS
 
 
@@ -49,10 +53,7 @@ def main(argv: list[str]) -> None:
             config = FLAGS.config if FLAGS["config"].present else None
             workflows.run_demo(FLAGS.workdir, FLAGS.num_train_steps, config=config)
         elif command == "train":
-            from dualcse_jax.trainer import train
-
-            train(FLAGS.config, FLAGS.workdir)
-            print(f"checkpoints and TensorBoard events in {FLAGS.workdir}")
+            workflows.train(FLAGS.config, FLAGS.workdir)
         elif command == "evaluate":
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step, baseline=FLAGS.baseline,
                                        eis_data=FLAGS.eis_data)
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> None:
             if not FLAGS.input or not FLAGS.output:
                 raise app.UsageError("export needs --input=FILE and --output=DIR")
             workflows.export_workdir(FLAGS.workdir, FLAGS.input, FLAGS.output,
-                                     step=FLAGS.step)
+                                     step=FLAGS.step, normalize=FLAGS.normalize)
 
 
 def run() -> None:

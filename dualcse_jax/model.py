@@ -1,11 +1,14 @@
 """DualCSE encoders (cross and bi) and the one-vector SimCSE sentence encoder.
 
-DualCSE (Oda et al., arXiv 2510.09293) gives each sentence two vectors in one space:
-``r`` (explicit meaning) and ``u`` (implicit meaning).
+DualCSE (Oda et al., arXiv 2510.09293; ``docs/dualcse.md``) gives each sentence two vectors
+in one space: ``r`` (explicit meaning) and ``u`` (implicit meaning).
 
 * cross-encoder: one transformer; ``r`` from ``[CLS] s [SEP] explicit [SEP]`` and ``u`` from
   ``[CLS] s [SEP] implicit [SEP]`` (the indicator pairing happens in tokenisation);
 * bi-encoder: two transformers, one for ``r`` and one for ``u``, on the plain sentence.
+
+The training batch's fields are those declared in ``data_pipelines.dualcse_data.FIELDS``;
+the model looks them up by name (``sentence_fields``), never by position.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from data_pipelines import dualcse_data
+from dualcse_jax.configs import ARCHITECTURES, POOLINGS
 from embedding_core.encoders import EncoderConfig, TransformerEncoder
+from embedding_core.inference import masked_mean
 
-POOLINGS = ("cls", "cls_mlp", "mean")
-ARCHITECTURES = ("cross", "bi", "simcse")
+KINDS = dualcse_data.INDICATORS  # ("explicit", "implicit"): r and u
 
 
 class Pooler(nn.Module):
@@ -26,7 +31,7 @@ class Pooler(nn.Module):
     * ``cls``: the first token's final state;
     * ``cls_mlp``: SimCSE's head, ``tanh(W h_cls + b)`` with a freshly initialised W (not
       BERT's NSP pooler); used at training *and* evaluation, so the head that was trained
-      is the head that is used (PITFALLS);
+      is the head that is used (``docs/dualcse.md``);
     * ``mean``: average over real tokens only (padding excluded; sentence-transformers'
       MiniLM pooling).
 
@@ -40,8 +45,7 @@ class Pooler(nn.Module):
     def __call__(self, hidden: jax.Array, mask: jax.Array) -> jax.Array:
         hidden = hidden.astype(jnp.float32)
         if self.kind == "mean":
-            m = mask.astype(jnp.float32)[..., None]
-            return jnp.sum(hidden * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+            return masked_mean(hidden, mask)
         cls = hidden[:, 0]
         if self.kind == "cls":
             return cls
@@ -74,13 +78,12 @@ class SentenceEncoder(nn.Module):
 class DualEncoder(nn.Module):
     """DualCSE cross/bi encoder, or (``architecture="simcse"``) a one-vector encoder.
 
-    Inputs are ``[batch, fields, seq_len]`` int32 arrays from ``data_pipelines``:
-
-    * cross: fields alternate (sentence k with "explicit", sentence k with "implicit");
-    * bi and simcse: one field per sentence.
+    Inputs are ``[batch, fields, seq_len]`` int32 arrays of a ``data_pipelines.dualcse_data``
+    table of this architecture (fields as in ``dualcse_data.FIELDS[architecture]``).
 
     Returns:
-      ``(r, u)``, each ``[batch, sentences, hidden]`` float32. For ``simcse`` ``u is r``.
+      ``(r, u)``, each ``[batch, sentences, hidden]`` float32, sentences in the order of
+      ``dualcse_data.SENTENCES[architecture]``. For ``simcse`` ``u is r``.
     """
 
     config: EncoderConfig
@@ -97,15 +100,27 @@ class DualEncoder(nn.Module):
             self.encoder = SentenceEncoder(self.config, self.pooling)
 
     def __call__(self, input_ids, attention_mask, token_type_ids, *, deterministic=True):
-        """Encodes every field.
+        """Encodes every field and returns each sentence's r and u.
 
-        Each input is either one ``[batch, fields, seq_len]`` array or a tuple of them, one
-        per length group (consecutive runs of fields padded to their own length; see
-        ``data_pipelines.pipeline.make_batches(length_groups=...)``).
+        Each input is either one ``[batch, fields, seq_len]`` array (fields in table order)
+        or a tuple of them, one per group of ``dualcse_data.length_groups(architecture)``
+        (see ``data_pipelines.pipeline.make_batches(length_groups=...)``).
         """
-        if not isinstance(input_ids, (tuple, list)):
+        if isinstance(input_ids, (tuple, list)):
+            groups = dualcse_data.length_groups(self.architecture)
+            if len(groups) != len(input_ids):
+                raise ValueError(f"{len(input_ids)} input groups; the {self.architecture} "
+                                 f"length groups are {groups}")
+        else:
             input_ids, attention_mask, token_type_ids = (
                 (input_ids,), (attention_mask,), (token_type_ids,))
+            groups = (tuple(range(input_ids[0].shape[1])),)
+        fields = dualcse_data.FIELDS[self.architecture]
+        if sum(len(g) for g in groups) != len(fields):
+            raise ValueError(f"{sum(len(g) for g in groups)} fields; {self.architecture} "
+                             f"batches have {len(fields)}: {fields}")
+        # Where each table field sits once the groups' outputs are concatenated.
+        position = {field: k for k, field in enumerate(f for g in groups for f in g)}
 
         def run(encoder):
             outs = []
@@ -115,25 +130,29 @@ class DualEncoder(nn.Module):
                 outs.append(encoder(*flat, deterministic=deterministic).reshape(b, f, -1))
             return jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
 
+        def sentences(e, kind):
+            cols = [position[f] for f in dualcse_data.sentence_fields(self.architecture, kind)]
+            return take_fields(e, cols)
+
         if self.architecture == "bi":
-            return run(self.explicit_encoder), run(self.implicit_encoder)
+            return (sentences(run(self.explicit_encoder), "explicit"),
+                    sentences(run(self.implicit_encoder), "implicit"))
         e = run(self.encoder)
         if self.architecture == "simcse":
+            e = sentences(e, "explicit")
             return e, e
-        b, f, dim = e.shape
-        if f % 2:
-            raise ValueError(f"cross-encoder needs (explicit, implicit) field pairs, got {f}")
-        e = e.reshape(b, f // 2, 2, dim)
-        return e[:, :, 0], e[:, :, 1]
+        return sentences(e, "explicit"), sentences(e, "implicit")
 
-    def encode_single(self, input_ids, attention_mask, token_type_ids, part: str = "r"):
+    def encode_single(self, input_ids, attention_mask, token_type_ids, kind: str = "explicit"):
         """Encodes ``[n, seq_len]`` inputs with one encoder, for inference.
 
         For cross and simcse the indicator (if any) is already in the tokens; for bi,
-        ``part`` picks the explicit (``"r"``) or implicit (``"u"``) encoder.
+        ``kind`` picks the explicit (r) or implicit (u) encoder.
         """
+        if kind not in KINDS:
+            raise ValueError(f"kind {kind!r}: use one of {KINDS}")
         if self.architecture == "bi":
-            enc = self.explicit_encoder if part == "r" else self.implicit_encoder
+            enc = self.explicit_encoder if kind == "explicit" else self.implicit_encoder
             return enc(input_ids, attention_mask, token_type_ids, deterministic=True)
         return self.encoder(input_ids, attention_mask, token_type_ids, deterministic=True)
 
@@ -155,8 +174,9 @@ def build_model(config, encoder_config: EncoderConfig) -> DualEncoder:
                        config.pooling)
 
 
-def init_fn(model: DualEncoder, num_fields: int):
-    """``rng -> boxed params`` for ``model`` on ``[1, num_fields, 8]`` dummy inputs."""
+def init_fn(model: DualEncoder):
+    """``rng -> boxed params`` for ``model`` on dummy inputs of its architecture's fields."""
+    num_fields = len(dualcse_data.FIELDS[model.architecture])
 
     def init(rng):
         ids = jnp.zeros((1, num_fields, 8), jnp.int32)
@@ -165,42 +185,42 @@ def init_fn(model: DualEncoder, num_fields: int):
     return init
 
 
-def length_groups(architecture: str) -> tuple[tuple[int, ...], ...]:
-    """Field groups padded separately: the (long) premise apart from the (short) hypotheses.
-
-    Field order is that of ``data_pipelines.dualcse_data``: cross has the premise's two
-    indicator views first, bi and simcse the premise / anchor first.
-    """
-    if architecture == "cross":
-        return ((0, 1), (2, 3, 4, 5, 6, 7))
-    if architecture == "bi":
-        return ((0,), (1, 2, 3))
-    return ((0,), (1, 2))
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def model_inputs(batch) -> tuple:
     """``(input_ids, attention_mask, token_type_ids)`` of a batch, grouped or not."""
-    names = ("input_ids", "attention_mask", "token_type_ids")
     if "input_ids" in batch:
-        return tuple(batch[n] for n in names)
+        return tuple(batch[n] for n in INPUT_NAMES)
     groups = sorted(int(k.rsplit("_", 1)[1]) for k in batch if k.startswith("input_ids_"))
-    return tuple(tuple(batch[f"{n}_{g}"] for g in groups) for n in names)
+    return tuple(tuple(batch[f"{n}_{g}"] for g in groups) for n in INPUT_NAMES)
 
 
 def sentence_text_ids(text_ids, architecture: str):
     """Per-sentence identities ``[batch, sentences]`` from per-field ``[batch, fields]`` ids.
 
-    The cross-encoder's fields are the (explicit, implicit) indicator views of each sentence
-    in turn, and both views carry the sentence's id: keep one column per sentence, so that
-    column k names the sentence of ``r[:, k]`` / ``u[:, k]``. Bi and simcse have one field
-    per sentence already.
+    The cross-encoder has an (explicit, implicit) field for each sentence, and both carry
+    the sentence's id: keep the explicit field's column of each sentence, so that column k
+    names the sentence of ``r[:, k]`` / ``u[:, k]``. Bi and simcse have one field per
+    sentence already.
 
     Raises:
-      ValueError: a cross batch with an odd number of fields.
+      ValueError: a batch whose field count is not the architecture's.
     """
-    if architecture != "cross":
-        return text_ids
-    if text_ids.shape[1] % 2:
-        raise ValueError(f"cross-encoder batches have (explicit, implicit) field pairs; "
-                         f"got {text_ids.shape[1]} text-id columns")
-    return text_ids[:, ::2]
+    fields = dualcse_data.FIELDS[architecture]
+    if text_ids.shape[1] != len(fields):
+        raise ValueError(f"{architecture} batches have {len(fields)} fields {fields}; got "
+                         f"{text_ids.shape[1]} text-id columns")
+    return take_fields(text_ids, dualcse_data.sentence_fields(architecture, "explicit"))
+
+
+def take_fields(x, cols):
+    """``x[:, cols]``: a strided slice when ``cols`` are evenly spaced (the usual case),
+    ``x`` itself when they are all columns in order."""
+    cols = [int(c) for c in cols]
+    if cols == list(range(x.shape[1])):
+        return x
+    step = cols[1] - cols[0] if len(cols) > 1 else 1
+    if step > 0 and cols == list(range(cols[0], cols[-1] + 1, step)):
+        return x[:, cols[0]:cols[-1] + 1:step]
+    return x[:, jnp.asarray(cols)]

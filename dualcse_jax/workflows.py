@@ -1,4 +1,4 @@
-"""The CLI's work as plain functions: evaluate a workdir, export embeddings, the demo.
+"""The CLI's work as plain functions: train, evaluate a workdir, export embeddings, the demo.
 
 No flags are parsed here, so notebooks and tests call these directly.
 """
@@ -9,7 +9,18 @@ import os
 import time
 from pathlib import Path
 
-from embedding_core.export import write_json
+from embedding_core.files import write_json, write_lines
+
+VIEWS = ("explicit", "implicit")  # export folders: r and u
+
+
+def train(config, workdir: str | os.PathLike, *, stop_after: int | None = None):
+    """Trains (or resumes) into ``workdir``; see :func:`dualcse_jax.trainer.train`."""
+    from dualcse_jax.trainer import train as train_task
+
+    state = train_task(config, workdir, stop_after=stop_after)
+    print(f"checkpoints and TensorBoard events in {workdir}")
+    return state
 
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
@@ -18,7 +29,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     """RTE (+ EIS) of a workdir's checkpoint; writes ``workdir/eval/rte.json`` and prints."""
     from data_pipelines import impscore, inli
     from dualcse_jax import evaluate
-    from dualcse_jax.inference import baseline as make_baseline
+    from dualcse_jax.baselines import baseline as make_baseline
     from dualcse_jax.inference import load
 
     val = inli.read_inli(inli.inli_split_path("val"))
@@ -85,34 +96,44 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
 
 
 def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
-                   *, step: int | None = None, chunk: int = 4096) -> Path:
-    """Streams both embeddings of ``input_path``'s sentences into ``output`` atomically."""
+                   *, step: int | None = None, normalize: bool | None = None,
+                   chunk: int = 4096) -> Path:
+    """Streams r and u of ``input_path``'s sentences into ``output/explicit`` and
+    ``output/implicit`` (``embeddings.npy``, ``ids.txt``, ``meta.json`` each, written
+    atomically by ``embedding_core.export.export_view``).
+
+    Args:
+      normalize: unit-length rows; ``None`` follows the run's ``config.normalize``.
+
+    Raises:
+      FileExistsError: ``output`` is a file; FileNotFoundError, IsADirectoryError,
+        DataError: a bad ``input_path`` (nothing is written then).
+    """
     from dualcse_jax.inference import load
-    from embedding_core.export import export_embeddings
+    from embedding_core.export import export_view
 
     if Path(output).exists() and not Path(output).is_dir():
         raise FileExistsError(f"--output {output} exists and is not a folder")
     sentences = read_sentences(input_path)
     embedder = load(workdir, step=step)
+    config = embedder.config
+    normalize = bool(config.normalize if normalize is None else normalize)
 
-    def blocks():
+    def blocks(kind):
         for start in range(0, len(sentences), chunk):
             part = sentences[start:start + chunk]
-            r, u = embedder.encode(part, progress=False)
-            yield part, {"explicit": r, "implicit": u}
+            yield part, embedder.encode(part, kind=kind, normalize=normalize)
 
-    meta = {
-        "model": embedder.config.model, "architecture": embedder.config.architecture,
-        "pooling": embedder.config.pooling, "checkpoint_step": embedder.step,
-        "workdir": str(Path(workdir).resolve()), "input": str(Path(input_path).resolve()),
-        "normalisation": "l2" if embedder.config.normalize else "none (raw pooled vectors; "
-        "compare with cosine)", "config": embedder.config.to_dict(),
-    }
-    dim = embedder.model.config.hidden_size
-    export_embeddings(output, blocks(), num_rows=len(sentences),
-                      dims={"explicit": dim, "implicit": dim}, meta=meta)
-    print(f"wrote {len(sentences)} x {dim} explicit.npy / implicit.npy, ids.txt, meta.json "
-          f"to {output}")
+    for kind in VIEWS:
+        meta = {"model": config.model, "config": config.to_dict(), "step": embedder.step,
+                "normalized": normalize, "similarity": "cosine", "view": kind,
+                "architecture": config.architecture, "pooling": config.pooling,
+                "workdir": str(Path(workdir).resolve()),
+                "input": str(Path(input_path).resolve())}
+        export_view(Path(output) / kind, blocks(kind), num_rows=len(sentences),
+                    dim=embedder.dim, meta=meta)
+    print(f"wrote {len(sentences)} x {embedder.dim} embeddings to {output}/explicit/ (r) and "
+          f"{output}/implicit/ (u): embeddings.npy, ids.txt, meta.json each")
     return Path(output)
 
 
@@ -133,7 +154,7 @@ def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
 
     from data_pipelines import inli
     from dualcse_jax.configs import cross_cpu
-    from dualcse_jax.trainer import train
+    from dualcse_jax.trainer import train as train_task
 
     config = cross_cpu.get_config() if config is None else config
     if num_train_steps:
@@ -141,16 +162,14 @@ def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
     t0 = time.time()
     print(f"[1/3] training DualCSE-Cross from {config.model} on INLI train "
           f"({config.num_train_steps} steps x {config.batch_size} premises) -> {workdir}")
-    train(config, workdir)
+    train_task(config, workdir)
     t1 = time.time()
     print("[2/3] evaluating RTE on INLI test (and the untrained baseline)")
     result = evaluate_workdir(workdir, baseline=True)
     t2 = time.time()
     premises_file = workdir / "inli_test_premises.txt"
     premises = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))]
-    tmp = premises_file.with_suffix(".tmp")
-    tmp.write_text("\n".join(premises) + "\n", encoding="utf-8")
-    os.replace(tmp, premises_file)
+    write_lines(premises_file, premises)
     print(f"[3/3] exporting both embeddings of the {len(premises)} INLI test premises")
     export_dir = workdir / "export_test_premises"
     export_workdir(workdir, str(premises_file), str(export_dir))
@@ -166,6 +185,7 @@ def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
     print(f"  checkpoints:  {workdir / 'checkpoints'}")
     print(f"  TensorBoard:  tensorboard --logdir {workdir}")
     print(f"  RTE results:  {workdir / 'eval' / 'rte.json'} (baseline: rte_baseline.json)")
-    print(f"  embeddings:   {export_dir}/explicit.npy, implicit.npy, ids.txt, meta.json")
+    print(f"  embeddings:   {export_dir}/explicit/ and {export_dir}/implicit/ "
+          "(embeddings.npy, ids.txt, meta.json)")
 
     return result

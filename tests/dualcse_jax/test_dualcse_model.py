@@ -1,21 +1,16 @@
 """DualEncoder: grouped padding, pooling and the cross/bi/simcse layouts."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from data_pipelines import dualcse_data, inli, pipeline
+from data_pipelines.dualcse_data import length_groups
 from data_pipelines.tokenization import load_tokenizer
 from dualcse_jax.configs import default
-from dualcse_jax.model import (
-    DualEncoder,
-    Pooler,
-    build_model,
-    init_fn,
-    length_groups,
-    model_inputs,
-)
+from dualcse_jax.model import Pooler, build_model, init_fn, model_inputs
 from embedding_core.pretrained import load_pretrained
 
 
@@ -34,7 +29,7 @@ def _untrained(tiny, architecture):
     config.architecture, config.dropout = architecture, False
     model = build_model(config, pre.config)
     table = dualcse_data.inli_table(rows, tok, 64, encoder=architecture)
-    params = init_fn(model, len(table.field_names))(jax.random.key(0))
+    params = init_fn(model)(jax.random.key(0))
     return config, model, table, params, rows
 
 
@@ -63,14 +58,51 @@ def test_mean_pooling_ignores_padding():
     np.testing.assert_allclose(Pooler("mean").apply({}, changed, mask)[0], out[0], rtol=1e-6)
 
 
-def test_cls_mlp_head_is_trained_and_used(tiny):
-    pre, _, _ = tiny
-    model = DualEncoder(pre.config, "simcse", "cls_mlp")
-    params = init_fn(model, 3)(jax.random.key(0))
-    assert "mlp" in params["encoder"]["pooler"]
-    ids = jnp.asarray([[[101, 2023, 102], [101, 2003, 102], [101, 1037, 102]]], jnp.int32)
-    e, _ = model.apply({"params": params}, ids, jnp.ones_like(ids), jnp.zeros_like(ids))
-    assert np.all(np.abs(np.asarray(e)) <= 1.0)  # tanh head applied
+def test_cls_mlp_head_is_trained_and_used(tmp_path, tiny_bert_dir):
+    """SimCSE's cls_mlp head: its weights move in training, and encode goes through them."""
+    from dualcse_jax.inference import load
+    from dualcse_jax.trainer import train
+    from embedding_core.pretrained import load_pretrained as lp
+
+    config = default.get_config()
+    config.update(model=str(tiny_bert_dir), architecture="simcse", pooling="cls_mlp",
+                  train_data="inli", max_length=32, batch_size=8, max_train_examples=32,
+                  num_train_steps=2, learning_rate=1e-3, dropout=False, log_every=1)
+    initial = init_fn(build_model(config, lp(config.model).config))(jax.random.key(0))
+    assert set(initial["encoder"]["pooler"]["mlp"]) == {"kernel", "bias"}
+    train(config, tmp_path / "w")
+    model = load(tmp_path / "w")
+    head = jax.tree.map(np.asarray, model.params["encoder"]["pooler"]["mlp"])
+    # Trained: the head moved from its (seed-42) initialisation.
+    init_rng, _ = jax.random.split(jax.random.key(config.seed))
+    start = jax.tree.map(np.asarray, nn.unbox(init_fn(model.model)(init_rng))["encoder"]
+                         ["pooler"]["mlp"])
+    assert np.abs(head["kernel"] - start["kernel"]).max() > 1e-4
+    assert np.abs(head["bias"]).max() > 1e-5  # zero-initialised
+
+    texts = ["A man is playing a guitar.", "The lawn was littered with toys."]
+    got = model.encode(texts, kind="explicit")
+    # Used: encode = tanh(W h_cls + b) of the trained head, by hand from the [CLS] state.
+    from data_pipelines.tokenization import tokenize
+    from embedding_core.encoders import TransformerEncoder
+
+    tok = tokenize(model.tokenizer, texts, config.max_length)
+    width = int(tok.lengths.max())
+    ids, types = tok.input_ids[:, :width], tok.token_type_ids[:, :width]
+    mask = (np.arange(width)[None] < tok.lengths[:, None]).astype(np.int32)
+    hidden = TransformerEncoder(model.model.config).apply(
+        {"params": model.params["encoder"]["transformer"]}, ids, mask, types,
+        deterministic=True).last_hidden_state
+    cls = np.asarray(hidden, np.float32)[:, 0]
+    np.testing.assert_allclose(got, np.tanh(cls @ head["kernel"] + head["bias"]), atol=1e-5)
+    assert not np.allclose(got, cls, atol=1e-3)  # not the bare [CLS] state
+    # And perturbing the head changes what encode returns.
+    params = jax.tree.map(lambda x: x, model.params)  # new containers, same leaves
+    params["encoder"]["pooler"]["mlp"]["bias"] = head["bias"] + 0.5
+    model.params = params
+    np.testing.assert_allclose(model.encode(texts, kind="explicit"),
+                               np.tanh(cls @ head["kernel"] + head["bias"] + 0.5), atol=1e-5)
+    assert np.abs(model.encode(texts, kind="explicit") - got).max() > 0.05
 
 
 @pytest.mark.parametrize("architecture", ["cross", "bi"])

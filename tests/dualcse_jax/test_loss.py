@@ -19,7 +19,7 @@ def _v(a, b):
 
 
 def reference_loss(r, u, use_contradiction=True, use_intra=True):
-    """Literal loops over the equation in PAPERS.md section 1 (no masking)."""
+    """Literal loops over the equation in docs/dualcse.md (no masking)."""
     n = r.shape[0]
     rp, up = r[:, 0], u[:, 0]
     r1, u1 = r[:, 1], u[:, 1]

@@ -1,6 +1,6 @@
 """A DualCSE step gives the same loss and gradients on every mesh, and across processes.
 
-Dropout is off for the mesh comparison (PITFALLS: random bits depend on the sharding).
+Dropout is off for the mesh comparison (its random bits depend on the sharding).
 The gradient check catches the pmap-era fault of a per-device loss without averaging
 (gradients N_dev times too large) as well as a missing all-gather of negatives.
 """
@@ -57,7 +57,7 @@ def _loss_and_grads(setting, devices, data, model_axis):
     mesh = parallel.make_mesh(data, model_axis, devices=devices)
     tx, _ = training.make_optimizer(learning_rate=1e-3, total_steps=10)
     state, shardings = training.create_sharded_state(
-        init_fn(model, len(table.field_names)), tx, mesh, jax.random.key(0),
+        init_fn(model), tx, mesh, jax.random.key(0),
         pretrained={p: pre.params for p in pretrained_paths(config.architecture)})
     loss_fn = make_loss_fn(model, config)
     grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True),

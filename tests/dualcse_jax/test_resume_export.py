@@ -1,7 +1,6 @@
 """Resumption after SIGKILL, export == load().encode, and the CLI's errors on bad input."""
 
 import csv
-import json
 import signal
 import subprocess
 import sys
@@ -77,26 +76,76 @@ def test_sigkill_then_resume_gives_the_same_parameters(tmp_path, tiny_bert_dir, 
 
 def test_export_equals_fresh_encode(tmp_path, uninterrupted):
     from data_pipelines import inli
+    from embedding_core.export import load_export
 
     sentences = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))[:37]]
     src = tmp_path / "sentences.txt"
     src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     out = tmp_path / "export"
     _cli("export", f"--workdir={uninterrupted}", f"--input={src}", f"--output={out}")
-    explicit = np.load(out / "explicit.npy")
-    implicit = np.load(out / "implicit.npy")
+    assert sorted(p.name for p in out.iterdir()) == ["explicit", "implicit"]
+    views = load_export(out)
+    explicit, ids, meta = views["explicit"]
+    implicit, implicit_ids, _ = views["implicit"]
     assert explicit.dtype == np.float32 and explicit.shape == (37, 32)
-    assert (out / "ids.txt").read_text(encoding="utf-8").splitlines() == sentences
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["checkpoint_step"] == OVERRIDES["num_train_steps"]
+    assert implicit.dtype == np.float32 and implicit.shape == (37, 32)
+    assert ids == sentences and implicit_ids == sentences
+    assert (out / "explicit" / "ids.txt").read_text(encoding="utf-8").splitlines() == sentences
+    assert meta["step"] == OVERRIDES["num_train_steps"]
+    assert meta["normalized"] is False and meta["similarity"] == "cosine"
+    assert meta["config"]["architecture"] == "cross"
     emb, _ = _params(uninterrupted)
-    r, u = emb.encode(sentences)
+    r = emb.encode(sentences, kind="explicit")
+    u = emb.encode(sentences, kind="implicit")
     np.testing.assert_allclose(explicit, r, atol=1e-5)
     np.testing.assert_allclose(implicit, u, atol=1e-5)
     assert np.abs(r - u).max() > 1e-4  # not the same vector twice (nor swapped unnoticed)
     # Row order is input order, not the length-sorted batching order.
-    r_rev, _ = emb.encode(sentences[::-1])
+    r_rev = emb.encode(sentences[::-1], kind="explicit")
     np.testing.assert_allclose(r_rev[::-1], r, atol=1e-5)
+
+
+def test_two_step_run_loads_encodes_and_exports(tmp_path, tiny_bert_dir):
+    """After a 2-step run (what ``dualcse-jax train`` calls): one unit-norm float32 row per
+    text, and an export whose two views equal ``encode`` of the same texts."""
+    from dualcse_jax import load, workflows
+    from embedding_core.export import load_export
+
+    config = default.get_config()
+    config.update(dict(OVERRIDES, model=str(tiny_bert_dir), num_train_steps=2,
+                       eval_every=0, checkpoint_every=2))
+    workdir = tmp_path / "w"
+    workflows.train(config, workdir)
+    model = load(workdir)
+    assert model.step == 2 and model.dim == 32
+    one = model.encode(["a sentence"], batch_size=2, normalize=True, show_progress_bar=False)
+    assert one.dtype == np.float32 and one.shape == (1, model.dim)
+    np.testing.assert_allclose(np.linalg.norm(one, axis=1), 1.0, atol=1e-6)
+    with pytest.raises(ValueError, match="text 1 is empty or whitespace only"):
+        model.encode(["fine", "  "])
+    with pytest.raises(TypeError):
+        model.encode("a single string")
+    with pytest.raises(ValueError, match="kind"):
+        model.encode(["fine"], kind="r")
+
+    texts = ["a sentence", "The lawn was littered with toys.", "He kept his promise."]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for normalize in (False, True):
+        out = tmp_path / f"export_{normalize}"
+        workflows.export_workdir(workdir, str(src), str(out), normalize=normalize)
+        assert sorted(p.name for p in out.iterdir()) == ["explicit", "implicit"]
+        views = load_export(out)
+        for kind in ("explicit", "implicit"):
+            assert sorted(p.name for p in (out / kind).iterdir()) == [
+                "embeddings.npy", "ids.txt", "meta.json"]
+            vectors, ids, meta = views[kind]
+            assert ids == texts and vectors.dtype == np.float32
+            assert {"model", "config", "step", "normalized", "similarity"} <= set(meta)
+            assert meta["step"] == 2 and meta["normalized"] is normalize
+            want = model.encode(texts, kind=kind, normalize=normalize)
+            np.testing.assert_allclose(vectors, want, atol=1e-5)
+        assert np.abs(views["explicit"][0] - views["implicit"][0]).max() > 1e-4
 
 
 @pytest.mark.parametrize("content,expect", [
