@@ -304,7 +304,7 @@ def human_cv_folds(
     skip_unknown_movies: bool = False,
 ) -> list[HumanCVFold]:
     """The DocEnt authors' human cross-validation: users split into folds, each fold's tag
-    counts predicted by the other folds' counts (PAPERS.md section 2).
+    counts predicted by the other folds' counts (``docs/docent.md``).
 
     Exactly: ``users = np.unique(user_ids)`` (sorted distinct userIds of all ``tags``, before
     any vocabulary filter); ``np.random.seed(seed); perm = np.random.permutation(users)``;

@@ -36,20 +36,34 @@ def _tiny_data() -> docent_data.EntityData:
     return docent_data.EntityData(ENTITIES, WORDS, sentences, queries, "tiny test corpus")
 
 
+EVALUATIONS = []
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_bert_dir):
-    """Two steps of the full-vocabulary softmax on a data=4 x model=2 mesh."""
+    """Two steps of the full-vocabulary softmax on a data=4 x model=2 mesh, with the
+    held-out ranking after each step (``eval_every=1``)."""
+    from docent_jax import evaluate
+
     mp = pytest.MonkeyPatch()
     mp.setattr(docent_data, "load_data", lambda config: _tiny_data())
+    original = evaluate.evaluate_ranker
+    mp.setattr(evaluate, "evaluate_ranker", lambda ranker, queries, **kw: EVALUATIONS.append(
+        (ranker.step, len(queries))) or original(ranker, queries, **kw))
     config = default.get_config()
     config.update(dict(model=str(tiny_bert_dir), max_length=16, batch_size=8,
                        num_train_steps=2, log_every=1, checkpoint_every=100, warmup_steps=0,
                        softmax="full_vocab", mesh_data=4, mesh_model=2, dropout=False,
-                       learning_rate=1e-3, entity_learning_rate=1e-2, pooling="mean"))
+                       learning_rate=1e-3, entity_learning_rate=1e-2, pooling="mean",
+                       eval_every=1))
     workdir = tmp_path_factory.mktemp("docent") / "run"
     state = trainer.train(config, workdir)
-    yield workdir, jax.device_get(state.params)
     mp.undo()
+    yield workdir, jax.device_get(state.params)
+
+
+def test_training_ran_the_heldout_ranking_every_step(trained):
+    assert EVALUATIONS == [(1, 5), (2, 5)]
 
 
 def test_checkpoint_restores_the_trained_table_and_ids(trained):
