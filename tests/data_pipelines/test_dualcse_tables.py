@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_pipelines import dualcse_data
 from data_pipelines.dualcse_data import (
     inli_table,
     simcse_table,
@@ -116,3 +117,30 @@ def test_simcse_tables(test_rows, tokenizer, tmp_path, monkeypatch):
     small = simcse_table(["A dog runs.", "a dog  runs."], ["It moves.", "No cat."],
                          ["no cat.", "It sleeps."], tokenizer, 16)
     assert small.text_ids.tolist() == [[0, 1, 2], [0, 2, 3]]
+
+
+def test_field_layout_is_declared_once(test_rows, tokenizer, cross):
+    """Tables, sentence fields and length groups all follow ``dualcse_data.FIELDS``."""
+    assert dualcse_data.FIELDS["cross"] == CROSS_FIELDS == cross.field_names
+    bi = inli_table(test_rows[:4], tokenizer, 32, encoder="bi")
+    simcse = simcse_table_from_inli(test_rows[:2], tokenizer, 32)
+    assert bi.field_names == dualcse_data.FIELDS["bi"]
+    assert simcse.field_names == dualcse_data.FIELDS["simcse"]
+    # r and u of each sentence, by name.
+    for indicator in dualcse_data.INDICATORS:
+        cols = dualcse_data.sentence_fields("cross", indicator)
+        assert [CROSS_FIELDS[c] for c in cols] == [
+            f"{s}_{indicator}" for s in dualcse_data.INLI_SENTENCES]
+        assert dualcse_data.sentence_fields("bi", indicator) == (0, 1, 2, 3)
+    assert dualcse_data.sentence_slot("cross", "contradiction") == 3
+    assert dualcse_data.sentence_slot("simcse", "hard_negative") == 2
+    # The long first sentence (premise / anchor) is padded apart from the rest.
+    assert dualcse_data.length_groups("cross") == ((0, 1), (2, 3, 4, 5, 6, 7))
+    assert dualcse_data.length_groups("bi") == ((0,), (1, 2, 3))
+    assert dualcse_data.length_groups("simcse") == ((0,), (1, 2))
+    with pytest.raises(ValueError, match="architecture 'dual'"):
+        dualcse_data.length_groups("dual")
+    with pytest.raises(ValueError, match="no field 'premise'"):
+        dualcse_data.field_index("cross", "premise")
+    with pytest.raises(ValueError, match="indicator 'r'"):
+        dualcse_data.sentence_fields("cross", "r")
