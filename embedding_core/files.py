@@ -64,3 +64,22 @@ def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
             raise ValueError(f"{path}: line {i + 1} would contain a line break: {line!r}")
         out.append(line + "\n")
     write_text_atomic(path, "".join(out))
+
+
+def read_json_object(path: str | os.PathLike, missing_hint: str = "") -> dict[str, Any]:
+    """A JSON file that must hold an object.
+
+    Raises:
+      FileNotFoundError: no such file (``missing_hint`` is appended to the message).
+      ValueError: not UTF-8 JSON, or not an object (the file is named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found{': ' + missing_hint if missing_hint else ''}")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj

@@ -1,0 +1,44 @@
+"""Plain text files of one text per line (sentences to export, queries to rank)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from data_pipelines.errors import DataError
+
+
+def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--input"
+                    ) -> list[str]:
+    """One text per line, strict UTF-8 (a trailing ``\\r`` is dropped).
+
+    Args:
+      what: the field's name in errors (``sentence``, ``query``).
+      flag: the command-line flag that named the file, for the message.
+
+    Raises:
+      FileNotFoundError, IsADirectoryError: no such file.
+      DataError: invalid UTF-8 or an empty line (file and line
+        named), or no line at all.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{flag} {path} does not exist")
+    if not path.is_file():
+        raise IsADirectoryError(f"{flag} {path} is not a file; give a text file, one "
+                                f"{what} a line")
+    lines = path.read_bytes().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the final newline ends the last line, it does not start one
+    texts = []
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            text = line.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as e:
+            raise DataError(path, lineno, what, f"invalid UTF-8 ({e.reason})") from None
+        if not text.strip():
+            raise DataError(path, lineno, what, f"empty {what}")
+        texts.append(text)
+    if not texts:
+        raise DataError(path, None, what, f"no {what} in file")
+    return texts
