@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from data_pipelines.text_lines import read_text_lines
 from embedding_core.files import write_json
 
 MODEL_NAME = "DocEnt-Dual"
@@ -50,38 +51,6 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     print(evaluate.format_table(rows))
     print(f"wrote {Path(workdir) / 'eval' / 'ranking.json'}")
     return rows
-
-
-def read_queries(path: str | os.PathLike) -> list[str]:
-    """One query per line, strict UTF-8; an empty line is an error naming the line.
-
-    Raises:
-      FileNotFoundError, IsADirectoryError: no such file.
-      data_pipelines.errors.DataError: invalid UTF-8, an empty line, or no queries.
-    """
-    from data_pipelines.errors import DataError
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"--input {path} does not exist")
-    if not path.is_file():
-        raise IsADirectoryError(f"--input {path} is not a file; give a text file, one "
-                                "query a line")
-    lines = path.read_bytes().split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final newline ends the last line, it does not start one
-    queries = []
-    for lineno, line in enumerate(lines, start=1):
-        try:
-            text = line.decode("utf-8").rstrip("\r")
-        except UnicodeDecodeError as e:
-            raise DataError(path, lineno, "query", f"invalid UTF-8 ({e.reason})") from None
-        if not text.strip():
-            raise DataError(path, lineno, "query", "empty query")
-        queries.append(text)
-    if not queries:
-        raise DataError(path, None, "query", "no queries in file")
-    return queries
 
 
 def _view_meta(ranker, **extra) -> dict:
@@ -139,7 +108,7 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None 
     output = Path(output) if output else Path(workdir) / "export"
     if output.exists() and not output.is_dir():
         raise FileExistsError(f"--output {output} exists and is not a folder")
-    queries = read_queries(input_path) if input_path is not None else None
+    queries = read_text_lines(input_path, "query") if input_path is not None else None
     ranker = load(workdir, step=step)
     meta = {"workdir": str(Path(workdir).resolve())}
     export_entities(ranker, output / "entities", block_rows=block_rows, meta=meta)

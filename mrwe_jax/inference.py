@@ -10,7 +10,6 @@ encodes already computed features (the evaluation and the export use the feature
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from data_pipelines import word_features
 from data_pipelines.word_features import FeatureSet
 from data_pipelines.word_sources import WordSource, idf, tokenize_words
 from embedding_core import configs, parallel, training
+from embedding_core.files import read_json_object
 from embedding_core.inference import Encoder, encode_in_batches
 from mrwe_jax import data
 from mrwe_jax.configs import default
@@ -47,16 +47,8 @@ def read_recipe(workdir: str | os.PathLike) -> dict[str, Any]:
     Raises:
       FileNotFoundError: the workdir has none; ValueError: not a JSON object.
     """
-    path = Path(workdir) / FEATURES_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {workdir} a mrwe-jax training workdir?")
-    try:
-        recipe = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(recipe, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return recipe
+    return read_json_object(Path(workdir) / FEATURES_FILE,
+                            f"is {workdir} a mrwe-jax training workdir?")
 
 
 def tower_label(config: ml_collections.ConfigDict, step: int | None) -> str:
