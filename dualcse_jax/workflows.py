@@ -70,29 +70,9 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
 
 def read_sentences(path: str | os.PathLike) -> list[str]:
     """One sentence per line, strict UTF-8; an empty line is an error naming the line."""
-    from data_pipelines.errors import DataError
+    from data_pipelines.text_lines import read_text_lines
 
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"--input {path} does not exist")
-    if not path.is_file():
-        raise IsADirectoryError(f"--input {path} is not a file; give a text file, one "
-                                "sentence a line")
-    lines = path.read_bytes().split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final newline ends the last line, it does not start one
-    sentences = []
-    for lineno, line in enumerate(lines, start=1):
-        try:
-            text = line.decode("utf-8").rstrip("\r")
-        except UnicodeDecodeError as e:
-            raise DataError(path, lineno, "sentence", f"invalid UTF-8 ({e.reason})") from None
-        if not text.strip():
-            raise DataError(path, lineno, "sentence", "empty sentence")
-        sentences.append(text)
-    if not sentences:
-        raise DataError(path, None, "sentence", "no sentences in file")
-    return sentences
+    return read_text_lines(path, "sentence")
 
 
 def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
