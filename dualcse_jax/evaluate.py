@@ -46,7 +46,8 @@ def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
     unique = sorted({h for hs in hyps.values() for h in hs})
     index = {h: i for i, h in enumerate(unique)}
     r_p = embedder.encode(premises, kind="explicit", show_progress_bar=progress)
-    u_p = embedder.encode(premises, kind="implicit", show_progress_bar=progress)
+    u_p = r_p if embedder.model.architecture == "simcse" else embedder.encode(
+        premises, kind="implicit", show_progress_bar=progress)  # one-vector model: r = u
     r_h = embedder.encode(unique, kind="explicit", show_progress_bar=progress)
     out = {}
     for c, hs in hyps.items():
