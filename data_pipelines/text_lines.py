@@ -10,7 +10,7 @@ from data_pipelines.errors import DataError
 
 def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--input"
                     ) -> list[str]:
-    """One text per line, strict UTF-8 (a trailing ``\\r`` is dropped).
+    """One text per line, strict UTF-8 (a trailing ``\\r`` and a leading BOM are dropped).
 
     Args:
       what: the field's name in errors (``sentence``, ``query``).
@@ -36,6 +36,11 @@ def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--
             text = line.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as e:
             raise DataError(path, lineno, what, f"invalid UTF-8 ({e.reason})") from None
+        if lineno == 1:
+            text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the text
+        if "\r" in text:
+            raise DataError(path, lineno, what, "a carriage return inside the line (one "
+                            f"{what} a line, lines end with \\n or \\r\\n)")
         if not text.strip():
             raise DataError(path, lineno, what, f"empty {what}")
         texts.append(text)

@@ -104,19 +104,22 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None 
       FileExistsError: ``output`` is a file. DataError: a bad input file.
     """
     from docent_jax.inference import load
+    from embedding_core.export import ExportFolder
 
     output = Path(output) if output else Path(workdir) / "export"
-    if output.exists() and not output.is_dir():
-        raise FileExistsError(f"--output {output} exists and is not a folder")
+    folder = ExportFolder(output)  # refuses an --output that is a file, before any work
     queries = read_text_lines(input_path, "query") if input_path is not None else None
     ranker = load(workdir, step=step)
     meta = {"workdir": str(Path(workdir).resolve())}
-    export_entities(ranker, output / "entities", block_rows=block_rows, meta=meta)
-    print(f"wrote {ranker.num_entities} x {ranker.dim} entities to {output / 'entities'}")
-    if queries is not None:
-        export_queries(ranker, queries, output / "queries",
-                       meta={**meta, "input": str(Path(input_path).resolve())})
-        print(f"wrote {len(queries)} x {ranker.dim} queries to {output / 'queries'}")
+    with folder:
+        export_entities(ranker, output / "entities", block_rows=block_rows,
+                        meta={**meta, **folder.tag("entities")})
+        print(f"wrote {ranker.num_entities} x {ranker.dim} entities to {output / 'entities'}")
+        if queries is not None:
+            export_queries(ranker, queries, output / "queries",
+                           meta={**meta, "input": str(Path(input_path).resolve()),
+                                 **folder.tag("queries")})
+            print(f"wrote {len(queries)} x {ranker.dim} queries to {output / 'queries'}")
     return output
 
 

@@ -90,10 +90,9 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
         DataError: a bad ``input_path`` (nothing is written then).
     """
     from dualcse_jax.inference import load
-    from embedding_core.export import export_view
+    from embedding_core.export import ExportFolder
 
-    if Path(output).exists() and not Path(output).is_dir():
-        raise FileExistsError(f"--output {output} exists and is not a folder")
+    folder = ExportFolder(output)  # refuses an --output that is a file, before any work
     sentences = read_sentences(input_path)
     embedder = load(workdir, step=step)
     config = embedder.config
@@ -104,14 +103,15 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
             part = sentences[start:start + chunk]
             yield part, embedder.encode(part, kind=kind, normalize=normalize)
 
-    for kind in VIEWS:
-        meta = {"model": config.model, "config": config.to_dict(), "step": embedder.step,
-                "normalized": normalize, "similarity": "cosine", "view": kind,
-                "architecture": config.architecture, "pooling": config.pooling,
-                "workdir": str(Path(workdir).resolve()),
-                "input": str(Path(input_path).resolve())}
-        export_view(Path(output) / kind, blocks(kind), num_rows=len(sentences),
-                    dim=embedder.dim, meta=meta)
+    with folder:
+        for kind in VIEWS:
+            meta = {"model": config.model, "config": config.to_dict(), "step": embedder.step,
+                    "normalized": normalize, "similarity": "cosine", "view": kind,
+                    "architecture": config.architecture, "pooling": config.pooling,
+                    "workdir": str(Path(workdir).resolve()),
+                    "input": str(Path(input_path).resolve())}
+            folder.view(kind, blocks(kind), num_rows=len(sentences), dim=embedder.dim,
+                        meta=meta)
     print(f"wrote {len(sentences)} x {embedder.dim} embeddings to {output}/explicit/ (r) and "
           f"{output}/implicit/ (u): embeddings.npy, ids.txt, meta.json each")
     return Path(output)

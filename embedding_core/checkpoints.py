@@ -11,8 +11,10 @@ a checkpoint written on one mesh restores onto another (no silent replication).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +79,46 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
     )
 
 
+def check_layout(directory: str | os.PathLike) -> None:
+    """Refuses a checkpoint folder written in the older single-``state`` layout.
+
+    Raises:
+      IncompatibleCheckpointError: some step folder holds ``state`` and no ``params``.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for folder in sorted(directory.iterdir()):
+        if folder.name.isdigit():
+            _check_folder(folder)
+
+
 def _check_layout(manager: ocp.CheckpointManager, step: int) -> None:
-    folder = Path(str(manager.directory)) / str(step)
+    _check_folder(Path(str(manager.directory)) / str(step))
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint folder that orbax cannot read (files missing or cut short)."""
+
+
+@contextlib.contextmanager
+def _readable(manager: ocp.CheckpointManager, step: int) -> Iterator[None]:
+    # orbax reports a damaged folder as a KeyError, a tree dump or a tensorstore error
+    # several screens long; the user needs the folder, the cause in a line and a way out.
+    try:
+        yield
+    except (IncompatibleCheckpointError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 - re-raised with the folder named
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        others = [s for s in manager.all_steps() if s != step]
+        raise DamagedCheckpointError(
+            f"{Path(str(manager.directory)) / str(step)}: checkpoint cannot be read into this "
+            f"model ({type(err).__name__}: {first}). It is damaged or was written for other "
+            f"settings; {'try --step=' + str(max(others)) if others else 'retrain'}") from err
+
+
+def _check_folder(folder: Path) -> None:
     if (folder / "state").exists() and not (folder / "params").exists():
         raise IncompatibleCheckpointError(
             f"{folder} was written by an older embedding-jax (one 'state' item); this version "
@@ -105,15 +145,16 @@ def restore(
     if step is None:
         return None
     _check_layout(manager, step)
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_state.params),
-            opt_state=ocp.args.StandardRestore(
-                {"step": abstract_state.step, "opt_state": abstract_state.opt_state}),
-            data=ocp.args.JsonRestore(),
-        ),
-    )
+    with _readable(manager, step):
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_state.params),
+                opt_state=ocp.args.StandardRestore(
+                    {"step": abstract_state.step, "opt_state": abstract_state.opt_state}),
+                data=ocp.args.JsonRestore(),
+            ),
+        )
     logging.info("restored checkpoint step %d from %s", step, manager.directory)
     opt = restored["opt_state"]
     state = abstract_state.replace(params=restored["params"], step=opt["step"],
@@ -148,8 +189,9 @@ def restore_params(directory: str | os.PathLike, abstract_params: Any,
             raise FileNotFoundError(f"{directory}: no checkpoint at step {step}; have {steps}")
         step = max(steps) if step is None else step
         _check_layout(manager, step)
-        restored = manager.restore(
-            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))
+        with _readable(manager, step):
+            restored = manager.restore(
+                step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))
     finally:
         manager.close()
     return step, restored["params"]

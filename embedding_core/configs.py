@@ -19,6 +19,14 @@ from embedding_core import parallel
 
 CONFIG_FILE = "config.json"
 LR_DECAYS = ("linear", "cosine", "constant")
+# Fields a resumed run may change: how long, how often, on which devices. Every other field
+# shapes the model, its data or its optimisation, so a run resumed with another value would
+# mix two runs in one workdir (and rewrite the config that inference rebuilds the model from).
+RESUMABLE_FIELDS = frozenset({
+    "num_train_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
+    "eval_every", "eval_batch_size", "eval_examples", "mesh_data", "mesh_model",
+    "coordinator_address", "num_processes", "process_id", "logical_axis_rules",
+})
 
 
 def base() -> ml_collections.ConfigDict:
@@ -93,6 +101,39 @@ def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> 
     return max(1, math.ceil(float(config.num_epochs) * int(steps_per_epoch)))
 
 
+def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
+    """Refuses to train into a workdir whose saved config describes another run.
+
+    Called before anything is written, so a refused run leaves the workdir as it was.
+    Fields in :data:`RESUMABLE_FIELDS` may change between invocations.
+
+    Raises:
+      ValueError: the saved ``config.json`` is unreadable, belongs to another model (other
+        field names) or differs in a field that is not resumable (each such field named
+        with both values).
+    """
+    path = Path(workdir) / CONFIG_FILE
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); use a new --workdir") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: not a JSON object of config fields; use a new --workdir")
+    new = json.loads(json.dumps(config.to_dict()))  # tuples -> lists, as saved
+    foreign = sorted(set(saved) ^ set(new))
+    if len(foreign) > 3:
+        raise ValueError(f"{workdir} holds a run of another model (its config.json differs in "
+                         f"fields {foreign[:6]}...); use a new --workdir")
+    changed = [f"{k}={saved.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(saved) | set(new))
+               if k not in RESUMABLE_FIELDS and saved.get(k) != new.get(k)
+               and k in saved and k in new]
+    if changed:
+        raise ValueError(f"{workdir} was trained with other settings ({'; '.join(changed)}); "
+                         "resuming would mix two runs: use a new --workdir or the saved values")
+
+
 def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
     """Writes ``workdir/config.json`` atomically (call on process 0 only)."""
     from embedding_core.files import write_json
@@ -126,6 +167,8 @@ def read_config(
     """
     workdir = Path(workdir)
     path = workdir / CONFIG_FILE
+    if workdir.exists() and not workdir.is_dir():
+        raise NotADirectoryError(f"workdir {workdir} is a file, not a training folder")
     if not workdir.is_dir():
         raise FileNotFoundError(f"workdir {workdir} does not exist; train first with "
                                 f"`{prog} train --workdir={workdir}`")
@@ -140,7 +183,8 @@ def read_config(
                          f"{type(raw).__name__}")
     missing = sorted(set(required) - set(raw))
     if missing:
-        raise ValueError(f"{path}: missing config fields {missing}")
+        raise ValueError(f"{path}: missing config fields {missing}; is {workdir} a {prog} "
+                         "workdir (of another model, or written by hand)?")
     config = defaults()
     config.unlock()
     for key, value in raw.items():

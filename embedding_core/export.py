@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -369,8 +370,11 @@ def load_arrays(
     meta_path = out_dir / META_FILENAME
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: no {META_FILENAME}; not an export directory")
-    with open(meta_path, encoding="utf-8") as f:
-        meta = json.load(f)
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{meta_path}: not valid JSON ({err})") from None
     try:
         num_rows = int(meta["num_rows"])
         spec = meta["arrays"]
@@ -457,19 +461,95 @@ def load_view(out_dir: str | os.PathLike, mmap_mode: str | None = None
     return arrays[VIEW_ARRAY], ids, meta
 
 
+MANIFEST_FILENAME = "export.json"
+
+
+class ExportFolder:
+    """An export of several views that is consistent as a whole.
+
+    Each view is written atomically by :func:`export_view` with this export's id in its
+    ``meta.json``; ``export.json`` (the id and the list of views) is written last, only when
+    every view succeeded. :func:`load_export` reads the views the manifest lists and refuses
+    a view whose id differs (an export interrupted half-way), and ignores views of older
+    exports into the same folder.
+
+    Usage::
+
+        with ExportFolder(output) as folder:
+            folder.view("explicit", blocks, num_rows=n, dim=d, meta=meta)
+
+    Raises:
+      FileExistsError: ``output`` exists and is not a folder.
+    """
+
+    def __init__(self, output: str | os.PathLike) -> None:
+        self.output = Path(output)
+        if self.output.exists() and not self.output.is_dir():
+            raise FileExistsError(f"--output {self.output} exists and is not a folder")
+        self.export_id = uuid.uuid4().hex
+        self.views: list[str] = []
+
+    def tag(self, name: str) -> dict[str, str]:
+        """Registers view ``name``; returns the meta entries that tie it to this export."""
+        _check_filename(name, "view name")
+        if name == MANIFEST_FILENAME or name in self.views:
+            raise ValueError(f"view name {name!r} is reserved or used twice")
+        self.views.append(name)
+        return {"export_id": self.export_id}
+
+    def view(self, name: str, blocks: Iterable[tuple[Sequence[str], np.ndarray]], *,
+             num_rows: int, dim: int, meta: Mapping[str, Any]) -> dict[str, Path]:
+        """Writes view ``name`` (see :func:`export_view`)."""
+        return export_view(self.output / name, blocks, num_rows=num_rows, dim=dim,
+                           meta={**meta, **self.tag(name)})
+
+    def __enter__(self) -> ExportFolder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            write_json(self.output / MANIFEST_FILENAME, {
+                "export_id": self.export_id, "views": self.views, "format_version":
+                FORMAT_VERSION,
+                "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        return False
+
+
 def load_export(out_dir: str | os.PathLike, mmap_mode: str | None = None
-               ) -> dict[str, tuple[np.ndarray, list[str], dict[str, Any]]]:
+                ) -> dict[str, tuple[np.ndarray, list[str], dict[str, Any]]]:
     """Every view of an export folder (or the one view, when given a view folder).
+
+    With an ``export.json`` (written by :class:`ExportFolder`), exactly the views it lists
+    are read, and each must carry its export id. Without one, every sub-folder holding a
+    ``meta.json`` is a view.
 
     Returns:
       ``{view name: (embeddings, ids, meta)}``; a view folder itself maps its own name.
 
     Raises:
-      FileNotFoundError: ``out_dir`` holds neither ``meta.json`` nor view folders.
+      FileNotFoundError: ``out_dir`` holds neither ``meta.json`` nor view folders, or a
+        listed view is missing.
+      ValueError: a view from another export (the last export was interrupted: re-run it),
+        or files that disagree with their ``meta.json``.
     """
     out_dir = Path(out_dir)
     if (out_dir / META_FILENAME).is_file():
         return {out_dir.name: load_view(out_dir, mmap_mode)}
+    manifest_path = out_dir / MANIFEST_FILENAME
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            export_id, names = manifest["export_id"], list(manifest["views"])
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{manifest_path}: not an export manifest ({err})") from None
+        views = {}
+        for name in names:
+            views[name] = load_view(out_dir / name, mmap_mode)
+            if views[name][2].get("export_id") != export_id:
+                raise ValueError(
+                    f"{out_dir / name} belongs to another export than {manifest_path} (an "
+                    "export into this folder was interrupted); run the export again")
+        return views
     views = sorted(p for p in out_dir.iterdir() if (p / META_FILENAME).is_file()) \
         if out_dir.is_dir() else []
     if not views:

@@ -183,9 +183,14 @@ class Encoder:
           TypeError, ValueError: see :func:`check_texts`; ``batch_size`` < 1.
         """
         texts = check_texts(texts)
-        batch_size = int(batch_size or self.default_batch_size)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size is None:
+            batch_size = self.default_batch_size
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        # Rows are padded up to the batch size (one compile per width): never pad past the
+        # texts there are, so a large batch_size costs no memory on a short list.
+        batch_size = min(int(batch_size), max(len(texts), 1))
         if not texts:
             out = np.zeros((0, self.dim), np.float32)
         else:

@@ -18,7 +18,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from embedding_core import configs, parallel, training
+from embedding_core import checkpoints, configs, parallel, training
 from embedding_core.task import Task
 
 
@@ -66,6 +66,8 @@ def run(
     if validate is not None:
         validate(config)
     workdir = training.check_workdir(workdir)
+    configs.check_resume(config, workdir)
+    checkpoints.check_layout(workdir / "checkpoints")
     mesh = parallel.mesh_from_config(config)
     if "batch_size" in config:
         parallel.check_global_batch(int(config.batch_size), mesh)

@@ -15,7 +15,7 @@ import numpy as np
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.word_features import FeatureSet, parse_list
-from embedding_core.export import export_view
+from embedding_core.export import ExportFolder
 from embedding_core.files import write_json
 from mrwe_jax import data, evaluate, inference, trainer
 
@@ -100,6 +100,7 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
     """
     if split not in EXPORT_SPLITS:
         raise ValueError(f"split must be one of {EXPORT_SPLITS}, got {split!r}")
+    folder = ExportFolder(output)  # refuses an --output that is a file, before any work
     tower = inference.load(workdir, step=step)
     config = tower.config
     corpus, features = data.load_data(config)
@@ -109,27 +110,34 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
     else:
         sides = {"questions": np.flatnonzero(corpus.test_questions),
                  "paragraphs": evaluate.pool_indices(corpus, config.eval_pool)}
-    output = Path(output)
-    for side, indices in sides.items():
-        ids = corpus.question_ids if side == "questions" else corpus.paragraph_ids
+    with folder:
+        for side, indices in sides.items():
+            _export_side(folder, tower, corpus, features, side, indices, config, split, workdir,
+                         chunk)
+    return Path(output)
 
-        def blocks(side=side, indices=indices, ids=ids):
-            for s in range(0, len(indices), chunk):
-                part = indices[s:s + chunk]
-                yield [ids[i] for i in part], tower.encode_features(features, side, part)
 
-        meta = {
-            "model": f"mrwe-jax {tower.name}", "config": config.to_dict(), "step": tower.step,
-            "normalized": True,
-            "similarity": "cosine" if config.distance == "cosine" else "euclidean",
-            "tower": config.tower, "side": side, "split": split, "corpus": corpus.source,
-            "workdir": str(Path(workdir).resolve()), "sources": features.names,
-            "source_weights": [float(x) for x in features.source_weights],
-        }
-        export_view(output / side, blocks(), num_rows=len(indices), dim=features.dim,
-                    meta=meta)
-        print(f"wrote {len(indices)} x {features.dim} {side} embeddings to {output / side}")
-    return output
+def _export_side(folder, tower, corpus, features, side, indices, config, split, workdir,
+                 chunk) -> None:
+    """One view (``questions`` or ``paragraphs``) of :func:`export_workdir`."""
+    ids = corpus.question_ids if side == "questions" else corpus.paragraph_ids
+
+    def blocks(side=side, indices=indices, ids=ids):
+        for s in range(0, len(indices), chunk):
+            part = indices[s:s + chunk]
+            yield [ids[i] for i in part], tower.encode_features(features, side, part)
+
+    meta = {
+        "model": f"mrwe-jax {tower.name}", "config": config.to_dict(), "step": tower.step,
+        "normalized": True,
+        "similarity": "cosine" if config.distance == "cosine" else "euclidean",
+        "tower": config.tower, "side": side, "split": split, "corpus": corpus.source,
+        "workdir": str(Path(workdir).resolve()), "sources": features.names,
+        "source_weights": [float(x) for x in features.source_weights],
+    }
+    folder.view(side, blocks(), num_rows=len(indices), dim=features.dim, meta=meta)
+    print(f"wrote {len(indices)} x {features.dim} {side} embeddings to "
+          f"{folder.output / side}")
 
 
 def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) -> dict:

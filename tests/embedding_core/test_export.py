@@ -210,3 +210,31 @@ def test_views_are_readable_by_others_and_load_back(tmp_path):
     assert not (tmp_path / "bad").exists()
     with pytest.raises(FileNotFoundError, match="no export"):
         load_export(tmp_path)
+
+
+def _view_meta(step):
+    return {"model": "m", "config": {}, "step": step, "normalized": False,
+            "similarity": "cosine"}
+
+
+def test_an_interrupted_export_is_refused_and_stale_views_are_ignored(tmp_path):
+    from embedding_core.export import ExportFolder, load_export
+
+    vecs = np.ones((2, 3), np.float32)
+    with ExportFolder(tmp_path) as folder:
+        for view in ("a", "b", "c"):
+            folder.view(view, [(["x", "y"], vecs * 1)], num_rows=2, dim=3, meta=_view_meta(1))
+    # A second export of two views into the same folder: "c" is stale and not read.
+    with ExportFolder(tmp_path) as folder:
+        for view in ("a", "b"):
+            folder.view(view, [(["x", "y"], vecs * 2)], num_rows=2, dim=3, meta=_view_meta(2))
+    views = load_export(tmp_path)
+    assert sorted(views) == ["a", "b"] and all(v[2]["step"] == 2 for v in views.values())
+    # A third export dies after its first view: the folder now mixes two exports.
+    with pytest.raises(RuntimeError), ExportFolder(tmp_path) as folder:
+        folder.view("a", [(["x", "y"], vecs * 3)], num_rows=2, dim=3, meta=_view_meta(3))
+        raise RuntimeError("killed")
+    with pytest.raises(ValueError, match="interrupted"):
+        load_export(tmp_path)
+    with pytest.raises(FileExistsError, match="not a folder"):
+        ExportFolder(tmp_path / "a" / "ids.txt")

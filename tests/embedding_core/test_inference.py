@@ -82,3 +82,32 @@ def test_encoder_base_checks_normalises_and_passes_the_view():
         enc.encode(["ok"], batch_size=-1)
     with pytest.raises(TypeError, match="text 0 is a int"):
         check_texts([3])
+
+
+def test_batch_size_is_checked_and_never_pads_past_the_texts():
+    seen = []
+
+    class _Spy(_Lengths):
+        def _encode(self, texts, *, batch_size, show_progress_bar):
+            seen.append(batch_size)
+            return super()._encode(texts, batch_size=batch_size,
+                                   show_progress_bar=show_progress_bar)
+
+    enc = _Spy()
+    enc.encode(["a", "b"], batch_size=10**9)
+    assert seen == [2]
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="batch_size"):
+            enc.encode(["a"], batch_size=bad)
+
+
+def test_text_line_files_drop_a_bom_and_refuse_a_bare_carriage_return(tmp_path):
+    from data_pipelines.errors import DataError
+    from data_pipelines.text_lines import read_text_lines
+
+    path = tmp_path / "in.txt"
+    path.write_bytes("\ufeffone\r\ntwo\n".encode())
+    assert read_text_lines(path, "query") == ["one", "two"]
+    path.write_bytes(b"ok\na\rb\n")
+    with pytest.raises(DataError, match=r"in.txt:2: field 'query': a carriage return"):
+        read_text_lines(path, "query")

@@ -114,6 +114,13 @@ def test_params_only_restore_onto_another_mesh(full_run):
         training.restore_params(workdir / "checkpoints", init, mesh, step=3)
 
 
+def test_old_single_item_checkpoint_is_refused_before_anything_is_written(tmp_path):
+    (tmp_path / "checkpoints" / "7" / "state").mkdir(parents=True)
+    with pytest.raises(checkpoints.IncompatibleCheckpointError, match="older embedding-jax"):
+        run(_make_task([]), _config(), tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
 def test_old_single_item_checkpoint_is_refused_with_a_clear_message(tmp_path):
     (tmp_path / "7" / "state").mkdir(parents=True)
     (tmp_path / "7" / "_CHECKPOINT_METADATA").write_text("{}")
@@ -132,3 +139,33 @@ def test_bad_shared_config_is_refused_before_anything_runs(tmp_path):
         with pytest.raises(ValueError, match=match):
             run(_make_task([]), _config(**{field: value}), tmp_path / "x")
         assert not (tmp_path / "x").exists()
+
+
+def test_a_changed_model_setting_is_refused_and_the_saved_config_kept(full_run, tmp_path):
+    import shutil
+
+    workdir = tmp_path / "copy"
+    shutil.copytree(full_run[0], workdir)
+    before = (workdir / "config.json").read_text()
+    with pytest.raises(ValueError, match=r"learning_rate=0.05 -> 0.1"):
+        run(_make_task([]), _config(learning_rate=0.1), workdir)
+    other = _config()
+    other.pooling, other.architecture, other.temperature, other.encoder = "cls", "x", 1.0, "y"
+    with pytest.raises(ValueError, match="another model"):
+        run(_make_task([]), other, workdir)
+    assert (workdir / "config.json").read_text() == before
+    # Loop fields may change: a longer run continues from the saved step.
+    state = run(_make_task([]), _config(num_train_steps=14, log_every=7), workdir)
+    assert int(state.step) == 14
+
+
+def test_a_damaged_checkpoint_names_its_folder(full_run, tmp_path):
+    import shutil
+
+    workdir = tmp_path / "damaged"
+    shutil.copytree(full_run[0], workdir)
+    shutil.rmtree(workdir / "checkpoints" / "12" / "params")
+    model = Linear()
+    init = lambda k: model.init(k, np.zeros((1, DIM), np.float32))["params"]
+    with pytest.raises(checkpoints.DamagedCheckpointError, match=r"checkpoints/12: .*--step=8"):
+        training.restore_params(workdir / "checkpoints", init, parallel.make_mesh(8, 1))
