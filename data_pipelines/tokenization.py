@@ -85,6 +85,26 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
     return 0
 
 
+def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequence[str],
+                        pair: str | None = None) -> None:
+    """Refuses texts that tokenise to nothing but the template (special tokens, pair).
+
+    Zero-width spaces, byte-order marks and control characters pass a whitespace check but
+    give no token: their vector would be the same ``[CLS] [SEP]`` vector for all of them.
+
+    Raises:
+      ValueError: naming the first such text's index.
+    """
+    fixed = tokenizer.num_special_tokens_to_add(pair is not None)
+    if pair is not None:
+        fixed += len(tokenizer.encode(pair, add_special_tokens=False).ids)
+    empty = np.flatnonzero(tok.lengths <= fixed)
+    if empty.size:
+        i = int(empty[0])
+        raise ValueError(f"text {i} has no token the tokenizer knows (only control, "
+                         f"zero-width or unknown characters): {texts[i]!r}")
+
+
 def tokenize(
     tokenizer: Tokenizer,
     texts: Sequence[str],

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from data_pipelines.tokenization import load_tokenizer, tokenize
+from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
 from docent_jax.configs import default, validate_config
 from docent_jax.data import ENTITY_IDS_FILE, read_entity_ids
 from docent_jax.model import DocEntDual, build_model, init_fn
@@ -67,6 +67,7 @@ class EntityRanker(Encoder):
                 show_progress_bar: bool) -> np.ndarray:
         """``f(q)`` of checked, non-empty texts: ``[n, dim]`` float32 (raw)."""
         tok = tokenize(self.tokenizer, texts, int(self.config.max_length))
+        require_text_tokens(self.tokenizer, tok, texts, None)
         return encode_in_batches(
             tok.lengths, token_batch_builder(tok, batch_size),
             lambda inputs: self._forward(self.params, *inputs), batch_size=batch_size,

@@ -16,7 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from data_pipelines.tokenization import load_tokenizer, tokenize
+from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
 from dualcse_jax.configs import default, validate_config
 from dualcse_jax.model import KINDS, DualEncoder, build_model, init_fn
 from embedding_core import configs, parallel, training
@@ -71,6 +71,7 @@ class Embedder(Encoder):
             kind = "explicit"  # one vector: r = u, computed (and compiled) once
         pair = kind if architecture == "cross" else None
         tok = tokenize(self.tokenizer, texts, self.config.max_length, pair=pair)
+        require_text_tokens(self.tokenizer, tok, texts, pair)
         return encode_in_batches(
             tok.lengths, token_batch_builder(tok, batch_size),
             lambda inputs: self._apply(self.params, *inputs, kind),

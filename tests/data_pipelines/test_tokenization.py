@@ -124,3 +124,16 @@ def test_only_the_text_is_cut_even_when_the_pair_is_longer(tokenizer):
     reference = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
     assert reference("one two three four five six", pair, truncation="only_first",
                      max_length=9)["input_ids"] == ids
+
+
+@pytest.mark.parametrize("pair", [None, "implicit"])
+def test_texts_without_any_token_are_refused(minilm_dir, pair):
+    from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
+
+    tokenizer = load_tokenizer(minilm_dir)
+    texts = ["a dog", "\ufeff\u200b", "\x01"]
+    tok = tokenize(tokenizer, texts, 16, pair)
+    with pytest.raises(ValueError, match=r"text 1 has no token"):
+        require_text_tokens(tokenizer, tok, texts, pair)
+    ok = ["a dog", "x"]
+    require_text_tokens(tokenizer, tokenize(tokenizer, ok, 16, pair), ok, pair)
