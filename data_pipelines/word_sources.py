@@ -54,6 +54,10 @@ def tokenize_words(text: str) -> list[str]:
     return [word for word, _, _ in word_spans(text)]
 
 
+# ``format`` field of :meth:`IdfTable.to_json` (a trained run's ``idf.json``).
+IDF_FORMAT = "mrwe idf v1"
+
+
 class IdfTable(dict):
     """``dict[word, idf]`` plus the corpus size, so out-of-vocabulary words get a value.
 
@@ -78,6 +82,34 @@ class IdfTable(dict):
         """``[len(words)]`` float32 IDF of each word (OOV: :attr:`oov_idf`)."""
         oov = self.oov_idf
         return np.array([self.get(w, oov) for w in words], dtype=np.float32)
+
+    def to_json(self) -> dict[str, Any]:
+        """The table as a JSON object: ``{"format", "num_documents", "idf": {word: idf}}``.
+
+        Floats are written by ``json`` with ``repr``, so :meth:`from_json` gives back the
+        same float64 values (and so the same float32 weights).
+        """
+        return {"format": IDF_FORMAT, "num_documents": int(self.num_documents),
+                "idf": {w: float(v) for w, v in self.items()}}
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "IDF table") -> IdfTable:
+        """The table :meth:`to_json` wrote.
+
+        Raises:
+          ValueError: not such an object (``where`` names the file).
+        """
+        try:
+            if obj.get("format") != IDF_FORMAT:
+                raise ValueError(f"format {obj.get('format')!r}, expected {IDF_FORMAT!r}")
+            n = obj["num_documents"]
+            values = obj["idf"]
+            if not isinstance(n, int) or n < 0 or not isinstance(values, dict):
+                raise ValueError("num_documents must be an integer >= 0 and idf an object")
+            table = {str(w): float(v) for w, v in values.items()}
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{where} is not an IDF table: {err}") from None
+        return cls(table, n)
 
 
 def idf(corpus_docs: Iterable[str]) -> IdfTable:
@@ -233,14 +265,31 @@ def best_window(num_pieces: int, starts: Sequence[int], content: int) -> np.ndar
     inside the window, as BERT's SQuAD code ``_check_is_max_context`` (Devlin et al. 2019);
     ties go to the earlier window.
 
+    A piece in no window gets window 0.
+
+    Memory is linear in ``num_pieces``: pieces are scored in blocks, each against the
+    few windows that overlap the block (a dense ``[pieces, windows]`` score table grows
+    with the square of a text's length).
+
     Returns:
       ``[num_pieces]`` int64 window index per piece.
     """
-    pos = np.arange(num_pieces)[:, None]
-    s = np.asarray(starts)[None, :]
-    inside = (pos >= s) & (pos < s + content)
-    score = np.where(inside, np.minimum(pos - s, s + content - 1 - pos), -1)
-    return np.argmax(score, axis=1)
+    s_all = np.asarray(starts, np.int64).reshape(-1)
+    out = np.zeros(num_pieces, np.int64)
+    block = max(256, 2 * int(content))
+    for lo in range(0, num_pieces, block):
+        hi = min(lo + block, num_pieces)
+        # Windows overlapping [lo, hi), in their order (ties go to the earlier window;
+        # the others score -1 on every piece of the block).
+        ks = np.flatnonzero((s_all < hi) & (s_all + content > lo))
+        if ks.size == 0:
+            continue
+        pos = np.arange(lo, hi)[:, None]
+        s = s_all[ks][None, :]
+        inside = (pos >= s) & (pos < s + content)
+        score = np.where(inside, np.minimum(pos - s, s + content - 1 - pos), -1)
+        out[lo:hi] = np.where(score.max(axis=1) >= 0, ks[np.argmax(score, axis=1)], 0)
+    return out
 
 
 def _bucket(length: int, limit: int) -> int:

@@ -29,6 +29,12 @@ from data_pipelines.word_features import FeatureSet, SourceSpec, normalized_weig
 from data_pipelines.word_sources import IdfTable, WordSource, tokenize_words
 from mrwe_jax.model import MultiResolutionEmbedding, ensemble_sources
 
+# Most padded word slots (rows x width) in one call of the mixture or of the tower: a
+# batch of texts is padded to its longest text, so without a budget one long text costs
+# batch_size times its own size (64 x 32768 slots x L x d for a 20,000-word text at the
+# default batch sizes). 64 texts of up to 512 words fit as they are.
+MAX_BATCH_WORDS = 64 * 512
+
 # --------------------------------------------------------------------------- features
 
 
@@ -57,8 +63,15 @@ def embed_texts(
     module: MultiResolutionEmbedding | None = None,
     *,
     batch_size: int = 128,
+    max_batch_words: int | None = MAX_BATCH_WORDS,
 ) -> MultiResolutionTexts:
     """Sources, ``f_mixture``, ``f_ensemble`` and pooling with fixed coefficients on texts.
+
+    Each call of the module gets ``[rows, width, L_j, d_j]`` per source, ``width`` the
+    batch's longest text rounded up to a power of two; ``rows`` is ``batch_size``, or
+    fewer (:func:`batch_rows`) when ``batch_size x width`` would exceed
+    ``max_batch_words``, so memory grows linearly with a long text's word count instead of
+    with ``batch_size`` times it. Batches within the budget are computed exactly as before.
 
     Args:
       texts: n strings.
@@ -68,6 +81,8 @@ def embed_texts(
         need its params: apply it yourself); default: uniform m and u, layer sum, source
         concatenation, word average.
       batch_size: texts per call of the sources and of the module.
+      max_batch_words: most padded word slots (rows x width) per module call; a single
+        longer text is one row (``None``: always ``batch_size`` rows).
 
     Returns:
       :class:`MultiResolutionTexts`.
@@ -90,25 +105,32 @@ def embed_texts(
         for j, tensors in enumerate(per_source[1:], start=1):
             if [t.shape[0] for t in tensors] != counts:
                 raise ValueError(f"source {sources[j].name} disagrees on the number of words")
+        weights = [idf_table.weights(tokenize_words(text)) for text in chunk]
+        idfs += weights
+        # Fixed batch rows and bucketed widths: few compilations; fewer rows for long texts.
         width = bucket_width(max(counts + [1]))
-        rows = batch_size  # fixed batch rows and bucketed widths: few compilations
-        mask = np.zeros((rows, width), bool)
-        idf_w = np.zeros((rows, width), np.float32)
-        for i, text in enumerate(chunk):
-            weights = idf_table.weights(tokenize_words(text))
-            mask[i, : counts[i]] = True
-            idf_w[i, : counts[i]] = weights
-            idfs.append(weights)
-        padded = []
-        for s, tensors in zip(sources, per_source, strict=True):
-            arr = np.zeros((rows, width, s.num_layers, s.dim), np.float32)
-            for i, t in enumerate(tensors):
-                arr[i, : t.shape[0]] = t
-            padded.append(arr)
-        words, text_vec = jax.device_get(run(padded, idf_w, mask))
-        for i, c in enumerate(counts):
-            matrices.append(np.asarray(words[i, :c]))
-        vectors.append(np.asarray(text_vec[: len(chunk)]))
+        rows = batch_rows(width, batch_size, max_batch_words)
+        for g in range(0, len(chunk), rows):
+            part = range(g, min(g + rows, len(chunk)))
+            if rows != batch_size:
+                width = bucket_width(max([counts[i] for i in part] + [1]))
+            mask = np.zeros((rows, width), bool)
+            idf_w = np.zeros((rows, width), np.float32)
+            for r, i in enumerate(part):
+                mask[r, : counts[i]] = True
+                idf_w[r, : counts[i]] = weights[i]
+            padded = []
+            for s, tensors in zip(sources, per_source, strict=True):
+                arr = np.zeros((rows, width, s.num_layers, s.dim), np.float32)
+                for r, i in enumerate(part):
+                    arr[r, : counts[i]] = tensors[i]
+                padded.append(arr)
+            words, text_vec = jax.device_get(run(padded, idf_w, mask))
+            del padded
+            for r, i in enumerate(part):
+                matrices.append(np.array(words[r, : counts[i]]))  # a copy: frees the padding
+            vectors.append(np.asarray(text_vec[: len(part)]))
+        del per_source
     dim = vectors[0].shape[1] if vectors else 0
     return MultiResolutionTexts(
         word_matrices=matrices,
@@ -120,8 +142,11 @@ def embed_texts(
 
 def mixture(texts: Sequence[str], source: WordSource, idf_table: IdfTable, *,
             layer_weights: Sequence[float] | None, layer_aggregate: str, word_aggregate: str,
-            batch_size: int = 64) -> tuple[list[np.ndarray], np.ndarray]:
+            batch_size: int = 64, max_batch_words: int | None = MAX_BATCH_WORDS
+            ) -> tuple[list[np.ndarray], np.ndarray]:
     """``f_mixture`` and word pooling of one source (``data_pipelines.word_features.Mixture``).
+
+    ``max_batch_words``: see :func:`embed_texts`.
 
     Returns:
       ``(word matrices [num_words_i, d_j] per text, text vectors [n, d_j])`` float32.
@@ -132,7 +157,8 @@ def mixture(texts: Sequence[str], source: WordSource, idf_table: IdfTable, *,
         layer_aggregate=layer_aggregate, source_aggregate="concatenate",
         word_aggregate=word_aggregate,
     )
-    out = embed_texts(texts, [source], idf_table, module, batch_size=batch_size)
+    out = embed_texts(texts, [source], idf_table, module, batch_size=batch_size,
+                      max_batch_words=max_batch_words)
     return out.word_matrices, out.vectors
 
 
@@ -194,6 +220,24 @@ def bucket_width(length: int, minimum: int = 16) -> int:
     while size < length:
         size *= 2
     return size
+
+
+def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BATCH_WORDS
+               ) -> int:
+    """Rows of a batch padded to ``width`` words: ``batch_size``, or when ``batch_size x
+    width`` exceeds ``max_batch_words`` the largest power of two (below ``batch_size``,
+    at least 1) that keeps ``rows x width`` within it (``None``: no limit).
+
+    A batch then holds at most ``max(max_batch_words, width)`` padded word slots: memory
+    is linear in the longest text's word count, whatever the batch size.
+    """
+    batch_size = int(batch_size)
+    if not max_batch_words or batch_size * int(width) <= int(max_batch_words):
+        return batch_size
+    rows = 1
+    while rows * 2 < batch_size and rows * 2 * int(width) <= int(max_batch_words):
+        rows *= 2
+    return rows
 
 
 def side_arrays(features: FeatureSet, side: str, indices: np.ndarray, *, with_words: bool,

@@ -2,14 +2,17 @@
 
 ``load(w).encode(texts, side="question"|"paragraph")`` embeds new texts the way the run's
 training texts were embedded (``docs/mrwe.md``): the run's word sources, the IDF table of
-its corpus's paragraphs, ``f_mixture`` and ``f_ensemble`` with the run's ``u``
-(``features.json``), then the tower. Only the checkpoint's params are restored (no
-optimizer); the corpus's cached features are not needed. :meth:`Retriever.encode_features`
-encodes already computed features (the evaluation and the export use the feature cache).
+its corpus's paragraphs (kept in the workdir as ``idf.json``), ``f_mixture`` and
+``f_ensemble`` with the run's ``u`` (``features.json``), then the tower. Only the
+checkpoint's params are restored (no optimizer); neither the corpus nor its cached
+features are needed. :meth:`Retriever.encode_features` encodes already computed features
+(the evaluation and the export use the feature cache).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,8 +23,9 @@ import ml_collections
 import numpy as np
 
 from data_pipelines import word_features
+from data_pipelines.squad import squad_dev_path
 from data_pipelines.word_features import FeatureSet
-from data_pipelines.word_sources import WordSource, idf, tokenize_words
+from data_pipelines.word_sources import IdfTable, WordSource, idf, tokenize_words
 from embedding_core import configs, parallel, training
 from embedding_core.files import read_json_object
 from embedding_core.inference import Encoder, encode_in_batches
@@ -30,6 +34,8 @@ from mrwe_jax.configs import default
 from mrwe_jax.model import SiameseRetriever, build_model, init_fn, side_inputs, with_words
 
 FEATURES_FILE = "features.json"
+# The run's IDF table (``IdfTable.to_json``): a trained model does not need its corpus.
+IDF_FILE = "idf.json"
 # encode(side=...) -> the feature side it reads.
 SIDES = {"question": "questions", "paragraph": "paragraphs"}
 
@@ -49,6 +55,39 @@ def read_recipe(workdir: str | os.PathLike) -> dict[str, Any]:
     """
     return read_json_object(Path(workdir) / FEATURES_FILE,
                             f"is {workdir} a mrwe-jax training workdir?")
+
+
+def read_idf(workdir: str | os.PathLike,
+             config: ml_collections.ConfigDict | None = None) -> IdfTable:
+    """The IDF table the run was trained with: ``idf.json`` of the workdir.
+
+    A workdir trained before runs kept ``idf.json`` gets the table rebuilt from its
+    training corpus (``config.squad_path``, or the shipped dev set), with a warning: the
+    vectors match the training ones only if that file is unchanged.
+
+    Raises:
+      FileNotFoundError: no ``idf.json`` and the corpus file is gone (both are named).
+      ValueError: an ``idf.json`` that is not an IDF table.
+    """
+    path = Path(workdir) / IDF_FILE
+    if path.is_file():
+        return IdfTable.from_json(read_json_object(path), str(path))
+    config = read_config(workdir) if config is None else config
+    shown = config.squad_path or "(the shipped SQuAD dev set)"
+    try:
+        if not config.squad_path:
+            shown = str(squad_dev_path())
+        corpus = data.load_corpus_of(config)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{workdir} has no {IDF_FILE} and its training corpus {shown} is gone; the IDF "
+            f"table is rebuilt from that corpus for runs trained before {IDF_FILE} was kept: "
+            "put the file back (or set squad_path in the workdir's config.json to where it "
+            "is now), or retrain (new runs keep their IDF table in the workdir)") from None
+    logging.warning("%s has no %s (trained before runs kept their IDF table): rebuilding it "
+                    "from %s; the vectors equal the training ones only if that file is "
+                    "unchanged", workdir, IDF_FILE, shown)
+    return idf(corpus.paragraph_texts)
 
 
 def tower_label(config: ml_collections.ConfigDict, step: int | None) -> str:
@@ -74,6 +113,8 @@ class Retriever(Encoder):
         self.default_batch_size = int(config.eval_batch_size)
         self.name = tower_label(config, step)
         self._sources: dict[str, WordSource] = {}
+        # Most padded word slots per call of the mixture and the tower (data.batch_rows).
+        self.max_batch_words: int | None = data.MAX_BATCH_WORDS
         self._forward = {q: jax.jit(self._forward_fn(q)) for q in (True, False)}
 
     @property
@@ -114,18 +155,32 @@ class Retriever(Encoder):
         params = self.params if params is None else params
         run = self._forward[side == "questions"]
         words = with_words(self.config)
+        lengths = features.lengths(side)[indices]
+        # ConvRR's batches are padded to their longest text: long texts go in batches of
+        # fewer rows (data.batch_rows), so memory is linear in a text's word count.
+        if words:
+            rows_of = np.array([data.batch_rows(data.bucket_width(max(int(n), 1)), batch_size,
+                                                self.max_batch_words) for n in lengths])
+        else:
+            rows_of = np.full(len(indices), batch_size)
+        out = np.zeros((len(indices), self.dim), np.float32)
+        for rows_per_batch in sorted(set(rows_of.tolist()), reverse=True):
+            sel = np.flatnonzero(rows_of == rows_per_batch)
+            group = indices[sel]
 
-        def build(rows: np.ndarray, width: int) -> dict[str, np.ndarray]:
-            arrays = data.side_arrays(features, side, indices[rows], with_words=words,
-                                      width=data.bucket_width(width), prefix="x_")
-            pad = batch_size - len(rows)
-            return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)])
-                    for k, v in arrays.items()} if pad else arrays
+            def build(rows: np.ndarray, width: int, group=group, size=rows_per_batch
+                      ) -> dict[str, np.ndarray]:
+                arrays = data.side_arrays(features, side, group[rows], with_words=words,
+                                          width=data.bucket_width(width), prefix="x_")
+                pad = size - len(rows)
+                return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)])
+                        for k, v in arrays.items()} if pad else arrays
 
-        return encode_in_batches(features.lengths(side)[indices], build,
-                                 lambda arrays: run(params, arrays), batch_size=batch_size,
-                                 pad_multiple=16, show_progress_bar=show_progress_bar,
-                                 desc=f"encode {side}")
+            out[sel] = encode_in_batches(
+                lengths[sel], build, lambda arrays: run(params, arrays),
+                batch_size=rows_per_batch, pad_multiple=16,
+                show_progress_bar=show_progress_bar, desc=f"encode {side}")
+        return out
 
     def text_features(self, texts: Sequence[str]) -> FeatureSet:
         """The run's per-source features of new texts (its sources, IDF and mixture)."""
@@ -135,7 +190,8 @@ class Retriever(Encoder):
                 self._sources[spec.name] = spec.build()
             feats[spec.name] = word_features.compute_text_features(
                 list(texts), self._sources[spec.name], self.features.idf_table,
-                mixture=data.mixture, layer_weights=spec.layer_weights,
+                mixture=functools.partial(data.mixture, max_batch_words=self.max_batch_words),
+                layer_weights=spec.layer_weights,
                 layer_aggregate=self.config.layer_aggregate,
                 word_aggregate=self.config.word_aggregate)
         return self.features.with_texts(feats)
@@ -160,14 +216,17 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> Retriever:
     The params are placed on a mesh of all devices (``config.mesh_model`` wide); nothing of
     the optimizer is read.
 
+    The IDF table is the run's ``idf.json`` (:func:`read_idf`): the training corpus is
+    not read (except for a workdir trained before runs kept it).
+
     Raises:
-      FileNotFoundError: not a mrwe-jax workdir, or no checkpoint (at ``step``).
-      ValueError: a bad saved config or feature recipe.
+      FileNotFoundError: not a mrwe-jax workdir, or no checkpoint (at ``step``); an old
+        workdir without ``idf.json`` whose corpus file is gone.
+      ValueError: a bad saved config, feature recipe or IDF table.
     """
     config = read_config(workdir)
     recipe = read_recipe(workdir)
-    corpus = data.load_corpus_of(config)
-    features = FeatureSet.from_recipe(recipe, idf(corpus.paragraph_texts))
+    features = FeatureSet.from_recipe(recipe, read_idf(workdir, config))
     model = build_model(config)
     mesh = parallel.make_mesh(-1, int(config.mesh_model))
     step, params = training.restore_params(

@@ -20,7 +20,7 @@ from embedding_core.task import Task
 from embedding_core.training import TrainState
 from mrwe_jax import data, evaluate
 from mrwe_jax.configs.default import validate_config
-from mrwe_jax.inference import FEATURES_FILE, Retriever
+from mrwe_jax.inference import FEATURES_FILE, IDF_FILE, Retriever
 from mrwe_jax.loss import make_loss_fn
 from mrwe_jax.model import build_model, init_fn, with_words
 
@@ -64,7 +64,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
         loss_fn=make_loss_fn(model, config, features), make_batches=batches.iterator,
         num_examples=len(batches.train_q), steps_per_epoch=batches.steps_per_epoch,
         global_batch_size=P * (1 + K), evaluate=evaluate_test_pool,
-        run_files={FEATURES_FILE: lambda path: write_json(path, features.recipe())},
+        run_files={FEATURES_FILE: lambda path: write_json(path, features.recipe()),
+                   IDF_FILE: lambda path: write_json(path, features.idf_table.to_json())},
         summary=f"P={P} x K={K}, d''={features.dim}; {corpus.summary()}")
 
 
@@ -74,9 +75,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
     """Trains (or resumes) ConvRR / FCRR on the training questions into ``workdir``.
 
     Writes ``workdir/config.json``, ``features.json`` (sources, widths, resolved ``u``),
-    TensorBoard events and orbax checkpoints with the data position (a killed run resumes
-    with the same batches). ``corpus`` and ``features`` may be passed to skip loading
-    (tests, the demo). Nothing here parses flags.
+    ``idf.json`` (the IDF table, so ``load`` needs no corpus), TensorBoard events and
+    orbax checkpoints with the data position (a killed run resumes with the same batches).
+    ``corpus`` and ``features`` may be passed to skip loading (tests, the demo). Nothing
+    here parses flags.
 
     Raises:
       ValueError: bad config (checked before compiling).
