@@ -103,7 +103,13 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
     folder = ExportFolder(output)  # refuses an --output that is a file, before any work
     tower = inference.load(workdir, step=step)
     config = tower.config
-    corpus, features = data.load_data(config)
+    try:
+        corpus, features = data.load_data(config)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(
+            f"export writes the questions and paragraphs of {workdir}'s training corpus, "
+            f"which cannot be read ({err}); put it back or set squad_path in "
+            f"{Path(workdir) / 'config.json'} (load(workdir).encode needs no corpus)") from None
     if split == "all":
         sides = {"questions": np.arange(len(corpus.question_ids)),
                  "paragraphs": np.arange(len(corpus.paragraph_ids))}
