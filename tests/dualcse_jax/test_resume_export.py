@@ -83,7 +83,7 @@ def test_export_equals_fresh_encode(tmp_path, uninterrupted):
     src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     out = tmp_path / "export"
     _cli("export", f"--workdir={uninterrupted}", f"--input={src}", f"--output={out}")
-    assert sorted(p.name for p in out.iterdir()) == ["explicit", "implicit"]
+    assert sorted(p.name for p in out.iterdir()) == ["explicit", "export.json", "implicit"]
     views = load_export(out)
     explicit, ids, meta = views["explicit"]
     implicit, implicit_ids, _ = views["implicit"]
@@ -134,7 +134,7 @@ def test_two_step_run_loads_encodes_and_exports(tmp_path, tiny_bert_dir):
     for normalize in (False, True):
         out = tmp_path / f"export_{normalize}"
         workflows.export_workdir(workdir, str(src), str(out), normalize=normalize)
-        assert sorted(p.name for p in out.iterdir()) == ["explicit", "implicit"]
+        assert sorted(p.name for p in out.iterdir()) == ["explicit", "export.json", "implicit"]
         views = load_export(out)
         for kind in ("explicit", "implicit"):
             assert sorted(p.name for p in (out / kind).iterdir()) == [
