@@ -105,7 +105,8 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
 
     with folder:
         for kind in VIEWS:
-            meta = {"model": config.model, "config": config.to_dict(), "step": embedder.step,
+            meta = {"model": f"DualCSE-{config.architecture}", "encoder": config.model,
+                    "config": config.to_dict(), "step": embedder.step,
                     "normalized": normalize, "similarity": "cosine", "view": kind,
                     "architecture": config.architecture, "pooling": config.pooling,
                     "workdir": str(Path(workdir).resolve()),

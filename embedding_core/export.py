@@ -504,15 +504,38 @@ class ExportFolder:
                            meta={**meta, **self.tag(name)})
 
     def __enter__(self) -> ExportFolder:
+        # Until the export completes, the manifest says so: a reader of a folder whose
+        # export was killed half-way (even a first export) gets a clear refusal.
+        manifest = self.output / MANIFEST_FILENAME
+        self._previous = manifest.read_bytes() if manifest.is_file() else None
+        self._manifest(complete=False)
         return self
+
+    def _manifest(self, complete: bool) -> None:
+        write_json(self.output / MANIFEST_FILENAME, {
+            "export_id": self.export_id, "views": self.views, "complete": complete,
+            "format_version": FORMAT_VERSION,
+            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None:
-            write_json(self.output / MANIFEST_FILENAME, {
-                "export_id": self.export_id, "views": self.views, "format_version":
-                FORMAT_VERSION,
-                "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+            self._manifest(complete=True)
+            return False
+        written = [v for v in self.views if _view_id(self.output / v) == self.export_id]
+        if not written:  # nothing of this export reached the folder: it is as it was
+            manifest = self.output / MANIFEST_FILENAME
+            if self._previous is None:
+                manifest.unlink(missing_ok=True)
+            else:
+                manifest.write_bytes(self._previous)
         return False
+
+
+def _view_id(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / META_FILENAME).read_text(encoding="utf-8")).get("export_id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def load_export(out_dir: str | os.PathLike, mmap_mode: str | None = None
@@ -542,6 +565,9 @@ def load_export(out_dir: str | os.PathLike, mmap_mode: str | None = None
             export_id, names = manifest["export_id"], list(manifest["views"])
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"{manifest_path}: not an export manifest ({err})") from None
+        if not manifest.get("complete", True):
+            raise ValueError(f"{out_dir}: the export into this folder did not finish (it was "
+                             "interrupted or failed); run the export again")
         views = {}
         for name in names:
             views[name] = load_view(out_dir / name, mmap_mode)
@@ -553,6 +579,7 @@ def load_export(out_dir: str | os.PathLike, mmap_mode: str | None = None
     views = sorted(p for p in out_dir.iterdir() if (p / META_FILENAME).is_file()) \
         if out_dir.is_dir() else []
     if not views:
-        raise FileNotFoundError(f"{out_dir}: no export here (no meta.json and no view "
-                                "folders holding one)")
+        what = "does not exist" if not out_dir.exists() else \
+            "holds no export (no meta.json and no view folders holding one)"
+        raise FileNotFoundError(f"{out_dir} {what}")
     return {p.name: load_view(p, mmap_mode) for p in views}

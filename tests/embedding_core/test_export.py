@@ -238,3 +238,20 @@ def test_an_interrupted_export_is_refused_and_stale_views_are_ignored(tmp_path):
         load_export(tmp_path)
     with pytest.raises(FileExistsError, match="not a folder"):
         ExportFolder(tmp_path / "a" / "ids.txt")
+
+
+def test_a_first_export_killed_half_way_is_refused_and_a_failure_before_any_view_is_harmless(
+        tmp_path):
+    from embedding_core.export import ExportFolder, load_export
+
+    vecs = np.ones((2, 3), np.float32)
+    with pytest.raises(RuntimeError), ExportFolder(tmp_path / "new") as folder:
+        folder.view("a", [(["x", "y"], vecs)], num_rows=2, dim=3, meta=_view_meta(1))
+        raise RuntimeError("killed")
+    with pytest.raises(ValueError, match="did not finish"):
+        load_export(tmp_path / "new")
+    with ExportFolder(tmp_path / "old") as folder:
+        folder.view("a", [(["x", "y"], vecs)], num_rows=2, dim=3, meta=_view_meta(1))
+    with pytest.raises(ValueError, match="not finite"), ExportFolder(tmp_path / "old") as folder:
+        folder.view("a", [(["x", "y"], vecs * np.nan)], num_rows=2, dim=3, meta=_view_meta(2))
+    assert load_export(tmp_path / "old")["a"][2]["step"] == 1  # the old export still reads
