@@ -16,6 +16,7 @@ from pathlib import Path
 import ml_collections
 
 from embedding_core import parallel
+from embedding_core.files import read_json_object
 
 CONFIG_FILE = "config.json"
 LR_DECAYS = ("linear", "cosine", "constant")
@@ -172,15 +173,7 @@ def read_config(
     if not workdir.is_dir():
         raise FileNotFoundError(f"workdir {workdir} does not exist; train first with "
                                 f"`{prog} train --workdir={workdir}`")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {workdir} a {prog} training workdir?")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a JSON object of config fields, got "
-                         f"{type(raw).__name__}")
+    raw = read_json_object(path, f"is {workdir} a {prog} training workdir?")
     missing = sorted(set(required) - set(raw))
     if missing:
         raise ValueError(f"{path}: missing config fields {missing}; is {workdir} a {prog} "

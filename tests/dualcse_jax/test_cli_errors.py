@@ -58,7 +58,7 @@ def test_export_input_folder_and_output_file(tmp_path):
 
 @pytest.mark.parametrize("content,expect", [
     ('{"model": "x", ', "not valid JSON"),
-    ("[1, 2]", "expected a JSON object of config fields, got list"),
+    ("[1, 2]", "expected a JSON object, got list"),
     (json.dumps({"model": "x", "pooling": "mean", "max_length": 8, "dtype": "float32"}),
      "missing config fields ['architecture']"),
     (json.dumps(dict(default.get_config().to_dict(), pooling="foo")),
