@@ -99,6 +99,8 @@ class Embedder(Encoder):
             raise ValueError(f"kind={kind!r}: use 'explicit' (r) or 'implicit' (u)")
         if normalize is None:
             normalize = bool(self.config.get("normalize", False))
+        elif not isinstance(normalize, (bool, np.bool_)):
+            raise TypeError(f"normalize must be True, False or None, got {normalize!r}")
         out = super().encode(texts, batch_size=batch_size, normalize=False,
                              show_progress_bar=show_progress_bar, kind=kind)
         return l2_normalize(out) if normalize else out

@@ -183,6 +183,8 @@ class Encoder:
           TypeError, ValueError: see :func:`check_texts`; ``batch_size`` < 1.
         """
         texts = check_texts(texts)
+        if not isinstance(normalize, (bool, np.bool_)):
+            raise TypeError(f"normalize must be True or False, got {normalize!r}")
         if batch_size is None:
             batch_size = self.default_batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \

@@ -80,6 +80,8 @@ def test_encoder_base_checks_normalises_and_passes_the_view():
         enc.encode(["ok", "  \t"])
     with pytest.raises(ValueError, match="batch_size"):
         enc.encode(["ok"], batch_size=-1)
+    with pytest.raises(TypeError, match="normalize must be True or False"):
+        enc.encode(["ok"], normalize="no")
     with pytest.raises(TypeError, match="text 0 is a int"):
         check_texts([3])
 
