@@ -117,11 +117,9 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
     if not path.is_file():
         return
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); use a new --workdir") from None
-    if not isinstance(saved, dict):
-        raise ValueError(f"{path}: not a JSON object of config fields; use a new --workdir")
+        saved = read_json_object(path)
+    except ValueError as err:
+        raise ValueError(f"{err}; use a new --workdir") from None
     new = json.loads(json.dumps(config.to_dict()))  # tuples -> lists, as saved
     foreign = sorted(set(saved) ^ set(new))
     if len(foreign) > 3:

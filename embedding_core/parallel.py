@@ -1,8 +1,8 @@
 """Device mesh, logical-axis rules, host-to-global batches and multi-host start-up.
 
-The one way (DESIGN.md): a 2-D mesh ``("data", "model")`` with Auto axis types; parameters
-carry logical axis names and ``LOGICAL_AXIS_RULES`` map them onto mesh axes; host batches
-enter as global ``jax.Array`` through ``jax.make_array_from_process_local_data``.
+The one way (docs/architecture.md): a 2-D mesh ``("data", "model")`` with Auto axis
+types; parameters carry logical axis names and ``LOGICAL_AXIS_RULES`` map them onto mesh
+axes; host batches enter as global ``jax.Array`` through ``jax.make_array_from_process_local_data``.
 """
 
 from __future__ import annotations

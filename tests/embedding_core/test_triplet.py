@@ -162,7 +162,7 @@ def test_sharded_batch_gives_same_loss_and_gradient():
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.normal(size=(16, 4)), jnp.float32)
     labels = jnp.asarray(rng.integers(0, 4, size=16), jnp.int32)
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))  # as DESIGN.md
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))  # as docs/architecture.md
     rows = NamedSharding(mesh, PartitionSpec("data"))
 
     def f(x, labels):
