@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from tqdm.auto import tqdm
 
-from embedding_core.files import make_readable, write_json  # noqa: F401 (re-export)
+from embedding_core.files import make_readable, write_json
 
 META_FILENAME = "meta.json"
 FORMAT_VERSION = 1
