@@ -208,16 +208,29 @@ def load_data(config: ml_collections.ConfigDict) -> EntityData:
 
 
 def make_batches(table: TokenTable, config: ml_collections.ConfigDict, start_step: int, *,
-                 process_index: int = 0, process_count: int = 1
-                 ) -> Iterator[dict[str, np.ndarray]]:
+                 process_index: int = 0, process_count: int = 1,
+                 full_layout: FullLayout | None = None) -> Iterator[dict[str, np.ndarray]]:
     """This host's training batches from ``start_step`` on (resumable, in the seed's order).
 
-    ``data_pipelines.pipeline.make_batches`` with DocEnt's names: ``input_ids``,
-    ``attention_mask``, ``token_type_ids`` ``[B/P, 1, L]`` int32, ``entity_ids`` ``[B/P]``
-    int32 (the table's ``text_ids`` column) and ``step``.
+    ``data_pipelines.pipeline.make_batches`` with DocEnt's names and each variant's layout:
+
+    * ``variant="dual"``: ``input_ids``, ``attention_mask``, ``token_type_ids``
+      ``[B/P, 1, L]`` int32 (one field, the sentence);
+    * ``"hybrid"``: the same arrays as ``[B/P, L]`` (the sentence alone);
+    * ``"full"``: ``[B/P, L + 2]`` in the :func:`full_inputs_from_tokens` layout
+      ``[CLS] <entity> [SEP] sentence [SEP]`` (``full_layout`` gives the ids);
+
+    plus ``entity_ids`` ``[B/P]`` int32 (the table's ``text_ids`` column), ``step``, and for
+    Full/Hybrid with ``mlm_head_init="warmup"`` ``mlm_warmup`` ``[B/P]`` float32 (1.0 during
+    the first ``mlm_warmup_steps`` steps).
     """
     from data_pipelines import pipeline  # TensorFlow: only once training is certain
 
+    variant = config.get("variant", "dual")
+    if variant == "full" and full_layout is None:
+        raise ValueError("variant 'full' needs full_layout (the tokenizer's ids)")
+    warmup = int(config.mlm_warmup_steps) if (
+        variant != "dual" and config.get("mlm_head_init") == "warmup") else 0
     batches = pipeline.make_batches(
         table, global_batch_size=int(config.batch_size), seed=int(config.seed),
         start_step=start_step, process_index=process_index, process_count=process_count,
@@ -225,7 +238,47 @@ def make_batches(table: TokenTable, config: ml_collections.ConfigDict, start_ste
     for batch in batches:
         batch = dict(batch)
         batch["entity_ids"] = batch.pop("text_ids")[:, 0]
+        if variant != "dual":
+            for key in ("input_ids", "attention_mask", "token_type_ids"):
+                batch[key] = batch[key][:, 0]
+        if variant == "full":
+            batch.update(full_inputs_from_tokens(
+                batch["input_ids"], batch["attention_mask"].sum(axis=1), batch["entity_ids"],
+                word_vocab_size=full_layout.word_vocab_size, sep_id=full_layout.sep_id,
+                pad_id=full_layout.pad_id))
+        if warmup:
+            flag = float(int(batch["step"]) < warmup)
+            batch["mlm_warmup"] = np.full(len(batch["entity_ids"]), flag, np.float32)
         yield batch
+
+
+class FullLayout(NamedTuple):
+    """Token ids DocEnt-Full's input layout needs (from the tokenizer)."""
+
+    word_vocab_size: int
+    sep_id: int
+    pad_id: int
+    mask_id: int
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> FullLayout:
+        """Reads ``[SEP]``, ``[PAD]``, ``[MASK]`` and the vocabulary size.
+
+        Raises:
+          ValueError: a BERT special token is missing.
+        """
+        ids = {t: tokenizer.token_to_id(t) for t in ("[SEP]", "[PAD]", "[MASK]")}
+        missing = [t for t, i in ids.items() if i is None]
+        if missing:
+            raise ValueError(f"the tokenizer has no {missing}; DocEnt-Full needs a BERT "
+                             "word-piece vocabulary")
+        return cls(int(tokenizer.get_vocab_size()), ids["[SEP]"], ids["[PAD]"], ids["[MASK]"])
+
+
+def sentence_length(config: ml_collections.ConfigDict) -> int:
+    """Tokens per training sentence: ``max_length``, less the 2 entity-segment tokens
+    ``<entity> [SEP]`` for Full (so Full's whole input fits ``max_length``)."""
+    return int(config.max_length) - (2 if config.get("variant", "dual") == "full" else 0)
 
 
 def write_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:

@@ -1,8 +1,18 @@
-"""A trained DocEnt-Dual: ``load(workdir)`` -> :class:`EntityRanker` (``docs/docent.md``).
+"""A trained DocEnt model: ``load(workdir)`` -> :class:`EntityRanker` (``docs/docent.md``).
 
-The ranker is an ``embedding_core.inference.Encoder``: ``encode(texts)`` embeds *queries*
-(or any sentence) with the sentence encoder ``f``; ``entity_embeddings()`` returns the
-entity table ``g``. Both are raw (not normalised) float32 vectors; score with cosine.
+The ranker is an ``embedding_core.inference.Encoder`` for every variant:
+
+* ``encode(texts)`` embeds *queries*: DocEnt-Dual and -Hybrid with the sentence encoder
+  ``f``; DocEnt-Full with the MLM head's output ``t`` at the masked entity slot of
+  ``[CLS] [MASK] [SEP] query [SEP]``;
+* ``entity_embeddings()`` / ``iter_entity_blocks()`` return the entity table (Full: its
+  entity rows, hidden width);
+* ``score(texts)`` ranks every entity for each query: ``a * cos(f(q), g(e))`` (Dual,
+  Hybrid) or the entity logits ``t . g(e) + b_e`` of P(e | query) over the entity rows
+  only (Full, the paper's zero-shot scoring).
+
+Vectors are raw float32 (not normalised); Dual/Hybrid compare with cosine, Full with the
+dot product plus the entity bias.
 """
 
 from __future__ import annotations
@@ -12,15 +22,23 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
 from docent_jax.configs import default, validate_config
-from docent_jax.data import ENTITY_IDS_FILE, read_entity_ids
-from docent_jax.model import DocEntDual, build_model, init_fn
+from docent_jax.data import (
+    ENTITY_IDS_FILE,
+    ENTITY_POSITION,
+    FullLayout,
+    full_inputs_from_tokens,
+    read_entity_ids,
+    sentence_length,
+)
+from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, build_model, init_fn
 from embedding_core import configs, parallel, training
-from embedding_core.inference import Encoder, encode_in_batches, token_batch_builder
+from embedding_core.inference import Encoder, check_texts, encode_in_batches
 from embedding_core.pretrained import load_pretrained
 
 PROG = "docent-jax"
@@ -29,15 +47,16 @@ REQUIRED_FIELDS = ("model", "pooling", "projection_dim", "max_length", "table_mu
 
 
 class EntityRanker(Encoder):
-    """A trained DocEnt-Dual: entity vectors ``g(e)`` and the query encoder ``f``.
+    """A trained DocEnt model (any variant): entity vectors and the query scorer.
 
     Attributes:
+      variant: ``"dual"``, ``"full"`` or ``"hybrid"``.
       entity_ids: ``[num_entities]`` keys; row i of :meth:`entity_embeddings` is entity i.
       step: the checkpoint step (None when built from in-memory params).
-      config: the run's config.
+      config, model, params, tokenizer: the run's config, Flax module, params and tokenizer.
     """
 
-    def __init__(self, model: DocEntDual, params, tokenizer,
+    def __init__(self, model: DocEntDual | DocEntFull | DocEntHybrid, params, tokenizer,
                  config: ml_collections.ConfigDict, entity_ids: Sequence[str], *,
                  step: int | None = None, batch_size: int | None = None,
                  pad_multiple: int = 16):
@@ -52,8 +71,32 @@ class EntityRanker(Encoder):
         self.step = step
         self.default_batch_size = int(batch_size or config.get("eval_batch_size", 64))
         self.pad_multiple = pad_multiple
-        self._forward = jax.jit(lambda p, ids, mask, types: model.apply(
-            {"params": p}, ids, mask, types, method=DocEntDual.encode_sentences))
+        self.variant = "full" if isinstance(model, DocEntFull) else (
+            "hybrid" if isinstance(model, DocEntHybrid) else "dual")
+        self._layout = FullLayout.from_tokenizer(tokenizer) if self.variant == "full" else None
+        self._query = jax.jit(self.query_fn)
+        self._scores = jax.jit(self.entity_scores_fn)
+
+    # -- pure functions (jittable, differentiable; for fine-tuning) -----------------------
+
+    def query_fn(self, params, input_ids, attention_mask, token_type_ids) -> jax.Array:
+        """Query vectors of :meth:`query_inputs` arrays: ``[n, L]`` int32 -> ``[n, dim]``
+        float32 (Dual/Hybrid ``f(q)``; Full the head output at the entity slot)."""
+        if self.variant == "full":
+            positions = jnp.full((input_ids.shape[0], 1), ENTITY_POSITION, jnp.int32)
+            return self.model.apply({"params": params}, input_ids, attention_mask,
+                                    token_type_ids, positions, method=DocEntFull.predict)[:, 0]
+        return self.model.apply({"params": params}, input_ids, attention_mask,
+                                token_type_ids, method=DocEntDual.encode_sentences)
+
+    def entity_scores_fn(self, params, queries: jax.Array) -> jax.Array:
+        """Logits of P(e | q) for every table row: ``[n, dim]`` -> ``[n, num_rows]`` float32
+        (columns at or beyond ``num_entities`` are padding)."""
+        method = DocEntFull.entity_scores if self.variant == "full" else \
+            DocEntDual.entity_scores
+        return self.model.apply({"params": params}, queries, method=method)
+
+    # -- host side ---------------------------------------------------------------------------
 
     @property
     def num_entities(self) -> int:
@@ -63,23 +106,66 @@ class EntityRanker(Encoder):
     def dim(self) -> int:
         return self.model.dim
 
+    def with_params(self, params) -> EntityRanker:
+        """The same ranker (model, tokenizer, ids, config) with other params."""
+        return EntityRanker(self.model, params, self.tokenizer, self.config, self.entity_ids,
+                            step=self.step, batch_size=self.default_batch_size,
+                            pad_multiple=self.pad_multiple)
+
+    def query_inputs(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The variant's query layout: ``input_ids``, ``attention_mask``, ``token_type_ids``
+        ``[n, L]`` int32 (Full: ``[CLS] [MASK] [SEP] text [SEP]``; else ``[CLS] text [SEP]``).
+
+        Raises:
+          ValueError: a text that is empty or not a string. DataError-like ValueError: a
+            text with no token the vocabulary knows.
+        """
+        texts = check_texts(texts)
+        tok = tokenize(self.tokenizer, texts, sentence_length(self.config))
+        require_text_tokens(self.tokenizer, tok, texts, None)
+        if self.variant != "full":
+            return {"input_ids": tok.input_ids, "attention_mask": tok.attention_mask,
+                    "token_type_ids": np.zeros_like(tok.input_ids)}
+        layout = self._layout
+        out = full_inputs_from_tokens(tok.input_ids, tok.lengths, np.zeros(len(texts), np.int32),
+                                      word_vocab_size=layout.word_vocab_size,
+                                      sep_id=layout.sep_id, pad_id=layout.pad_id)
+        out["input_ids"][:, ENTITY_POSITION] = layout.mask_id
+        return {k: out[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+
     def _encode(self, texts: list[str], *, batch_size: int,
                 show_progress_bar: bool) -> np.ndarray:
-        """``f(q)`` of checked, non-empty texts: ``[n, dim]`` float32 (raw)."""
-        tok = tokenize(self.tokenizer, texts, int(self.config.max_length))
-        require_text_tokens(self.tokenizer, tok, texts, None)
+        """Query vectors of checked, non-empty texts: ``[n, dim]`` float32 (raw)."""
+        inputs = self.query_inputs(texts)
+        lengths = inputs["attention_mask"].sum(axis=1)
+        width = inputs["input_ids"].shape[1]
+
+        def build(rows: np.ndarray, width: int):
+            pad = batch_size - len(rows)  # every call has batch_size rows: one compile a width
+            return tuple(np.pad(inputs[k][rows, :width], ((0, pad), (0, 0)))
+                         for k in ("input_ids", "attention_mask", "token_type_ids"))
+
         return encode_in_batches(
-            tok.lengths, token_batch_builder(tok, batch_size),
-            lambda inputs: self._forward(self.params, *inputs), batch_size=batch_size,
-            pad_multiple=self.pad_multiple, max_width=tok.input_ids.shape[1],
+            lengths, build, lambda x: self._query(self.params, *x), batch_size=batch_size,
+            pad_multiple=self.pad_multiple, max_width=width,
             show_progress_bar=show_progress_bar, desc="encode queries")
+
+    def score(self, texts: Sequence[str], *, batch_size: int | None = None,
+              show_progress_bar: bool = False) -> np.ndarray:
+        """``[n, num_entities]`` float32 scores of every entity for each query (higher =
+        more relevant; see the module docstring)."""
+        q = self.encode(texts, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        block = max(1, int(batch_size or self.default_batch_size))
+        parts = [np.asarray(self._scores(self.params, jnp.asarray(q[i:i + block])))
+                 [:, :self.num_entities] for i in range(0, len(q), block)]
+        return np.concatenate(parts, axis=0).astype(np.float32)
 
     def iter_entity_blocks(self, block_rows: int = 8192
                            ) -> Iterator[tuple[int, list[str], np.ndarray]]:
         """Streams the entity table in row blocks (host memory: one block at a time).
 
         Yields:
-          ``(start, ids, vectors)``: ``vectors [rows, dim]`` float32 = ``g`` of entities
+          ``(start, ids, vectors)``: ``vectors [rows, dim]`` float32 = the rows of entities
           ``start .. start + rows - 1`` (padding rows never appear), ``ids`` their keys.
         """
         if block_rows < 1:
@@ -91,7 +177,7 @@ class EntityRanker(Encoder):
             yield start, self.entity_ids[start:stop], block
 
     def entity_embeddings(self) -> np.ndarray:
-        """``[num_entities, dim]`` float32 entity vectors ``g(e)`` (raw; score with cosine)."""
+        """``[num_entities, dim]`` float32 entity vectors (raw)."""
         blocks = [b for _, _, b in self.iter_entity_blocks()]
         return np.concatenate(blocks, axis=0)
 

@@ -13,8 +13,9 @@
   ``"model"`` mesh axis (``embedding_core.losses.vocab_parallel_softmax_cross_entropy``).
   Not to be confused with DocEnt-Full, the MLM model below.
 
-**DocEnt-Full** (``L_MLM + lambda * L_E`` over the union vocabulary) and **DocEnt-Hybrid**
-(in-batch dual term + entity-conditioned MLM): :func:`full_loss`, :func:`hybrid_loss`.
+**DocEnt-Full** (``L_MLM + lambda * L_E`` over the union vocabulary, entity part
+vocabulary-parallel) and **DocEnt-Hybrid** (Dual's term + entity-conditioned MLM):
+:func:`full_loss`, :func:`hybrid_loss`; :func:`make_loss_fn` picks by ``config.variant``.
 Masking is done in JAX inside the loss from the step's rng (``make_train_step`` passes
 ``fold_in(rng, step)``; ``docent_jax.data.mask_word_pieces``): the masks of a step depend
 only on (seed, step, batch), so a resumed run draws exactly the masks the uninterrupted run
@@ -39,10 +40,11 @@ from docent_jax.data import (
     mask_word_pieces,
     maskable_word_pieces,
 )
-from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid
+from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, word_table
 from embedding_core.losses import (
     cosine_similarity_matrix,
     info_nce,
+    vocab_parallel_logsumexp,
     vocab_parallel_softmax_cross_entropy,
 )
 from embedding_core.task import LossFn
@@ -120,13 +122,28 @@ def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
         sentences, table, scale = model.apply(
             {"params": params}, batch["input_ids"], batch["attention_mask"],
             batch["token_type_ids"], deterministic=not config.dropout, rngs={"dropout": rng})
-        entity_ids = batch["entity_ids"]
-        if config.softmax == "full_vocab":
-            return full_vocab_entity_loss(sentences, table, entity_ids, scale, mesh,
-                                          model.num_entities)
-        return in_batch_entity_loss(sentences, table[entity_ids], entity_ids, scale)
+        return entity_softmax_loss(config.softmax, sentences, table, batch["entity_ids"],
+                                   scale, mesh, model.num_entities)
 
     return loss_fn
+
+
+def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,
+                        entity_ids: jax.Array, scale: jax.Array | float, mesh: Mesh,
+                        num_entities: int) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """DocEnt-Dual's objective ``-log P(e | s)`` with the denominator ``softmax`` names
+    (``"in_batch"``: :func:`in_batch_entity_loss`; ``"full_vocab"``:
+    :func:`full_vocab_entity_loss`). Dual and Hybrid's dual term both call this: one
+    equation, one function.
+
+    Args:
+      sentences: ``[b, dim]`` float ``f(s)``; table: ``[rows, dim]`` float ``g``;
+      entity_ids: ``[b]`` int32; scale: the scale a; mesh: the training mesh;
+      num_entities: real rows of the table.
+    """
+    if softmax == "full_vocab":
+        return full_vocab_entity_loss(sentences, table, entity_ids, scale, mesh, num_entities)
+    return in_batch_entity_loss(sentences, table[entity_ids], entity_ids, scale)
 
 
 # ----------------------------------------------------------------------------- Full, Hybrid
@@ -145,12 +162,66 @@ def _mean(total: jax.Array, count: jax.Array) -> jax.Array:
     return total / jnp.maximum(count, 1.0)
 
 
+def _warmup_off(batch: Mapping[str, jax.Array]) -> jax.Array:
+    """0.0 while the batch is in the MLM head warm-up (``config.mlm_warmup_steps``), else 1.0:
+    the weight of the non-word-piece terms (a word-piece-only warm-up)."""
+    if "mlm_warmup" not in batch:
+        return jnp.asarray(1.0, jnp.float32)
+    return 1.0 - jnp.max(jnp.asarray(batch["mlm_warmup"], jnp.float32))
+
+
+def union_cross_entropy(
+    t: jax.Array,
+    labels: jax.Array,
+    word_table: jax.Array,
+    word_bias: jax.Array,
+    entity_table: jax.Array,
+    entity_bias: jax.Array,
+    mesh: Mesh,
+    num_entities: int,
+) -> tuple[jax.Array, jax.Array]:
+    """Cross-entropy of a softmax over the union vocabulary ``[word pieces; entities]``.
+
+    Logits ``z_v = t . E_v + b_v`` with ``E = [word_table; entity_table[:num_entities]]``:
+    the word part is dense (GSPMD shards it by the ``"vocab"`` rule), the entity part goes
+    through ``embedding_core.losses.vocab_parallel_logsumexp`` over the ``"model"`` axis
+    (the same path as DocEnt-Dual's full-vocabulary softmax), so the ``[n, num_entities]``
+    logits never sit whole on one device; ``log Z = logaddexp(log Z_words, log Z_entities)``.
+
+    Args:
+      t: ``[n, hidden]`` float head outputs; ``n`` divisible by the mesh's data size.
+      labels: ``[n]`` int32 union ids (word piece ``< vocab``, entity e ``= vocab + e``).
+      word_table: ``[vocab, hidden]``; word_bias: ``[vocab]``.
+      entity_table: ``[rows, hidden]``; entity_bias: ``[rows]``; rows divisible by the
+        mesh's model size, rows ``>= num_entities`` are padding.
+
+    Returns:
+      ``(ce, correct)``: ``[n]`` float32 cross-entropy and ``[n]`` float32 1.0 where the
+      label's logit is the largest (ties count as correct).
+    """
+    t = t.astype(jnp.float32)
+    vocab = word_table.shape[0]
+    words = jnp.einsum("nh,vh->nv", t, word_table.astype(jnp.float32),
+                       precision=jax.lax.Precision.HIGHEST) + word_bias
+    word_lse = jax.nn.logsumexp(words, axis=-1)
+    word_target = jnp.take_along_axis(words, jnp.clip(labels, 0, vocab - 1)[:, None],
+                                      axis=1)[:, 0]
+    ent = vocab_parallel_logsumexp(t, entity_table, labels - vocab, mesh, 1.0,
+                                   bias=entity_bias, cosine=False, num_classes=num_entities)
+    is_entity = labels >= vocab
+    target = jnp.where(is_entity, ent.target_logit, word_target)
+    best = jnp.maximum(jax.lax.stop_gradient(jnp.max(words, axis=-1)), ent.max_logit)
+    ce = jnp.logaddexp(word_lse, ent.logsumexp) - target
+    return ce, (jax.lax.stop_gradient(target) >= best).astype(jnp.float32)
+
+
 def full_loss(
     model: DocEntFull,
     params: Any,
     batch: Mapping[str, jax.Array],
     rng: jax.Array,
     masking: MaskingConfig,
+    mesh: Mesh,
     *,
     entity_loss_weight: float = 1.0,
     single_cross_entropy: bool = False,
@@ -160,16 +231,18 @@ def full_loss(
 
     ``L_MLM`` is the mean cross-entropy of the masked word pieces and ``L_E`` that of the
     masked entity tokens, both with softmax over the union vocabulary (word pieces and
-    entities), in float32. ``single_cross_entropy=True`` instead averages all masked tokens
-    together, ``(sum_words + lambda * sum_entities) / (n_words + n_entities)``: what the
-    released TF1 code did in effect (one MLM loss over the union); the two agree up to the
-    weighting of the terms.
+    entities, :func:`union_cross_entropy`), in float32. ``single_cross_entropy=True``
+    instead averages all masked tokens together, ``(sum_words + lambda * sum_entities) /
+    (n_words + n_entities)``: what the released TF1 code did in effect (one MLM loss over
+    the union); the two agree up to the weighting of the terms. During the MLM head
+    warm-up (``batch["mlm_warmup"]``) lambda is 0.
 
     Args:
       batch: ``input_ids``, ``attention_mask``, ``token_type_ids``: ``[batch, seq_len]`` int32
-        in the :func:`full_inputs_from_tokens` layout.
+        in the ``docent_jax.data.full_inputs_from_tokens`` layout.
       rng: the step key; split into masking and dropout keys.
       masking: rates and ids; ``entity_loss_weight`` is lambda.
+      mesh: the training mesh (the entity rows are split over its ``"model"`` axis).
       dropout: apply the encoder's dropout.
 
     Returns:
@@ -182,21 +255,29 @@ def full_loss(
     words = mask_word_pieces(mask_rng, ids, maskable_word_pieces(ids, mask, masking), masking)
     corrupted, entity_labels, entity_weights = mask_entity_tokens(entity_rng, words.input_ids,
                                                                   masking)
+    b, slots = words.positions.shape
     positions = jnp.concatenate(
-        [words.positions, jnp.full((ids.shape[0], 1), ENTITY_POSITION, jnp.int32)], axis=1)
-    logits = model.apply({"params": params}, corrupted, mask, types, positions,
-                         deterministic=not dropout, rngs={"dropout": dropout_rng})
-    w_loss, w_correct, w_count = _cross_entropy_sums(logits[:, :-1], words.labels, words.weights)
-    e_loss, e_correct, e_count = _cross_entropy_sums(logits[:, -1], entity_labels,
-                                                     entity_weights)
+        [words.positions, jnp.full((b, 1), ENTITY_POSITION, jnp.int32)], axis=1)
+    t = model.apply({"params": params}, corrupted, mask, types, positions,
+                    deterministic=not dropout, rngs={"dropout": dropout_rng},
+                    method=DocEntFull.predict)
+    labels = jnp.concatenate([words.labels, entity_labels[:, None]], axis=1)
+    ce, correct = union_cross_entropy(
+        t.reshape(b * (slots + 1), -1), labels.reshape(-1), word_table(params),
+        params["word_bias"], params["entity_embeddings"], params["entity_bias"], mesh,
+        model.num_entities)
+    ce, correct = ce.reshape(b, slots + 1), correct.reshape(b, slots + 1)
+    w_loss, w_count = jnp.sum(ce[:, :-1] * words.weights), jnp.sum(words.weights)
+    e_loss, e_count = jnp.sum(ce[:, -1] * entity_weights), jnp.sum(entity_weights)
+    weight = entity_loss_weight * _warmup_off(batch)
     mlm, entity = _mean(w_loss, w_count), _mean(e_loss, e_count)
     if single_cross_entropy:
-        loss = (w_loss + entity_loss_weight * e_loss) / jnp.maximum(w_count + e_count, 1.0)
+        loss = (w_loss + weight * e_loss) / jnp.maximum(w_count + e_count, 1.0)
     else:
-        loss = mlm + entity_loss_weight * entity
+        loss = mlm + weight * entity
     metrics = {"mlm_loss": mlm, "entity_loss": entity,
-               "mlm_accuracy": _mean(w_correct, w_count),
-               "entity_accuracy": _mean(e_correct, e_count),
+               "mlm_accuracy": _mean(jnp.sum(correct[:, :-1] * words.weights), w_count),
+               "entity_accuracy": _mean(jnp.sum(correct[:, -1] * entity_weights), e_count),
                "masked_words": w_count, "masked_entities": e_count}
     return loss, metrics
 
@@ -207,68 +288,91 @@ def hybrid_loss(
     batch: Mapping[str, jax.Array],
     rng: jax.Array,
     masking: MaskingConfig,
+    mesh: Mesh,
     *,
-    scale: float = 20.0,
+    softmax: str = "in_batch",
     mlm_weight: float = 1.0,
+    clean_dual: bool = True,
     dropout: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """DocEnt-Hybrid loss: in-batch dual-encoder softmax + entity-conditioned MLM.
+    """DocEnt-Hybrid loss: DocEnt-Dual's objective + entity-conditioned MLM.
 
-    ``L_dual = mean_i -log softmax_j(scale * cos(f(s_i), g(e_j)))_i`` over the global
-    batch's entities: Dual's in-batch equation, the same function
-    (:func:`in_batch_entity_loss`; another sentence of the same entity is not a negative).
-    ``L_MLM`` is the mean cross-entropy of the masked word pieces predicted from
-    ``[f(s_-J)_t ; g(e)]``. Loss ``L_dual + mlm_weight * L_MLM``.
+    ``L_dual`` is Dual's ``-log P(e | s)`` with Dual's learned scale a and the same
+    function (:func:`entity_softmax_loss`: in-batch, where another sentence of the same
+    entity is not a negative, or the whole table). ``L_MLM`` is the mean cross-entropy of
+    the masked word pieces predicted from ``[f(s_-J)_t ; g(e)]``. Loss ``L_dual +
+    mlm_weight * L_MLM`` (``L_dual`` weighted 0 during the MLM head warm-up).
 
-    One encoder pass on the masked sentence serves both terms (its ``f_CLS`` is the dual
-    encoder's sentence vector): our reading; the paper does not say whether ``f(s)`` of the
-    dual term sees the masked or the clean sentence.
+    ``clean_dual=True`` (default): the dual term's ``f(s)`` comes from a second encoder pass
+    on the unmasked sentence, as at inference; ``False`` reuses the masked pass (one pass,
+    cheaper). The paper does not say which; see ``docs/docent.md``.
 
     Args:
       batch: ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[batch, seq_len]`` int32
         (the sentence alone) and ``entity_ids`` ``[batch]`` int32.
       rng: the step key; split into masking and dropout keys.
+      mesh: the training mesh (for ``softmax="full_vocab"``).
 
     Returns:
       ``(loss, metrics)``: ``dual_loss``, ``dual_accuracy`` (the sentence's own entity scores
       highest among the batch's other entities), ``mlm_loss``, ``mlm_accuracy``,
-      ``masked_words``.
+      ``masked_words``, ``scale``.
     """
     mask_rng, dropout_rng = jax.random.split(rng)
     ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
                                                          "token_type_ids"))
     entity_ids = jnp.asarray(batch["entity_ids"], jnp.int32)
     words = mask_word_pieces(mask_rng, ids, maskable_word_pieces(ids, mask, masking), masking)
-    sentence, entity, logits = model.apply(
+    sentence, logits, table, scale = model.apply(
         {"params": params}, words.input_ids, mask, types, entity_ids, words.positions,
-        deterministic=not dropout, rngs={"dropout": dropout_rng})
-    n = sentence.shape[0]
-    index = jnp.arange(n, dtype=jnp.int32)
-    dual = in_batch_entity_loss(sentence, entity, entity_ids, scale)[0]
-    cos = cosine_similarity_matrix(sentence, entity)
+        clean_ids=ids if clean_dual else None, deterministic=not dropout,
+        rngs={"dropout": dropout_rng})
+    dual, dual_metrics = entity_softmax_loss(softmax, sentence, table, entity_ids, scale, mesh,
+                                             model.num_entities)
+    cos = cosine_similarity_matrix(sentence, table[entity_ids])
+    index = jnp.arange(sentence.shape[0], dtype=jnp.int32)
     others = entity_ids[None, :] != entity_ids[:, None]
     best_other = jnp.max(jnp.where(others, cos, -jnp.inf), axis=1)
     dual_accuracy = jnp.mean((cos[index, index] > best_other).astype(jnp.float32))
     w_loss, w_correct, w_count = _cross_entropy_sums(logits, words.labels, words.weights)
     mlm = _mean(w_loss, w_count)
     metrics = {"dual_loss": dual, "dual_accuracy": dual_accuracy, "mlm_loss": mlm,
-               "mlm_accuracy": _mean(w_correct, w_count), "masked_words": w_count}
-    return dual + mlm_weight * mlm, metrics
+               "mlm_accuracy": _mean(w_correct, w_count), "masked_words": w_count,
+               "scale": dual_metrics["scale"]}
+    return _warmup_off(batch) * dual + mlm_weight * mlm, metrics
 
 
-def make_full_loss_fn(model: DocEntFull, masking: MaskingConfig, **options: Any) -> LossFn:
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` of :func:`full_loss`."""
+def masking_config(config: ml_collections.ConfigDict, tokenizer) -> MaskingConfig:
+    """The :class:`~docent_jax.data.MaskingConfig` of a config's masking fields."""
+    return MaskingConfig.from_tokenizer(
+        tokenizer, word_mask_rate=float(config.word_mask_rate),
+        entity_mask_rate=float(config.entity_mask_rate),
+        max_predictions=int(config.max_predictions))
 
-    def loss_fn(params, batch, rng):
-        return full_loss(model, params, batch, rng, masking, **options)
 
-    return loss_fn
+def make_loss_fn(model: DocEntDual | DocEntFull | DocEntHybrid,
+                 config: ml_collections.ConfigDict, mesh: Mesh,
+                 masking: MaskingConfig | None = None) -> LossFn:
+    """The ``loss_fn(params, batch, rng) -> (loss, metrics)`` of ``config.variant`` on the
+    global batch (``masking`` is required for Full and Hybrid)."""
+    variant = config.get("variant", "dual")
+    if variant == "dual":
+        return make_dual_loss_fn(model, config, mesh)
+    if masking is None:
+        raise ValueError(f"variant {variant!r} needs a MaskingConfig")
+    if variant == "full":
+        options = dict(entity_loss_weight=float(config.entity_loss_weight),
+                       single_cross_entropy=bool(config.single_cross_entropy),
+                       dropout=bool(config.dropout))
 
+        def loss_fn(params, batch, rng):
+            return full_loss(model, params, batch, rng, masking, mesh, **options)
+    else:
+        options = dict(softmax=config.softmax, mlm_weight=float(config.mlm_loss_weight),
+                       clean_dual=config.hybrid_dual_input == "clean",
+                       dropout=bool(config.dropout))
 
-def make_hybrid_loss_fn(model: DocEntHybrid, masking: MaskingConfig, **options: Any) -> LossFn:
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` of :func:`hybrid_loss`."""
-
-    def loss_fn(params, batch, rng):
-        return hybrid_loss(model, params, batch, rng, masking, **options)
+        def loss_fn(params, batch, rng):
+            return hybrid_loss(model, params, batch, rng, masking, mesh, **options)
 
     return loss_fn

@@ -45,12 +45,16 @@ import jax.numpy as jnp
 from docent_jax.configs import POOLINGS
 from embedding_core.encoders import EncoderConfig, TransformerEncoder
 from embedding_core.inference import masked_mean
+from embedding_core.losses import cosine_similarity_matrix
 
 PRETRAINED_PATH = ("transformer",)
 """Where the pretrained BERT weights go in every DocEnt model's parameter tree (for
 ``training.create_sharded_state(pretrained={PRETRAINED_PATH: params})``)."""
-ENTITY_PARAMS = ("entity_embeddings", "log_scale")
+ENTITY_PARAMS = ("entity_embeddings", "entity_bias", "log_scale")
 """Top-level parameters of the entity side (optimised with ``entity_learning_rate``)."""
+MLM_HEAD_PARAMS = ("mlm_transform", "word_bias", "entity_bias")
+"""Top-level parameters of the fresh MLM head (the only ones trained in a head warm-up)."""
+VARIANTS = ("dual", "full", "hybrid")
 ENTITY_INIT_STD = 0.02
 
 
@@ -121,16 +125,29 @@ class DocEntDual(nn.Module):
                     nn.initializers.constant(math.log(self.scale_init)), ()),
                 (), jnp.float32)
 
-    def encode_sentences(self, input_ids: jax.Array, attention_mask: jax.Array,
-                         token_type_ids: jax.Array, deterministic: bool = True) -> jax.Array:
-        """``f(s)``: ``[n, seq_len]`` int32 token ids -> ``[n, dim]`` float32 (not normalised)."""
+    def encode_tokens(self, input_ids: jax.Array, attention_mask: jax.Array,
+                      token_type_ids: jax.Array, deterministic: bool = True
+                      ) -> tuple[jax.Array, jax.Array]:
+        """``(f(s) [n, dim] float32, token states [n, seq_len, hidden])`` of ``[n, seq_len]``
+        int32 inputs (the states in the encoder's compute dtype)."""
         out = self.transformer(input_ids, attention_mask, token_type_ids,
                                deterministic=deterministic)
         hidden = out.last_hidden_state.astype(jnp.float32)
         pooled = masked_mean(hidden, attention_mask) if self.pooling == "mean" else hidden[:, 0]
         if self.projection_dim:
             pooled = self.projection(pooled)
-        return pooled
+        return pooled, out.last_hidden_state
+
+    def encode_sentences(self, input_ids: jax.Array, attention_mask: jax.Array,
+                         token_type_ids: jax.Array, deterministic: bool = True) -> jax.Array:
+        """``f(s)``: ``[n, seq_len]`` int32 token ids -> ``[n, dim]`` float32 (not normalised)."""
+        return self.encode_tokens(input_ids, attention_mask, token_type_ids, deterministic)[0]
+
+    def entity_scores(self, queries: jax.Array) -> jax.Array:
+        """``a * cos(q, g(e))`` for every table row: ``[n, dim]`` -> ``[n, num_rows]`` float32
+        (the logits of P(e | q); rows at or beyond ``num_entities`` are padding)."""
+        return self.scale() * cosine_similarity_matrix(queries.astype(jnp.float32),
+                                                       self.entity_table())
 
     def entity_table(self) -> jax.Array:
         """``g``: the whole ``[num_rows, dim]`` float32 table (padding rows included)."""
@@ -161,20 +178,6 @@ class DocEntDual(nn.Module):
                 self.entity_table(), self.scale())
 
 
-def build_model(config, encoder_config: EncoderConfig, num_entities: int) -> DocEntDual:
-    """The model a ``configs/*.py`` config describes, for ``num_entities`` entities."""
-    if not config.dropout:
-        encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
-                                                attention_dropout_rate=0.0)
-    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"))
-    return DocEntDual(
-        encoder_config.replace(dtype=config.dtype), num_entities=num_entities,
-        num_rows=table_rows(num_entities, config.table_multiple),
-        projection_dim=config.projection_dim, pooling=config.pooling,
-        scale_init=config.scale_init, learn_scale=config.learn_scale,
-        entity_init_std=config.entity_init_std)
-
-
 # ----------------------------------------------------------------------------- MLM models
 
 
@@ -187,8 +190,9 @@ def _entity_table_init() -> nn.initializers.Initializer:
 class MLMHeadTransform(nn.Module):
     """Dense -> GELU (exact) -> LayerNorm, in float32 (HF ``BertPredictionHeadTransform``).
 
-    Input ``[..., d_in]``; output ``[..., features]`` float32. Parameters are always freshly
-    initialised here: the MiniLM checkpoint ships no MLM head (no ``cls.*`` tensors).
+    Input ``[..., d_in]``; output ``[..., features]`` float32. Parameters are freshly
+    initialised (the MiniLM checkpoint ships no MLM head, no ``cls.*`` tensors); see
+    ``config.mlm_head_init`` for the optional head-only warm-up.
     """
 
     features: int
@@ -228,39 +232,58 @@ def _word_table(transformer: TransformerEncoder) -> jax.Array:
     return nn.unbox(transformer.variables["params"]["embeddings"]["word_embeddings"]["embedding"])
 
 
+def word_table(params: Mapping[str, Any]) -> jax.Array:
+    """The word-piece table ``[vocab, hidden]`` of a Full or Hybrid model's params (the tied
+    MLM output matrix)."""
+    return nn.unbox(params["transformer"]["embeddings"]["word_embeddings"]["embedding"])
+
+
 class DocEntFull(nn.Module):
     """BERT with one extra input token per entity and a tied MLM head over the union.
 
     Parameters: ``transformer`` (the checkpoint's encoder tree, unchanged),
-    ``entity_embeddings`` ``[num_entities, hidden]`` (logical ``("entities", "embed")``,
-    truncated normal std 0.02), ``mlm_transform`` (fresh: MiniLM ships no MLM head),
-    ``word_bias`` ``[vocab]`` and ``entity_bias`` ``[num_entities]`` (zeros).
+    ``entity_embeddings`` ``[num_rows, hidden]`` (logical ``("entities", "embed")``, sharded
+    like DocEnt-Dual's table; truncated normal std 0.02), ``mlm_transform`` (fresh: MiniLM
+    ships no MLM head), ``word_bias`` ``[vocab]`` and ``entity_bias`` ``[num_rows]`` (zeros).
+    Rows at or beyond ``num_entities`` are padding: never an input token, never a target,
+    masked out of every softmax.
 
     Call: ``(input_ids, attention_mask, token_type_ids, positions)`` with ``[batch, seq_len]``
     int32 inputs (entity ``e`` = id ``vocab_size + e``) and ``[batch, P]`` int32 positions to
-    predict; returns ``[batch, P, vocab_size + num_entities]`` float32 logits. Only the ``P``
-    gathered positions get logits (BERT's ``max_predictions_per_seq`` gather); both tables
-    and biases carry the logical names ``"vocab"`` / ``"entities"``, so with the default rules
-    the logits are sharded over the mesh's ``"model"`` axis instead of living on one device.
+    predict; returns the dense ``[batch, P, vocab_size + num_entities]`` float32 logits (for
+    tests and small vocabularies). Training never builds them: :meth:`predict` gives the
+    head outputs and ``docent_jax.loss.full_loss`` computes the union softmax with the
+    entity part vocabulary-parallel over the ``"model"`` axis.
 
     Raises:
-      ValueError: ``num_entities < 1`` (at init).
+      ValueError: ``num_entities < 1`` or ``num_rows < num_entities`` (at init).
     """
 
     config: EncoderConfig
     num_entities: int
+    num_rows: int = 0  # 0 = num_entities (no padding)
+
+    @property
+    def rows(self) -> int:
+        return self.num_rows or self.num_entities
+
+    @property
+    def dim(self) -> int:
+        """Width of the entity rows and of the head outputs (the hidden size)."""
+        return self.config.hidden_size
 
     def setup(self):
-        if self.num_entities < 1:
-            raise ValueError(f"num_entities must be >= 1, got {self.num_entities}")
+        if not 1 <= self.num_entities <= self.rows:
+            raise ValueError(f"need 1 <= num_entities={self.num_entities} <= "
+                             f"num_rows={self.rows}")
         cfg = self.config
         self.transformer = TransformerEncoder(cfg)
         self.entity_embeddings = self.param("entity_embeddings", _entity_table_init(),
-                                            (self.num_entities, cfg.hidden_size), jnp.float32)
+                                            (self.rows, cfg.hidden_size), jnp.float32)
         self.mlm_transform = MLMHeadTransform(cfg.hidden_size, cfg.layer_norm_eps,
                                               cfg.initializer_range)
         self.word_bias = _zeros(self, "word_bias", "vocab", cfg.vocab_size)
-        self.entity_bias = _zeros(self, "entity_bias", "entities", self.num_entities)
+        self.entity_bias = _zeros(self, "entity_bias", "entities", self.rows)
 
     def encode(self, input_ids, attention_mask, token_type_ids, *, deterministic=True,
                output_hidden_states=False):
@@ -274,16 +297,31 @@ class DocEntFull(nn.Module):
         """The encoder's word-piece table ``[vocab, hidden]`` (call after :meth:`encode`)."""
         return _word_table(self.transformer)
 
+    def predict(self, input_ids, attention_mask, token_type_ids, positions, *,
+                deterministic=True) -> jax.Array:
+        """Head outputs ``t = LN(gelu(h W + b))`` at ``positions``: ``[batch, P, hidden]``
+        float32 (the logits of token v are ``t . E_v + b_v``)."""
+        hidden = self.encode(input_ids, attention_mask, token_type_ids,
+                             deterministic=deterministic).last_hidden_state
+        return self.mlm_transform(_gather(hidden, positions))
+
+    def entity_scores(self, t: jax.Array) -> jax.Array:
+        """Entity logits ``t E_ent^T + b_ent``: ``[..., hidden]`` -> ``[..., num_rows]``
+        float32 (padding rows included; mask them)."""
+        return jnp.einsum("...h,eh->...e", t.astype(jnp.float32),
+                          self.entity_embeddings.astype(jnp.float32),
+                          precision=jax.lax.Precision.HIGHEST) + self.entity_bias
+
     def mlm_logits(self, hidden: jax.Array) -> jax.Array:
         """Tied head: ``t = LN(gelu(h W + b))``, ``logits = t [E_word; E_ent]^T + [b_w; b_e]``.
 
-        Input ``[..., hidden]``; output ``[..., vocab + num_entities]`` float32.
+        Input ``[..., hidden]``; output ``[..., vocab + num_entities]`` float32 (real
+        entities only). Call after the encoder has run.
         """
         t = self.mlm_transform(hidden)
-        hp = jax.lax.Precision.HIGHEST
-        words = jnp.einsum("...h,vh->...v", t, self.word_table(), precision=hp) + self.word_bias
-        entities = jnp.einsum("...h,eh->...e", t, self.entity_embeddings.astype(jnp.float32),
-                              precision=hp) + self.entity_bias
+        words = jnp.einsum("...h,vh->...v", t, self.word_table(),
+                           precision=jax.lax.Precision.HIGHEST) + self.word_bias
+        entities = self.entity_scores(t)[..., :self.num_entities]
         return jnp.concatenate([words, entities], axis=-1)
 
     def __call__(self, input_ids, attention_mask, token_type_ids, positions, *,
@@ -293,57 +331,37 @@ class DocEntFull(nn.Module):
         return self.mlm_logits(_gather(hidden, positions))
 
 
-class DocEntHybrid(nn.Module):
-    """Dual encoder (entity table + sentence encoder) with an entity-conditioned MLM head.
+class DocEntHybrid(DocEntDual):
+    """DocEnt-Dual (entity table ``g``, sentence encoder ``f``, learned scale) plus an MLM
+    head whose input for every masked word piece is ``[f(s_-J)_t ; g(e)]``, so entity vectors
+    must help predict their text.
 
-    Parameters: ``transformer`` (checkpoint tree, unchanged), ``entity_embeddings``
-    ``[num_entities, hidden]`` (the dual encoder's ``g(e)``; truncated normal std 0.02),
-    ``mlm_transform`` (dense ``2 * hidden -> hidden``, fresh), ``word_bias`` ``[vocab]``.
+    Extra parameters over :class:`DocEntDual`: ``mlm_transform`` (dense
+    ``hidden + dim -> hidden``, fresh) and ``word_bias`` ``[vocab]`` (zeros); the output
+    matrix is the encoder's word-piece table (tied).
 
     Call: ``(input_ids, attention_mask, token_type_ids, entity_ids, positions)`` with the
-    sentence alone (``[CLS] s [SEP]``, ``[batch, seq_len]`` int32), ``[batch]`` int32 entity
-    ids and ``[batch, P]`` int32 positions to predict. Returns ``(f(s), g(e), logits)``:
-    ``[batch, hidden]``, ``[batch, hidden]`` and ``[batch, P, vocab]``, all float32.
-    ``pooling``: ``"cls"`` (the paper's ``f_CLS``) or ``"mean"`` (over real tokens).
-
-    Raises:
-      ValueError: ``num_entities < 1`` or an unknown ``pooling`` (at init).
+    (masked) sentence alone (``[CLS] s [SEP]``, ``[batch, seq_len]`` int32), ``[batch]``
+    int32 entity ids and ``[batch, P]`` int32 positions to predict; ``clean_ids`` (the
+    unmasked sentence) gives the dual term its own encoder pass. Returns ``(f(s), logits,
+    table, a)``: ``[batch, dim]`` (of the clean sentence when given, else of the masked
+    one), ``[batch, P, vocab]``, the ``[num_rows, dim]`` table and the scale, all float32.
     """
 
-    config: EncoderConfig
-    num_entities: int
-    pooling: str = "cls"
-
     def setup(self):
-        if self.num_entities < 1:
-            raise ValueError(f"num_entities must be >= 1, got {self.num_entities}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        super().setup()
         cfg = self.config
-        self.transformer = TransformerEncoder(cfg)
-        self.entity_embeddings = self.param("entity_embeddings", _entity_table_init(),
-                                            (self.num_entities, cfg.hidden_size), jnp.float32)
         self.mlm_transform = MLMHeadTransform(cfg.hidden_size, cfg.layer_norm_eps,
                                               cfg.initializer_range)
         self.word_bias = _zeros(self, "word_bias", "vocab", cfg.vocab_size)
 
-    def encode_sentences(self, input_ids, attention_mask, token_type_ids, *,
-                         deterministic=True) -> tuple[jax.Array, jax.Array]:
-        """``(f(s) [batch, hidden] float32, token states [batch, seq_len, hidden])``."""
-        hidden = self.transformer(input_ids, attention_mask, token_type_ids,
-                                  deterministic=deterministic).last_hidden_state
-        h = hidden.astype(jnp.float32)
-        if self.pooling == "cls":
-            return h[:, 0], hidden
-        return masked_mean(h, attention_mask), hidden
-
     def entity_vectors(self, entity_ids: jax.Array) -> jax.Array:
-        """``g(e)``: ``[batch]`` int32 -> ``[batch, hidden]`` float32."""
+        """``g(e)``: ``[batch]`` int32 -> ``[batch, dim]`` float32."""
         return jnp.take(self.entity_embeddings, entity_ids, axis=0).astype(jnp.float32)
 
     def mlm_logits(self, hidden: jax.Array, entity_vectors: jax.Array) -> jax.Array:
         """``LN(gelu([h_t ; g(e)] W + b)) E_word^T + b_w``: ``[batch, P, hidden]`` states and
-        ``[batch, hidden]`` entity vectors -> ``[batch, P, vocab]`` float32 (call after the
+        ``[batch, dim]`` entity vectors -> ``[batch, P, vocab]`` float32 (call after the
         encoder has run)."""
         g = jnp.broadcast_to(entity_vectors[:, None, :], hidden.shape[:-1] + (
             entity_vectors.shape[-1],))
@@ -352,11 +370,41 @@ class DocEntHybrid(nn.Module):
                           precision=jax.lax.Precision.HIGHEST) + self.word_bias
 
     def __call__(self, input_ids, attention_mask, token_type_ids, entity_ids, positions, *,
-                 deterministic=True):
-        sentence, hidden = self.encode_sentences(input_ids, attention_mask, token_type_ids,
-                                                 deterministic=deterministic)
-        entity = self.entity_vectors(entity_ids)
-        return sentence, entity, self.mlm_logits(_gather(hidden, positions), entity)
+                 clean_ids=None, deterministic=True):
+        sentence, hidden = self.encode_tokens(input_ids, attention_mask, token_type_ids,
+                                              deterministic=deterministic)
+        if clean_ids is not None:
+            sentence = self.encode_sentences(clean_ids, attention_mask, token_type_ids,
+                                             deterministic=deterministic)
+        logits = self.mlm_logits(_gather(hidden, positions), self.entity_vectors(entity_ids))
+        return sentence, logits, self.entity_table(), self.scale()
+
+
+def build_model(config, encoder_config: EncoderConfig, num_entities: int
+                ) -> DocEntDual | DocEntFull | DocEntHybrid:
+    """The model a ``configs/*.py`` config describes (``config.variant``), for
+    ``num_entities`` entities; the table has :func:`table_rows` rows in every variant.
+
+    Raises:
+      ValueError: an unknown variant.
+    """
+    if not config.dropout:
+        encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
+                                                attention_dropout_rate=0.0)
+    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"),
+                                            dtype=config.dtype)
+    rows = table_rows(num_entities, config.table_multiple)
+    variant = config.get("variant", "dual")
+    if variant == "full":
+        return DocEntFull(encoder_config, num_entities=num_entities, num_rows=rows)
+    dual = dict(num_entities=num_entities, num_rows=rows, projection_dim=config.projection_dim,
+                pooling=config.pooling, scale_init=config.scale_init,
+                learn_scale=config.learn_scale, entity_init_std=config.entity_init_std)
+    if variant == "hybrid":
+        return DocEntHybrid(encoder_config, **dual)
+    if variant != "dual":
+        raise ValueError(f"config.variant={variant!r}: use one of {VARIANTS}")
+    return DocEntDual(encoder_config, **dual)
 
 
 def init_fn(model: DocEntDual | DocEntFull | DocEntHybrid, seq_len: int = 8,
@@ -367,10 +415,10 @@ def init_fn(model: DocEntDual | DocEntFull | DocEntHybrid, seq_len: int = 8,
     def init(rng):
         ids = jnp.zeros((1, seq_len), jnp.int32)
         positions = jnp.zeros((1, predictions), jnp.int32)
-        if isinstance(model, DocEntDual):
-            args = (ids[None], jnp.ones_like(ids)[None], ids[None])
-        elif isinstance(model, DocEntHybrid):
+        if isinstance(model, DocEntHybrid):
             args = (ids, jnp.ones_like(ids), ids, jnp.zeros((1,), jnp.int32), positions)
+        elif isinstance(model, DocEntDual):
+            args = (ids[None], jnp.ones_like(ids)[None], ids[None])
         else:
             args = (ids, jnp.ones_like(ids), ids, positions)
         return model.init({"params": rng}, *args)["params"]
@@ -378,7 +426,8 @@ def init_fn(model: DocEntDual | DocEntFull | DocEntHybrid, seq_len: int = 8,
     return init
 
 
-def entity_table(params: Mapping[str, Any]) -> jax.Array:
-    """The learned entity vectors ``[num_entities, hidden]`` of either model's params (for
-    export and tag prediction)."""
-    return nn.unbox(params["entity_embeddings"])
+def entity_table(params: Mapping[str, Any], num_entities: int | None = None) -> jax.Array:
+    """The learned entity vectors of any variant's params: ``[num_entities, dim]`` (all
+    rows, padding included, when ``num_entities`` is None)."""
+    table = nn.unbox(params["entity_embeddings"])
+    return table if num_entities is None else table[:num_entities]

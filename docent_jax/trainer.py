@@ -1,10 +1,12 @@
-"""``train(config, workdir)``: DocEnt-Dual as a ``Task`` for ``embedding_core.run``."""
+"""``train(config, workdir)``: DocEnt-Dual, -Full or -Hybrid (``config.variant``) as a
+``Task`` for ``embedding_core.run``."""
 
 from __future__ import annotations
 
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 from jax.sharding import Mesh
@@ -12,8 +14,8 @@ from jax.sharding import Mesh
 from data_pipelines.tokenization import load_tokenizer
 from docent_jax import data as docent_data
 from docent_jax.configs import validate_config
-from docent_jax.loss import make_dual_loss_fn
-from docent_jax.model import ENTITY_PARAMS, PRETRAINED_PATH, build_model, init_fn
+from docent_jax.loss import make_loss_fn, masking_config
+from docent_jax.model import ENTITY_PARAMS, MLM_HEAD_PARAMS, PRETRAINED_PATH, build_model, init_fn
 from embedding_core import training
 from embedding_core.pretrained import load_pretrained
 from embedding_core.run import default_optimizer, run
@@ -35,42 +37,78 @@ def scale_entity_updates(factor: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def head_only_warmup(steps: int) -> optax.GradientTransformation:
+    """Zeroes the updates of every parameter but the fresh MLM head (``MLM_HEAD_PARAMS``)
+    during the first ``steps`` optimizer steps (``config.mlm_head_init="warmup"``).
+
+    The step count lives in the state, so a resumed run freezes exactly the steps the
+    uninterrupted one would have.
+    """
+
+    def init(params):
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update(updates, state, params=None):
+        frozen = state.count < steps
+        updates = {key: value if key in MLM_HEAD_PARAMS else jax.tree.map(
+            lambda u: jnp.where(frozen, jnp.zeros_like(u), u), value)
+            for key, value in updates.items()}
+        return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """The shared AdamW; the entity table and scale get ``entity_learning_rate`` when set (a
-    fresh table learns from scratch while the encoder is fine-tuned: our choice, the paper
-    gives no rates)."""
+    """The shared AdamW; the entity table, bias and scale get ``entity_learning_rate`` when
+    set (a fresh table learns from scratch while the encoder is fine-tuned: our choice, the
+    paper gives no rates); Full/Hybrid with ``mlm_head_init="warmup"`` train only the MLM
+    head for the first ``mlm_warmup_steps`` steps."""
     tx, schedule = default_optimizer(config, total_steps)
-    if not config.entity_learning_rate or config.entity_learning_rate == config.learning_rate:
-        return tx, schedule
-    factor = config.entity_learning_rate / config.learning_rate
-    return optax.chain(tx, scale_entity_updates(factor)), schedule
+    parts = [tx]
+    if config.entity_learning_rate and config.entity_learning_rate != config.learning_rate:
+        parts.append(scale_entity_updates(config.entity_learning_rate / config.learning_rate))
+    if config.variant != "dual" and config.mlm_head_init == "warmup" and \
+            int(config.mlm_warmup_steps) > 0:
+        parts.append(head_only_warmup(int(config.mlm_warmup_steps)))
+    return (parts[0] if len(parts) == 1 else optax.chain(*parts)), schedule
+
+
+TASK_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
 
 
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
-    """DocEnt-Dual's ``Task``: pretrained encoder (a bad path fails before any data work),
-    SQuAD entity data, the entity-sentence table and, with ``eval_every``, held-out ranking."""
+    """The ``Task`` of ``config.variant``: pretrained encoder (a bad path fails before any
+    data work), the entity data, the entity-sentence table in the variant's layout and,
+    with ``eval_every``, held-out ranking."""
     from data_pipelines import pipeline  # TensorFlow: only once training is certain
 
     pretrained = load_pretrained(config.model)
     data = docent_data.load_data(config)
     table = docent_data.entity_sentence_table(data.sentences, data.num_entities,
-                                              pretrained.model_dir, config.max_length)
+                                              pretrained.model_dir,
+                                              docent_data.sentence_length(config))
     model = build_model(config, pretrained.config, data.num_entities)
     tokenizer, batch = load_tokenizer(pretrained.model_dir), int(config.batch_size)
+    variant = config.variant
+    masking = masking_config(config, tokenizer) if variant != "dual" else None
+    layout = docent_data.FullLayout.from_tokenizer(tokenizer) if variant == "full" else None
 
     def evaluate(params, step):
         from docent_jax.evaluate import evaluate_ranker
         from docent_jax.inference import EntityRanker
 
+        if not data.queries:
+            return {}
         ranker = EntityRanker(model, params, tokenizer, config, data.entity_ids, step=step)
         return {f"heldout_{k}": v for k, v in evaluate_ranker(ranker, data.queries).items()}
 
+    name = TASK_NAMES[variant] + (f" ({config.softmax} softmax)" if variant != "full" else "")
     return Task(
-        name=f"DocEnt-Dual ({config.softmax} softmax)", init_params=init_fn(model),
-        loss_fn=make_dual_loss_fn(model, config, mesh),
+        name=name, init_params=init_fn(model),
+        loss_fn=make_loss_fn(model, config, mesh, masking),
         make_batches=lambda start: docent_data.make_batches(
             table, config, start, process_index=jax.process_index(),
-            process_count=jax.process_count()),
+            process_count=jax.process_count(), full_layout=layout),
         num_examples=table.num_examples,
         steps_per_epoch=pipeline.steps_per_epoch(table.num_examples, batch),
         global_batch_size=batch, pretrained={PRETRAINED_PATH: pretrained.params},
@@ -83,7 +121,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           *, stop_after: int | None = None) -> training.TrainState:
-    """Trains (or resumes) DocEnt-Dual into ``workdir`` (see ``embedding_core.run.run``).
+    """Trains (or resumes) ``config.variant`` into ``workdir`` (see ``embedding_core.run.run``).
 
     Writes ``config.json``, ``entity_ids.txt`` (line i = row i of the table), TensorBoard
     events and checkpoints (params, optimizer state, data position) under ``workdir``.

@@ -8,6 +8,8 @@ gradient of the global mean (no per-device loss, no missing gradient averaging).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -233,26 +235,42 @@ def batch_hard_triplet_loss(
 # ---------------------------------------------------------------- vocabulary-parallel softmax
 
 
-def vocab_parallel_softmax_cross_entropy(
+class VocabParallelStats(NamedTuple):
+    """Per-query statistics of a softmax over a row-sharded table (all ``[b]`` float32).
+
+    Attributes:
+      logsumexp: ``log sum_j exp(z_ij)`` over the real rows.
+      target_logit: ``z_{i, t_i}`` (0 where the target is outside ``[0, num_classes)``).
+      max_logit: ``max_j z_ij`` (gradient stopped; for accuracies).
+    """
+
+    logsumexp: jax.Array
+    target_logit: jax.Array
+    max_logit: jax.Array
+
+
+def vocab_parallel_logsumexp(
     queries: jax.Array,
     table: jax.Array,
     targets: jax.Array,
     mesh: jax.sharding.Mesh,
-    scale: float | jax.Array,
+    scale: float | jax.Array = 1.0,
     *,
+    bias: jax.Array | None = None,
     cosine: bool = True,
     num_classes: int | None = None,
     data_axis: str = "data",
     model_axis: str = "model",
-) -> jax.Array:
-    """Full-softmax cross-entropy over a class table sharded by rows over ``model_axis``.
+) -> VocabParallelStats:
+    """Log-partition, target logit and max logit of a softmax over a row-sharded table.
 
-    ``loss_i = logsumexp_j(z_ij) - z_{i, t_i}`` with ``z_ij = scale * cos(q_i, w_j)`` (or
-    ``scale * q_i . w_j`` when ``cosine=False``): the softmax over *every* row of the table
-    (RELIC's / DocEnt-Dual's full softmax over all entities; Ling et al. 2020), equal to
-    ``optax.softmax_cross_entropy_with_integer_labels(z, t)`` on the dense ``[b, V]``
-    logits, which are never built on one device (Megatron-LM's vocabulary-parallel
-    cross-entropy, Shoeybi et al. 2019, sec. 3; see MaxText's vocabulary tiling).
+    Logits ``z_ij = scale * cos(q_i, w_j) + bias_j`` (or ``scale * q_i . w_j + bias_j`` with
+    ``cosine=False``) over *every* row of the table (RELIC's / DocEnt-Dual's full softmax over
+    all entities, Ling et al. 2020; DocEnt-Full's entity rows of the union vocabulary), never
+    built on one device (Megatron-LM's vocabulary-parallel cross-entropy, Shoeybi et al.
+    2019, sec. 3; see MaxText's vocabulary tiling). The cross-entropy is ``logsumexp -
+    target_logit``; a softmax over the union of this table and another vocabulary is
+    ``logaddexp`` of the two log-partitions (``docent_jax.loss.full_loss``).
 
     Under ``jax.shard_map`` each device holds ``b / data`` queries and ``V / model`` rows and
     computes its local logits ``[b / data, V / model]`` in float32; across ``model_axis``:
@@ -270,18 +288,19 @@ def vocab_parallel_softmax_cross_entropy(
         ``data_axis`` size.
       table: ``[V, d]`` float class (entity) vectors; cast to float32. ``V`` must be divisible
         by the mesh's ``model_axis`` size (pad the table and pass ``num_classes``).
-      targets: ``[b]`` int32 row of each query's correct class, in ``[0, num_classes)``
-        (not checked on device: an out-of-range target has target logit 0).
+      targets: ``[b]`` int32 row of each query's correct class; a target outside
+        ``[0, num_classes)`` gets target logit 0 (callers mask such queries out).
       mesh: the mesh with axes ``data_axis`` and ``model_axis``.
       scale: logit scale (inverse temperature), a Python float or a float32 scalar array
         (e.g. a learned parameter; it gets its gradient).
+      bias: optional ``[V]`` float per-row logit bias (sharded like the rows).
       cosine: L2-normalise queries and rows first (DocEnt-Dual's cosine score).
       num_classes: rows at or beyond this index are padding and excluded from the softmax;
         default ``V``.
       data_axis, model_axis: mesh axis names of the batch and of the table rows.
 
     Returns:
-      ``[b]`` float32 per-query losses, sharded over ``data_axis``.
+      :class:`VocabParallelStats`, each ``[b]`` float32, sharded over ``data_axis``.
 
     Raises:
       ValueError: shapes disagree, or ``b`` / ``V`` are not divisible by the axis sizes.
@@ -292,6 +311,8 @@ def vocab_parallel_softmax_cross_entropy(
     b, vocab = queries.shape[0], table.shape[0]
     if targets.shape != (b,):
         raise ValueError(f"targets must be [{b}], got {targets.shape}")
+    if bias is not None and bias.shape != (vocab,):
+        raise ValueError(f"bias must be [{vocab}], got {bias.shape}")
     n_data, n_model = mesh.shape[data_axis], mesh.shape[model_axis]
     if b % n_data:
         raise ValueError(f"batch {b} is not divisible by mesh axis {data_axis!r} = {n_data}")
@@ -304,12 +325,13 @@ def vocab_parallel_softmax_cross_entropy(
     rows_per_shard = vocab // n_model
     P = jax.sharding.PartitionSpec
 
-    def local(q, w, t, s):
+    def local(q, w, bias, t, s):
         q = q.astype(jnp.float32)
         w = w.astype(jnp.float32)
         if cosine:
             q, w = l2_normalize(q), l2_normalize(w)
         logits = s * jnp.einsum("bd,vd->bv", q, w, precision=jax.lax.Precision.HIGHEST)
+        logits = logits + bias.astype(jnp.float32)[None, :]
         offset = jax.lax.axis_index(model_axis) * rows_per_shard
         column = offset + jnp.arange(rows_per_shard)
         if num_classes < vocab:
@@ -319,14 +341,54 @@ def vocab_parallel_softmax_cross_entropy(
         shift = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(logits, axis=1)), model_axis)
         sum_exp = jax.lax.psum(jnp.sum(jnp.exp(logits - shift[:, None]), axis=1), model_axis)
         local_t = t - offset
-        here = (local_t >= 0) & (local_t < rows_per_shard)
+        here = (local_t >= 0) & (local_t < rows_per_shard) & (t < num_classes)
         picked = jnp.take_along_axis(
             logits, jnp.clip(local_t, 0, rows_per_shard - 1)[:, None], axis=1)[:, 0]
         target_logit = jax.lax.psum(jnp.where(here, picked, 0.0), model_axis)
-        return jnp.log(sum_exp) + shift - target_logit
+        return VocabParallelStats(jnp.log(sum_exp) + shift, target_logit, shift)
 
     sharded = jax.shard_map(
         local, mesh=mesh,
-        in_specs=(P(data_axis, None), P(model_axis, None), P(data_axis), P()),
-        out_specs=P(data_axis))
-    return sharded(queries, table, targets.astype(jnp.int32), jnp.asarray(scale, jnp.float32))
+        in_specs=(P(data_axis, None), P(model_axis, None), P(model_axis), P(data_axis), P()),
+        out_specs=VocabParallelStats(P(data_axis), P(data_axis), P(data_axis)))
+    bias = jnp.zeros((vocab,), jnp.float32) if bias is None else bias
+    return sharded(queries, table, bias, targets.astype(jnp.int32),
+                   jnp.asarray(scale, jnp.float32))
+
+
+def vocab_parallel_softmax_cross_entropy(
+    queries: jax.Array,
+    table: jax.Array,
+    targets: jax.Array,
+    mesh: jax.sharding.Mesh,
+    scale: float | jax.Array,
+    *,
+    cosine: bool = True,
+    num_classes: int | None = None,
+    data_axis: str = "data",
+    model_axis: str = "model",
+) -> jax.Array:
+    """Full-softmax cross-entropy over a class table sharded by rows over ``model_axis``.
+
+    ``loss_i = logsumexp_j(z_ij) - z_{i, t_i}`` with ``z_ij = scale * cos(q_i, w_j)`` (or
+    ``scale * q_i . w_j`` when ``cosine=False``), equal to
+    ``optax.softmax_cross_entropy_with_integer_labels(z, t)`` on the dense ``[b, V]``
+    logits, which are never built on one device (:func:`vocab_parallel_logsumexp` says how).
+
+    Args:
+      queries: ``[b, d]`` float, ``b`` divisible by the mesh's ``data_axis`` size.
+      table: ``[V, d]`` float, ``V`` divisible by the mesh's ``model_axis`` size.
+      targets: ``[b]`` int32 in ``[0, num_classes)`` (not checked on device).
+      mesh, scale, cosine, num_classes, data_axis, model_axis: see
+        :func:`vocab_parallel_logsumexp`.
+
+    Returns:
+      ``[b]`` float32 per-query losses, sharded over ``data_axis``.
+
+    Raises:
+      ValueError: shapes disagree, or ``b`` / ``V`` are not divisible by the axis sizes.
+    """
+    stats = vocab_parallel_logsumexp(queries, table, targets, mesh, scale, cosine=cosine,
+                                     num_classes=num_classes, data_axis=data_axis,
+                                     model_axis=model_axis)
+    return stats.logsumexp - stats.target_logit

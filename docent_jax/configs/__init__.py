@@ -1,13 +1,18 @@
-"""DocEnt presets (``default.py``, ``dual_cpu.py``) and the config check that training and
-loading share (:func:`validate_config`)."""
+"""DocEnt presets (``default.py``; ``dual_cpu.py``, ``full_cpu.py``, ``hybrid_cpu.py`` for
+the shipped SQuAD corpus on a CPU; ``*_paper.py`` at the paper's scale) and the config check
+that training and loading share (:func:`validate_config`)."""
 
 from __future__ import annotations
 
 import ml_collections
 
+VARIANTS = ("dual", "full", "hybrid")
+"""``config.variant``: DocEnt-Dual, DocEnt-Full, DocEnt-Hybrid."""
 SOFTMAXES = ("in_batch", "full_vocab")
 """``config.softmax``: the entities of the global batch, or the whole table."""
 POOLINGS = ("cls", "mean")
+HYBRID_DUAL_INPUTS = ("clean", "masked")
+MLM_HEAD_INITS = ("random", "warmup")
 TRAIN_DATA = ("squad", "amazon")
 
 
@@ -22,6 +27,29 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         hint = (" (DocEnt-Dual's softmax over the whole table is now 'full_vocab'; "
                 "config.loss was renamed config.softmax)") if config.softmax == "full" else ""
         raise ValueError(f"config.softmax={config.softmax!r}: use one of {SOFTMAXES}{hint}")
+    if config.variant not in VARIANTS:
+        raise ValueError(f"config.variant={config.variant!r}: use one of {VARIANTS}")
+    if config.hybrid_dual_input not in HYBRID_DUAL_INPUTS:
+        raise ValueError(f"config.hybrid_dual_input={config.hybrid_dual_input!r}: use one of "
+                         f"{HYBRID_DUAL_INPUTS}")
+    if config.mlm_head_init not in MLM_HEAD_INITS:
+        raise ValueError(f"config.mlm_head_init={config.mlm_head_init!r}: use one of "
+                         f"{MLM_HEAD_INITS}")
+    for name in ("word_mask_rate", "entity_mask_rate"):
+        if not 0.0 <= float(config[name]) <= 1.0:
+            raise ValueError(f"config.{name} must lie in [0, 1], got {config[name]}")
+    for name in ("entity_loss_weight", "mlm_loss_weight"):
+        if float(config[name]) < 0:
+            raise ValueError(f"config.{name} must be >= 0, got {config[name]}")
+    if int(config.max_predictions) < 1 or int(config.mlm_warmup_steps) < 0:
+        raise ValueError(f"config.max_predictions must be >= 1 and mlm_warmup_steps >= 0, got "
+                         f"{config.max_predictions}, {config.mlm_warmup_steps}")
+    if config.variant == "full" and int(config.max_length) < 5:
+        raise ValueError(f"config.max_length={config.max_length}: DocEnt-Full needs >= 5 "
+                         "([CLS] <entity> [SEP] word [SEP])")
+    if config.variant == "full" and config.projection_dim:
+        raise ValueError("config.projection_dim must be 0 for variant 'full' (its entity rows "
+                         "live in the encoder's input vocabulary, at hidden width)")
     if config.pooling not in POOLINGS:
         raise ValueError(f"config.pooling={config.pooling!r}: use one of {POOLINGS}")
     if config.train_data not in TRAIN_DATA:
@@ -39,3 +67,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if config.mesh_model > 0 and config.table_multiple % config.mesh_model:
         raise ValueError(f"config.table_multiple={config.table_multiple} must be divisible by "
                          f"config.mesh_model={config.mesh_model} (the table is split over it)")
+    for name in ("tag_heldout_movies", "tag_heldout_tags", "tag_finetune_steps",
+                 "tag_batch_size"):
+        if int(config.get(name, 1)) < 1:
+            raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
+    if not 0.0 < float(config.get("tag_max_heldout_share", 0.5)) < 1.0:
+        raise ValueError("config.tag_max_heldout_share must lie in (0, 1), got "
+                         f"{config.tag_max_heldout_share}")
+    for name in ("tag_threshold", "tag_human_threshold", "tag_train_threshold"):
+        if int(config.get(name, 0)) < 0:
+            raise ValueError(f"config.{name} must be >= 0 (a count of users), got "
+                             f"{config[name]}")
+    for name in ("tag_learning_rate", "tag_head_learning_rate"):
+        if not float(config.get(name, 1.0)) > 0:
+            raise ValueError(f"config.{name} must be positive, got {config[name]}")

@@ -50,6 +50,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.reddit_path = ""  # optional Reddit Movie Suggestions JSON: ranking queries
     # Tag prediction (docent-jax evaluate --task=tags).
     c.movielens_dir = ""  # "" = the shipped small set (data/movielens); or ml-latest
+    c.tag_heldout_movies = 1000  # closed vocabulary: held-out movies (paper: 1,000)
+    c.tag_heldout_tags = 500  # open vocabulary: held-out tags (paper: 500)
+    c.tag_max_heldout_share = 0.5  # at most this share of the movies / tags is held out
+    c.tag_threshold = 1  # evaluation labels: count > this many users (paper: 1)
+    c.tag_human_threshold = 2  # labels of the human cross-validation (paper: 2)
+    c.tag_train_threshold = 0  # fine-tuning labels: count > this (0: any user applied it)
+    c.tag_finetune_steps = 300  # fine-tuning steps per setting (our choice; docs/docent_tags.md)
+    c.tag_batch_size = 64  # tags per fine-tuning step, each scored against every movie
+    c.tag_learning_rate = 3e-5  # encoder; entity params get it x entity/encoder training lr
+    c.tag_head_learning_rate = 1e-3  # per-tag query offsets and biases (start at 0 / calibrated)
     c.heldout_fraction = 0.2  # share of each article's paragraphs whose questions are queries
     c.split_seed = 0
     c.max_length = 64  # tokens per sentence, [CLS]/[SEP] included
