@@ -3,8 +3,10 @@ MovieLens tag prediction.
 
 **Zero-shot entity ranking** (Zemlyanskiy et al. 2021, sec. 3.3): a pre-trained, not
 fine-tuned model ranks a fixed set of entities for a natural-language query by
-``cos(g(e), f(q))``. Metrics (``embedding_core.metrics``; ties counted against the model
-everywhere):
+``cos(g(e), f(q))``. Metrics, all from one rank per relevant entity
+(``embedding_core.metrics.ranks_of_relevant``: at equal score a relevant entity ranks behind
+every non-relevant one, relevant entities tied with each other are not counted against each
+other; trec_eval's values for tie-free scores):
 
 * MAP: mean average precision over the query's relevant entities;
 * MRR: mean of 1 / (rank of the best-ranked relevant entity);
@@ -13,7 +15,9 @@ everywhere):
 * NDCG@k with binary gains (Jarvelin & Kekalainen 2002).
 
 With a single relevant entity per query (the SQuAD task) MAP equals MRR. Queries are scored
-in blocks, so the ``[n_queries, n_entities]`` matrix is never whole.
+in blocks, so the ``[n_queries, n_entities]`` matrix is never whole. ``per_query=True`` also
+returns each metric per query, for paired significance tests between two systems
+(``embedding_core.stats.paired_bootstrap``).
 
 **MovieLens tag prediction** (sec. 5; the authors' notebooks, github urikz/docent,
 ``docent/tag/closed/MoviesHoldoutEval.ipynb``, ``eval_model``):
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -58,8 +63,14 @@ RECALL_KS = (1, 5, 10)
 NDCG_K = 10
 METRIC_NAMES = ("MAP", "MRR", *(f"recall@{k}" for k in RECALL_KS), f"NDCG@{NDCG_K}")
 
+Summary = dict[str, float]
+"""Metric name -> mean over queries, plus ``"num_queries"``."""
+PerQuery = dict[str, np.ndarray]
+"""Metric name -> ``[n_queries]`` float64 values, in query order."""
+
 
 def _relevance(relevant: Sequence[Sequence[int]], num_entities: int) -> np.ndarray:
+    """``[n_queries, num_entities]`` bool relevance from per-query index lists."""
     rel = np.zeros((len(relevant), num_entities), dtype=bool)
     for i, items in enumerate(relevant):
         items = list(items)
@@ -72,68 +83,140 @@ def _relevance(relevant: Sequence[Sequence[int]], num_entities: int) -> np.ndarr
     return rel
 
 
-def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
-                    ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K) -> dict[str, float]:
-    """Ranking metrics of one score matrix.
+def _cutoff(k, name: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"{name} must be positive integers, got {k!r}")
+    return int(k)
 
-    Args:
-      scores: ``[n_queries, n_entities]`` float, higher = more relevant.
-      relevant: per query, the indices of its relevant entities (at least one).
-      ks: recall cut-offs. ndcg_k: NDCG cut-off.
 
-    Returns:
-      ``{"MAP", "MRR", "recall@k"..., "NDCG@k", "num_queries"}``, floats in [0, 1] (and the
-      count).
-
-    Raises:
-      ValueError: a query without relevant entity, an index out of range, a shape mismatch,
-        NaN scores.
-    """
+def _per_query_metrics(scores, relevant: Sequence[Sequence[int]], ks: Sequence[int],
+                       ndcg_k: int) -> PerQuery:
+    """Every metric per query, all from one rank computation (``metrics.ranks_of_relevant``)."""
+    ks = [_cutoff(k, "ks") for k in ks]
+    ndcg_k = _cutoff(ndcg_k, "ndcg_k")
     scores = np.asarray(scores)
     if scores.ndim != 2 or scores.shape[0] != len(relevant):
         raise ValueError(f"scores must be [{len(relevant)}, n_entities], got {scores.shape}")
     rel = _relevance(relevant, scores.shape[1])
-    pair_query, pair_item = np.nonzero(rel)
-    # Each relevant entity's rank, with ties (other relevant entities included) ahead of it.
-    ranks = metrics.ranks_of_targets(scores[pair_query], pair_item)
-    n = len(relevant)
-    best = np.full(n, np.iinfo(np.int64).max)
-    np.minimum.at(best, pair_query, ranks)
-    per_query = np.bincount(pair_query, minlength=n)
-    out = {"MAP": metrics.mean_average_precision(scores, rel), "MRR": metrics.mrr(best)}
+    n = rel.shape[0]
+    # Pairs come sorted by query, then rank: a query's j-th pair is its j-th relevant entity.
+    query, rank = metrics.ranks_of_relevant(scores, rel)
+    count = np.bincount(query, minlength=n)  # >= 1: _relevance rejects empty queries
+    first = np.cumsum(count) - count
+    j = np.arange(query.size) - first[query]
+
+    def per_query_mean(values: np.ndarray) -> np.ndarray:
+        return np.bincount(query, weights=values, minlength=n) / count
+
+    out: PerQuery = {
+        # AP = mean over relevant entities of precision at their rank, (j + 1) / rank_j.
+        "MAP": per_query_mean((j + 1) / rank),
+        "MRR": 1.0 / rank[first],
+    }
     for k in ks:
-        hits = np.bincount(pair_query, weights=(ranks <= k).astype(np.float64), minlength=n)
-        out[f"recall@{k}"] = float(np.mean(hits / per_query))
-    out[f"NDCG@{ndcg_k}"] = metrics.ndcg_at_k(scores, rel, ndcg_k)
-    out["num_queries"] = float(n)
+        out[f"recall@{k}"] = per_query_mean((rank <= k).astype(np.float64))
+    # Binary-gain NDCG@k; the ideal list puts the query's min(count, k) relevant entities on
+    # top. A cut-off beyond the list length uses the whole list (as metrics.ndcg_at_k).
+    k = min(ndcg_k, scores.shape[1])
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    ideal = np.cumsum(discount)[np.minimum(count, k) - 1]
+    gained = np.where(rank <= k, 1.0 / np.log2(rank + 1.0), 0.0)
+    out[f"NDCG@{ndcg_k}"] = np.bincount(query, weights=gained, minlength=n) / ideal
     return out
+
+
+def _summary(per_query: PerQuery, num_queries: int) -> Summary:
+    out = {name: float(np.mean(values)) for name, values in per_query.items()}
+    out["num_queries"] = float(num_queries)
+    return out
+
+
+@overload
+def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
+                    ks: Sequence[int] = ..., ndcg_k: int = ...,
+                    per_query: Literal[False] = ...) -> Summary: ...
+@overload
+def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
+                    ks: Sequence[int] = ..., ndcg_k: int = ..., *,
+                    per_query: Literal[True]) -> tuple[Summary, PerQuery]: ...
+
+
+def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
+                    ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
+                    per_query: bool = False) -> Summary | tuple[Summary, PerQuery]:
+    """Ranking metrics of one score matrix (see the module docstring for the definitions).
+
+    Ties follow ``embedding_core.metrics.ranks_of_relevant`` for *every* metric: at equal
+    score a relevant entity ranks behind every non-relevant one, while relevant entities tied
+    with each other take consecutive ranks (not counted against each other). E.g. scores
+    ``[1, 1, 0]`` with entities 0 and 1 relevant give MRR 1, recall@1 0.5, recall@2 1 and
+    MAP 1 (trec_eval's values for any order of the tie); ``[1, 1, 0]`` with only entity 1
+    relevant gives MRR 0.5.
+
+    Args:
+      scores: ``[n_queries, n_entities]`` float, higher = more relevant.
+      relevant: per query, the indices of its relevant entities (at least one).
+      ks: recall cut-offs, positive ints (above ``n_entities`` they give 1.0).
+      ndcg_k: NDCG cut-off, a positive int (above ``n_entities``: the whole list).
+      per_query: also return every metric per query.
+
+    Returns:
+      ``{"MAP", "MRR", "recall@k"..., "NDCG@k", "num_queries"}``: the means over queries,
+      floats in [0, 1] (and the count). With ``per_query=True``, ``(that dict, {metric:
+      [n_queries] float64})`` whose arrays average to the summary's values.
+
+    Raises:
+      ValueError: a query without relevant entity, an index out of range, a shape mismatch,
+        NaN scores, a non-positive cut-off.
+    """
+    values = _per_query_metrics(scores, relevant, ks, ndcg_k)
+    summary = _summary(values, len(relevant))
+    return (summary, values) if per_query else summary
+
+
+@overload
+def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
+                    relevant: Sequence[Sequence[int]], *, block_size: int = ...,
+                    ks: Sequence[int] = ..., ndcg_k: int = ...,
+                    per_query: Literal[False] = ...) -> Summary: ...
+@overload
+def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
+                    relevant: Sequence[Sequence[int]], *, block_size: int = ...,
+                    ks: Sequence[int] = ..., ndcg_k: int = ...,
+                    per_query: Literal[True]) -> tuple[Summary, PerQuery]: ...
 
 
 def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
                     relevant: Sequence[Sequence[int]], *, block_size: int = 1024,
-                    ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K) -> dict[str, float]:
-    """:func:`ranking_metrics` over query blocks (every metric is a mean over queries).
+                    ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
+                    per_query: bool = False) -> Summary | tuple[Summary, PerQuery]:
+    """:func:`ranking_metrics` over query blocks, so the full score matrix is never whole.
 
     Args:
       score_block: ``(start, stop) -> [stop - start, n_entities]`` scores of those queries.
       relevant: per query, its relevant entity indices.
       block_size: queries per block.
+      ks, ndcg_k: cut-offs, as in :func:`ranking_metrics`.
+      per_query: also return ``{metric: [n_queries] float64}`` (e.g. for
+        ``embedding_core.stats.paired_bootstrap`` between two systems).
 
     Returns:
-      As :func:`ranking_metrics`, over all queries.
+      As :func:`ranking_metrics`, over all queries. The summary is the mean of the
+      per-query values (kept for every query: a few floats each), so it does not depend
+      on ``block_size``.
     """
     if not relevant:
         raise ValueError("no queries to evaluate")
-    total: dict[str, float] = {}
+    if isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    parts: list[PerQuery] = []
     for start in range(0, len(relevant), block_size):
         stop = min(start + block_size, len(relevant))
-        part = ranking_metrics(score_block(start, stop), relevant[start:stop], ks, ndcg_k)
-        weight = (stop - start) / len(relevant)
-        for key, value in part.items():
-            if key != "num_queries":
-                total[key] = total.get(key, 0.0) + weight * value
-    total["num_queries"] = float(len(relevant))
-    return total
+        parts.append(_per_query_metrics(score_block(start, stop), relevant[start:stop], ks,
+                                        ndcg_k))
+    values = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    summary = _summary(values, len(relevant))
+    return (summary, values) if per_query else summary
 
 
 def cosine_scores(queries: np.ndarray, entities: np.ndarray) -> np.ndarray:
@@ -142,8 +225,13 @@ def cosine_scores(queries: np.ndarray, entities: np.ndarray) -> np.ndarray:
 
 
 def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
-                        relevant: Sequence[Sequence[int]], **kwargs) -> dict[str, float]:
-    """Ranking by cosine between ``[n_q, d]`` query and ``[n_e, d]`` entity vectors."""
+                        relevant: Sequence[Sequence[int]],
+                        **kwargs) -> Summary | tuple[Summary, PerQuery]:
+    """Ranking by cosine between ``[n_q, d]`` query and ``[n_e, d]`` entity vectors.
+
+    ``kwargs`` go to :func:`evaluate_scores` (``block_size``, ``ks``, ``ndcg_k``,
+    ``per_query``); its return value is returned.
+    """
     if len(query_vectors) != len(relevant):
         raise ValueError(f"{len(query_vectors)} query vectors for {len(relevant)} queries")
     return evaluate_scores(lambda a, b: cosine_scores(query_vectors[a:b], entity_vectors),
@@ -151,11 +239,15 @@ def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
 
 
 def evaluate_ranker(ranker, queries: Sequence[tuple[str, Sequence[int]]],
-                    progress: bool = False) -> dict[str, float]:
-    """Held-out ranking metrics of a trained DocEnt-Dual (``inference.EntityRanker``):
-    queries encoded with ``f``, entities = the table ``g``."""
-    q = ranker.encode([q for q, _ in queries], show_progress_bar=progress)
-    return evaluate_embeddings(q, ranker.entity_embeddings(), [r for _, r in queries])
+                    progress: bool = False, **kwargs) -> dict[str, float]:
+    """Held-out ranking metrics of a trained DocEnt model of any variant
+    (``inference.EntityRanker``): each query block is scored by ``ranker.score`` (Dual,
+    Hybrid: ``a cos(f(q), g(e))``; Full: the entity logits of ``[CLS] [MASK] [SEP] q``).
+    ``kwargs`` go to :func:`evaluate_scores`."""
+    texts = [q for q, _ in queries]
+    return evaluate_scores(
+        lambda a, b: ranker.score(texts[a:b], show_progress_bar=progress and a == 0),
+        [r for _, r in queries], **kwargs)
 
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:

@@ -11,6 +11,11 @@ Ties never favour the model:
 * MAP, NDCG@k and P@k sort by score (descending) and, among equal scores, put the relevant
   items (larger gains) *after* the non-relevant ones (smaller gains). This order is
   deterministic, so a constant scorer cannot earn credit from an accidental tie order.
+* ``ranks_of_relevant`` (several relevant items per query) gives every relevant item its
+  position in that same order: at equal score it goes behind every non-relevant item, but
+  relevant items tied with each other take consecutive positions (they are not counted
+  against each other, as trec_eval's MRR and recall do not count them). With one relevant
+  item per query it equals ``ranks_of_targets``.
 
 Users: DualCSE (RTE accuracy with a threshold tuned on validation), DocEnt (entity ranking,
 MovieLens tag prediction: P@K, NDCG@K, MAP = LRAP, ROC-AUC), multi-resolution retrieval
@@ -264,6 +269,69 @@ def _ranks(ranks) -> np.ndarray:
 
 
 # ------------------------------------------------------------ multi-relevant ranking
+
+_MAX_COMPARISONS = 1 << 22
+"""Score comparisons held in memory at once by :func:`ranks_of_relevant` (about 4M, i.e.
+a few tens of MB for float32 scores plus the boolean mask)."""
+
+
+def ranks_of_relevant(scores, relevant) -> tuple[np.ndarray, np.ndarray]:
+    """1-based rank of every relevant item, in the worst-case tie order for the model.
+
+    The ``j``-th relevant item of a query (0-based, relevant items by descending score) has
+
+        ``rank_j = j + 1 + #{non-relevant items i : score_i >= score_j}``
+
+    i.e. its position when the row is sorted by descending score with relevant items behind
+    the non-relevant ones they tie with. Relevant items tied with each other take the
+    consecutive positions ``j + 1 + ...``, so any order among them gives the same ranks: they
+    are not counted against each other. This is the order :func:`mean_average_precision`
+    and :func:`ndcg_at_k` (binary gains) already use, so MAP, MRR, recall@k and NDCG@k
+    computed from these ranks agree with each other. Without ties the ranks are the plain
+    positions of the relevant items (what ``trec_eval`` computes for tie-free runs).
+
+    Cost: ``O(n_pairs * n_items)`` comparisons, done in chunks of pairs so that at most
+    ``_MAX_COMPARISONS`` are held in memory at once (no full sort of the rows).
+
+    Args:
+      scores: ``[n_queries, n_items]`` float (or int) scores, higher = better; ``-inf`` is
+        allowed.
+      relevant: ``[n_queries, n_items]`` bool (or 0/1) relevance.
+
+    Returns:
+      ``(query, rank)``: two ``[n_pairs]`` int64 arrays, one entry per relevant
+      ``(query, item)`` pair, sorted by query and then by rank (strictly increasing within
+      a query, so a query's ``j``-th entry is its ``j``-th relevant item). Queries without
+      a relevant item have no entry. Ranks lie in ``[1, n_items]``.
+
+    Raises:
+      ValueError: NaN scores, wrong shapes or non-binary relevance.
+    """
+    s = _scores(scores, 2)
+    rel = _binary(relevant, s.shape, "relevant")
+    query, item = np.nonzero(rel)
+    pair_scores = s[query, item]
+    # Non-relevant items scoring at least as high as each relevant one, in chunks of pairs:
+    # a [pairs, n_items] comparison at once would not fit for large entity sets.
+    ahead = np.empty(query.size, dtype=np.int64)
+    step = max(1, _MAX_COMPARISONS // max(1, s.shape[1]))
+    for start in range(0, query.size, step):
+        q = query[start : start + step]
+        at_least = s[q] >= pair_scores[start : start + step, None]
+        ahead[start : start + step] = np.count_nonzero(at_least & ~rel[q], axis=1)
+    # j = number of the query's relevant items placed before this one. Sorting by (query,
+    # score ascending) and counting from the end of each query's run avoids negating the
+    # scores (which would wrap unsigned integers); tied relevant items get consecutive j in
+    # some order, which does not matter since they share ``ahead``.
+    by_score = np.lexsort((pair_scores, query))
+    per_query = np.bincount(query, minlength=s.shape[0])
+    run_end = np.cumsum(per_query)  # one past the last pair of each query
+    j = np.empty(query.size, dtype=np.int64)
+    j[by_score] = run_end[query[by_score]] - 1 - np.arange(query.size)
+    rank = j + 1 + ahead
+    order = np.lexsort((rank, query))
+    return query[order].astype(np.int64), rank[order]
+
 
 
 def _relevance_in_rank_order(scores: np.ndarray, relevant: np.ndarray) -> np.ndarray:
