@@ -1,0 +1,203 @@
+"""DocEnt's own training data: Amazon Movies & TV reviews joined to Reviews2Movielens.
+
+``config.train_data = "amazon"`` (``docent_jax.data.load_data`` dispatches here). The paper
+(Zemlyanskiy et al., EACL 2021, sec. 4.2 and 4.4) trains on the reviews of Amazon movies:
+
+* an entity is a movie; every ASIN (edition) the mapping ``config.mapping_path`` lists is
+  aggregated into its ``canon_asin`` (``data_pipelines.reviews2movielens``), so entity ids
+  are canonical ASINs (sorted, so the same data always gives the same rows) and entity names
+  are the mapping's ``name`` of the canonical ASIN;
+* reviews whose ASIN the mapping does not list are dropped (*our choice*: the paper keeps
+  81,057 movies of which 17,131 match MovieLens, but its names for name removal are not
+  public; the mapping's names are the ones we have, so only mapped movies can have their
+  name removed);
+* the paper's filters, in order (``data_pipelines.amazon.select_entities``): reviews without
+  text are counted and skipped (2018 files hold some), exact duplicates (same reviewer,
+  movie and text, after aggregation) dropped, reviews under ``config.min_review_words``
+  words dropped, then movies with under ``config.min_reviews`` reviews dropped;
+* reviews are split into sentences (pySBD) and the movie's name is removed from them
+  (``data_pipelines.text.remove_entity_name``).
+
+Queries for zero-shot ranking come from ``config.reddit_path`` (Reddit Movie Suggestions,
+``data_pipelines.reddit``) when given: a query's relevant entities are its recommended
+ASINs mapped to canonical ASINs that are entities; queries left without any are skipped and
+counted. Without a Reddit file the query list is empty.
+
+:func:`entity_movielens_ids` re-reads the mapping for the tag evaluation
+(``docent_jax.tags``): the MovieLens id of each entity.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+import ml_collections
+
+from data_pipelines import amazon, reddit, reviews2movielens
+from docent_jax.data import EntityData
+
+FileKey = tuple[str, int, int]
+"""``(path, size, mtime_ns)``: a file as the cache sees it (a changed file is re-read)."""
+
+
+def _file_key(path: str, field: str) -> FileKey:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        what = "does not exist" if not p.exists() else "is not a file"
+        raise FileNotFoundError(f"config.{field}: {p} {what}")
+    stat = p.stat()
+    return str(p), stat.st_size, stat.st_mtime_ns
+
+
+def review_paths(config: ml_collections.ConfigDict) -> list[str]:
+    """The review files of ``config.amazon_paths`` (comma-separated; blanks ignored).
+
+    Raises:
+      ValueError: the field is empty (the message says what to pass).
+    """
+    paths = [p.strip() for p in str(config.get("amazon_paths", "") or "").split(",")]
+    paths = [p for p in paths if p]
+    if not paths:
+        raise ValueError(
+            "config.amazon_paths is empty: train_data=amazon needs the Amazon Movies & TV "
+            "review files; pass --config.amazon_paths=FILE[,FILE...] (JSON lines, 2014 or "
+            "2018 format, plain or .gz; see docs/docent_tags.md)")
+    return paths
+
+
+def mapping_path(config: ml_collections.ConfigDict) -> str:
+    """``config.mapping_path``, checked to be set.
+
+    Raises:
+      ValueError: the field is empty (the message says what to pass).
+    """
+    path = str(config.get("mapping_path", "") or "").strip()
+    if not path:
+        raise ValueError(
+            "config.mapping_path is empty: train_data=amazon and the tag evaluation need the "
+            "Reviews2Movielens mapping; pass --config.mapping_path=Reviews2Movielens.csv "
+            "(columns asin,canon_asin,imdb_id,movielens_id,name,imdb_url)")
+    return path
+
+
+def load_review_data(config: ml_collections.ConfigDict) -> EntityData:
+    """The Amazon review corpus a ``train_data="amazon"`` config names (module docstring).
+
+    Reads ``config.amazon_paths``, ``config.mapping_path``, ``config.min_review_words``,
+    ``config.min_reviews`` and, when set, ``config.reddit_path``. Cached per process on the
+    files' paths, sizes and modification times and on the two thresholds.
+
+    Returns:
+      :class:`docent_jax.data.EntityData`: ``entity_ids`` = canonical ASINs (sorted),
+      ``entity_names`` = mapping names, ``sentences`` = ``(entity index, sentence)`` in file
+      order, ``queries`` = Reddit ``(query_full, relevant entity indices)`` or ``[]``,
+      ``description`` = what was read and every filter count.
+
+    Raises:
+      ValueError: ``amazon_paths`` or ``mapping_path`` empty, thresholds below 1, no movie
+        left after the filters, or a canonical ASIN mapped to two MovieLens ids.
+      FileNotFoundError: a named file is missing (the config field is named).
+      data_pipelines.errors.DataError: a bad line (file, line and field named).
+    """
+    paths = tuple(_file_key(p, "amazon_paths") for p in review_paths(config))
+    mapping = _file_key(mapping_path(config), "mapping_path")
+    reddit_file = str(config.get("reddit_path", "") or "").strip()
+    reddit_key = _file_key(reddit_file, "reddit_path") if reddit_file else None
+    min_words, min_reviews = int(config.min_review_words), int(config.min_reviews)
+    if min_words < 1 or min_reviews < 1:
+        raise ValueError(f"config.min_review_words={min_words} and config.min_reviews="
+                         f"{min_reviews} must be >= 1 (paper: 5 and 5)")
+    return _load(paths, mapping, reddit_key, min_words, min_reviews)
+
+
+@functools.lru_cache(maxsize=2)
+def _load(paths: tuple[FileKey, ...], mapping: FileKey, reddit_key: FileKey | None,
+          min_words: int, min_reviews: int) -> EntityData:
+    rows, _ = reviews2movielens.read_reviews2movielens(mapping[0])
+    entity_of = reviews2movielens.canonical_asins(rows)
+    names = reviews2movielens.canonical_names(rows)
+    # A canonical ASIN mapped to two MovieLens ids is a broken mapping: refuse it at training
+    # time rather than at the tag evaluation after hours of training.
+    reviews2movielens.canonical_movielens_ids(rows)
+    files = [p for p, _, _ in paths]
+    corpus = amazon.build_review_corpus(
+        files, min_words=min_words, min_reviews=min_reviews, entity_of=entity_of,
+        names=names, skip_invalid=True)
+    stats, vocab = corpus.stats, corpus.vocab
+    where = ", ".join(files)
+    if not len(vocab):
+        raise ValueError(
+            f"no movie of {where} keeps {min_reviews} reviews of {min_words}+ words after the "
+            f"filters ({stats.reviews_read} reviews read, {stats.unmapped_dropped} not in "
+            f"{mapping[0]}, {stats.short_reviews_dropped} short, {stats.duplicates_dropped} "
+            f"duplicates); check config.amazon_paths and config.mapping_path")
+    if not corpus.sentences:
+        raise ValueError(f"no sentence left in {where} after name removal")
+    entity_ids = list(vocab.keys)
+    queries, query_note = _reddit_queries(reddit_key, vocab, entity_of)
+    description = (
+        f"Amazon reviews {where} joined to {mapping[0]} ({len(rows)} ASINs): "
+        f"{stats.reviews_read} reviews read, {stats.missing_review_text} without text, "
+        f"{stats.unmapped_dropped} of unmapped ASINs, {stats.duplicates_dropped} duplicates, "
+        f"{stats.short_reviews_dropped} under {min_words} words dropped; "
+        f"{stats.entities_kept} of {stats.entities_seen} movies keep >= {min_reviews} reviews "
+        f"({stats.reviews_kept} reviews, {stats.sentences} sentences, "
+        f"{stats.sentences_emptied} emptied by name removal); {query_note}")
+    return EntityData(entity_ids, [names[e] for e in entity_ids], corpus.sentences, queries,
+                      description)
+
+
+def _reddit_queries(reddit_key: FileKey | None, vocab: amazon.EntityVocab,
+                    entity_of: dict[str, str]
+                    ) -> tuple[list[tuple[str, tuple[int, ...]]], str]:
+    if reddit_key is None:
+        return [], "no queries (config.reddit_path not set)"
+    # A recommendation may name an edition (mapped to its canonical ASIN) or the canonical
+    # ASIN itself.
+    lookup = {**{c: c for c in entity_of.values()}, **entity_of}
+    found, stats = reddit.read_reddit_suggestions(reddit_key[0], vocab, entity_of=lookup,
+                                                  skip_invalid=True)
+    # Two editions of one movie in one answer are one relevant entity.
+    queries = [(q.query_full, tuple(dict.fromkeys(q.entity_ids))) for q in found]
+    note = (f"{len(queries)} Reddit queries from {reddit_key[0]} ({stats.records} records; "
+            f"{stats.queries_without_results} skipped without a recommended movie among the "
+            f"entities, {stats.unknown_results} recommendations of other movies ignored)")
+    return queries, note
+
+
+def entity_movielens_ids(config: ml_collections.ConfigDict,
+                         entity_ids: Sequence[str]) -> list[int | None]:
+    """The MovieLens id of each entity of a ``train_data="amazon"`` run, from its mapping.
+
+    Args:
+      config: the run's config (``mapping_path`` is re-read).
+      entity_ids: canonical ASINs, e.g. ``ranker.entity_ids``.
+
+    Returns:
+      ``[len(entity_ids)]``: the id, or None for an entity the mapping does not list.
+
+    Raises:
+      ValueError: the run was not trained on ``train_data="amazon"``, ``mapping_path`` is
+        empty, or a canonical ASIN has two MovieLens ids.
+      FileNotFoundError: the mapping file is gone (``config.mapping_path`` named).
+      data_pipelines.errors.DataError: a bad mapping line.
+    """
+    if config.get("train_data") != "amazon":
+        raise ValueError(
+            f"tag prediction needs a model trained on movies (config.train_data='amazon' with "
+            f"config.mapping_path); this run was trained on {config.get('train_data')!r}")
+    path, _, _ = _file_key(mapping_path(config), "mapping_path")
+    rows, _ = reviews2movielens.read_reviews2movielens(path)
+    ids = reviews2movielens.canonical_movielens_ids(rows)
+    return [ids.get(e) for e in entity_ids]
+
+
+def clear_cache() -> None:
+    """Forgets the corpora read in this process (tests; a long-lived notebook)."""
+    _load.cache_clear()
+
+
+__all__ = ["clear_cache", "entity_movielens_ids", "load_review_data", "mapping_path",
+           "review_paths"]
