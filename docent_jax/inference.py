@@ -124,8 +124,9 @@ class EntityRanker(Encoder):
         tok = tokenize(self.tokenizer, texts, sentence_length(self.config))
         require_text_tokens(self.tokenizer, tok, texts, None)
         if self.variant != "full":
-            return {"input_ids": tok.input_ids, "attention_mask": tok.attention_mask,
-                    "token_type_ids": np.zeros_like(tok.input_ids)}
+            mask = np.arange(tok.input_ids.shape[1])[None, :] < tok.lengths[:, None]
+            return {"input_ids": tok.input_ids, "attention_mask": mask.astype(np.int32),
+                    "token_type_ids": tok.token_type_ids}
         layout = self._layout
         out = full_inputs_from_tokens(tok.input_ids, tok.lengths, np.zeros(len(texts), np.int32),
                                       word_vocab_size=layout.word_vocab_size,

@@ -1,26 +1,37 @@
-"""docent-jax: train, evaluate and export DocEnt-Dual entity embeddings.
+"""docent-jax: train, evaluate and export DocEnt entity embeddings (Dual, Full, Hybrid).
 
 Usage:
   docent-jax train    --workdir=DIR [--config=CONFIG.py] [--config.FIELD=VALUE ...]
-  docent-jax evaluate --workdir=DIR [--nobaselines]
+  docent-jax evaluate --workdir=DIR [--task=ranking|tags] [--nobaselines]
   docent-jax export   --workdir=DIR [--output=OUT_DIR] [--input=QUERIES.txt]
   docent-jax demo     --workdir=DIR [--num_train_steps=N] [--config=CONFIG.py]
 
-train     trains (or resumes) DocEnt-Dual into DIR: config.json, entity_ids.txt, TensorBoard
-          events, orbax checkpoints. CONFIG.py defaults to docent_jax/configs/default.py;
-          docent_jax/configs/dual_cpu.py is the small CPU preset. --config.softmax picks
-          the denominator of P(e | s): in_batch (the paper) or full_vocab (every entity of
-          the table, vocabulary-parallel).
-evaluate  zero-shot entity ranking of the held-out queries (SQuAD: questions of held-out
-          paragraphs, entities = articles): MAP, MRR, recall@1/5/10, NDCG@10, next to the
-          Bag-of-Sentences (MiniLM, GloVe) and TF-IDF baselines; prints the table and writes
-          DIR/eval/ranking.json.
+train     trains (or resumes) a DocEnt model into DIR: config.json, entity_ids.txt,
+          TensorBoard events, orbax checkpoints. CONFIG.py defaults to
+          docent_jax/configs/default.py; --config.variant picks the model: dual (RELIC-style
+          dual encoder, the default), full (BERT with one input token per entity, masked
+          LM over words and entities) or hybrid (dual encoder + entity-conditioned MLM).
+          CPU presets on the shipped SQuAD corpus: docent_jax/configs/{dual,full,hybrid}_cpu.py;
+          paper scale (BERT-base, Amazon reviews): docent_jax/configs/{dual,full,hybrid}_paper.py.
+          --config.softmax (Dual, Hybrid) picks the denominator of P(e | s): in_batch (the
+          paper) or full_vocab (every entity of the table, vocabulary-parallel).
+          Your reviews: --config.train_data=amazon --config.amazon_paths=A.json.gz[,B.json]
+          --config.mapping_path=Reviews2Movielens.csv (see docs/docent_tags.md).
+evaluate  --task=ranking (default): zero-shot entity ranking of the held-out queries (SQuAD:
+          questions of held-out paragraphs, entities = articles; Amazon: Reddit queries from
+          --config.reddit_path at training): MAP, MRR, recall@1/5/10, NDCG@10, next to the
+          Bag-of-Sentences (MiniLM, GloVe) and TF-IDF baselines; writes DIR/eval/ranking.json.
+          --task=tags: MovieLens tag prediction (closed and open vocabulary, fine-tuned, with
+          the frozen-probe and tag-text baselines); writes DIR/eval/tags.json.
 export    writes OUT_DIR (default DIR/export)/entities/: embeddings.npy float32
-          [num_entities, dim] (the table g), ids.txt (line i = entity of row i) and
-          meta.json; with --input (one query per line) also OUT_DIR/queries/ (f of each
-          query, ids.txt = the queries). Raw vectors: compare with cosine.
-demo      trains with the CPU preset (configs/dual_cpu.py unless --config is given),
-          evaluates with baselines, exports; prints the table and the timings.
+          [num_entities, dim] (the entity table; Full: its entity rows), ids.txt (line i =
+          entity of row i) and meta.json; with --input (one query per line) also
+          OUT_DIR/queries/ (the query vectors, ids.txt = the queries). Raw vectors: Dual and
+          Hybrid compare with cosine; Full with the dot product (+ entity bias).
+demo      trains Dual, Full and Hybrid with their CPU presets into DIR/{dual,full,hybrid}
+          (finished runs are skipped), evaluates each with the baselines, exports; prints
+          one table with paired-bootstrap intervals and the timings. --config=CONFIG.py
+          runs that one config into DIR instead.
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ flags.DEFINE_string("output", None, "export: output directory (default WORKDIR/e
 flags.DEFINE_string("input", None, "export: a text file of queries, one a line; their "
                     "vectors f(q) go to OUTPUT/queries/.")
 flags.DEFINE_bool("baselines", True, "evaluate: also score BoS-MiniLM, BoS-GloVe, TF-IDF.")
+flags.DEFINE_enum("task", "ranking", ["ranking", "tags"], "evaluate: zero-shot entity ranking "
+                  "or MovieLens tag prediction (config.movielens_dir, config.mapping_path).")
 FLAGS = flags.FLAGS
 
 
@@ -52,6 +65,10 @@ def main(argv: list[str]) -> None:
 
             train(FLAGS.config, FLAGS.workdir)
             print(f"checkpoints and TensorBoard events in {FLAGS.workdir}")
+        elif command == "evaluate" and FLAGS.task == "tags":
+            from docent_jax.tags import evaluate_tags_workdir
+
+            evaluate_tags_workdir(FLAGS.workdir, step=FLAGS.step)
         elif command == "evaluate":
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step,
                                        baselines=FLAGS.baselines)

@@ -13,18 +13,31 @@ from pathlib import Path
 from data_pipelines.text_lines import read_text_lines
 from embedding_core.files import write_json
 
-MODEL_NAME = "DocEnt-Dual"
+MODEL_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
+DEMO_PRESETS = ("dual", "full", "hybrid")
+
+
+def model_name(ranker) -> str:
+    """``DocEnt-<Variant>`` of a loaded ranker."""
+    return MODEL_NAMES[ranker.variant]
 
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
-                     baselines: bool = True, progress: bool = True) -> dict:
-    """Held-out ranking metrics of a workdir's checkpoint (and the baselines).
+                     baselines: bool = True, progress: bool = True,
+                     per_query: bool = False) -> dict:
+    """Held-out ranking metrics of a workdir's checkpoint (any variant) and the baselines.
 
     Prints the table and writes ``workdir/eval/ranking.json`` (``{"protocol", "rows":
     {model: {metric: value}}}``, metrics in [0, 1]).
 
+    Returns:
+      ``{model: metrics}``; with ``per_query=True`` ``(rows, {model: {metric: [n_queries]
+      float64}})`` (for paired intervals).
+
     Raises:
       FileNotFoundError: not a training workdir / no checkpoint / model folder gone.
+      ValueError: the data has no ranking queries (``train_data="amazon"`` without
+        ``reddit_path``), or its entities differ from the trained ones.
     """
     from docent_jax import data as docent_data
     from docent_jax import evaluate
@@ -35,14 +48,21 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     if data.entity_ids != ranker.entity_ids:
         raise ValueError(f"{workdir}/entity_ids.txt does not match the entities of the "
                          "configured data; was the data changed after training?")
-    name = f"{MODEL_NAME} (step {ranker.step})"
-    rows = {name: evaluate.evaluate_ranker(ranker, data.queries, progress=progress)}
+    if not data.queries:
+        raise ValueError(f"{workdir}: the configured data has no ranking queries ("
+                         "train_data='amazon' needs --config.reddit_path for ranking); "
+                         "for MovieLens tags run `docent-jax evaluate --task=tags`")
+    name = f"{model_name(ranker)} (step {ranker.step})"
+    rows, details = {}, {}
+    rows[name], details[name] = evaluate.evaluate_ranker(ranker, data.queries,
+                                                         progress=progress, per_query=True)
     if baselines:
         from docent_jax.baselines import evaluate_baselines
 
-        rows.update(evaluate_baselines(data, model=ranker.config.model,
-                                       max_length=ranker.config.max_length,
-                                       progress=progress))
+        for key, (summary, per) in evaluate_baselines(
+                data, model=ranker.config.model, max_length=ranker.config.max_length,
+                progress=progress, per_query=True).items():
+            rows[key], details[key] = summary, per
     write_json(Path(workdir) / "eval" / "ranking.json",
                {"protocol": data.description, "rows": rows})
     print(f"\nZero-shot entity ranking (%), {int(rows[name]['num_queries'])} held-out queries "
@@ -50,21 +70,25 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     print(f"data: {data.description}")
     print(evaluate.format_table(rows))
     print(f"wrote {Path(workdir) / 'eval' / 'ranking.json'}")
-    return rows
+    return (rows, details) if per_query else rows
 
 
 def _view_meta(ranker, **extra) -> dict:
-    return {"model": MODEL_NAME, "encoder": ranker.config.model,
+    # Full scores P(e | q) by t . g(e) + b_e; the bias is not part of the exported rows.
+    similarity = "dot (+ entity bias, see docs/docent.md)" if ranker.variant == "full" \
+        else "cosine"
+    return {"model": model_name(ranker), "encoder": ranker.config.model,
             "config": ranker.config.to_dict(), "step": ranker.step, "normalized": False,
-            "similarity": "cosine", **extra}
+            "similarity": similarity, **extra}
 
 
 def export_entities(ranker, out_dir: str | os.PathLike, *, block_rows: int = 8192,
                     meta: dict | None = None) -> dict[str, Path]:
-    """Streams ``ranker``'s entity table ``g`` (``inference.EntityRanker``) into one view.
+    """Streams ``ranker``'s entity table (``inference.EntityRanker``, any variant; Full: its
+    entity rows, hidden width) into one view.
 
     ``out_dir`` gets ``embeddings.npy`` (float32 ``[num_entities, dim]``, row i = entity
-    i, raw: compare with cosine), ``ids.txt`` (line i = ``ranker.entity_ids[i]``) and
+    i, raw), ``ids.txt`` (line i = ``ranker.entity_ids[i]``) and
     ``meta.json`` through ``embedding_core.export.export_view``: one block of
     ``block_rows`` rows on the host at a time, files moved into place when complete.
     """
@@ -77,8 +101,9 @@ def export_entities(ranker, out_dir: str | os.PathLike, *, block_rows: int = 819
 
 def export_queries(ranker, queries: list[str], out_dir: str | os.PathLike, *,
                    block_rows: int = 4096, meta: dict | None = None) -> dict[str, Path]:
-    """``f(q)`` of each query into one view (``ids.txt`` line i = query i), streamed in
-    blocks of ``block_rows`` queries; raw vectors, compare with cosine."""
+    """The query vector of each query (``ranker.encode``: ``f(q)``, Full: the head output at
+    the entity slot) into one view (``ids.txt`` line i = query i), streamed in blocks of
+    ``block_rows`` queries; raw vectors."""
     from embedding_core.export import export_view
 
     def blocks() -> Iterator[tuple[list[str], object]]:
@@ -123,32 +148,76 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None 
     return output
 
 
-def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | None = None
-             ) -> dict:
-    """Train (CPU preset), evaluate with baselines, export; prints timings."""
-    from docent_jax.configs import dual_cpu
+def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | None = None,
+             variants: tuple[str, ...] = DEMO_PRESETS) -> dict:
+    """Trains each variant with its CPU preset into ``workdir/<variant>`` (a finished run is
+    skipped: its checkpoint is already at the last step), evaluates each on the held-out
+    questions, scores the baselines once and prints one table, with paired-bootstrap 95%
+    intervals of each variant's MAP minus BoS-MiniLM's; exports each entity table.
+
+    ``config`` (one config for a single run into ``workdir`` itself) replaces the presets.
+    """
+    import importlib
+
+    from docent_jax import evaluate
     from docent_jax.trainer import train
 
     workdir = Path(workdir)
-    config = config if config is not None else dual_cpu.get_config()
-    if num_train_steps:
-        config.num_train_steps = num_train_steps
-    t0 = time.time()
-    print(f"[1/3] training {MODEL_NAME} ({config.softmax} softmax) from {config.model} on "
-          f"the SQuAD Wikipedia entity corpus ({config.num_train_steps} steps x "
-          f"{config.batch_size} sentences) -> {workdir}")
-    train(config, workdir)
-    t1 = time.time()
-    print("[2/3] zero-shot ranking of held-out questions (and baselines)")
-    rows = evaluate_workdir(workdir, baselines=True)
-    t2 = time.time()
-    print("[3/3] exporting the entity table")
-    out = export_workdir(workdir)
-    t3 = time.time()
-    print(f"\ntime: train {t1 - t0:.0f}s, evaluate {t2 - t1:.0f}s, export {t3 - t2:.0f}s, "
-          f"total {t3 - t0:.0f}s")
-    print(f"  checkpoints: {workdir / 'checkpoints'}")
-    print(f"  TensorBoard: tensorboard --logdir {workdir}")
-    print(f"  ranking:     {workdir / 'eval' / 'ranking.json'}")
-    print(f"  embeddings:  {out / 'entities'}/embeddings.npy, ids.txt, meta.json")
+    runs = [(config.variant, workdir, config)] if config is not None else [
+        (v, workdir / v, importlib.import_module(f"docent_jax.configs.{v}_cpu").get_config())
+        for v in variants]
+    rows: dict = {}
+    details: dict = {}
+    timings = []
+    for index, (variant, run_dir, cfg) in enumerate(runs):
+        if num_train_steps:
+            cfg.num_train_steps = num_train_steps
+        t0 = time.time()
+        print(f"[{index + 1}/{len(runs)}] {MODEL_NAMES[variant]} from {cfg.model} on "
+              f"{cfg.train_data} ({cfg.num_train_steps} steps x {cfg.batch_size} sentences) "
+              f"-> {run_dir}")
+        train(cfg, run_dir)
+        t1 = time.time()
+        first = not rows
+        r, d = evaluate_workdir(run_dir, baselines=first, per_query=True)
+        t2 = time.time()
+        export_workdir(run_dir)
+        t3 = time.time()
+        timings.append((MODEL_NAMES[variant], t1 - t0, t2 - t1, t3 - t2))
+        for key in r:
+            rows[key], details[key] = r[key], d[key]
+    baselines = [k for k in rows if not k.startswith("DocEnt")]
+    models = [k for k in rows if k.startswith("DocEnt")]
+    order = models + baselines
+    rows = {k: rows[k] for k in order}
+    table = evaluate.format_table(rows)
+    intervals = paired_intervals(details, models, "BoS-MiniLM") if "BoS-MiniLM" in details \
+        else {}
+    print(f"\nZero-shot entity ranking (%), all variants; {workdir}")
+    print(table)
+    if intervals:
+        print("\nMAP minus BoS-MiniLM, paired bootstrap 95% interval (10,000 resamples of "
+              "the queries), percentage points:")
+        for name, text in intervals.items():
+            print(f"  {name:<28} {text}")
+    print("\ntime (s):        train  evaluate  export")
+    for name, tr, ev, ex in timings:
+        print(f"  {name:<14} {tr:7.0f} {ev:9.0f} {ex:7.0f}")
+    write_json(workdir / "demo_ranking.json", {"rows": rows, "map_minus_bos_minilm": intervals,
+                                               "seconds": {n: {"train": a, "evaluate": b,
+                                                               "export": c}
+                                                           for n, a, b, c in timings}})
+    print(f"wrote {workdir / 'demo_ranking.json'}")
     return rows
+
+
+def paired_intervals(details: dict, models: list[str], reference: str,
+                     metric: str = "MAP") -> dict[str, str]:
+    """``{model: "+d [lo, hi]"}``: the paired-bootstrap 95% interval of ``metric`` (model
+    minus ``reference``, percentage points) over the same queries
+    (``embedding_core.stats.paired_bootstrap``)."""
+    from embedding_core.stats import format_interval, paired_bootstrap
+
+    return {name: format_interval(paired_bootstrap(details[name][metric],
+                                                   details[reference][metric]))
+            for name in models}

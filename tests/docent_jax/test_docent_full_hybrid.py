@@ -67,8 +67,14 @@ def full_tiny():
 @pytest.fixture(scope="module")
 def hybrid_tiny():
     """A tiny DocEnt-Hybrid (4 entities) and its freshly initialised params."""
-    model = model_lib.DocEntHybrid(_tiny_config(), num_entities=4)
+    model = model_lib.DocEntHybrid(_tiny_config(), num_entities=4, num_rows=4, scale_init=5.0,
+                                   learn_scale=False)
     return model, nn.unbox(jax.jit(model_lib.init_fn(model))(jax.random.key(0)))
+
+
+@pytest.fixture(scope="module")
+def mesh1():
+    return parallel.make_mesh(1, 1, devices=jax.devices()[:1])
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +223,7 @@ def test_full_head_is_tied_to_both_tables(full_tiny):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_full_loss_weighting(full_tiny, masking):
+def test_full_loss_weighting(full_tiny, masking, mesh1):
     cfg = _tiny_config()
     model, params = full_tiny
     rng = np.random.default_rng(0)
@@ -230,7 +236,7 @@ def test_full_loss_weighting(full_tiny, masking):
     @jax.jit
     def run(params):
         key = jax.random.key(3)
-        out = [docent_loss.full_loss(model, params, batch, key, small, **kw) for kw in (
+        out = [docent_loss.full_loss(model, params, batch, key, small, mesh1, **kw) for kw in (
             {}, {"entity_loss_weight": 2.0}, {"single_cross_entropy": True})]
         return [o[0] for o in out], out[0][1]
 
@@ -244,7 +250,8 @@ def test_full_loss_weighting(full_tiny, masking):
     assert abs(loss_single - loss1) > 1e-3  # the two weightings do differ
 
 
-def test_hybrid_head_sees_the_entity_and_its_gradient_reaches_the_table(hybrid_tiny, masking):
+def test_hybrid_head_sees_the_entity_and_its_gradient_reaches_the_table(hybrid_tiny, masking,
+                                                                         mesh1):
     cfg = _tiny_config()
     model, params = hybrid_tiny
     rng = np.random.default_rng(0)
@@ -255,7 +262,8 @@ def test_hybrid_head_sees_the_entity_and_its_gradient_reaches_the_table(hybrid_t
     small = dataclasses.replace(masking, word_vocab_size=cfg.vocab_size, word_mask_rate=0.3)
 
     def mlm_only(p):
-        return docent_loss.hybrid_loss(model, p, batch, jax.random.key(1), small)[1]["mlm_loss"]
+        return docent_loss.hybrid_loss(model, p, batch, jax.random.key(1), small,
+                                       mesh1)[1]["mlm_loss"]
 
     grad = np.asarray(jax.jit(jax.grad(mlm_only))(params)["entity_embeddings"])
     norms = np.linalg.norm(grad, axis=1)
@@ -263,7 +271,7 @@ def test_hybrid_head_sees_the_entity_and_its_gradient_reaches_the_table(hybrid_t
     assert norms[1] == 0 and norms[3] == 0  # the others get nothing
 
 
-def test_hybrid_dual_term_masks_same_entity_sentences(hybrid_tiny, masking):
+def test_hybrid_dual_term_masks_same_entity_sentences(hybrid_tiny, masking, mesh1):
     cfg = _tiny_config()
     model, params = hybrid_tiny
     rng = np.random.default_rng(1)
@@ -277,10 +285,11 @@ def test_hybrid_dual_term_masks_same_entity_sentences(hybrid_tiny, masking):
     @jax.jit
     def run(params):
         loss, metrics = docent_loss.hybrid_loss(model, params, batch, jax.random.key(0), no_mask,
-                                                scale=5.0)
-        s, g, _ = model.apply({"params": params}, ids, batch["attention_mask"],
-                              batch["token_type_ids"], entity_ids, jnp.zeros((5, 1), jnp.int32))
-        return loss, metrics, s, g
+                                                mesh1)  # the fixture's fixed scale a = 5
+        s, _, table, _ = model.apply({"params": params}, ids, batch["attention_mask"],
+                                     batch["token_type_ids"], entity_ids,
+                                     jnp.zeros((5, 1), jnp.int32))
+        return loss, metrics, s, table[entity_ids]
 
     loss, metrics, s, g = jax.device_get(run(params))
     s, g = np.asarray(s, np.float64), np.asarray(g, np.float64)
@@ -294,6 +303,75 @@ def test_hybrid_dual_term_masks_same_entity_sentences(hybrid_tiny, masking):
     assert float(metrics["dual_loss"]) == pytest.approx(np.mean(want), rel=1e-5)
     assert float(metrics["masked_words"]) == 0 and float(metrics["mlm_loss"]) == 0
     assert float(loss) == pytest.approx(float(metrics["dual_loss"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 1), (4, 2)])
+def test_full_union_softmax_equals_a_dense_numpy_reference(mesh_shape):
+    """Word pieces (dense) + entity rows (vocabulary-parallel, 2 padding rows) == one numpy
+    softmax over [E_word; E_ent[:6]] with both biases."""
+    vocab, rows, n_ent, hidden, n = 40, 8, 6, 8, 12
+    rng = np.random.default_rng(0)
+    t = rng.normal(size=(n, hidden)).astype(np.float32)
+    words, ents = (rng.normal(size=(k, hidden)).astype(np.float32) for k in (vocab, rows))
+    word_bias, ent_bias = (rng.normal(size=k).astype(np.float32) for k in (vocab, rows))
+    labels = np.array([3, 39, 0, vocab + 0, vocab + 5, 17, vocab + 2, 8, vocab + 5, 1, 2,
+                       vocab + 4], np.int32)
+    t[5] = 3.0 * words[17]  # one confident, correct word prediction
+    devices = jax.devices()[:mesh_shape[0] * mesh_shape[1]]
+    mesh = parallel.make_mesh(*mesh_shape, devices=devices)
+    ce, correct = jax.jit(lambda *a: docent_loss.union_cross_entropy(*a, mesh, n_ent))(
+        t, labels, words, word_bias, ents, ent_bias)
+    union = np.concatenate([words, ents[:n_ent]]).astype(np.float64)
+    logits = t.astype(np.float64) @ union.T + np.concatenate([word_bias, ent_bias[:n_ent]])
+    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    want = lse - logits[np.arange(n), labels]
+    np.testing.assert_allclose(np.asarray(ce), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(correct),
+                                  (logits.argmax(1) == labels).astype(np.float32))
+    assert np.asarray(correct)[5] == 1.0
+
+
+def test_hybrid_mlm_head_input_is_the_token_state_and_the_entity_vector(hybrid_tiny):
+    """logits = LN(gelu([h_t ; g(e)] W + b)) E_word^T + b_w, recomputed in numpy, and moving
+    g(e) changes the predictions of e's sentences only, by exactly that formula."""
+    from scipy.special import erf
+
+    model, params = hybrid_tiny
+    cfg = _tiny_config()
+    rng = np.random.default_rng(2)
+    ids = rng.integers(104, cfg.vocab_size, (3, 7)).astype(np.int32)
+    mask, types = np.ones_like(ids), np.zeros_like(ids)
+    entity_ids = np.array([1, 3, 1], np.int32)
+    positions = np.array([[1, 4], [2, 5], [3, 3]], np.int32)
+    params = dict(params, word_bias=jax.random.normal(jax.random.key(5), (cfg.vocab_size,)))
+
+    @jax.jit
+    def run(p):
+        _, logits, _, _ = model.apply({"params": p}, ids, mask, types, entity_ids, positions)
+        hidden = model.apply({"params": p}, ids, mask, types,
+                             method=model_lib.DocEntDual.encode_tokens)[1]
+        return logits, hidden
+
+    def reference(p, hidden):
+        p = jax.tree.map(lambda x: np.asarray(x, np.float64), p)
+        h = np.take_along_axis(np.asarray(hidden, np.float64), positions[..., None], axis=1)
+        g = p["entity_embeddings"][entity_ids][:, None, :].repeat(2, axis=1)
+        x = np.concatenate([h, g], axis=-1)
+        x = x @ p["mlm_transform"]["dense"]["kernel"] + p["mlm_transform"]["dense"]["bias"]
+        x = 0.5 * x * (1 + erf(x / np.sqrt(2)))
+        x = _layer_norm(x, p["mlm_transform"]["LayerNorm"]["scale"],
+                        p["mlm_transform"]["LayerNorm"]["bias"])
+        words = p["transformer"]["embeddings"]["word_embeddings"]["embedding"]
+        return x @ words.T + p["word_bias"]
+
+    logits, hidden = jax.device_get(run(params))
+    np.testing.assert_allclose(logits, reference(params, hidden), rtol=1e-4, atol=1e-4)
+    moved = dict(params, entity_embeddings=params["entity_embeddings"].at[1].add(0.5))
+    logits2, hidden2 = jax.device_get(run(moved))
+    np.testing.assert_array_equal(hidden2, hidden)  # the encoder never sees g
+    np.testing.assert_array_equal(logits2[1], logits[1])  # entity 3's sentence: unchanged
+    assert np.abs(logits2[[0, 2]] - logits[[0, 2]]).min() > 0  # entity 1's: all changed
+    np.testing.assert_allclose(logits2, reference(moved, hidden), rtol=1e-4, atol=1e-4)
 
 
 # ----------------------------------------------------------------------------- checkpoint
@@ -335,9 +413,11 @@ def test_full_model_loads_minilm_unchanged(minilm_dir, tokenizer):
 # ----------------------------------------------------------------------------- training
 
 
-def _train(loss_fn, model, batch, steps=20, lr=3e-3):
-    """``steps`` Adam steps on one fixed batch through the shared sharded train step."""
+def _train(make_loss, model, batch, steps=20, lr=3e-3):
+    """``steps`` Adam steps on one fixed batch through the shared sharded train step;
+    ``make_loss(mesh) -> loss_fn``."""
     mesh = parallel.make_mesh(4, 2)  # vocabulary and entity tables sharded over "model"
+    loss_fn = make_loss(mesh)
     state, shardings = training.create_sharded_state(model_lib.init_fn(model), optax.adam(lr),
                                                      mesh, jax.random.key(0))
     step = training.make_train_step(loss_fn, shardings, mesh)
@@ -367,8 +447,8 @@ def test_full_trains_on_squad_sentences(sentence_batch, masking):
     batch = docent_data.full_inputs_from_tokens(tokens.input_ids, tokens.lengths, entity_ids,
                                                 word_vocab_size=30522, sep_id=102)
     model = model_lib.DocEntFull(TRAIN_CONFIG, num_entities=6)
-    history = _train(docent_loss.make_full_loss_fn(model, masking, entity_loss_weight=2.0),
-                     model, batch)
+    history = _train(lambda mesh: lambda p, b, r: docent_loss.full_loss(
+        model, p, b, r, masking, mesh, entity_loss_weight=2.0), model, batch)
     # At initialisation the softmax is over the union (30,528 ids), not the 6 entities.
     assert abs(history[0]["entity_loss"] - np.log(30522 + 6)) < 1.0
     for h in history:  # lambda = 2 weights the entity term
@@ -383,7 +463,8 @@ def test_hybrid_trains_on_squad_sentences(sentence_batch, masking):
     mask = (np.arange(SEQ_LEN)[None] < tokens.lengths[:, None]).astype(np.int32)
     batch = {"input_ids": tokens.input_ids, "attention_mask": mask,
              "token_type_ids": tokens.token_type_ids, "entity_ids": entity_ids}
-    model = model_lib.DocEntHybrid(TRAIN_CONFIG, num_entities=6)
-    history = _train(docent_loss.make_hybrid_loss_fn(model, masking, scale=10.0), model, batch)
+    model = model_lib.DocEntHybrid(TRAIN_CONFIG, num_entities=6, num_rows=6, scale_init=10.0)
+    history = _train(lambda mesh: lambda p, b, r: docent_loss.hybrid_loss(
+        model, p, b, r, masking, mesh), model, batch)
     _falls(history, "dual_loss", 0.3)
     _falls(history, "mlm_loss", 0.5)

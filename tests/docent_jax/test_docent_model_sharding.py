@@ -1,10 +1,12 @@
-"""DocEnt-Dual's loss and gradients are the same on one device and on a data x model mesh.
+"""DocEnt's loss and gradients (Dual, Full, Hybrid) are the same on one device and on
+data x model meshes.
 
 The entity table is split over "model" (its logical axis "entities"), and so are the
-encoder's attention heads and MLP; the full-vocabulary softmax runs vocabulary-parallel
-inside the jitted step. Every gradient is compared: the entity table, the scale, the
-projection and every leaf of the encoder. Dropout is off (its masks depend on the
-sharding).
+encoder's attention heads and MLP; the full-vocabulary softmax (Dual, Hybrid's dual term)
+and Full's union softmax run vocabulary-parallel inside the jitted step. Every gradient is
+compared: the entity table and bias, the scale, the projection, the MLM head and every leaf
+of the encoder. Dropout is off (its masks depend on the sharding); the MLM masks are drawn
+from the step key over the global array, so they are the same on every mesh.
 """
 
 import jax
@@ -34,15 +36,20 @@ def setting(tiny_bert_dir):
     return config, data, batch
 
 
-def _loss_and_grads(setting, softmax, devices, data, model_axis):
-    config, entity_data, batch = setting
+def _loss_and_grads(setting, variant, softmax, devices, data, model_axis):
+    config, entity_data, _ = setting
     config = config.copy_and_resolve_references()
-    config.softmax = softmax
+    config.variant, config.softmax = variant, softmax
+    config.word_mask_rate, config.entity_mask_rate = 0.3, 0.5
+    if variant == "full":
+        config.projection_dim = 0
     mesh = parallel.make_mesh(data, model_axis, devices=devices)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(docent_data, "load_data", lambda config: entity_data)
         task = trainer.build_task(config, mesh)
     assert task.num_examples == 8 and task.global_batch_size == 8
+    batch = dict(next(task.make_batches(0)))  # the variant's layout; the whole table
+    batch.pop("step")
     tx, _ = task.make_optimizer(config, 10)
     state, shardings = training.create_sharded_state(
         task.init_params, tx, mesh, jax.random.key(0), pretrained=task.pretrained)
@@ -50,17 +57,42 @@ def _loss_and_grads(setting, softmax, devices, data, model_axis):
                       in_shardings=(shardings.params, parallel.batch_sharding(mesh),
                                     parallel.replicated(mesh)))
     with jax.set_mesh(mesh):
-        (value, _), grads = grad_fn(state.params, parallel.host_to_global(batch, mesh),
-                                    jax.random.key(1))
-    return float(value), jax.tree.map(np.asarray, grads)
+        (value, metrics), grads = grad_fn(state.params, parallel.host_to_global(batch, mesh),
+                                          jax.random.key(1))
+    return float(value), jax.device_get(metrics), jax.tree.map(np.asarray, grads)
 
 
-@pytest.mark.parametrize("softmax", ["full_vocab", "in_batch"])
-def test_all_gradients_equal_on_a_sharded_table_and_encoder(setting, softmax):
-    loss1, grads1 = _loss_and_grads(setting, softmax, jax.devices()[:1], 1, 1)
+ENTITY_SIDE = {
+    "dual": {"['entity_embeddings']", "['log_scale']", "['projection']['kernel']"},
+    "full": {"['entity_embeddings']", "['entity_bias']", "['word_bias']",
+             "['mlm_transform']['dense']['kernel']"},
+    "hybrid": {"['entity_embeddings']", "['log_scale']", "['projection']['kernel']",
+               "['word_bias']", "['mlm_transform']['dense']['kernel']"},
+}
+# Hybrid's full_vocab dual term is Dual's function (entity_softmax_loss), covered by Dual.
+CASES = [("dual", "full_vocab"), ("dual", "in_batch"), ("full", "in_batch"),
+         ("hybrid", "in_batch")]
+
+
+@pytest.mark.parametrize("variant,softmax", CASES)
+def test_all_gradients_equal_on_a_sharded_table_and_encoder(setting, variant, softmax):
+    loss1, metrics1, grads1 = _loss_and_grads(setting, variant, softmax, jax.devices()[:1], 1, 1)
     # model=2: the BERT word table (30,522 rows, logical "vocab") splits only 2, 3 or 6 ways.
-    loss8, grads8 = _loss_and_grads(setting, softmax, jax.devices(), 4, 2)
-    np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    meshes = [(4, 2)] if variant == "dual" else [(8, 1), (4, 2)]
+    for data, model_axis in meshes:
+        loss8, metrics8, grads8 = _loss_and_grads(setting, variant, softmax, jax.devices(),
+                                                  data, model_axis)
+        _check_equal(variant, loss1, grads1, loss8, grads8, f"{data}x{model_axis}")
+    if variant != "dual":  # the MLM terms took part: something was masked on both meshes
+        assert float(metrics1["masked_words"]) == float(metrics8["masked_words"]) > 0
+        assert float(metrics1["mlm_loss"]) == pytest.approx(float(metrics8["mlm_loss"]),
+                                                            rel=1e-5)
+    if variant == "full":
+        assert float(metrics1["masked_entities"]) == float(metrics8["masked_entities"]) > 0
+
+
+def _check_equal(variant, loss1, grads1, loss8, grads8, mesh_name):
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-5, err_msg=mesh_name)
     flat1 = dict(jax.tree_util.tree_flatten_with_path(grads1)[0])
     flat8 = dict(jax.tree_util.tree_flatten_with_path(grads8)[0])
     assert flat1.keys() == flat8.keys()
@@ -68,7 +100,7 @@ def test_all_gradients_equal_on_a_sharded_table_and_encoder(setting, softmax):
     # The comparison covers the encoder (every transformer leaf), not only the entity side.
     encoder = [n for n in names if n.startswith("['transformer']")]
     assert len(encoder) > 20 and any("attention" in n for n in encoder)
-    assert {"['entity_embeddings']", "['log_scale']", "['projection']['kernel']"} <= set(names)
+    assert ENTITY_SIDE[variant] <= set(names)
     scale = max(float(np.abs(g).max()) for g in flat1.values())
     for name, path in names.items():
         g1, g8 = flat1[path], flat8[path]
@@ -78,9 +110,10 @@ def test_all_gradients_equal_on_a_sharded_table_and_encoder(setting, softmax):
             assert max(float(np.abs(g1).max()), float(np.abs(g8).max())) < 1e-7 * scale, name
             continue
         np.testing.assert_allclose(g8, g1, rtol=1e-4, atol=1e-5 * float(np.abs(g1).max()),
-                                   err_msg=name)
+                                   err_msg=f"{mesh_name} {name}")
     # The encoder is trained: its gradients are not zero (else the comparison is empty).
     assert max(float(np.abs(flat1[names[n]]).max()) for n in encoder) > 0.0
-    # Padding rows 6 and 7 are never targets nor (full softmax) candidates.
-    assert float(np.abs(grads8["entity_embeddings"][6:]).max()) == 0.0
-    assert float(np.abs(grads8["entity_embeddings"][:6]).max()) > 0.0
+    # Padding rows 6 and 7 are never targets, inputs nor candidates.
+    table = flat8[names["['entity_embeddings']"]]
+    assert float(np.abs(table[6:]).max()) == 0.0
+    assert float(np.abs(table[:6]).max()) > 0.0
