@@ -74,12 +74,14 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
 
 
 def _view_meta(ranker, **extra) -> dict:
-    # Full scores P(e | q) by t . g(e) + b_e; the bias is not part of the exported rows.
-    similarity = "dot (+ entity bias, see docs/docent.md)" if ranker.variant == "full" \
-        else "cosine"
-    return {"model": model_name(ranker), "encoder": ranker.config.model,
+    meta = {"model": model_name(ranker), "encoder": ranker.config.model,
             "config": ranker.config.to_dict(), "step": ranker.step, "normalized": False,
-            "similarity": similarity, **extra}
+            "similarity": "cosine"}
+    if ranker.variant == "full":
+        # Full ranks by the logits t . g(e) + b_e; the per-entity bias is not in the rows.
+        meta.update(similarity="dot", score="dot + entity_bias (not exported; "
+                    "docent_jax.load(workdir).score includes it)")
+    return {**meta, **extra}
 
 
 def export_entities(ranker, out_dir: str | os.PathLike, *, block_rows: int = 8192,

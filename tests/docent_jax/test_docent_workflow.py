@@ -228,3 +228,62 @@ def test_resumed_run_equals_the_uninterrupted_one(tmp_path, tiny_bert_dir, monke
     with pytest.raises(ValueError, match="batch_size"):
         config.batch_size = 4
         trainer.train(config, tmp_path / "parts")
+
+
+@pytest.fixture(scope="module", params=["full", "hybrid"])
+def trained_mlm(request, tmp_path_factory, tiny_bert_dir):
+    """Two steps of DocEnt-Full / -Hybrid (head warm-up on step 0) on a data=4 x model=2
+    mesh; the evaluation during training is off, the CLI evaluates afterwards."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(docent_data, "load_data", lambda config: _tiny_data())
+    config = default.get_config()
+    config.update(dict(model=str(tiny_bert_dir), max_length=16, batch_size=8,
+                       num_train_steps=2, log_every=1, checkpoint_every=100, warmup_steps=0,
+                       variant=request.param, mesh_data=4, mesh_model=2, dropout=False,
+                       learning_rate=1e-3, entity_learning_rate=1e-2, pooling="mean",
+                       table_multiple=8, mlm_head_init="warmup", mlm_warmup_steps=1,
+                       entity_mask_rate=1.0))
+    workdir = tmp_path_factory.mktemp(f"docent_{request.param}") / "run"
+    state = trainer.train(config, workdir)
+    mp.undo()
+    yield request.param, workdir, jax.device_get(state.params)
+
+
+def test_mlm_variants_load_score_and_export(trained_mlm, tmp_path, monkeypatch):
+    variant, workdir, params = trained_mlm
+    monkeypatch.setattr(docent_data, "load_data", lambda config: _tiny_data())
+    ranker = load(workdir)
+    assert ranker.variant == variant and ranker.step == 2 and ranker.entity_ids == ENTITIES
+    scores = ranker.score(QUERIES)
+    assert scores.shape == (3, 5) and np.isfinite(scores).all()
+    q = ranker.encode(QUERIES)
+    table = np.asarray(params["entity_embeddings"])[:5]
+    if variant == "full":
+        # Zero-shot scoring = the entity logits of the masked entity slot, over the entity
+        # rows only: t . g(e) + b_e, with t the head output at position 1 of
+        # [CLS] [MASK] [SEP] query [SEP].
+        inputs = ranker.query_inputs(QUERIES)
+        assert (inputs["input_ids"][:, 1] == 103).all() and (inputs["input_ids"][:, 2] == 102).all()
+        positions = np.ones((3, 1), np.int32)
+        dense = np.asarray(ranker.model.apply({"params": ranker.params}, inputs["input_ids"],
+                                              inputs["attention_mask"],
+                                              inputs["token_type_ids"], positions))[:, 0]
+        vocab = ranker.model.config.vocab_size
+        np.testing.assert_allclose(scores, dense[:, vocab:], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(scores, q @ table.T + np.asarray(params["entity_bias"])[:5],
+                                   rtol=1e-4, atol=1e-4)
+        assert ranker.dim == ranker.model.config.hidden_size
+    else:
+        a = float(np.exp(params["log_scale"]))
+        cos = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (
+            table / np.linalg.norm(table, axis=1, keepdims=True)).T
+        np.testing.assert_allclose(scores, a * cos, rtol=1e-4, atol=1e-4)
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "docent_jax.main", "export",
+                             f"--workdir={workdir}", f"--output={out}"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    views = export_lib.load_export(out)
+    emb, ids, meta = views["entities"]
+    np.testing.assert_array_equal(emb, table)
+    assert ids == ENTITIES and meta["model"] == f"DocEnt-{variant.capitalize()}"
