@@ -1,0 +1,43 @@
+"""DocEnt-Dual at the paper's scale: BERT-base on Amazon Movies & TV reviews, for pod slices.
+
+The paper (Zemlyanskiy et al., EACL 2021; ``docs/docent.md``) trains BERT-base on the
+Amazon Movies & TV reviews (reviews under 5 words and movies with under 5 reviews dropped,
+81,057 movies), entity = the Reviews2Movielens canonical ASIN, the movie's name removed from
+its reviews. It does not give batch size, steps or learning rates: those below are our
+choice for a v4-32-sized slice and are meant to be overridden.
+
+Nothing downloads at run time: pass a local BERT-base folder (``config.json``,
+``model.safetensors`` or ``flax_model.msgpack``, ``tokenizer.json`` / ``vocab.txt``) with
+``--config.model=/path/to/bert-base-uncased``, and your review files::
+
+  docent-jax train --config=docent_jax/configs/dual_paper.py --workdir=runs/dual \\
+      --config.model=/models/bert-base-uncased \\
+      --config.amazon_paths=/data/Movies_and_TV_5.json.gz \\
+      --config.mapping_path=/data/Reviews2Movielens.csv
+"""
+
+from docent_jax.configs import default
+
+
+def get_config():
+    c = default.get_config()
+    c.model = "bert-base-uncased"  # a local folder: the hub name only says what to pass
+    c.variant = "dual"
+    c.pooling = "cls"  # the paper's f_CLS
+    c.train_data = "amazon"
+    c.max_length = 128  # tokens per sentence
+    c.pad_multiple = 128  # one compiled shape on TPU
+    c.batch_size = 1024  # global sentences per step (in-batch negatives)
+    c.table_multiple = 1024  # 81,057 movies -> 81,920 rows: any model-axis size <= 1024
+    c.softmax = "in_batch"
+    c.dtype = "bfloat16"
+    c.dropout_impl = "hash"
+    c.learning_rate = 5e-5
+    c.entity_learning_rate = 1e-3
+    c.weight_decay = 0.01
+    c.warmup_steps = 1000
+    c.num_epochs = 2.0  # ~28M sentences: ~27K steps an epoch at 1,024
+    c.log_every = 100
+    c.checkpoint_every = 2000
+    c.eval_batch_size = 512
+    return c
