@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Data.
     c.train_data = "squad"  # squad: Wikipedia entities (data/squad) | amazon: your reviews
     c.squad_path = ""  # "" = the shipped dev set
-    # train_data=amazon (the paper's data; files are yours, local or gs://).
+    # train_data=amazon (the paper's data; the files are yours: see docs/docent_tags.md).
     c.amazon_paths = ""  # comma-separated review files, 2014 or 2018 JSON lines, plain/.gz
     c.mapping_path = ""  # Reviews2Movielens CSV: entity = canon_asin, names for removal
     c.min_review_words = 5  # reviews with fewer words are dropped (paper: 5)

