@@ -22,7 +22,9 @@ evaluate  --task=ranking (default): zero-shot entity ranking of the held-out que
           --config.reddit_path at training): MAP, MRR, recall@1/5/10, NDCG@10, next to the
           Bag-of-Sentences (MiniLM, GloVe) and TF-IDF baselines; writes DIR/eval/ranking.json.
           --task=tags: MovieLens tag prediction (closed and open vocabulary, fine-tuned, with
-          the frozen-probe and tag-text baselines); writes DIR/eval/tags.json.
+          the frozen-probe and tag-text baselines; --config.tag_*=V changes a tag setting
+          for this evaluation, e.g. --config.tag_movielens_dir=ml-latest/); writes
+          DIR/eval/tags.json. See docs/docent_tags.md.
 export    writes OUT_DIR (default DIR/export)/entities/: embeddings.npy float32
           [num_entities, dim] (the entity table; Full: its entity rows), ids.txt (line i =
           entity of row i) and meta.json; with --input (one query per line) also
@@ -51,7 +53,7 @@ flags.DEFINE_string("input", None, "export: a text file of queries, one a line; 
                     "vectors f(q) go to OUTPUT/queries/.")
 flags.DEFINE_bool("baselines", True, "evaluate: also score BoS-MiniLM, BoS-GloVe, TF-IDF.")
 flags.DEFINE_enum("task", "ranking", ["ranking", "tags"], "evaluate: zero-shot entity ranking "
-                  "or MovieLens tag prediction (config.movielens_dir, config.mapping_path).")
+                  "or MovieLens tag prediction (config.tag_movielens_dir, config.mapping_path).")
 FLAGS = flags.FLAGS
 
 
@@ -68,7 +70,12 @@ def main(argv: list[str]) -> None:
         elif command == "evaluate" and FLAGS.task == "tags":
             from docent_jax.tags import evaluate_tags_workdir
 
-            evaluate_tags_workdir(FLAGS.workdir, step=FLAGS.step)
+            # --config.tag_*=V on the evaluate line changes the saved run's tag settings
+            # for this evaluation only (the other fields describe the trained model).
+            given = {arg[len("--config."):].split("=", 1)[0] for arg in sys.argv
+                     if arg.startswith("--config.")}
+            evaluate_tags_workdir(FLAGS.workdir, step=FLAGS.step,
+                                  overrides={k: FLAGS.config[k] for k in sorted(given)})
         elif command == "evaluate":
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step,
                                        baselines=FLAGS.baselines)

@@ -5,7 +5,7 @@ Zemlyanskiy et al., EACL 2021, sec. 5; metrics from the authors' notebook
 
 * **Matrix.** Rows are the model's movies: entities whose MovieLens id
   (``docent_jax.review_data.entity_movielens_ids``) has at least one genome-tag application
-  in ``config.movielens_dir``. Columns are the genome tags applied to at least one of them.
+  in ``config.tag_movielens_dir``. Columns are the genome tags applied to at least one of them.
   A cell counts the distinct users who applied the tag
   (``data_pipelines.movielens.tag_count_matrix``).
 * **Closed vocabulary.** ``tag_heldout_movies`` movies are held out (paper 1,000, at most
@@ -54,8 +54,6 @@ from embedding_core.files import write_json
 MODEL_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
 PAPER_HELDOUT_MOVIES = 1000
 PAPER_HELDOUT_TAGS = 500
-OVERRIDABLE = ("movielens_dir",)
-"""Besides every ``tag_*`` field: what an evaluation may change in the run's saved config."""
 TABLE = (("MAP", "map", 100.0), ("AUC", "auc", 1.0), ("P@1", "precision@1", 100.0),
          ("P@5", "precision@5", 100.0), ("P@10", "precision@10", 100.0),
          ("NDCG@10", "ndcg@10", 100.0), ("NDCGlog@10", "ndcg_log@10", 100.0))
@@ -86,19 +84,19 @@ class TagTask:
 
 
 def movielens_folder(config: ml_collections.ConfigDict) -> Path:
-    """``config.movielens_dir``, or the shipped ``data/movielens`` when empty.
+    """``config.tag_movielens_dir``, or the shipped ``data/movielens`` when empty.
 
     Raises:
       FileNotFoundError: the folder lacks ``tags.csv`` or ``genome-tags.csv`` (the field is
         named).
     """
-    given = str(config.get("movielens_dir", "") or "").strip()
+    given = str(config.get("tag_movielens_dir", "") or "").strip()
     folder = Path(given).expanduser() if given else data_dir() / "movielens"
     for name in ("tags.csv", "genome-tags.csv"):
         if not (folder / name).is_file():
             raise FileNotFoundError(
-                f"config.movielens_dir: {folder / name} is missing; pass "
-                "--config.movielens_dir=DIR with the MovieLens tags.csv and genome-tags.csv "
+                f"config.tag_movielens_dir: {folder / name} is missing; pass "
+                "--config.tag_movielens_dir=DIR with the MovieLens tags.csv and genome-tags.csv "
                 "(ml-latest), or leave it empty for the shipped data/movielens")
     return folder
 
@@ -227,7 +225,7 @@ def evaluate_tags(ranker, config: ml_collections.ConfigDict | None = None, *,
 
     Args:
       ranker: ``docent_jax.inference.EntityRanker`` of a ``train_data="amazon"`` run.
-      config: the settings (default ``ranker.config``): ``tag_*``, ``movielens_dir``,
+      config: the settings (default ``ranker.config``): ``tag_*``, ``tag_movielens_dir``,
         ``mapping_path``, ``split_seed`` and the training learning rates.
       progress: tqdm bars over the fine-tuning steps.
       ks: the K of P@K / NDCG@K.
@@ -341,10 +339,10 @@ def _with_overrides(config: ml_collections.ConfigDict,
         return config
     from docent_jax.configs import validate_config
 
-    bad = sorted(k for k in overrides if not (k.startswith("tag_") or k in OVERRIDABLE))
+    bad = sorted(k for k in overrides if not k.startswith("tag_"))
     if bad:
-        raise ValueError(f"an evaluation may change only the tag_* fields and "
-                         f"{', '.join(OVERRIDABLE)}, not {bad} (they describe the trained run)")
+        raise ValueError(f"an evaluation may change only the tag_* fields, not {bad} (they "
+                         "describe the trained run)")
     config = config.copy_and_resolve_references()
     for key, value in overrides.items():
         if key not in config:
@@ -364,7 +362,7 @@ def evaluate_tags_workdir(workdir: str | os.PathLike, *, step: int | None = None
       workdir: a ``docent-jax train`` workdir of a ``train_data="amazon"`` run, any variant.
       step: a checkpoint step (default: the latest).
       progress: tqdm bars over the fine-tuning steps.
-      overrides: new values for ``tag_*`` fields and ``movielens_dir`` (the saved config
+      overrides: new values for ``tag_*`` fields and ``tag_movielens_dir`` (the saved config
         holds the rest).
 
     Returns:

@@ -30,6 +30,15 @@ RESUMABLE_FIELDS = frozenset({
 })
 
 
+RESUMABLE_PREFIXES = ("eval_", "tag_")
+"""Evaluation-only fields (``eval_*``, DocEnt's ``tag_*``) may change on resume as well."""
+
+
+def resumable(field: str) -> bool:
+    """Whether ``field`` may differ between invocations on one workdir."""
+    return field in RESUMABLE_FIELDS or field.startswith(RESUMABLE_PREFIXES)
+
+
 def base() -> ml_collections.ConfigDict:
     """The loop, optimizer, mesh and logical-axis-rule fields of every model's config."""
     c = ml_collections.ConfigDict()
@@ -121,12 +130,14 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
     except ValueError as err:
         raise ValueError(f"{err}; use a new --workdir") from None
     new = json.loads(json.dumps(config.to_dict()))  # tuples -> lists, as saved
-    foreign = sorted(set(saved) ^ set(new))
+    # Fields the saved run lacks are new in this version (their defaults rebuild the old
+    # model); fields this model lacks mean the workdir belongs to another model.
+    foreign = sorted(set(saved) - set(new))
     if len(foreign) > 3:
-        raise ValueError(f"{workdir} holds a run of another model (its config.json differs in "
-                         f"fields {foreign[:6]}...); use a new --workdir")
+        raise ValueError(f"{workdir} holds a run of another model (its config.json has "
+                         f"fields {foreign[:6]}... this model lacks); use a new --workdir")
     changed = [f"{k}={saved.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(saved) | set(new))
-               if k not in RESUMABLE_FIELDS and saved.get(k) != new.get(k)
+               if not resumable(k) and saved.get(k) != new.get(k)
                and k in saved and k in new]
     if changed:
         raise ValueError(f"{workdir} was trained with other settings ({'; '.join(changed)}); "

@@ -49,7 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.min_reviews = 5  # movies with fewer kept reviews are dropped (paper: 5)
     c.reddit_path = ""  # optional Reddit Movie Suggestions JSON: ranking queries
     # Tag prediction (docent-jax evaluate --task=tags).
-    c.movielens_dir = ""  # "" = the shipped small set (data/movielens); or ml-latest
+    c.tag_movielens_dir = ""  # "" = the shipped small set (data/movielens); or ml-latest
     c.tag_heldout_movies = 1000  # closed vocabulary: held-out movies (paper: 1,000)
     c.tag_heldout_tags = 500  # open vocabulary: held-out tags (paper: 500)
     c.tag_max_heldout_share = 0.5  # at most this share of the movies / tags is held out
