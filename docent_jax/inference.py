@@ -30,12 +30,12 @@ from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tok
 from docent_jax.configs import default, validate_config
 from docent_jax.data import (
     ENTITY_IDS_FILE,
-    ENTITY_POSITION,
     FullLayout,
     full_inputs_from_tokens,
     read_entity_ids,
     sentence_length,
 )
+from docent_jax.masking import ENTITY_POSITION
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, build_model, init_fn
 from embedding_core import configs, parallel, training
 from embedding_core.inference import Encoder, check_texts, encode_in_batches

@@ -17,7 +17,7 @@
 vocabulary-parallel) and **DocEnt-Hybrid** (Dual's term + entity-conditioned MLM):
 :func:`full_loss`, :func:`hybrid_loss`; :func:`make_loss_fn` picks by ``config.variant``.
 Masking is done in JAX inside the loss from the step's rng (``make_train_step`` passes
-``fold_in(rng, step)``; ``docent_jax.data.mask_word_pieces``): the masks of a step depend
+``fold_in(rng, step)``; ``docent_jax.masking``): the masks of a step depend
 only on (seed, step, batch), so a resumed run draws exactly the masks the uninterrupted run
 would have, and ``jax.random`` draws the global array, so they do not change with the mesh.
 """
@@ -33,7 +33,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from docent_jax.data import (
+from docent_jax.masking import (
     ENTITY_POSITION,
     MaskingConfig,
     mask_entity_tokens,

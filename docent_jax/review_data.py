@@ -36,7 +36,7 @@ from pathlib import Path
 import ml_collections
 
 from data_pipelines import amazon, reddit, reviews2movielens
-from docent_jax.data import EntityData
+from docent_jax.corpus import EntityData
 
 FileKey = tuple[str, int, int]
 """``(path, size, mtime_ns)``: a file as the cache sees it (a changed file is re-read)."""
@@ -90,7 +90,7 @@ def load_review_data(config: ml_collections.ConfigDict) -> EntityData:
     files' paths, sizes and modification times and on the two thresholds.
 
     Returns:
-      :class:`docent_jax.data.EntityData`: ``entity_ids`` = canonical ASINs (sorted),
+      :class:`docent_jax.corpus.EntityData`: ``entity_ids`` = canonical ASINs (sorted),
       ``entity_names`` = mapping names, ``sentences`` = ``(entity index, sentence)`` in file
       order, ``queries`` = Reddit ``(query_full, relevant entity indices)`` or ``[]``,
       ``description`` = what was read and every filter count.

@@ -1,7 +1,7 @@
 """DocEnt MovieLens tag prediction for a trained workdir (``docs/docent_tags.md``).
 
 Zemlyanskiy et al., EACL 2021, sec. 5; metrics from the authors' notebook
-``MoviesHoldoutEval.ipynb`` as implemented in ``docent_jax.evaluate.tag_metrics``.
+``MoviesHoldoutEval.ipynb`` as implemented in ``docent_jax.tag_eval.tag_metrics``.
 
 * **Matrix.** Rows are the model's movies: entities whose MovieLens id
   (``docent_jax.review_data.entity_movielens_ids``) has at least one genome-tag application
@@ -17,11 +17,11 @@ Zemlyanskiy et al., EACL 2021, sec. 5; metrics from the authors' notebook
 * **Fine-tuning** (*our choice*): ``docent_jax.tag_finetune``.
 * **Labelled baselines** on the same splits:
   - the untuned model's own scorer ("zero-shot");
-  - a linear probe on the frozen entity vectors (``evaluate.closed_vocab_eval``, closed
+  - a linear probe on the frozen entity vectors (``tag_eval.closed_vocab_eval``, closed
     vocabulary only);
-  - the cosine of frozen entity and tag-text vectors (``evaluate.open_vocab_eval``,
+  - the cosine of frozen entity and tag-text vectors (``tag_eval.open_vocab_eval``,
     ``fit_steps=0``);
-  - the human 3-fold cross-validation (``evaluate.human_baseline``, threshold
+  - the human 3-fold cross-validation (``tag_eval.human_baseline``, threshold
     ``tag_human_threshold``), where some cell passes the threshold inside a fold.
 * **Output.** One table per setting is printed, and everything goes to
   ``workdir/eval/tags.json``.
@@ -41,7 +41,7 @@ import numpy as np
 
 from data_pipelines import movielens
 from data_pipelines.paths import data_dir
-from docent_jax import evaluate
+from docent_jax import tag_eval
 from docent_jax.review_data import entity_movielens_ids
 from docent_jax.tag_finetune import (
     FinetuneSettings,
@@ -213,14 +213,14 @@ def _human(folds: list[movielens.HumanCVFold] | None, reason: str | None, rows: 
         return {"threshold": threshold, "defined": False, "positives_per_fold": positives,
                 "reason": f"no (movie, tag) cell of this block has more than {threshold} users "
                           "inside one fold", "rows": {}}
-    result = evaluate.human_baseline(block, threshold=threshold, ks=ks,
+    result = tag_eval.human_baseline(block, threshold=threshold, ks=ks,
                                      model_scores=model_scores)
     return {"threshold": threshold, "defined": True, "positives_per_fold": positives,
             "reason": None, "rows": {name: r["mean"] for name, r in result.items()}}
 
 
 def evaluate_tags(ranker, config: ml_collections.ConfigDict | None = None, *,
-                  progress: bool = False, ks: Sequence[int] = evaluate.DEFAULT_KS) -> dict:
+                  progress: bool = False, ks: Sequence[int] = tag_eval.DEFAULT_KS) -> dict:
     """Closed- and open-vocabulary tag prediction of a loaded model (module docstring).
 
     Args:
@@ -260,16 +260,16 @@ def evaluate_tags(ranker, config: ml_collections.ConfigDict | None = None, *,
     # Closed vocabulary: held-out movies x all tags.
     closed = finetune_closed(scorer, task.tags, counts, task.entity_rows, train_m, test_m,
                              train_threshold=train_threshold, settings=settings)
-    probe = evaluate.closed_vocab_eval(entities, counts, train_m, test_m, threshold=threshold,
+    probe = tag_eval.closed_vocab_eval(entities, counts, train_m, test_m, threshold=threshold,
                                        train_threshold=train_threshold, ks=ks)
-    cosine_c = evaluate.open_vocab_eval(entities[test_m], task.tags, encode, counts[test_m],
+    cosine_c = tag_eval.open_vocab_eval(entities[test_m], task.tags, encode, counts[test_m],
                                         all_tags, threshold=threshold, ks=ks)
     closed_scores = {f"{name} fine-tuned": closed.scores, f"{name} zero-shot": closed.zero_shot,
                      PROBE: probe["scores"], COSINE: cosine_c["scores"]}
     # Open vocabulary: all movies x held-out tags.
     opened = finetune_open(scorer, task.tags, counts, task.entity_rows, train_t, test_t,
                            train_threshold=train_threshold, settings=settings)
-    cosine_o = evaluate.open_vocab_eval(entities, task.tags, encode, counts, test_t,
+    cosine_o = tag_eval.open_vocab_eval(entities, task.tags, encode, counts, test_t,
                                         threshold=threshold, ks=ks)
     open_scores = {f"{name} fine-tuned": opened.scores, f"{name} zero-shot": opened.zero_shot,
                    COSINE: cosine_o["scores"]}
@@ -288,7 +288,7 @@ def evaluate_tags(ranker, config: ml_collections.ConfigDict | None = None, *,
         block = counts[np.ix_(rows, cols)]
         return {
             "split": note, "movies": len(rows), "tags": len(cols),
-            "rows": {k: evaluate.tag_metrics(v, block, threshold, ks) for k, v in scores.items()},
+            "rows": {k: tag_eval.tag_metrics(v, block, threshold, ks) for k, v in scores.items()},
             "train_bce_before": result.loss_before, "train_bce_after": result.loss_after,
             "human": _human(folds, reason, rows, cols, human_threshold, scores, ks)}
 

@@ -15,6 +15,7 @@ from data_pipelines import squad
 from data_pipelines.tokenization import load_tokenizer, tokenize
 from docent_jax import data as docent_data
 from docent_jax import loss as docent_loss
+from docent_jax import masking as masking_lib
 from docent_jax import model as model_lib
 from embedding_core import parallel, training
 from embedding_core.encoders import EncoderConfig, TransformerEncoder
@@ -79,7 +80,7 @@ def mesh1():
 
 @pytest.fixture(scope="module")
 def masking(tokenizer):
-    return docent_data.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
+    return masking_lib.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
                                                     entity_mask_rate=0.5, max_predictions=8)
 
 
@@ -107,14 +108,14 @@ def test_masking_rates_and_never_special(sentence_batch, tokenizer):
         np.tile(tokens.input_ids, (reps, 1)), np.tile(tokens.lengths, reps),
         np.tile(entity_ids, reps), word_vocab_size=30522, sep_id=102)
     ids, mask = jnp.asarray(full["input_ids"]), jnp.asarray(full["attention_mask"])
-    cfg = docent_data.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
+    cfg = masking_lib.MaskingConfig.from_tokenizer(tokenizer, word_mask_rate=0.15,
                                                    entity_mask_rate=0.3, max_predictions=32)
 
     @jax.jit
     def draw(word_key, entity_key):
-        maskable = docent_data.maskable_word_pieces(ids, mask, cfg)
-        return maskable, docent_data.mask_word_pieces(word_key, ids, maskable, cfg), \
-            docent_data.mask_entity_tokens(entity_key, ids, cfg)
+        maskable = masking_lib.maskable_word_pieces(ids, mask, cfg)
+        return maskable, masking_lib.mask_word_pieces(word_key, ids, maskable, cfg), \
+            masking_lib.mask_entity_tokens(entity_key, ids, cfg)
 
     maskable, out, (e_ids, e_labels, e_w) = jax.device_get(draw(jax.random.key(7),
                                                                 jax.random.key(8)))
@@ -149,8 +150,8 @@ def test_masking_rates_and_never_special(sentence_batch, tokenizer):
     mesh = parallel.make_mesh(8, 1)
     sharded = parallel.host_to_global({"ids": full["input_ids"], "mask": full["attention_mask"]},
                                       mesh)
-    on_mesh = jax.jit(lambda k, i, m: docent_data.mask_word_pieces(
-        k, i, docent_data.maskable_word_pieces(i, m, cfg), cfg).input_ids)(
+    on_mesh = jax.jit(lambda k, i, m: masking_lib.mask_word_pieces(
+        k, i, masking_lib.maskable_word_pieces(i, m, cfg), cfg).input_ids)(
         jax.random.key(7), sharded["ids"], sharded["mask"])
     np.testing.assert_array_equal(np.asarray(on_mesh), new)
 

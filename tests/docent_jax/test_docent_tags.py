@@ -9,7 +9,7 @@ import pytest
 from sklearn.metrics import label_ranking_average_precision_score, roc_auc_score
 
 from data_pipelines import movielens
-from docent_jax import evaluate
+from docent_jax import tag_eval
 
 # ----------------------------------------------------------------------------- hand-worked
 
@@ -25,7 +25,7 @@ COUNTS = np.array([[3, 0, 2, 1],
 
 
 def test_hand_worked_fixture():
-    m = evaluate.tag_metrics(SCORES, COUNTS, threshold=1, ks=(1, 2, 3))
+    m = tag_eval.tag_metrics(SCORES, COUNTS, threshold=1, ks=(1, 2, 3))
     assert m["movies_with_positive"] == 2 and m["positives"] == 3
     # P@1: A hit, B miss. P@2: only A has >= 2 positives: t0 hit, t1 miss.
     assert m["precision@1"] == pytest.approx(0.5)
@@ -50,7 +50,7 @@ def test_hand_worked_fixture():
 
 
 def test_no_positive_gives_nan_not_an_error():
-    m = evaluate.tag_metrics(SCORES, COUNTS, threshold=5, ks=(1,))
+    m = tag_eval.tag_metrics(SCORES, COUNTS, threshold=5, ks=(1,))
     assert m["movies_with_positive"] == 0
     assert all(np.isnan(m[k]) for k in ("map", "auc", "precision@1", "ndcg@1", "ndcg_log@1"))
 
@@ -97,7 +97,7 @@ def test_equals_notebook_and_sklearn_on_tie_free_scores():
     counts = rng.poisson(0.6, size=(60, 30)) * (rng.random((60, 30)) < 0.4)
     scores = rng.normal(size=counts.shape) + 0.5 * counts  # continuous: no ties
     max_k = 8
-    ours = evaluate.tag_metrics(scores, counts, threshold=1, ks=range(1, max_k + 1))
+    ours = tag_eval.tag_metrics(scores, counts, threshold=1, ks=range(1, max_k + 1))
     ref = _notebook_metrics(scores, counts, 1, max_k)
     assert ours["map"] == pytest.approx(ref["map"], rel=1e-12)
     assert ours["auc"] == pytest.approx(ref["auc"], rel=1e-12)
@@ -153,12 +153,12 @@ def test_human_baseline_on_real_movielens(movielens_small):
 
     # Threshold 2 (the paper's): no (movie, genome tag) cell has 3 users inside one fold of
     # ml-latest-small, so nothing is defined. Say so rather than report numbers.
-    sparse = evaluate.human_baseline(folds, threshold=2)
+    sparse = tag_eval.human_baseline(folds, threshold=2)
     assert sparse["human"]["mean"]["positives"] == 0
     assert np.isnan(sparse["human"]["mean"]["map"])
 
     for threshold in (0, 1):
-        result = evaluate.human_baseline(folds, threshold=threshold, ks=(1, 5, 10))
+        result = tag_eval.human_baseline(folds, threshold=threshold, ks=(1, 5, 10))
         # sklearn on the independently built matrices of one fold (it is slow); the other
         # folds' matrices were checked equal above.
         checked = result["human"]["folds"][:1] if threshold == 0 else []
@@ -187,12 +187,12 @@ def test_model_scores_are_evaluated_against_the_same_fold_labels(movielens_small
     total = folds[0].held_in + folds[0].others
     # An oracle that sees every user scores each fold's positives at least as high as the
     # human predictor, who misses the fold's own votes.
-    result = evaluate.human_baseline(folds, threshold=0, ks=(1,), model_scores={"oracle": total})
+    result = tag_eval.human_baseline(folds, threshold=0, ks=(1,), model_scores={"oracle": total})
     for human, oracle in zip(result["human"]["folds"], result["oracle"]["folds"], strict=True):
         assert oracle["map"] > human["map"]
         assert oracle["auc"] > human["auc"]
     with pytest.raises(ValueError, match="shape"):
-        evaluate.human_baseline(folds, model_scores={"bad": total[:, :3]})
+        tag_eval.human_baseline(folds, model_scores={"bad": total[:, :3]})
 
 
 # ----------------------------------------------------------------------------- closed / open vocab
@@ -211,9 +211,9 @@ def _synthetic(n_movies=240, n_tags=12, dim=8, seed=0):
 def test_closed_vocab_head_learns_held_out_movies():
     x, counts = _synthetic()
     train, test = np.arange(160), np.arange(160, 240)
-    fitted = evaluate.closed_vocab_eval(x, counts, train, test, threshold=0, steps=300,
+    fitted = tag_eval.closed_vocab_eval(x, counts, train, test, threshold=0, steps=300,
                                     learning_rate=5e-2)
-    shuffled = evaluate.closed_vocab_eval(np.random.default_rng(1).permutation(x), counts, train,
+    shuffled = tag_eval.closed_vocab_eval(np.random.default_rng(1).permutation(x), counts, train,
                                       test, threshold=0, steps=300, learning_rate=5e-2)
     assert fitted["scores"].shape == (80, 12)
     assert fitted["metrics"]["map"] > 0.85
@@ -224,7 +224,7 @@ def test_closed_vocab_head_learns_held_out_movies():
     np.testing.assert_allclose(fitted["scores"], xn @ head.kernel + head.bias, rtol=1e-5,
                                atol=1e-5)
     with pytest.raises(ValueError, match="overlap"):
-        evaluate.closed_vocab_eval(x, counts, train, train[:5])
+        tag_eval.closed_vocab_eval(x, counts, train, train[:5])
 
 
 def test_open_vocab_scores_are_text_side_cosines():
@@ -244,11 +244,11 @@ def test_open_vocab_scores_are_text_side_cosines():
         seen.extend(batch)
         return np.stack([lookup[t] for t in batch])
 
-    out = evaluate.open_vocab_eval(movies, texts, encode, counts, held, threshold=1, ks=(1,))
+    out = tag_eval.open_vocab_eval(movies, texts, encode, counts, held, threshold=1, ks=(1,))
     assert seen == ["tag 1", "tag 4", "tag 7"]  # only held-out tags are encoded zero-shot
     np.testing.assert_allclose(out["scores"], cos[:, held], rtol=1e-5, atol=1e-6)
     assert out["metrics"]["map"] == pytest.approx(1.0)  # labels are a function of the cosine
-    assert out["metrics"] == evaluate.tag_metrics(out["scores"], counts[:, held], 1, (1,))
+    assert out["metrics"] == tag_eval.tag_metrics(out["scores"], counts[:, held], 1, (1,))
 
 
 def test_open_vocab_projection_fitted_on_other_tags_transfers():
@@ -267,8 +267,8 @@ def test_open_vocab_projection_fitted_on_other_tags_transfers():
         return tag_vectors[[int(t) for t in batch]]
 
     held = list(range(30, 40))
-    zero_shot = evaluate.open_vocab_eval(movies, texts, encode, counts, held, ks=(1,))
-    fitted = evaluate.open_vocab_eval(movies, texts, encode, counts, held, ks=(1,), fit_steps=400,
+    zero_shot = tag_eval.open_vocab_eval(movies, texts, encode, counts, held, ks=(1,))
+    fitted = tag_eval.open_vocab_eval(movies, texts, encode, counts, held, ks=(1,), fit_steps=400,
                                   learning_rate=2e-2)
     assert fitted["metrics"]["map"] > zero_shot["metrics"]["map"] + 0.2
     assert fitted["metrics"]["auc"] > 0.9
