@@ -12,8 +12,8 @@ from docent_jax.model import ENTITY_PARAMS, MLM_HEAD_PARAMS
 from embedding_core.run import default_optimizer
 
 
-def scale_entity_updates(factor: float) -> optax.GradientTransformation:
-    """Multiplies the updates of the entity table and scale (``ENTITY_PARAMS``) by ``factor``.
+def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:
+    """Multiplies the updates of top-level parameters ``name`` by ``factors[name]``.
 
     Chained after AdamW with learning rate ``lr`` this is AdamW with ``factor * lr`` on those
     parameters (Adam's update, weight decay included, is linear in the learning rate), with
@@ -21,7 +21,7 @@ def scale_entity_updates(factor: float) -> optax.GradientTransformation:
     """
 
     def update(updates, state, params=None):
-        return {key: jax.tree.map(lambda u: u * factor, value) if key in ENTITY_PARAMS
+        return {key: jax.tree.map(lambda u, f=factors[key]: u * f, value) if key in factors
                 else value for key, value in updates.items()}, state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
@@ -49,14 +49,22 @@ def head_only_warmup(steps: int) -> optax.GradientTransformation:
 
 
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """The shared AdamW; the entity table, bias and scale get ``entity_learning_rate`` when
-    set (a fresh table learns from scratch while the encoder is fine-tuned: our choice, the
-    paper gives no rates); Full/Hybrid with ``mlm_head_init="warmup"`` train only the MLM
-    head for the first ``mlm_warmup_steps`` steps."""
+    """The shared AdamW at ``learning_rate`` (the pretrained encoder), with the parameters
+    that start fresh at their own rates (*our choice*; the paper gives no rates): the entity
+    table, biases and scale (``ENTITY_PARAMS``) at ``entity_learning_rate`` and the MLM head
+    (``mlm_transform``, ``word_bias``) at ``mlm_head_learning_rate`` (0 = ``learning_rate``).
+    Full/Hybrid with ``mlm_head_init="warmup"`` train only the MLM head (and its biases) for
+    the first ``mlm_warmup_steps`` steps."""
     tx, schedule = default_optimizer(config, total_steps)
+    lr = float(config.learning_rate)
+    rates = {name: float(config.entity_learning_rate) for name in ENTITY_PARAMS}
+    if config.variant != "dual":
+        rates.update({name: float(config.mlm_head_learning_rate)
+                      for name in MLM_HEAD_PARAMS if name not in ENTITY_PARAMS})
+    factors = {name: rate / lr for name, rate in rates.items() if rate and rate != lr}
     parts = [tx]
-    if config.entity_learning_rate and config.entity_learning_rate != config.learning_rate:
-        parts.append(scale_entity_updates(config.entity_learning_rate / config.learning_rate))
+    if factors:
+        parts.append(scale_updates(factors))
     if config.variant != "dual" and config.mlm_head_init == "warmup" and \
             int(config.mlm_warmup_steps) > 0:
         parts.append(head_only_warmup(int(config.mlm_warmup_steps)))

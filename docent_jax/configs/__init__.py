@@ -38,7 +38,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for name in ("word_mask_rate", "entity_mask_rate"):
         if not 0.0 <= float(config[name]) <= 1.0:
             raise ValueError(f"config.{name} must lie in [0, 1], got {config[name]}")
-    for name in ("entity_loss_weight", "mlm_loss_weight"):
+    for name in ("entity_loss_weight", "mlm_loss_weight", "mlm_head_learning_rate"):
         if float(config[name]) < 0:
             raise ValueError(f"config.{name} must be >= 0, got {config[name]}")
     if int(config.max_predictions) < 1 or int(config.mlm_warmup_steps) < 0:

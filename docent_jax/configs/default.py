@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.single_cross_entropy = False  # Full: one CE over all masked tokens (released TF code)
     c.mlm_loss_weight = 1.0  # Hybrid: L_dual + mlm_loss_weight * L_MLM
     c.hybrid_dual_input = "clean"  # Hybrid: clean (2nd pass, unmasked) | masked (one pass)
+    c.mlm_head_learning_rate = 1e-3  # the fresh MLM head (0 = learning_rate)
     c.mlm_head_init = "random"  # random | warmup (head-only MLM for mlm_warmup_steps first)
     c.mlm_warmup_steps = 0  # warmup: steps in which only the fresh MLM head is trained
     # Data.
