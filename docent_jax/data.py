@@ -182,7 +182,8 @@ def load_data(config: ml_collections.ConfigDict) -> EntityData:
 
 def make_batches(table: TokenTable, config: ml_collections.ConfigDict, start_step: int, *,
                  process_index: int = 0, process_count: int = 1,
-                 full_layout: FullLayout | None = None) -> Iterator[dict[str, np.ndarray]]:
+                 full_layout: FullLayout | None = None,
+                 warmup_steps: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """This host's training batches from ``start_step`` on (resumable, in the seed's order).
 
     ``data_pipelines.pipeline.make_batches`` with DocEnt's names and each variant's layout:
@@ -193,17 +194,16 @@ def make_batches(table: TokenTable, config: ml_collections.ConfigDict, start_ste
     * ``"full"``: ``[B/P, L + 2]`` in the :func:`full_inputs_from_tokens` layout
       ``[CLS] <entity> [SEP] sentence [SEP]`` (``full_layout`` gives the ids);
 
-    plus ``entity_ids`` ``[B/P]`` int32 (the table's ``text_ids`` column), ``step``, and for
-    Full/Hybrid with ``mlm_head_init="warmup"`` ``mlm_warmup`` ``[B/P]`` float32 (1.0 during
-    the first ``mlm_warmup_steps`` steps).
+    plus ``entity_ids`` ``[B/P]`` int32 (the table's ``text_ids`` column), ``step``, and with
+    ``warmup_steps > 0`` (``docent_jax.optimizer.head_warmup_steps``) ``mlm_warmup``
+    ``[B/P]`` float32 (1.0 during the first ``warmup_steps`` steps).
     """
     from data_pipelines import pipeline  # TensorFlow: only once training is certain
 
     variant = config.get("variant", "dual")
     if variant == "full" and full_layout is None:
         raise ValueError("variant 'full' needs full_layout (the tokenizer's ids)")
-    warmup = int(config.mlm_warmup_steps) if (
-        variant != "dual" and config.get("mlm_head_init") == "warmup") else 0
+    warmup = int(warmup_steps)
     batches = pipeline.make_batches(
         table, global_batch_size=int(config.batch_size), seed=int(config.seed),
         start_step=start_step, process_index=process_index, process_count=process_count,
@@ -265,6 +265,28 @@ def write_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None
         if not key or "\n" in key or "\r" in key:
             raise ValueError(f"entity {i}: id {key!r} is empty or holds a line break")
     write_lines(path, entity_ids)
+
+
+def keep_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
+    """A run's ``entity_ids.txt``: written on the first start; on a resume the data's
+    entities must be those the checkpoint's rows were trained for.
+
+    Raises:
+      ValueError: the file exists and names other entities (the data changed since the
+        run started: every row would carry another entity's id).
+    """
+    path = Path(path)
+    if path.is_file():
+        saved = read_entity_ids(path)
+        if saved != list(entity_ids):
+            changed = sorted(set(saved) ^ set(entity_ids))
+            raise ValueError(
+                f"{path}: the data's entities changed since this run started ({len(saved)} "
+                f"saved, {len(entity_ids)} now; e.g. {changed[:3]}); resuming would give the "
+                "trained rows other entities' ids: restore the data files or use a new "
+                "--workdir")
+        return
+    write_entity_ids(path, entity_ids)
 
 
 def read_entity_ids(path: str | os.PathLike) -> list[str]:

@@ -156,6 +156,8 @@ class EntityRanker(Encoder):
         """``[n, num_entities]`` float32 scores of every entity for each query (higher =
         more relevant; see the module docstring)."""
         q = self.encode(texts, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        if not len(q):
+            return np.zeros((0, self.num_entities), np.float32)
         block = max(1, int(batch_size or self.default_batch_size))
         parts = [np.asarray(self._scores(self.params, jnp.asarray(q[i:i + block])))
                  [:, :self.num_entities] for i in range(0, len(q), block)]

@@ -19,7 +19,7 @@ train     trains (or resumes) a DocEnt model into DIR: config.json, entity_ids.t
           --config.mapping_path=Reviews2Movielens.csv (see docs/docent_tags.md).
 evaluate  --task=ranking (default): zero-shot entity ranking of the held-out queries (SQuAD:
           questions of held-out paragraphs, entities = articles; Amazon: Reddit queries from
-          --config.reddit_path at training): MAP, MRR, recall@1/5/10, NDCG@10, next to the
+          --config.eval_reddit_path at training): MAP, MRR, recall@1/5/10, NDCG@10, next to the
           Bag-of-Sentences (MiniLM, GloVe) and TF-IDF baselines; writes DIR/eval/ranking.json.
           --task=tags: MovieLens tag prediction (closed and open vocabulary, fine-tuned, with
           the frozen-probe and tag-text baselines; --config.tag_*=V changes a tag setting
@@ -65,26 +65,43 @@ def main(argv: list[str]) -> None:
         if command == "train":
             from docent_jax.trainer import train
 
-            train(FLAGS.config, FLAGS.workdir)
+            train(_absolute_paths(FLAGS.config), FLAGS.workdir)
             print(f"checkpoints and TensorBoard events in {FLAGS.workdir}")
         elif command == "evaluate" and FLAGS.task == "tags":
             from docent_jax.tags import evaluate_tags_workdir
 
-            # --config.tag_*=V on the evaluate line changes the saved run's tag settings
-            # for this evaluation only (the other fields describe the trained model).
-            given = {arg[len("--config."):].split("=", 1)[0] for arg in sys.argv
-                     if arg.startswith("--config.")}
-            evaluate_tags_workdir(FLAGS.workdir, step=FLAGS.step,
-                                  overrides={k: FLAGS.config[k] for k in sorted(given)})
+            evaluate_tags_workdir(FLAGS.workdir, step=FLAGS.step, overrides=_overrides())
         elif command == "evaluate":
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step,
-                                       baselines=FLAGS.baselines)
+                                       baselines=FLAGS.baselines, overrides=_overrides())
         elif command == "export":
             workflows.export_workdir(FLAGS.workdir, FLAGS.output, input_path=FLAGS.input,
                                      step=FLAGS.step)
         else:
             config = FLAGS.config if FLAGS["config"].present else None
             workflows.run_demo(FLAGS.workdir, config, FLAGS.num_train_steps)
+
+
+PATH_FIELDS = ("squad_path", "amazon_paths", "mapping_path", "eval_reddit_path",
+               "tag_movielens_dir")
+"""Data paths saved with a run: made absolute at ``train``, so that ``evaluate`` from
+another directory finds the same files."""
+
+
+def _absolute_paths(config):
+    for name in PATH_FIELDS:
+        parts = [p.strip() for p in str(config.get(name, "") or "").split(",") if p.strip()]
+        config[name] = ",".join(p if "://" in p else str(Path(p).expanduser().resolve())
+                                for p in parts)
+    return config
+
+
+def _overrides() -> dict:
+    """``--config.FIELD=V`` given on an ``evaluate`` line: evaluation-only fields (``eval_*``,
+    ``tag_*``) changed for this evaluation (the other fields describe the trained model)."""
+    given = {arg[len("--config."):].split("=", 1)[0] for arg in sys.argv
+             if arg.startswith("--config.")}
+    return {k: FLAGS.config[k] for k in sorted(given) if k in FLAGS.config}
 
 
 def run() -> None:

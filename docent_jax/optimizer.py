@@ -48,13 +48,22 @@ def head_only_warmup(steps: int) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
+def head_warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> int:
+    """Steps of the head-only warm-up: ``mlm_warmup_steps`` (Full/Hybrid with
+    ``mlm_head_init="warmup"``), at most half of the run's ``total_steps`` so that a short
+    run (``--config.num_train_steps=2``) still trains its encoder and entity table."""
+    if config.variant == "dual" or config.mlm_head_init != "warmup":
+        return 0
+    return min(int(config.mlm_warmup_steps), int(total_steps) // 2)
+
+
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
     """The shared AdamW at ``learning_rate`` (the pretrained encoder), with the parameters
     that start fresh at their own rates (*our choice*; the paper gives no rates): the entity
     table, biases and scale (``ENTITY_PARAMS``) at ``entity_learning_rate`` and the MLM head
     (``mlm_transform``, ``word_bias``) at ``mlm_head_learning_rate`` (0 = ``learning_rate``).
     Full/Hybrid with ``mlm_head_init="warmup"`` train only the MLM head (and its biases) for
-    the first ``mlm_warmup_steps`` steps."""
+    the first :func:`head_warmup_steps` steps."""
     tx, schedule = default_optimizer(config, total_steps)
     lr = float(config.learning_rate)
     rates = {name: float(config.entity_learning_rate) for name in ENTITY_PARAMS}
@@ -65,7 +74,7 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
     parts = [tx]
     if factors:
         parts.append(scale_updates(factors))
-    if config.variant != "dual" and config.mlm_head_init == "warmup" and \
-            int(config.mlm_warmup_steps) > 0:
-        parts.append(head_only_warmup(int(config.mlm_warmup_steps)))
+    warmup = head_warmup_steps(config, total_steps)
+    if warmup > 0:
+        parts.append(head_only_warmup(warmup))
     return (parts[0] if len(parts) == 1 else optax.chain(*parts)), schedule

@@ -18,7 +18,7 @@
 * reviews are split into sentences (pySBD) and the movie's name is removed from them
   (``data_pipelines.text.remove_entity_name``).
 
-Queries for zero-shot ranking come from ``config.reddit_path`` (Reddit Movie Suggestions,
+Queries for zero-shot ranking come from ``config.eval_reddit_path`` (Reddit Movie Suggestions,
 ``data_pipelines.reddit``) when given: a query's relevant entities are its recommended
 ASINs mapped to canonical ASINs that are entities; queries left without any are skipped and
 counted. Without a Reddit file the query list is empty.
@@ -86,7 +86,7 @@ def load_review_data(config: ml_collections.ConfigDict) -> EntityData:
     """The Amazon review corpus a ``train_data="amazon"`` config names (module docstring).
 
     Reads ``config.amazon_paths``, ``config.mapping_path``, ``config.min_review_words``,
-    ``config.min_reviews`` and, when set, ``config.reddit_path``. Cached per process on the
+    ``config.min_reviews`` and, when set, ``config.eval_reddit_path``. Cached per process on the
     files' paths, sizes and modification times and on the two thresholds.
 
     Returns:
@@ -103,8 +103,8 @@ def load_review_data(config: ml_collections.ConfigDict) -> EntityData:
     """
     paths = tuple(_file_key(p, "amazon_paths") for p in review_paths(config))
     mapping = _file_key(mapping_path(config), "mapping_path")
-    reddit_file = str(config.get("reddit_path", "") or "").strip()
-    reddit_key = _file_key(reddit_file, "reddit_path") if reddit_file else None
+    reddit_file = str(config.get("eval_reddit_path", "") or "").strip()
+    reddit_key = _file_key(reddit_file, "eval_reddit_path") if reddit_file else None
     min_words, min_reviews = int(config.min_review_words), int(config.min_reviews)
     if min_words < 1 or min_reviews < 1:
         raise ValueError(f"config.min_review_words={min_words} and config.min_reviews="
@@ -153,7 +153,7 @@ def _reddit_queries(reddit_key: FileKey | None, vocab: amazon.EntityVocab,
                     entity_of: dict[str, str]
                     ) -> tuple[list[tuple[str, tuple[int, ...]]], str]:
     if reddit_key is None:
-        return [], "no queries (config.reddit_path not set)"
+        return [], "no queries (config.eval_reddit_path not set)"
     # A recommendation may name an edition (mapped to its canonical ASIN) or the canonical
     # ASIN itself.
     lookup = {**{c: c for c in entity_of.values()}, **entity_of}

@@ -7,6 +7,7 @@ import os
 
 import jax
 import ml_collections
+from absl import logging
 from jax.sharding import Mesh
 
 from data_pipelines.tokenization import load_tokenizer
@@ -14,8 +15,8 @@ from docent_jax import data as docent_data
 from docent_jax.configs import validate_config
 from docent_jax.loss import make_loss_fn, masking_config
 from docent_jax.model import PRETRAINED_PATH, build_model, init_fn
-from docent_jax.optimizer import make_optimizer
-from embedding_core import training
+from docent_jax.optimizer import head_warmup_steps, make_optimizer
+from embedding_core import configs, training
 from embedding_core.pretrained import load_pretrained
 from embedding_core.run import run
 from embedding_core.task import Task
@@ -30,6 +31,11 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
     from data_pipelines import pipeline  # TensorFlow: only once training is certain
 
     pretrained = load_pretrained(config.model)
+    limit = pretrained.config.max_position_embeddings - (
+        pretrained.config.pad_token_id + 1 if pretrained.config.model_type == "roberta" else 0)
+    if int(config.max_length) > limit:
+        raise ValueError(f"config.max_length={config.max_length} exceeds the {limit} positions "
+                         f"of {config.model}; pass --config.max_length={limit} or less")
     data = docent_data.load_data(config)
     table = docent_data.entity_sentence_table(data.sentences, data.num_entities,
                                               pretrained.model_dir,
@@ -39,6 +45,12 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
     variant = config.variant
     masking = masking_config(config, tokenizer) if variant != "dual" else None
     layout = docent_data.FullLayout.from_tokenizer(tokenizer) if variant == "full" else None
+    steps_per_epoch = pipeline.steps_per_epoch(table.num_examples, batch)
+    warmup = head_warmup_steps(config, configs.num_train_steps(config, steps_per_epoch))
+    if warmup < int(config.mlm_warmup_steps) and config.mlm_head_init == "warmup" and \
+            variant != "dual":
+        logging.warning("head-only warm-up shortened from %d to %d steps (at most half of the "
+                        "run)", int(config.mlm_warmup_steps), warmup)
 
     def evaluate(params, step):
         from docent_jax.evaluate import evaluate_ranker
@@ -55,12 +67,12 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         loss_fn=make_loss_fn(model, config, mesh, masking),
         make_batches=lambda start: docent_data.make_batches(
             table, config, start, process_index=jax.process_index(),
-            process_count=jax.process_count(), full_layout=layout),
+            process_count=jax.process_count(), full_layout=layout, warmup_steps=warmup),
         num_examples=table.num_examples,
-        steps_per_epoch=pipeline.steps_per_epoch(table.num_examples, batch),
+        steps_per_epoch=steps_per_epoch,
         global_batch_size=batch, pretrained={PRETRAINED_PATH: pretrained.params},
         evaluate=evaluate if int(config.eval_every) > 0 else None,
-        run_files={docent_data.ENTITY_IDS_FILE: lambda path: docent_data.write_entity_ids(
+        run_files={docent_data.ENTITY_IDS_FILE: lambda path: docent_data.keep_entity_ids(
             path, data.entity_ids)},
         make_optimizer=make_optimizer,
         summary=f"{data.num_entities} entities; {data.description}")

@@ -24,11 +24,14 @@ def model_name(ranker) -> str:
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baselines: bool = True, progress: bool = True,
-                     per_query: bool = False) -> dict:
+                     per_query: bool = False, overrides: dict | None = None) -> dict:
     """Held-out ranking metrics of a workdir's checkpoint (any variant) and the baselines.
 
     Prints the table and writes ``workdir/eval/ranking.json`` (``{"protocol", "rows":
     {model: {metric: value}}}``, metrics in [0, 1]).
+
+    ``overrides`` changes evaluation-only fields (``eval_*``, e.g. ``eval_reddit_path``, the
+    ranking queries of an Amazon run) for this evaluation.
 
     Returns:
       ``{model: metrics}``; with ``per_query=True`` ``(rows, {model: {metric: [n_queries]
@@ -37,21 +40,28 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     Raises:
       FileNotFoundError: not a training workdir / no checkpoint / model folder gone.
       ValueError: the data has no ranking queries (``train_data="amazon"`` without
-        ``reddit_path``), or its entities differ from the trained ones.
+        ``eval_reddit_path``), or its entities differ from the trained ones.
     """
     from docent_jax import data as docent_data
     from docent_jax import evaluate
     from docent_jax.inference import load
 
     ranker = load(workdir, step=step)
-    data = docent_data.load_data(ranker.config)
+    config = ranker.config.copy_and_resolve_references()
+    for key, value in (overrides or {}).items():
+        if not key.startswith("eval_") or key not in config:
+            raise ValueError(f"evaluate may change only the eval_* fields, not {key!r} (the "
+                             "others describe the trained run)")
+        config[key] = value
+    data = docent_data.load_data(config)
     if data.entity_ids != ranker.entity_ids:
         raise ValueError(f"{workdir}/entity_ids.txt does not match the entities of the "
                          "configured data; was the data changed after training?")
     if not data.queries:
         raise ValueError(f"{workdir}: the configured data has no ranking queries ("
-                         "train_data='amazon' needs --config.reddit_path for ranking); "
-                         "for MovieLens tags run `docent-jax evaluate --task=tags`")
+                         f"{data.description}); an Amazon run ranks the Reddit queries of "
+                         "--config.eval_reddit_path=FILE (on this evaluate line); for "
+                         "MovieLens tags run `docent-jax evaluate --task=tags`")
     name = f"{model_name(ranker)} (step {ranker.step})"
     rows, details = {}, {}
     rows[name], details[name] = evaluate.evaluate_ranker(ranker, data.queries,

@@ -4,6 +4,8 @@ that training and loading share (:func:`validate_config`)."""
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 VARIANTS = ("dual", "full", "hybrid")
@@ -38,9 +40,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for name in ("word_mask_rate", "entity_mask_rate"):
         if not 0.0 <= float(config[name]) <= 1.0:
             raise ValueError(f"config.{name} must lie in [0, 1], got {config[name]}")
-    for name in ("entity_loss_weight", "mlm_loss_weight", "mlm_head_learning_rate"):
-        if float(config[name]) < 0:
-            raise ValueError(f"config.{name} must be >= 0, got {config[name]}")
+    for name in ("entity_loss_weight", "mlm_loss_weight", "mlm_head_learning_rate",
+                 "entity_learning_rate"):
+        if not (math.isfinite(float(config[name])) and float(config[name]) >= 0):
+            raise ValueError(f"config.{name} must be a finite number >= 0, got {config[name]}")
+    for name in ("scale_init", "entity_init_std"):
+        if not (math.isfinite(float(config[name])) and float(config[name]) > 0):
+            raise ValueError(f"config.{name} must be a finite number > 0, got {config[name]}")
     if int(config.max_predictions) < 1 or int(config.mlm_warmup_steps) < 0:
         raise ValueError(f"config.max_predictions must be >= 1 and mlm_warmup_steps >= 0, got "
                          f"{config.max_predictions}, {config.mlm_warmup_steps}")
@@ -59,11 +65,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"config.{name} must be positive, got {config[name]}")
     if config.projection_dim < 0:
         raise ValueError(f"config.projection_dim must be >= 0, got {config.projection_dim}")
-    if config.scale_init <= 0:
-        raise ValueError(f"config.scale_init must be positive, got {config.scale_init}")
-    if config.entity_learning_rate < 0:
-        raise ValueError("config.entity_learning_rate must be >= 0 (0 = learning_rate), got "
-                         f"{config.entity_learning_rate}")
     if config.mesh_model > 0 and config.table_multiple % config.mesh_model:
         raise ValueError(f"config.table_multiple={config.table_multiple} must be divisible by "
                          f"config.mesh_model={config.mesh_model} (the table is split over it)")

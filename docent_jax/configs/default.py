@@ -48,7 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mapping_path = ""  # Reviews2Movielens CSV: entity = canon_asin, names for removal
     c.min_review_words = 5  # reviews with fewer words are dropped (paper: 5)
     c.min_reviews = 5  # movies with fewer kept reviews are dropped (paper: 5)
-    c.reddit_path = ""  # optional Reddit Movie Suggestions JSON: ranking queries
+    c.eval_reddit_path = ""  # optional Reddit Movie Suggestions JSON: ranking queries
     # Tag prediction (docent-jax evaluate --task=tags).
     c.tag_movielens_dir = ""  # "" = the shipped small set (data/movielens); or ml-latest
     c.tag_heldout_movies = 1000  # closed vocabulary: held-out movies (paper: 1,000)

@@ -474,3 +474,14 @@ def test_reviews2movielens_bad_rows(tmp_path):
     rows, _ = read_reviews2movielens(path)
     with pytest.raises(ValueError, match="line 2"):
         canonical_movielens_ids(rows)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing garbage"])
+def test_a_damaged_gzip_review_file_is_named_not_a_traceback(tmp_path, damage):
+    lines = [json.dumps({"reviewerID": f"u{i}", "asin": "B1", "reviewText": f"review {i} " * 40})
+             for i in range(200)]
+    data = gzip.compress("\n".join(lines).encode())
+    path = tmp_path / "reviews.json.gz"
+    path.write_bytes(data[:len(data) // 2] if damage == "truncated" else data + b"garbage")
+    with pytest.raises(DataError, match=r"reviews\.json\.gz:\d+: .*corrupt or truncated gzip"):
+        list(iter_amazon_reviews(path))

@@ -109,3 +109,12 @@ def test_entity_id_file_is_readable_by_others(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "ids.txt").stat().st_mode) == 0o644
+
+
+def test_a_resume_whose_data_names_other_entities_is_refused(tmp_path):
+    path = tmp_path / data.ENTITY_IDS_FILE
+    data.keep_entity_ids(path, ["a", "b", "c"])  # first start: written
+    data.keep_entity_ids(path, ["a", "b", "c"])  # same data: accepted
+    with pytest.raises(ValueError, match="entities changed since this run started"):
+        data.keep_entity_ids(path, ["a", "c"])
+    assert data.read_entity_ids(path) == ["a", "b", "c"]  # nothing rewritten

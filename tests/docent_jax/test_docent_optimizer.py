@@ -16,9 +16,9 @@ PARAMS = {"transformer": {"w": jnp.zeros((3,))}, "entity_embeddings": jnp.zeros(
 
 def _config(variant, **kw):
     c = default.get_config()
-    c.update(dict(variant=variant, learning_rate=1e-4, entity_learning_rate=1e-2,
-                  mlm_head_learning_rate=1e-3, warmup_steps=0, lr_decay="constant",
-                  weight_decay=0.0, num_train_steps=10, **kw))
+    c.update(dict(dict(variant=variant, learning_rate=1e-4, entity_learning_rate=1e-2,
+                       mlm_head_learning_rate=1e-3, warmup_steps=0, lr_decay="constant",
+                       weight_decay=0.0, num_train_steps=10), **kw))
     return c
 
 
@@ -56,3 +56,24 @@ def test_head_only_warmup_freezes_the_rest_for_its_steps():
     assert _steps(_config("full", mlm_head_init="random", mlm_warmup_steps=2), 1)[0][
         "transformer"] > 0
     assert isinstance(make_optimizer(_config("dual"), 10)[0], optax.GradientTransformation)
+
+
+def test_a_warmup_longer_than_the_run_is_cut_to_half_of_it():
+    from docent_jax.optimizer import head_warmup_steps
+
+    assert head_warmup_steps(_config("full", mlm_head_init="warmup", mlm_warmup_steps=50),
+                             300) == 50
+    assert head_warmup_steps(_config("hybrid", mlm_head_init="warmup", mlm_warmup_steps=50),
+                             2) == 1
+    assert head_warmup_steps(_config("dual", mlm_head_init="warmup", mlm_warmup_steps=50),
+                             300) == 0
+    # A 2-step run: step 0 warms the head, step 1 trains the encoder and entity table.
+    config = _config("full", mlm_head_init="warmup", mlm_warmup_steps=50, num_train_steps=2)
+    tx, _ = make_optimizer(config, 2)
+    state = tx.init(PARAMS)
+    grads = jax.tree.map(jnp.ones_like, PARAMS)
+    moved = []
+    for _ in range(2):
+        updates, state = tx.update(grads, state, PARAMS)
+        moved.append(float(np.abs(np.asarray(updates["entity_embeddings"])).max()))
+    assert moved[0] == 0 and moved[1] > 0

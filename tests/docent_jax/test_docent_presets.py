@@ -42,3 +42,38 @@ def test_paper_preset_builds_a_bert_base_model(variant):
     assert 108e6 < encoder < 111e6  # BERT-base without pooler / MLM head: ~109.5M
     if variant != "dual":
         assert shapes["mlm_transform"]["dense"]["kernel"].shape[1] == 768
+
+
+@pytest.mark.parametrize("field,value", [("scale_init", float("nan")),
+                                         ("entity_learning_rate", float("inf")),
+                                         ("mlm_loss_weight", float("nan")),
+                                         ("entity_init_std", -1.0),
+                                         ("mlm_head_learning_rate", -1e-3)])
+def test_non_finite_or_negative_settings_are_refused(field, value):
+    config = importlib.import_module("docent_jax.configs.full_cpu").get_config()
+    config[field] = value
+    with pytest.raises(ValueError, match=f"config.{field}"):
+        validate_config(config)
+
+
+def test_max_length_beyond_the_models_positions_is_refused(tiny_bert_dir):
+    from docent_jax import trainer
+    from embedding_core import parallel
+
+    config = importlib.import_module("docent_jax.configs.dual_cpu").get_config()
+    config.model, config.max_length = str(tiny_bert_dir), 100_000
+    with pytest.raises(ValueError, match="config.max_length=100000 exceeds the"):
+        trainer.build_task(config, parallel.make_mesh(1, 1, devices=jax.devices()[:1]))
+
+
+def test_train_saves_data_paths_absolute(tmp_path, monkeypatch):
+    from docent_jax import main
+
+    monkeypatch.chdir(tmp_path)
+    config = importlib.import_module("docent_jax.configs.default").get_config()
+    config.amazon_paths, config.mapping_path = "a.json.gz, sub/b.json", "m.csv"
+    config.eval_reddit_path = "gs://bucket/r.json"
+    main._absolute_paths(config)
+    assert config.amazon_paths == f"{tmp_path / 'a.json.gz'},{tmp_path / 'sub/b.json'}"
+    assert config.mapping_path == str(tmp_path / "m.csv")
+    assert config.eval_reddit_path == "gs://bucket/r.json" and config.squad_path == ""

@@ -47,7 +47,7 @@ KEPT = TAGGED + [3]  # and Grumpier Old Men, which has none
 def _config(**fields):
     config = default.get_config()
     config.update(dict(train_data="amazon", amazon_paths=f"{OLD},{NEW}",
-                       mapping_path=str(MAPPING), reddit_path=str(REDDIT)))
+                       mapping_path=str(MAPPING), eval_reddit_path=str(REDDIT)))
     config.update(fields)
     return config
 
@@ -104,8 +104,8 @@ def test_reddit_queries_map_editions_and_skip_queries_without_a_movie():
     ]
     assert ("4 Reddit queries" in data.description and "2 skipped" in data.description
             and "3 recommendations of other movies ignored" in data.description)
-    no_reddit = docent_data.load_data(_config(reddit_path=""))
-    assert no_reddit.queries == [] and "config.reddit_path not set" in no_reddit.description
+    no_reddit = docent_data.load_data(_config(eval_reddit_path=""))
+    assert no_reddit.queries == [] and "config.eval_reddit_path not set" in no_reddit.description
 
 
 def test_entity_movielens_ids_come_from_the_mapping():
@@ -123,8 +123,8 @@ def test_missing_fields_and_bad_lines_are_named(tmp_path):
         review_data.load_review_data(_config(mapping_path=""))
     with pytest.raises(FileNotFoundError, match=r"config.amazon_paths: .*nope.json does not"):
         review_data.load_review_data(_config(amazon_paths=f"{OLD},{tmp_path / 'nope.json'}"))
-    with pytest.raises(FileNotFoundError, match="config.reddit_path"):
-        review_data.load_review_data(_config(reddit_path=str(tmp_path / "r.json")))
+    with pytest.raises(FileNotFoundError, match="config.eval_reddit_path"):
+        review_data.load_review_data(_config(eval_reddit_path=str(tmp_path / "r.json")))
     lines = NEW.read_text(encoding="utf-8").splitlines()
     lines[2] = lines[2].replace('"overall": 4.0', '"overall": "four"')
     bad = tmp_path / "bad_2018.json"

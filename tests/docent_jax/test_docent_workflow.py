@@ -141,11 +141,13 @@ def test_export_views_equal_entity_embeddings_and_encode(trained, tmp_path, monk
         assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044, path  # readable by others
 
 
-def test_evaluate_writes_the_ranking_table(trained, monkeypatch, capsys):
+def test_evaluate_writes_the_ranking_table(trained, monkeypatch, capsys, tiny_bert_dir):
     workdir, _ = trained
     monkeypatch.setattr(docent_data, "load_data", lambda config: _tiny_data())
     rows = workflows.evaluate_workdir(workdir, baselines=True, progress=False)
-    assert list(rows) == ["DocEnt-Dual (step 2)", "BoS-MiniLM", "BoS-GloVe", "TF-IDF"]
+    # The BoS row is named after the encoder it used (the run's tiny BERT, not MiniLM).
+    assert list(rows) == ["DocEnt-Dual (step 2)", f"BoS-{Path(tiny_bert_dir).name}",
+                          "BoS-GloVe", "TF-IDF"]
     # TF-IDF finds each query's word in exactly one entity's sentences.
     assert rows["TF-IDF"]["MAP"] == 1.0
     saved = json.loads((workdir / "eval" / "ranking.json").read_text())
@@ -256,6 +258,7 @@ def test_mlm_variants_load_score_and_export(trained_mlm, tmp_path, monkeypatch):
     assert ranker.variant == variant and ranker.step == 2 and ranker.entity_ids == ENTITIES
     scores = ranker.score(QUERIES)
     assert scores.shape == (3, 5) and np.isfinite(scores).all()
+    assert ranker.score([]).shape == (0, 5)
     q = ranker.encode(QUERIES)
     table = np.asarray(params["entity_embeddings"])[:5]
     if variant == "full":
