@@ -323,6 +323,10 @@ def print_report(result: Mapping[str, Any]) -> None:
               f"fine-tuning BCE on the training block {part['train_bce_before']:.4f} -> "
               f"{part['train_bce_after']:.4f}")
         print(format_tag_table(part["rows"]))
+        if not any((row or {}).get("movies_with_positive") for row in part["rows"].values()):
+            print(f"n/a: no evaluated movie has a tag applied by more than "
+                  f"{protocol['threshold']} users, so every metric is undefined; lower "
+                  "--config.tag_threshold or use a denser MovieLens release (ml-latest)")
         human = part["human"]
         if human["defined"]:
             print(f"human 3-fold cross-validation, labels count > {human['threshold']} "
