@@ -136,7 +136,12 @@ def _bad_override(argv: Sequence[str], err: Exception) -> None:
     overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
     reason = str(err)
     if isinstance(err, (AttributeError, KeyError)):
-        reason = f"the config has no field {reason.strip(chr(34) + chr(39))!r}"
+        # ml_collections nests reprs: "'\\'name\\'\\nDid you mean ...'"; unwrap them.
+        text = reason.replace("\\n", "\n").replace("\\", "")
+        name, _, hint = text.partition("\n")
+        reason = f"the config has no field {name.strip(chr(34) + chr(39))!r}"
+        if hint.strip(chr(34) + chr(39) + " "):
+            reason += f" ({hint.strip(chr(34) + chr(39) + ' ')})"
     sys.exit(f"error: bad --config override among {overrides}: {reason}; the fields are "
              "those of the config file (see it): --config.FIELD=VALUE needs an existing FIELD "
              "and a VALUE of its type")

@@ -22,6 +22,8 @@ def _cli(*args):
 @pytest.mark.parametrize("args,expect", [
     (["train", "--config.architecture=foo"], "config.architecture='foo': use cross, bi"),
     (["train", "--config.nope=1"], "bad --config override among ['--config.nope']"),
+    (["train", "--config.temperatur=1"],
+     "the config has no field 'temperatur' (Did you mean \"temperature\""),
     (["train", "--config=/no/such/config.py"], "--config=/no/such/config.py: no such file"),
 ])
 def test_train_settings(tmp_path, args, expect):
