@@ -12,7 +12,8 @@ import csv
 import io
 import os
 from collections.abc import Sequence
-from pathlib import Path
+
+from etils import epath
 
 from data_pipelines.errors import DataError
 
@@ -25,7 +26,7 @@ def _line_of_offset(prefix: str) -> int:
     return prefix.count("\n") + prefix.count("\r") - prefix.count("\r\n") + 1
 
 
-def _decode(path: Path, data: bytes) -> str:
+def _decode(path: epath.Path, data: bytes) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -83,7 +84,7 @@ def read_csv_records(
     """Reads a CSV file with a header row into one dict per record, checking it strictly.
 
     Args:
-      path: the CSV file (UTF-8, an optional BOM is dropped).
+      path: the CSV file, local or ``gs://`` (UTF-8, an optional BOM is dropped).
       required_columns: column names that the header must contain; their values must not be
         empty or whitespace-only (unless listed in ``allow_empty``). Other columns are kept.
       allow_empty: required columns whose values may be empty.
@@ -103,7 +104,7 @@ def read_csv_records(
         number of fields than the header; an empty required field (line and column); fewer
         than ``min_records`` records.
     """
-    path = Path(path)
+    path = epath.Path(path)  # a local path or a gs:// URI
     text = _decode(path, path.read_bytes())
     # newline="" keeps line breaks inside quoted fields as they are (the csv module's rule)
     # and makes csv count lines exactly as _line_of_offset does.
