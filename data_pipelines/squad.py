@@ -14,6 +14,7 @@ entity described by its sentences, and its questions as entity-seeking queries.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import zipfile
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 from data_pipelines.errors import DataError
 from data_pipelines.paths import data_dir
@@ -116,10 +118,12 @@ def squad_dev_path() -> Path:
     return path
 
 
-def _load_json(path: Path) -> tuple[Any, str]:
+def _load_json(path: epath.Path) -> tuple[Any, str]:
     """Parses the JSON file or the single ``.json`` member of a zip; returns (object, where)."""
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
+    # One read: on gs:// every open is a download.
+    raw = path.read_bytes()
+    if zipfile.is_zipfile(io.BytesIO(raw)):
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             members = [n for n in archive.namelist() if n.endswith(".json")]
             if len(members) != 1:
                 raise DataError(
@@ -130,9 +134,8 @@ def _load_json(path: Path) -> tuple[Any, str]:
             raw = archive.read(members[0])
     else:
         where = str(path)
-        raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix("\ufeff")  # a BOM is not JSON
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise DataError(where, line, None, f"invalid UTF-8: {err.reason}") from None
@@ -151,6 +154,10 @@ def _get(obj: Any, key: str, kind: type, where: str, record: str) -> Any:
             where, None, f"{record}.{key}" if record else key,
             f"expected a JSON {'string' if kind is str else 'list'}, got {type(value).__name__}",
         )
+    if kind is str and "\x00" in value:
+        # A tokenizer would drop it silently; the shipped sets hold none.
+        raise DataError(where, None, f"{record}.{key}" if record else key,
+                        "holds a NUL character (\\u0000)")
     return value
 
 
@@ -162,8 +169,8 @@ def read_squad(
     """Reads a SQuAD v1.1 file strictly, plain JSON or zipped (read in memory, not extracted).
 
     Args:
-      path: a ``.json`` file, or a zip holding exactly one ``.json`` member; default the
-        shipped dev set (:func:`squad_dev_path`).
+      path: a ``.json`` file, or a zip holding exactly one ``.json`` member, local or
+        ``gs://``; default the shipped dev set (:func:`squad_dev_path`).
       skip_invalid: drop (and count) paragraphs with an empty context or no questions, and
         questions with empty text, instead of raising.
 
@@ -173,14 +180,15 @@ def read_squad(
 
     Raises:
       DataError: invalid UTF-8 or JSON (with its line); a missing or mistyped field among
-        ``data, title, paragraphs, context, qas, id, question`` (``field`` names the record,
-        e.g. ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2] (id '5733...').question``);
-        a duplicated question id; an empty context, a paragraph without questions or an empty
+        ``data, title, paragraphs, context, qas, id, question``, or one holding a NUL
+        (``field`` names the record, e.g.
+        ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2] (id '5733...').question``); a
+        duplicated question id; an empty context, a paragraph without questions or an empty
         question unless ``skip_invalid``. ``line`` is None for faults inside the JSON
         structure (the official files are a single line).
       FileNotFoundError: the file does not exist.
     """
-    path = Path(path) if path is not None else squad_dev_path()
+    path = epath.Path(path) if path is not None else epath.Path(squad_dev_path())
     root, where = _load_json(path)
     data = _get(root, "data", list, where, "")
     articles: list[SquadArticle] = []
