@@ -15,11 +15,13 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
+
+from embedding_core import storage
 
 ITEMS = ("params", "opt_state", "data")
 
@@ -42,15 +44,22 @@ def make_manager(
 
     Saves are asynchronous: device arrays are copied to host before ``save`` returns (so
     donated buffers may be reused right after), files are written in the background.
-    Unfinished saves are never listed as checkpoints (orbax commits by atomic rename).
+    Unfinished saves are never listed as checkpoints (orbax commits by atomic rename
+    locally, by a ``commit_success.txt`` marker on ``gs://``). A ``gs://`` directory reaches
+    orbax as the URI; a local one as an absolute path.
     """
-    directory = Path(directory).resolve()
+    directory = _directory(directory)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         create=True,
         enable_async_checkpointing=async_save,
     )
     return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
+
+
+def _directory(directory: str | os.PathLike) -> epath.Path:
+    path = storage.as_path(directory)
+    return path if storage.is_remote(path) else path.resolve()
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_position: dict,
@@ -85,16 +94,16 @@ def check_layout(directory: str | os.PathLike) -> None:
     Raises:
       IncompatibleCheckpointError: some step folder holds ``state`` and no ``params``.
     """
-    directory = Path(directory)
+    directory = storage.as_path(directory)
     if not directory.is_dir():
         return
-    for folder in sorted(directory.iterdir()):
+    for folder in sorted(directory.iterdir(), key=lambda p: p.name):
         if folder.name.isdigit():
             _check_folder(folder)
 
 
 def _check_layout(manager: ocp.CheckpointManager, step: int) -> None:
-    _check_folder(Path(str(manager.directory)) / str(step))
+    _check_folder(storage.as_path(manager.directory) / str(step))
 
 
 class DamagedCheckpointError(ValueError):
@@ -112,13 +121,14 @@ def _readable(manager: ocp.CheckpointManager, step: int) -> Iterator[None]:
     except Exception as err:  # noqa: BLE001 - re-raised with the folder named
         first = (str(err).strip().splitlines() or [""])[0][:200]
         others = [s for s in manager.all_steps() if s != step]
+        folder = storage.as_path(manager.directory) / str(step)
         raise DamagedCheckpointError(
-            f"{Path(str(manager.directory)) / str(step)}: checkpoint cannot be read into this "
+            f"{folder}: checkpoint cannot be read into this "
             f"model ({type(err).__name__}: {first}). It is damaged or was written for other "
             f"settings; {'try --step=' + str(max(others)) if others else 'retrain'}") from err
 
 
-def _check_folder(folder: Path) -> None:
+def _check_folder(folder: epath.Path) -> None:
     if (folder / "state").exists() and not (folder / "params").exists():
         raise IncompatibleCheckpointError(
             f"{folder} was written by an older embedding-jax (one 'state' item); this version "
@@ -178,7 +188,7 @@ def restore_params(directory: str | os.PathLike, abstract_params: Any,
       FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
       IncompatibleCheckpointError: the checkpoint predates the params/optimizer split.
     """
-    if not Path(directory).is_dir():
+    if not storage.as_path(directory).is_dir():
         raise FileNotFoundError(f"{directory} holds no checkpoint; train first")
     manager = make_manager(directory, async_save=False)
     try:

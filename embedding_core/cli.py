@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from absl import app, flags, logging
 
+from embedding_core import storage
+
 _NOISY = ("orbax", "xla_bridge", "jax/_src")
 
 
@@ -113,8 +115,12 @@ def user_errors(prog: str, command: str) -> Iterator[None]:
 def _parse_flags(argv: list[str]) -> list[str]:
     # absl reports unknown flags itself, but a bad --config file or --config.FIELD override
     # surfaces as a chain of ml_collections tracebacks: check and word them here.
-    for arg in argv[1:]:
+    argv = list(argv)
+    for i, arg in enumerate(argv[1:], start=1):
         if arg.startswith("--config="):
+            value = arg.split("=", 1)[1]
+            if storage.is_remote(value):
+                argv[i] = arg = f"--config={_local_config(value)}"
             path = arg.split("=", 1)[1].split(":", 1)[0]
             if not os.path.isfile(path):
                 sys.exit(f"error: --config={path}: no such file (give a Python file with "
@@ -130,6 +136,17 @@ def _parse_flags(argv: list[str]) -> list[str]:
         sys.exit(f"error: {err}\nPass --help for usage.")
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         _bad_override(argv, err)
+
+
+def _local_config(value: str) -> str:
+    # ml_collections imports the config file as a Python module, which needs a local file:
+    # a gs:// one is copied into the cache (":ARG" after the file name is kept).
+    head, sep, extra = value[len("gs://"):].partition(":")
+    try:
+        local = storage.local_copy("gs://" + head)
+    except (OSError, ValueError) as err:
+        sys.exit(f"error: --config={value}: {err}")
+    return f"{local}{sep}{extra}"
 
 
 def _bad_override(argv: Sequence[str], err: Exception) -> None:

@@ -11,11 +11,10 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import ml_collections
 
-from embedding_core import parallel
+from embedding_core import parallel, storage
 from embedding_core.files import read_json_object
 
 CONFIG_FILE = "config.json"
@@ -122,7 +121,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
         field names) or differs in a field that is not resumable (each such field named
         with both values).
     """
-    path = Path(workdir) / CONFIG_FILE
+    path = storage.as_path(workdir) / CONFIG_FILE
     if not path.is_file():
         return
     try:
@@ -145,10 +144,10 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
-    """Writes ``workdir/config.json`` atomically (call on process 0 only)."""
+    """Writes ``workdir/config.json`` (local or ``gs://``) atomically (process 0 only)."""
     from embedding_core.files import write_json
 
-    write_json(Path(workdir) / CONFIG_FILE, config.to_dict())
+    write_json(storage.as_path(workdir) / CONFIG_FILE, config.to_dict())
 
 
 def read_config(
@@ -175,7 +174,7 @@ def read_config(
       ValueError: not a JSON object, missing a required field, or an impossible setting
         (the message names the file).
     """
-    workdir = Path(workdir)
+    workdir = storage.as_path(workdir)
     path = workdir / CONFIG_FILE
     if workdir.exists() and not workdir.is_dir():
         raise NotADirectoryError(f"workdir {workdir} is a file, not a training folder")

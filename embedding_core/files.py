@@ -1,9 +1,11 @@
-"""Atomic file writes with the permissions users expect.
+"""Atomic file writes with the permissions users expect, locally and on ``gs://``.
 
 Every result file of the project (configs, evaluation JSON, exports, line files) is written
 to a temporary file in the target folder and moved into place with ``os.replace``, so a
 reader never sees half a file; temporary files get the mode a plain ``open()`` would give
 (``0666`` minus the umask, i.e. ``0644`` usually), not ``mkstemp``'s private ``0600``.
+On ``gs://`` an object upload is already all-or-nothing, so the file is written in one go
+(paths go through :func:`embedding_core.storage.as_path`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
+
+from embedding_core import storage
 
 
 def default_file_mode() -> int:
@@ -27,20 +30,30 @@ def make_readable(path: str | os.PathLike) -> None:
     os.chmod(path, default_file_mode())
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` (UTF-8) to ``path`` atomically; the parent folder is created."""
-    path = Path(path)
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path`` (local or ``gs://``) atomically; the parent folder is
+    created. Readers see the old file or the new one, never a part."""
+    path = storage.as_path(path)
+    if storage.is_remote(path):
+        storage.write_bytes(path, data)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` (UTF-8, line ends as given) to ``path`` atomically (see
+    :func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -67,13 +80,13 @@ def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
 
 
 def read_json_object(path: str | os.PathLike, missing_hint: str = "") -> dict[str, Any]:
-    """A JSON file that must hold an object.
+    """A JSON file (local or ``gs://``) that must hold an object.
 
     Raises:
       FileNotFoundError: no such file (``missing_hint`` is appended to the message).
       ValueError: not UTF-8 JSON, or not an object (the file is named).
     """
-    path = Path(path)
+    path = storage.as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found{': ' + missing_hint if missing_hint else ''}")
     try:

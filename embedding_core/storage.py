@@ -1,0 +1,244 @@
+"""One path type for local files and ``gs://`` URIs, and the GCS emulator wiring.
+
+Every path the library reads or writes (workdir, config, data files, model folders,
+exports, evaluation outputs) goes through :func:`as_path`, which returns an
+``etils.epath.Path``: a local path, or a ``gs://bucket/...`` URI kept as a URI (never
+collapsed by ``pathlib`` into a local folder named ``gs:``). ``gs://`` is served by
+fsspec/gcsfs, not by TensorFlow's file system, because only the former honours
+``STORAGE_EMULATOR_HOST`` (see docs/architecture.md, "Storage").
+
+:func:`configure` runs when ``embedding_core`` is imported. Setting
+``STORAGE_EMULATOR_HOST`` (``host:port`` or ``http://host:port``) is then enough for every
+layer: gcsfs and google-cloud-storage read it themselves; tensorstore (orbax's array
+writer) is given ``TENSORSTORE_GCS_HTTP_URL``; gcsfs's bucket-type probe, which needs the
+real control API, is turned off.
+
+What stays local: the compile and token caches, the memory-mapped temporary files of an
+export (uploaded when complete), TensorBoard event files of a ``gs://`` workdir (written
+locally and uploaded by :class:`MirroredFolder`), and local copies of ``gs://`` model
+folders (:func:`local_copy`).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+from etils import epath
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+TENSORSTORE_URL_ENV = "TENSORSTORE_GCS_HTTP_URL"
+_SCHEME = "gs://"
+_COPY_CHUNK = 1 << 22
+
+
+def emulator_url() -> str | None:
+    """``$STORAGE_EMULATOR_HOST`` as an ``http://host:port`` URL, or None when unset."""
+    host = os.environ.get(EMULATOR_ENV, "").strip()
+    if not host or host == "default":
+        return None
+    return host if "://" in host else f"http://{host}"
+
+
+def configure() -> None:
+    """Routes ``gs://`` through fsspec/gcsfs and points every layer at the emulator, if any.
+
+    Idempotent; cheap (imports nothing heavy). Called on ``import embedding_core``, so
+    library users and the command-line tools get it alike. Sets ``EPATH_USE_TF=false``
+    (epath would otherwise use ``tf.io.gfile``, which cannot reach an emulator) and, when
+    ``STORAGE_EMULATOR_HOST`` is set, ``TENSORSTORE_GCS_HTTP_URL`` to the same endpoint
+    and ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``.
+    """
+    os.environ["EPATH_USE_TF"] = "false"
+    # epath caches its "is TensorFlow installed" answer; a path built before this call
+    # (e.g. by tensorflow-datasets) must not pin the TF backend for the whole process.
+    from etils.epath import gpath
+
+    cached = getattr(gpath, "_is_tf_installed", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+    url = emulator_url()
+    if url is not None:
+        os.environ[TENSORSTORE_URL_ENV] = url
+        # gcsfs >= 2025 probes each bucket's type through the storage control API, which no
+        # emulator serves (one warning per call); the plain JSON API is all we use.
+        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a ``gs://`` URI (a str or an ``epath.Path``)."""
+    return os.fspath(path).startswith(_SCHEME)
+
+
+def as_path(path: str | os.PathLike) -> epath.Path:
+    """The one way to turn a user's path into a path object.
+
+    Args:
+      path: a local path (``~`` is expanded; relative paths stay relative) or a
+        ``gs://bucket/object`` URI; a str, ``pathlib.Path`` or ``epath.Path``.
+
+    Returns:
+      An ``epath.Path``: ``open``, ``read_bytes``, ``iterdir``, ``exists``, ``/`` ... work
+      alike for both kinds; ``os.fspath`` of a ``gs://`` path is the URI.
+
+    Raises:
+      ValueError: another URI scheme (``s3://``, ``http://``...), a ``gs://`` URI without a
+        bucket, or ``gs:/...`` with one slash (what ``pathlib.Path("gs://b/x")`` makes of a
+        URI: the caller converted it to a local path on the way).
+    """
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        raise TypeError(f"path must be text, got bytes {text!r}")
+    if text.startswith(_SCHEME):
+        if not text[len(_SCHEME):].split("/", 1)[0]:
+            raise ValueError(f"{text}: a gs:// URI needs a bucket (gs://BUCKET/path)")
+        return epath.Path(text)
+    if text.startswith("gs:/"):
+        raise ValueError(f"{text}: not a gs:// URI (one slash after 'gs:'; was it passed "
+                         f"through pathlib?); write gs://{text[4:].lstrip('/')}")
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    if scheme and scheme.isidentifier():
+        raise ValueError(f"{text}: only local paths and gs:// URIs are supported")
+    return epath.Path(os.path.expanduser(text))
+
+
+def display(path: str | os.PathLike) -> str:
+    """An absolute, printable form: a ``gs://`` URI as it is, a local path resolved."""
+    path = as_path(path)
+    return os.fspath(path) if is_remote(path) else str(pathlib.Path(path).resolve())
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to a ``gs://`` object in one request-set (readers see the old or the
+    new object, never a mix: an upload becomes visible only when finalised)."""
+    with as_path(path).open("wb") as f:
+        f.write(data)
+
+
+def upload(local_file: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Copies a local file to ``dest`` (a ``gs://`` object or a local path), streaming."""
+    with open(local_file, "rb") as src, as_path(dest).open("wb") as out:
+        shutil.copyfileobj(src, out, _COPY_CHUNK)
+
+
+def _source_key(path: epath.Path) -> str:
+    """What identifies this version of a remote object: its GCS generation (new on every
+    overwrite), else its checksum, else size and modification time."""
+    import fsspec
+
+    info = fsspec.filesystem("gs").info(os.fspath(path))
+    for field in ("generation", "md5Hash", "crc32c"):
+        if info.get(field):
+            return f"{field}:{info[field]}"
+    return f"size:{info.get('size')}:{info.get('mtime')}"
+
+
+def local_copy(path: str | os.PathLike, cache: str | os.PathLike | None = None
+               ) -> pathlib.Path:
+    """A local path for ``path``: itself when local, else a cached copy of the ``gs://``
+    file or folder (for readers that need a real file: safetensors, tokenizers, mmap).
+
+    The copy lives under ``cache`` (default ``$EMBEDDING_JAX_CACHE/gcs/<bucket>/<object>``);
+    each file is fetched again when its GCS generation changed (it was overwritten), written to
+    a temporary name and renamed, so concurrent processes on one host never read half a file.
+
+    Raises:
+      FileNotFoundError: nothing at ``path``.
+    """
+    path = as_path(path)
+    if not is_remote(path):
+        return pathlib.Path(os.fspath(path))
+    if cache is None:
+        from data_pipelines.paths import cache_dir
+
+        cache = cache_dir() / "gcs"
+    cache = pathlib.Path(cache)
+    rel = os.fspath(path)[len(_SCHEME):].rstrip("/")
+    if path.is_file():
+        _fetch(path, cache, rel)
+    elif path.is_dir():
+        for src, name in _walk_files(path, ""):
+            _fetch(src, cache, f"{rel}/{name}")
+    else:
+        raise FileNotFoundError(f"{path} does not exist")
+    return cache / rel
+
+
+def _walk_files(folder: epath.Path, prefix: str) -> Iterator[tuple[epath.Path, str]]:
+    for child in sorted(folder.iterdir(), key=lambda p: p.name):
+        rel = f"{prefix}{child.name}"
+        if child.is_dir():
+            yield from _walk_files(child, rel + "/")
+        else:
+            yield child, rel
+
+
+def _fetch(src: epath.Path, cache: pathlib.Path, rel: str) -> None:
+    # The version each copy was made from is kept apart from the copies (bucket names
+    # cannot start with a dot), so a copied folder holds exactly the remote files.
+    target, stamp = cache / rel, cache / ".versions" / rel
+    key = _source_key(src)
+    if target.is_file() and stamp.is_file() and stamp.read_text(encoding="utf-8") == key:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out, src.open("rb") as f:
+            shutil.copyfileobj(f, out, _COPY_CHUNK)
+        os.replace(tmp, target)
+        stamp.write_text(key, encoding="utf-8")
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+
+
+class MirroredFolder:
+    """A folder to write into locally, uploaded to its ``gs://`` target on :meth:`sync`.
+
+    For writers that only work on local files (TensorBoard's event writer goes through
+    ``tf.io.gfile``, which ignores ``STORAGE_EMULATOR_HOST``). For a local target,
+    :attr:`local` is the target itself and :meth:`sync` does nothing.
+
+    Usage::
+
+        mirror = MirroredFolder(workdir)
+        writer = make_writer(mirror.local)
+        ...; writer.flush(); mirror.sync()   # e.g. after each checkpoint
+        writer.close(); mirror.close()       # last upload, local copy removed
+    """
+
+    def __init__(self, target: str | os.PathLike) -> None:
+        self.target = as_path(target)
+        self.remote = is_remote(self.target)
+        if self.remote:
+            self.local = pathlib.Path(tempfile.mkdtemp(prefix="embedding_jax_mirror."))
+        else:
+            self.local = pathlib.Path(os.fspath(self.target))
+        self._sent: dict[str, tuple[int, int]] = {}
+
+    def sync(self) -> list[str]:
+        """Uploads the files that are new or changed since the last sync; returns their
+        paths relative to the folder."""
+        if not self.remote or not self.local.is_dir():
+            return []
+        sent = []
+        for file in sorted(p for p in self.local.rglob("*") if p.is_file()):
+            rel = file.relative_to(self.local).as_posix()
+            info = file.stat()
+            version = (info.st_size, info.st_mtime_ns)
+            if self._sent.get(rel) != version:
+                upload(file, self.target / rel)
+                self._sent[rel] = version
+                sent.append(rel)
+        return sent
+
+    def close(self) -> None:
+        """Last :meth:`sync`, then removes the local copy (remote targets only)."""
+        if self.remote:
+            try:
+                self.sync()
+            finally:
+                shutil.rmtree(self.local, ignore_errors=True)
