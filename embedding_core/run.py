@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import ml_collections
@@ -96,7 +95,7 @@ def run(
                  task.steps_per_epoch, task.global_batch_size, dict(mesh.shape),
                  f"; {task.summary}" if task.summary else "")
     return training.train_loop(
-        workdir=Path(workdir), state=state, state_shardings=shardings, train_step=step_fn,
+        workdir=workdir, state=state, state_shardings=shardings, train_step=step_fn,
         make_batches=task.make_batches, mesh=mesh, num_train_steps=num_steps,
         rng=dropout_rng, seed=int(config.seed), global_batch_size=task.global_batch_size,
         log_every=int(config.log_every), checkpoint_every=int(config.checkpoint_every),

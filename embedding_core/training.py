@@ -16,7 +16,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -24,10 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from etils import epath
 from flax.training import train_state
 from jax.sharding import Mesh
 
-from embedding_core import checkpoints, parallel
+from embedding_core import checkpoints, parallel, storage
 
 LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
 
@@ -39,13 +39,15 @@ class TrainState(train_state.TrainState):
 # ----------------------------------------------------------------------------- optimizer
 
 
-def check_workdir(workdir: str | os.PathLike) -> Path:
-    """``workdir`` as a Path, refused early when it names an existing file.
+def check_workdir(workdir: str | os.PathLike) -> epath.Path:
+    """``workdir`` (a local folder or a ``gs://`` URI) as a path, refused early when it
+    names an existing file.
 
     Raises:
       NotADirectoryError: ``workdir`` exists and is not a folder.
+      ValueError: not a local path or ``gs://`` URI (see ``storage.as_path``).
     """
-    path = Path(workdir)
+    path = storage.as_path(workdir)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"--workdir {path} exists and is not a folder")
     return path
@@ -363,7 +365,7 @@ def train_loop(
     """
     from clu import metric_writers
 
-    workdir = Path(workdir)
+    workdir = storage.as_path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     manager = checkpoints.make_manager(workdir / "checkpoints", max_to_keep=keep_checkpoints)
     start_step = 0
@@ -375,8 +377,11 @@ def train_loop(
             position, seed=seed, global_batch_size=global_batch_size, directory=workdir)
         logging.info("resuming at step %d", start_step)
 
+    # TensorBoard writes through tf.io.gfile, which cannot reach a GCS emulator: events of
+    # a gs:// workdir are written locally and uploaded with each checkpoint and at the end.
+    events = storage.MirroredFolder(workdir)
     writer = metric_writers.create_default_writer(
-        str(workdir), just_logging=jax.process_index() > 0, asynchronous=True)
+        str(events.local), just_logging=jax.process_index() > 0, asynchronous=True)
     if hparams and start_step == 0:
         writer.write_hparams({k: v for k, v in hparams.items()
                               if isinstance(v, (int, float, str, bool))})
@@ -431,6 +436,7 @@ def train_loop(
         manager.close()
         writer.flush()
         writer.close()
+        events.close()
     return state
 
 
