@@ -12,12 +12,18 @@ than one block is ever held in RAM. On success every file is moved into place wi
 ``os.replace``; on any error the temporary files are deleted and an older export in the
 same directory is left as it was. Each file is replaced atomically; ``meta.json`` is
 replaced last and :func:`load_arrays` checks that shapes and id count agree with it.
+
+A ``gs://`` output (``embedding_core.storage``) is written the same way, except that the
+temporary files live in a local temporary folder and each finished file is uploaded (one
+object write is atomic), ``meta.json`` last; readers load ``gs://`` exports into memory.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,9 +33,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from etils import epath
 from tqdm.auto import tqdm
 
-from embedding_core.files import make_readable, write_json
+from embedding_core import storage
+from embedding_core.files import make_readable, write_bytes_atomic, write_json
 
 META_FILENAME = "meta.json"
 FORMAT_VERSION = 1
@@ -86,7 +94,11 @@ class EmbeddingWriter:
         ids_filename: str = "ids.txt",
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        self.out_dir = Path(out_dir)
+        self.out_dir = storage.as_path(out_dir)
+        self._remote = storage.is_remote(self.out_dir)
+        # Memory-mapped temporary files need a local folder: the output itself, or a
+        # local staging folder (made on entry) whose files are uploaded when complete.
+        self._tmp_dir: Path | None = None if self._remote else Path(self.out_dir)
         if not arrays:
             raise ValueError("arrays must name at least one array")
         for name, dim in arrays.items():
@@ -128,7 +140,7 @@ class EmbeddingWriter:
     # ------------------------------------------------------------------ lifecycle
 
     @property
-    def output_paths(self) -> dict[str, Path]:
+    def output_paths(self) -> dict[str, epath.Path]:
         """Final paths: ``{array name: <name>.npy, "ids": ids file, "meta": meta.json}``."""
         paths = {name: self.out_dir / f"{name}.npy" for name in self.dims}
         paths["ids"] = self.out_dir / self.ids_filename
@@ -136,7 +148,7 @@ class EmbeddingWriter:
         return paths
 
     def _tmp_file(self, stem: str) -> Path:
-        fd, path = tempfile.mkstemp(dir=self.out_dir, prefix=f".{stem}.", suffix=".tmp")
+        fd, path = tempfile.mkstemp(dir=self._tmp_dir, prefix=f".{stem}.", suffix=".tmp")
         os.close(fd)
         make_readable(path)  # others may read an export (mkstemp makes it 0600)
         self._tmp_paths.append(Path(path))
@@ -147,7 +159,9 @@ class EmbeddingWriter:
             raise RuntimeError("an EmbeddingWriter can be entered only once")
         self._state = "open"
         try:
-            if not self.out_dir.exists():
+            if self._remote:
+                self._tmp_dir = Path(tempfile.mkdtemp(prefix="embedding_jax_export."))
+            elif not self.out_dir.exists():
                 self.out_dir.mkdir(parents=True)
                 self._created_dir = True
             for name, dim in self.dims.items():
@@ -290,7 +304,10 @@ class EmbeddingWriter:
         moves = [(self._array_tmp[n], finals[n]) for n in self.dims]
         moves += [(ids_tmp, finals["ids"]), (meta_tmp, finals["meta"])]
         for src, dst in moves:
-            os.replace(src, dst)
+            if self._remote:
+                storage.upload(src, dst)
+            else:
+                os.replace(src, dst)
             self._tmp_paths.remove(src)
         self._state = "done"
         self._cleanup()  # removes the spool
@@ -307,6 +324,8 @@ class EmbeddingWriter:
             except FileNotFoundError:
                 pass
         self._tmp_paths.clear()
+        if self._remote and self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
         if self._state == "failed" and self._created_dir:
             try:
                 self.out_dir.rmdir()  # only if empty
@@ -321,7 +340,7 @@ def export_embeddings(
     dims: Mapping[str, int],
     meta: Mapping[str, Any] | None = None,
     ids_filename: str = "ids.txt",
-) -> dict[str, Path]:
+) -> dict[str, epath.Path]:
     """Write ``batches`` in order as one export, with a tqdm progress bar (in rows).
 
     Args:
@@ -355,8 +374,9 @@ def load_arrays(
     """Read an export written by :class:`EmbeddingWriter`.
 
     Args:
-      out_dir: export directory.
-      mmap_mode: passed to ``np.load`` (e.g. ``"r"`` to map large arrays, not read them).
+      out_dir: export directory (local or ``gs://``).
+      mmap_mode: passed to ``np.load`` (e.g. ``"r"`` to map large arrays, not read them);
+        ignored for ``gs://``, whose arrays are read into memory.
 
     Returns:
       ``(arrays, ids, meta)``: ``{name: [num_rows, dim] array}``, the ``num_rows`` ids
@@ -366,13 +386,12 @@ def load_arrays(
       FileNotFoundError: ``meta.json`` or a listed file is missing.
       ValueError: a file disagrees with ``meta.json`` (shape, dtype, number of ids).
     """
-    out_dir = Path(out_dir)
+    out_dir = storage.as_path(out_dir)
     meta_path = out_dir / META_FILENAME
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: no {META_FILENAME}; not an export directory")
     try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = json.loads(meta_path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{meta_path}: not valid JSON ({err})") from None
     try:
@@ -384,7 +403,7 @@ def load_arrays(
     arrays = {}
     for name, info in spec.items():
         path = out_dir / info["file"]
-        arr = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+        arr = _load_npy(path, mmap_mode)
         if list(arr.shape) != list(info["shape"]) or arr.dtype.name != info["dtype"]:
             raise ValueError(
                 f"{path}: shape {list(arr.shape)} dtype {arr.dtype.name} disagrees with "
@@ -392,8 +411,10 @@ def load_arrays(
             )
         arrays[name] = arr
     ids_path = out_dir / ids_file
-    with open(ids_path, encoding="utf-8", newline="") as f:
-        text = f.read()
+    try:
+        text = ids_path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{ids_path}: not UTF-8 ({err.reason})") from None
     if text and not text.endswith("\n"):
         raise ValueError(f"{ids_path}: last line has no newline; the file is truncated")
     ids = text.split("\n")[:-1]
@@ -402,6 +423,12 @@ def load_arrays(
             f"{ids_path}: {len(ids)} ids, but {meta_path} field 'num_rows' is {num_rows}"
         )
     return arrays, ids, meta
+
+
+def _load_npy(path: epath.Path, mmap_mode: str | None) -> np.ndarray:
+    if storage.is_remote(path):
+        return np.load(io.BytesIO(path.read_bytes()), allow_pickle=False)
+    return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
 
 
 # ----------------------------------------------------------------------------- views
@@ -419,7 +446,7 @@ def export_view(
     num_rows: int,
     dim: int,
     meta: Mapping[str, Any],
-) -> dict[str, Path]:
+) -> dict[str, epath.Path]:
     """Writes one view of an export: ``embeddings.npy``, ``ids.txt``, ``meta.json``.
 
     The project's one export layout (``docs/architecture.md``): an export folder holds one
@@ -483,7 +510,7 @@ class ExportFolder:
     """
 
     def __init__(self, output: str | os.PathLike) -> None:
-        self.output = Path(output)
+        self.output = storage.as_path(output)
         if self.output.exists() and not self.output.is_dir():
             raise FileExistsError(f"--output {self.output} exists and is not a folder")
         self.export_id = uuid.uuid4().hex
@@ -498,7 +525,7 @@ class ExportFolder:
         return {"export_id": self.export_id}
 
     def view(self, name: str, blocks: Iterable[tuple[Sequence[str], np.ndarray]], *,
-             num_rows: int, dim: int, meta: Mapping[str, Any]) -> dict[str, Path]:
+             num_rows: int, dim: int, meta: Mapping[str, Any]) -> dict[str, epath.Path]:
         """Writes view ``name`` (see :func:`export_view`)."""
         return export_view(self.output / name, blocks, num_rows=num_rows, dim=dim,
                            meta={**meta, **self.tag(name)})
@@ -527,11 +554,11 @@ class ExportFolder:
             if self._previous is None:
                 manifest.unlink(missing_ok=True)
             else:
-                manifest.write_bytes(self._previous)
+                write_bytes_atomic(manifest, self._previous)
         return False
 
 
-def _view_id(folder: Path) -> str | None:
+def _view_id(folder: epath.Path) -> str | None:
     try:
         return json.loads((folder / META_FILENAME).read_text(encoding="utf-8")).get("export_id")
     except (OSError, ValueError, AttributeError):
@@ -555,7 +582,7 @@ def load_export(out_dir: str | os.PathLike, mmap_mode: str | None = None
       ValueError: a view from another export (the last export was interrupted: re-run it),
         or files that disagree with their ``meta.json``.
     """
-    out_dir = Path(out_dir)
+    out_dir = storage.as_path(out_dir)
     if (out_dir / META_FILENAME).is_file():
         return {out_dir.name: load_view(out_dir, mmap_mode)}
     manifest_path = out_dir / MANIFEST_FILENAME
