@@ -41,12 +41,17 @@ class TokenizedTexts:
 
 
 def tokenizer_json_path(model_dir: str | os.PathLike[str]) -> Path:
-    """``model_dir/tokenizer.json``, or ``model_dir`` itself when it is that file.
+    """``model_dir/tokenizer.json``, or ``model_dir`` itself when it is that file; a ``gs://``
+    folder or file is first copied into the local cache (``embedding_core.storage``).
 
     Raises:
       FileNotFoundError: no tokenizer.json there (nothing is downloaded: pass a local folder
         holding a Hugging Face ``tokenizer.json``).
     """
+    from embedding_core import storage
+
+    if storage.is_remote(model_dir):
+        model_dir = storage.local_copy(model_dir)
     path = Path(model_dir)
     if path.is_dir():
         path = path / "tokenizer.json"

