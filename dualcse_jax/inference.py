@@ -9,7 +9,6 @@ array (``docs/architecture.md``).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -19,7 +18,7 @@ import numpy as np
 from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
 from dualcse_jax.configs import default, validate_config
 from dualcse_jax.model import KINDS, DualEncoder, build_model, init_fn
-from embedding_core import configs, parallel, training
+from embedding_core import configs, parallel, storage, training
 from embedding_core.inference import Encoder, encode_in_batches, l2_normalize, token_batch_builder
 from embedding_core.pretrained import load_pretrained
 
@@ -132,6 +131,6 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
     pre = load_pretrained(config.model)
     model = build_model(config, pre.config)
     step, params = training.restore_params(
-        Path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1), step=step,
-        rules=configs.axis_rules(config))
+        storage.as_path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1),
+        step=step, rules=configs.axis_rules(config))
     return Embedder(model, params, load_tokenizer(pre.model_dir), config, step=step)

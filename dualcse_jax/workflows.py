@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
+from etils import epath
+
+from embedding_core import storage
 from embedding_core.files import write_json, write_lines
 
 VIEWS = ("explicit", "implicit")  # export folders: r and u
@@ -35,7 +37,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     val = inli.read_inli(inli.inli_split_path("val"))
     test = inli.read_inli(inli.inli_split_path("test"))
     if eis_data:
-        if not Path(eis_data).is_file():
+        if not storage.as_path(eis_data).is_file():
             raise FileNotFoundError(f"--eis_data {eis_data} does not exist or is not a file")
         _, _, test_rows = impscore.split_impscore(impscore.read_impscore(eis_data))
         eis_pairs = evaluate.impscore_pairs(test_rows)  # >= 1 row: the reader checks
@@ -55,7 +57,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         pairs = evaluate.inli_eis_proxy_pairs(test)
         eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "proxy": True,
                "eis_data": "INLI test: premise (implicit) vs explicit entailment — a PROXY"}
-    out_dir = Path(workdir) / "eval"
+    out_dir = storage.as_path(workdir) / "eval"
     write_json(out_dir / "rte.json", rows[name])
     write_json(out_dir / "eis.json", eis)
     if baseline:
@@ -77,7 +79,7 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
 
 def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
                    *, step: int | None = None, normalize: bool | None = None,
-                   chunk: int = 4096) -> Path:
+                   chunk: int = 4096) -> epath.Path:
     """Streams r and u of ``input_path``'s sentences into ``output/explicit`` and
     ``output/implicit`` (``embeddings.npy``, ``ids.txt``, ``meta.json`` each, written
     atomically by ``embedding_core.export.export_view``).
@@ -109,13 +111,13 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
                     "config": config.to_dict(), "step": embedder.step,
                     "normalized": normalize, "similarity": "cosine", "view": kind,
                     "architecture": config.architecture, "pooling": config.pooling,
-                    "workdir": str(Path(workdir).resolve()),
-                    "input": str(Path(input_path).resolve())}
+                    "workdir": storage.display(workdir),
+                    "input": storage.display(input_path)}
             folder.view(kind, blocks(kind), num_rows=len(sentences), dim=embedder.dim,
                         meta=meta)
     print(f"wrote {len(sentences)} x {embedder.dim} embeddings to {output}/explicit/ (r) and "
           f"{output}/implicit/ (u): embeddings.npy, ids.txt, meta.json each")
-    return Path(output)
+    return storage.as_path(output)
 
 
 def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
@@ -131,7 +133,7 @@ def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
     Returns:
       ``{"rte": {row name: accuracies}, ...}`` as written by :func:`evaluate_workdir`.
     """
-    workdir = Path(workdir)
+    workdir = storage.as_path(workdir)
 
     from data_pipelines import inli
     from dualcse_jax.configs import cross_cpu
