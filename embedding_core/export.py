@@ -36,7 +36,7 @@ import numpy.typing as npt
 from etils import epath
 from tqdm.auto import tqdm
 
-from embedding_core import storage
+from embedding_core import multihost, storage
 from embedding_core.files import make_readable, write_bytes_atomic, write_json
 
 META_FILENAME = "meta.json"
@@ -243,13 +243,16 @@ class EmbeddingWriter:
                 )
             cast[name] = arr
         # Validate everything before touching the files, so a bad block writes nothing.
+        self._store(start, cast, ids)
+        self._written[start : start + b] = True
+
+    def _store(self, start: int, cast: Mapping[str, np.ndarray], ids: Sequence[str]) -> None:
         for name, arr in cast.items():
-            self._memmaps[name][start : start + b] = arr
+            self._memmaps[name][start : start + len(ids)] = arr
         data = "".join(f"{id_}\n" for id_ in ids).encode("utf-8")
         offset = self._ids_spool.tell()
         self._ids_spool.write(data)
         self._id_blocks.append((start, offset, len(data)))
-        self._written[start : start + b] = True
 
     # --------------------------------------------------------------------- finish
 
@@ -333,6 +336,31 @@ class EmbeddingWriter:
                 pass
 
 
+class _CheckingWriter(EmbeddingWriter):
+    """The writer's checks without its files: what the processes other than process 0 run
+    on the blocks they gathered, so that a bad block stops every process at once."""
+
+    def __enter__(self) -> EmbeddingWriter:
+        if self._state != "new":
+            raise RuntimeError("an EmbeddingWriter can be entered only once")
+        self._state = "open"
+        self._written = np.zeros(self.num_rows, dtype=bool)
+        return self
+
+    def _store(self, start: int, cast: Mapping[str, np.ndarray], ids: Sequence[str]) -> None:
+        pass
+
+    def _finish(self) -> None:
+        if not self._written.all():
+            raise ValueError(f"{int((~self._written).sum())} of {self.num_rows} rows were "
+                             f"never written; nothing exported to {self.out_dir}")
+        self._state = "done"
+
+    def _cleanup(self) -> None:
+        if self._state != "done":
+            self._state = "failed"
+
+
 def export_embeddings(
     out_dir: str | os.PathLike,
     batches: Iterable[tuple[Sequence[str], Mapping[str, np.ndarray]]],
@@ -354,12 +382,19 @@ def export_embeddings(
     Returns:
       ``{array name: Path of <name>.npy, "ids": Path, "meta": Path}``.
 
+    Several processes (``docs/architecture.md``): every process iterates ``batches`` (their
+    blocks may be gathered across processes, ``embedding_core.multihost.split_map``) and
+    checks them; process 0 alone writes the files.
+
     Raises:
       ValueError: as :class:`EmbeddingWriter` (too many or too few rows, NaN, ...); in that
         case nothing new is left in ``out_dir``.
     """
-    writer = EmbeddingWriter(out_dir, dims, num_rows, ids_filename=ids_filename, meta=meta)
-    with writer, tqdm(total=num_rows, unit="row", desc=f"export {out_dir}") as bar:
+    primary = multihost.is_primary()
+    writer = (EmbeddingWriter if primary else _CheckingWriter)(
+        out_dir, dims, num_rows, ids_filename=ids_filename, meta=meta)
+    with writer, tqdm(total=num_rows, unit="row", desc=f"export {out_dir}",
+                      disable=not primary or None) as bar:
         start = 0
         for ids, blocks in batches:
             writer.write(start, blocks, ids)
@@ -498,7 +533,9 @@ class ExportFolder:
     ``meta.json``; ``export.json`` (the id and the list of views) is written last, only when
     every view succeeded. :func:`load_export` reads the views the manifest lists and refuses
     a view whose id differs (an export interrupted half-way), and ignores views of older
-    exports into the same folder.
+    exports into the same folder. With several processes every process runs the same
+    ``with`` block (each computing its slice of the rows), process 0 alone writes, and all
+    leave it together: when the export completed, or each raising when one process failed.
 
     Usage::
 
@@ -533,9 +570,15 @@ class ExportFolder:
     def __enter__(self) -> ExportFolder:
         # Until the export completes, the manifest says so: a reader of a folder whose
         # export was killed half-way (even a first export) gets a clear refusal.
-        manifest = self.output / MANIFEST_FILENAME
-        self._previous = manifest.read_bytes() if manifest.is_file() else None
-        self._manifest(complete=False)
+        error = None
+        if multihost.is_primary():  # several processes: process 0 writes, the rest check
+            try:
+                manifest = self.output / MANIFEST_FILENAME
+                self._previous = manifest.read_bytes() if manifest.is_file() else None
+                self._manifest(complete=False)
+            except Exception as err:
+                error = err
+        multihost.agree(error, f"export to {self.output}")
         return self
 
     def _manifest(self, complete: bool) -> None:
@@ -545,9 +588,26 @@ class ExportFolder:
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None:
+        if exc is not None and not isinstance(exc, Exception):
+            return False  # KeyboardInterrupt, SystemExit: no exchange with the peers
+        error = exc
+        if multihost.is_primary():
+            try:
+                self._close(complete=exc is None)
+            except Exception as err:
+                error = error or err
+        # Every process returns once the files are complete, or raises with the others.
+        try:
+            multihost.agree(error, f"export to {self.output}")
+        except Exception as err:
+            if err is not exc:
+                raise
+        return False
+
+    def _close(self, complete: bool) -> None:
+        if complete:
             self._manifest(complete=True)
-            return False
+            return
         written = [v for v in self.views if _view_id(self.output / v) == self.export_id]
         if not written:  # nothing of this export reached the folder: it is as it was
             manifest = self.output / MANIFEST_FILENAME
@@ -555,7 +615,6 @@ class ExportFolder:
                 manifest.unlink(missing_ok=True)
             else:
                 write_bytes_atomic(manifest, self._previous)
-        return False
 
 
 def _view_id(folder: epath.Path) -> str | None:

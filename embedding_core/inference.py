@@ -46,6 +46,16 @@ def l2_normalize(x: np.ndarray | jax.Array, eps: float = 1e-12):
     return x / xp.maximum(norm, eps)
 
 
+# Rows this process has passed through a model in encode_in_batches: the multi-process
+# tests read it to see that each process encoded only its slice.
+_encoded_rows = 0
+
+
+def encoded_rows() -> int:
+    """Rows this process has encoded so far (every model's :func:`encode_in_batches`)."""
+    return _encoded_rows
+
+
 def round_up(n: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is >= ``n``."""
     return -(-int(n) // int(multiple)) * int(multiple)
@@ -101,6 +111,8 @@ def encode_in_batches(
         if out is None:
             out = np.zeros((len(lengths), vectors.shape[-1]), np.float32)
         out[rows] = vectors
+    global _encoded_rows
+    _encoded_rows += len(lengths)
     return out if out is not None else np.zeros((0, 0), np.float32)
 
 
