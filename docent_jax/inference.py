@@ -37,7 +37,7 @@ from docent_jax.data import (
 )
 from docent_jax.masking import ENTITY_POSITION
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, build_model, init_fn
-from embedding_core import configs, parallel, training
+from embedding_core import configs, multihost, parallel, training
 from embedding_core.inference import Encoder, check_texts, encode_in_batches
 from embedding_core.pretrained import load_pretrained
 
@@ -200,7 +200,9 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> EntityRanker
     """Loads the latest (or a given) checkpoint of a training workdir.
 
     Only the checkpoint's params are restored (no optimizer, no Adam moments), onto a mesh
-    of all local devices.
+    of all devices; each process keeps its own whole copy
+    (``embedding_core.multihost.localize``), so that several processes can each work on
+    their slice of the queries.
 
     Raises:
       FileNotFoundError: no workdir, ``config.json``, ``entity_ids.txt`` or checkpoint, or
@@ -213,8 +215,8 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> EntityRanker
     restored_step, params = training.restore_params(
         Path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1), step=step,
         rules=configs.axis_rules(config))
-    return EntityRanker(model, params, load_tokenizer(pre.model_dir), config, entity_ids,
-                        step=restored_step)
+    return EntityRanker(model, multihost.localize(params), load_tokenizer(pre.model_dir),
+                        config, entity_ids, step=restored_step)
 
 
 __all__ = ["EntityRanker", "load", "read_config"]

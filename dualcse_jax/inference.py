@@ -18,7 +18,7 @@ import numpy as np
 from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
 from dualcse_jax.configs import default, validate_config
 from dualcse_jax.model import KINDS, DualEncoder, build_model, init_fn
-from embedding_core import configs, parallel, storage, training
+from embedding_core import configs, multihost, parallel, storage, training
 from embedding_core.inference import Encoder, encode_in_batches, l2_normalize, token_batch_builder
 from embedding_core.pretrained import load_pretrained
 
@@ -120,7 +120,9 @@ def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
 def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
     """Loads the latest (or a given) checkpoint of a training workdir for encoding.
 
-    Only the checkpoint's parameters are read, onto a data-parallel mesh of all devices.
+    Only the checkpoint's parameters are read, onto a data-parallel mesh of all devices;
+    each process keeps its own whole copy (``embedding_core.multihost.localize``), so that
+    several processes can each encode their slice of the texts.
 
     Raises:
       FileNotFoundError: no ``config.json`` or no checkpoint in ``workdir``.
@@ -133,4 +135,5 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
     step, params = training.restore_params(
         storage.as_path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1),
         step=step, rules=configs.axis_rules(config))
-    return Embedder(model, params, load_tokenizer(pre.model_dir), config, step=step)
+    return Embedder(model, multihost.localize(params), load_tokenizer(pre.model_dir), config,
+                    step=step)

@@ -26,7 +26,7 @@ from data_pipelines import word_features
 from data_pipelines.squad import squad_dev_path
 from data_pipelines.word_features import FeatureSet
 from data_pipelines.word_sources import IdfTable, WordSource, idf, tokenize_words
-from embedding_core import configs, parallel, training
+from embedding_core import configs, multihost, parallel, training
 from embedding_core.files import read_json_object
 from embedding_core.inference import Encoder, encode_in_batches
 from mrwe_jax import data
@@ -214,7 +214,8 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> Retriever:
     """Restores the params of a training workdir's checkpoint (default: the latest).
 
     The params are placed on a mesh of all devices (``config.mesh_model`` wide); nothing of
-    the optimizer is read.
+    the optimizer is read. Each process keeps its own whole copy
+    (``embedding_core.multihost.localize``; ``mesh_model`` must not span hosts).
 
     The IDF table is the run's ``idf.json`` (:func:`read_idf`): the training corpus is
     not read (except for a workdir trained before runs kept it).
@@ -232,4 +233,5 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> Retriever:
     step, params = training.restore_params(
         Path(workdir) / "checkpoints", init_fn(model, features, config), mesh, step=step,
         rules=configs.axis_rules(config))
-    return Retriever(model, params, config, features, step=step, workdir=str(workdir))
+    return Retriever(model, multihost.localize(params), config, features, step=step,
+                     workdir=str(workdir))
