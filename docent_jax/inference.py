@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +36,7 @@ from docent_jax.data import (
 )
 from docent_jax.masking import ENTITY_POSITION
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, build_model, init_fn
-from embedding_core import configs, multihost, parallel, training
+from embedding_core import configs, multihost, parallel, storage, training
 from embedding_core.inference import Encoder, check_texts, encode_in_batches
 from embedding_core.pretrained import load_pretrained
 
@@ -209,11 +208,12 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> EntityRanker
         the model folder named in the config is gone.
     """
     config = read_config(workdir)
-    entity_ids = read_entity_ids(Path(workdir) / ENTITY_IDS_FILE)
+    entity_ids = read_entity_ids(storage.as_path(workdir) / ENTITY_IDS_FILE)
     pre = load_pretrained(config.model)
     model = build_model(config, pre.config, len(entity_ids))
     restored_step, params = training.restore_params(
-        Path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1), step=step,
+        storage.as_path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1),
+        step=step,
         rules=configs.axis_rules(config))
     return EntityRanker(model, multihost.localize(params), load_tokenizer(pre.model_dir),
                         config, entity_ids, step=restored_step)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
+
+from etils import epath
 
 from data_pipelines.text_lines import read_text_lines
+from embedding_core import storage
 from embedding_core.files import write_json
 
 MODEL_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
@@ -73,13 +75,13 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                 data, model=ranker.config.model, max_length=ranker.config.max_length,
                 progress=progress, per_query=True).items():
             rows[key], details[key] = summary, per
-    write_json(Path(workdir) / "eval" / "ranking.json",
+    write_json(storage.as_path(workdir) / "eval" / "ranking.json",
                {"protocol": data.description, "rows": rows})
     print(f"\nZero-shot entity ranking (%), {int(rows[name]['num_queries'])} held-out queries "
           f"over {data.num_entities} entities")
     print(f"data: {data.description}")
     print(evaluate.format_table(rows))
-    print(f"wrote {Path(workdir) / 'eval' / 'ranking.json'}")
+    print(f"wrote {storage.as_path(workdir) / 'eval' / 'ranking.json'}")
     return (rows, details) if per_query else rows
 
 
@@ -95,7 +97,7 @@ def _view_meta(ranker, **extra) -> dict:
 
 
 def export_entities(ranker, out_dir: str | os.PathLike, *, block_rows: int = 8192,
-                    meta: dict | None = None) -> dict[str, Path]:
+                    meta: dict | None = None) -> dict[str, epath.Path]:
     """Streams ``ranker``'s entity table (``inference.EntityRanker``, any variant; Full: its
     entity rows, hidden width) into one view.
 
@@ -112,7 +114,8 @@ def export_entities(ranker, out_dir: str | os.PathLike, *, block_rows: int = 819
 
 
 def export_queries(ranker, queries: list[str], out_dir: str | os.PathLike, *,
-                   block_rows: int = 4096, meta: dict | None = None) -> dict[str, Path]:
+                   block_rows: int = 4096, meta: dict | None = None
+                   ) -> dict[str, epath.Path]:
     """The query vector of each query (``ranker.encode``: ``f(q)``, Full: the head output at
     the entity slot) into one view (``ids.txt`` line i = query i), streamed in blocks of
     ``block_rows`` queries; raw vectors."""
@@ -129,7 +132,7 @@ def export_queries(ranker, queries: list[str], out_dir: str | os.PathLike, *,
 
 def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None = None, *,
                    input_path: str | os.PathLike | None = None, step: int | None = None,
-                   block_rows: int = 8192) -> Path:
+                   block_rows: int = 8192) -> epath.Path:
     """Exports a workdir's checkpoint: ``output/entities/`` and, with ``input_path`` (one
     query per line), ``output/queries/`` (default output ``workdir/export``).
 
@@ -143,18 +146,18 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None 
     from docent_jax.inference import load
     from embedding_core.export import ExportFolder
 
-    output = Path(output) if output else Path(workdir) / "export"
+    output = storage.as_path(output) if output else storage.as_path(workdir) / "export"
     folder = ExportFolder(output)  # refuses an --output that is a file, before any work
     queries = read_text_lines(input_path, "query") if input_path is not None else None
     ranker = load(workdir, step=step)
-    meta = {"workdir": str(Path(workdir).resolve())}
+    meta = {"workdir": storage.display(workdir)}
     with folder:
         export_entities(ranker, output / "entities", block_rows=block_rows,
                         meta={**meta, **folder.tag("entities")})
         print(f"wrote {ranker.num_entities} x {ranker.dim} entities to {output / 'entities'}")
         if queries is not None:
             export_queries(ranker, queries, output / "queries",
-                           meta={**meta, "input": str(Path(input_path).resolve()),
+                           meta={**meta, "input": storage.display(input_path),
                                  **folder.tag("queries")})
             print(f"wrote {len(queries)} x {ranker.dim} queries to {output / 'queries'}")
     return output
@@ -174,7 +177,7 @@ def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | Non
     from docent_jax import evaluate
     from docent_jax.trainer import train
 
-    workdir = Path(workdir)
+    workdir = storage.as_path(workdir)
     runs = [(config.variant, workdir, config)] if config is not None else [
         (v, workdir / v, importlib.import_module(f"docent_jax.configs.{v}_cpu").get_config())
         for v in variants]
