@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 import ml_collections
@@ -38,6 +37,7 @@ from data_pipelines.text import split_sentences
 from data_pipelines.tokenization import TokenizedTexts, tokenize, tokenize_cached
 from docent_jax.corpus import EntityData
 from docent_jax.masking import ENTITY_POSITION
+from embedding_core import storage
 from embedding_core.files import write_lines
 
 TokenizerLike = Tokenizer | str | os.PathLike
@@ -275,7 +275,7 @@ def keep_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
       ValueError: the file exists and names other entities (the data changed since the
         run started: every row would carry another entity's id).
     """
-    path = Path(path)
+    path = storage.as_path(path)
     if path.is_file():
         saved = read_entity_ids(path)
         if saved != list(entity_ids):
@@ -296,7 +296,7 @@ def read_entity_ids(path: str | os.PathLike) -> list[str]:
       FileNotFoundError: no such file.
       DataError: invalid UTF-8, an empty line or a repeated id (with its 1-based line).
     """
-    path = Path(path)
+    path = storage.as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"entity id file {path} does not exist")
     lines = path.read_bytes().split(b"\n")

@@ -33,11 +33,11 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import ml_collections
 import numpy as np
+from etils import epath
 
 from data_pipelines import movielens
 from data_pipelines.paths import data_dir
@@ -49,6 +49,7 @@ from docent_jax.tag_finetune import (
     finetune_closed,
     finetune_open,
 )
+from embedding_core import storage
 from embedding_core.files import write_json
 
 MODEL_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
@@ -83,7 +84,7 @@ class TagTask:
     description: str
 
 
-def movielens_folder(config: ml_collections.ConfigDict) -> Path:
+def movielens_folder(config: ml_collections.ConfigDict) -> epath.Path:
     """``config.tag_movielens_dir``, or the shipped ``data/movielens`` when empty.
 
     Raises:
@@ -91,7 +92,7 @@ def movielens_folder(config: ml_collections.ConfigDict) -> Path:
         named).
     """
     given = str(config.get("tag_movielens_dir", "") or "").strip()
-    folder = Path(given).expanduser() if given else data_dir() / "movielens"
+    folder = storage.as_path(given) if given else storage.as_path(data_dir() / "movielens")
     for name in ("tags.csv", "genome-tags.csv"):
         if not (folder / name).is_file():
             raise FileNotFoundError(
@@ -381,8 +382,8 @@ def evaluate_tags_workdir(workdir: str | os.PathLike, *, step: int | None = None
     ranker = load(workdir) if step is None else load(workdir, step=step)
     config = _with_overrides(ranker.config, overrides)
     result = evaluate_tags(ranker, config, progress=progress)
-    result["protocol"]["workdir"] = str(Path(workdir).resolve())
-    path = Path(workdir) / "eval" / "tags.json"
+    result["protocol"]["workdir"] = storage.display(workdir)
+    path = storage.as_path(workdir) / "eval" / "tags.json"
     write_json(path, result)
     print_report(result)
     print(f"\nwrote {path}")
