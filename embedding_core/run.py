@@ -17,7 +17,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from embedding_core import checkpoints, configs, parallel, training
+from embedding_core import checkpoints, configs, parallel, run_control, run_lock, training
 from embedding_core.task import Task
 
 
@@ -48,6 +48,9 @@ def run(
 
     Writes ``workdir/config.json``, the task's run files, TensorBoard events and orbax
     checkpoints under ``workdir/checkpoints`` (params, optimizer state and data position).
+    While it trains, ``workdir/run.lock`` keeps a second run out (``run_lock``); SIGTERM
+    and Ctrl-C save a checkpoint and stop (``run_control``); a diverged run stops without
+    saving its non-finite state.
 
     Args:
       make_task: builds the task for this config on this mesh.
@@ -60,6 +63,9 @@ def run(
     Raises:
       ValueError: a bad config; NotADirectoryError: ``workdir`` is a file; whatever the
         task raises for bad data or missing models.
+      run_control.WorkdirInUseError: another live run holds ``workdir``.
+      run_control.DivergedError: a non-finite loss or gradient (nothing saved from it).
+      run_control.Preempted / run_control.Interrupted: SIGTERM / Ctrl-C, after saving.
     """
     configs.validate_base(config)
     if validate is not None:
@@ -70,11 +76,24 @@ def run(
     mesh = parallel.mesh_from_config(config)
     if "batch_size" in config:
         parallel.check_global_batch(int(config.batch_size), mesh)
+    # A workdir in use is refused before the data loads; the lock itself is taken only
+    # after it (nothing is written before the task has loaded its data).
+    run_lock.on_process_zero(run_lock.WorkdirLock(workdir).check_free)
     task = make_task(config, mesh)
     if task.num_examples < 1 or task.steps_per_epoch < 1:
         raise ValueError(f"{task.name}: no training examples ({task.num_examples}) or no full "
                          "batch of them; check the data and the batch size")
     num_steps = configs.num_train_steps(config, task.steps_per_epoch)
+    with run_control.StopSignals(multiprocess=jax.process_count() > 1) as stops, \
+            run_lock.hold(workdir) as lock:
+        return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
+                      stop_after=stop_after)
+
+
+def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
+           num_steps: int, *, stops: run_control.StopSignals,
+           lock: run_lock.WorkdirLock | None, stop_after: int | None
+           ) -> training.TrainState:
     if jax.process_index() == 0:
         workdir.mkdir(parents=True, exist_ok=True)
         configs.save_config(config, workdir)
@@ -100,4 +119,5 @@ def run(
         rng=dropout_rng, seed=int(config.seed), global_batch_size=task.global_batch_size,
         log_every=int(config.log_every), checkpoint_every=int(config.checkpoint_every),
         keep_checkpoints=int(config.keep_checkpoints), eval_every=int(config.eval_every),
-        eval_fn=eval_fn, hparams=config.to_dict(), stop_after=stop_after)
+        eval_fn=eval_fn, hparams=config.to_dict(), stop_after=stop_after, stops=stops,
+        lock=lock)

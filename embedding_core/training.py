@@ -13,7 +13,6 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -27,13 +26,24 @@ from etils import epath
 from flax.training import train_state
 from jax.sharding import Mesh
 
-from embedding_core import checkpoints, parallel, storage
+from embedding_core import checkpoints, parallel, run_control, storage
+from embedding_core.run_lock import WorkdirLock
 
 LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
 
 
 class TrainState(train_state.TrainState):
-    """flax's TrainState; ``apply_fn`` is unused (losses close over their modules)."""
+    """flax's TrainState; ``apply_fn`` is unused (losses close over their modules).
+
+    ``first_nonfinite_step``: int32 scalar on device, -1 while every loss and gradient norm
+    was finite, else the first step (1-based, as checkpoints count) where one was not. The
+    train step sets it without a host sync; the loop reads it only before a save or an
+    evaluation, and a set flag stops the run instead of writing a checkpoint. It is not
+    saved (a saved state is finite by construction), so checkpoints keep their layout;
+    ``None`` switches the tracking off.
+    """
+
+    first_nonfinite_step: Any = None
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -158,7 +168,8 @@ def _state_initializer(init_params, tx):
     def init_state(key):
         params = init_params(key)
         return TrainState(step=jnp.zeros((), jnp.int32), apply_fn=None, params=params,
-                          tx=tx, opt_state=tx.init(params))
+                          tx=tx, opt_state=tx.init(params),
+                          first_nonfinite_step=jnp.full((), -1, jnp.int32))
 
     return init_state
 
@@ -253,7 +264,8 @@ def make_train_step(
 
     ``loss_fn(params, batch, rng)`` sees the *global* batch; gradients are those of the
     global mean loss, XLA inserts the reductions. The per-step dropout key is
-    ``fold_in(rng, state.step)``, so a resumed run draws the same masks.
+    ``fold_in(rng, state.step)``, so a resumed run draws the same masks. A non-finite
+    loss or gradient norm sets ``state.first_nonfinite_step`` (when the state tracks it).
 
     Returns:
       ``step(state, batch, rng) -> (state, metrics)``; metrics are replicated scalars
@@ -269,7 +281,13 @@ def make_train_step(
         metrics["grad_norm"] = optax.tree.norm(grads)
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
-        return state.apply_gradients(grads=grads), metrics
+        new_state = state.apply_gradients(grads=grads)
+        flag = state.first_nonfinite_step
+        if flag is not None:
+            finite = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
+            new_state = new_state.replace(first_nonfinite_step=jnp.where(
+                (flag < 0) & ~finite, (state.step + 1).astype(flag.dtype), flag))
+        return new_state, metrics
 
     jitted = jax.jit(
         step,
@@ -287,30 +305,6 @@ def make_train_step(
 
 
 # ----------------------------------------------------------------------------- loop
-
-
-class _Preemption:
-    """Turns SIGTERM into a flag the loop checks once per step (save, then exit)."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread (e.g. a notebook worker): no handler
-            self._previous = None
-        return self
-
-    def _handle(self, signum, frame):
-        logging.warning("SIGTERM received: saving a checkpoint and stopping")
-        self.requested = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-        return False
 
 
 def _progress_bar(total: int, initial: int):
@@ -341,15 +335,22 @@ def train_loop(
     eval_fn: Callable[[TrainState, int], Mapping[str, float]] | None = None,
     hparams: Mapping[str, Any] | None = None,
     stop_after: int | None = None,
+    stops: run_control.StopSignals | None = None,
+    lock: WorkdirLock | None = None,
 ) -> TrainState:
     """Runs (or resumes) training to ``num_train_steps``.
 
     Resumption: when ``workdir/checkpoints`` holds a checkpoint, the state is restored onto
     ``state_shardings`` and the batches restart at the saved data position. Checkpoints are
-    written every ``checkpoint_every`` steps, on SIGTERM and at the end; the loop waits
-    for pending asynchronous saves before it returns (no truncated last checkpoint).
-    Metrics go to TensorBoard event files in ``workdir`` and to the log; a tqdm bar with
-    ETA shows progress on process 0.
+    written every ``checkpoint_every`` steps, on SIGTERM / Ctrl-C and at the end; the loop
+    waits for pending asynchronous saves before it returns or raises (no truncated last
+    checkpoint). Metrics go to TensorBoard event files in ``workdir`` and to the log; a tqdm
+    bar with ETA shows progress on process 0.
+
+    Never lost, never corrupted (``docs/architecture.md``, "Stopping a run"): before each
+    save and evaluation the state's ``first_nonfinite_step`` is read, and a diverged state
+    raises instead of being saved, so the latest checkpoint stays the last finite one
+    (orbax's ``max_to_keep`` deletes old checkpoints only when a new one is saved).
 
     Args:
       make_batches: ``start_step -> iterator`` of this process's host batches (numpy,
@@ -359,9 +360,18 @@ def train_loop(
         the end when ``eval_every > 0``.
       stop_after: stop (with a checkpoint) after this many steps of *this* invocation;
         for tests of resumption.
+      stops: the signal handlers to read (``run`` installs them before the lock is taken);
+        default: installed here for the loop.
+      lock: the workdir lock, checked (no I/O) before every step.
 
     Returns:
       The final state.
+
+    Raises:
+      run_control.DivergedError: a non-finite loss, gradient norm or logged metric.
+      run_control.Preempted: SIGTERM, after saving (exit code 75 in the CLI).
+      run_control.Interrupted: Ctrl-C, after saving (a ``KeyboardInterrupt``; exit 130).
+      run_control.WorkdirInUseError: another run took the workdir's lock over.
     """
     from clu import metric_writers
 
@@ -369,10 +379,13 @@ def train_loop(
     workdir.mkdir(parents=True, exist_ok=True)
     manager = checkpoints.make_manager(workdir / "checkpoints", max_to_keep=keep_checkpoints)
     start_step = 0
+    fresh_flag = state.first_nonfinite_step
     restored = checkpoints.restore(manager,
                                           checkpoints.abstract_like(state, state_shardings))
     if restored is not None:
         _, state, position = restored
+        # The flag is not in the checkpoint: a restored state starts finite.
+        state = state.replace(first_nonfinite_step=fresh_flag)
         start_step = checkpoints.check_data_position(
             position, seed=seed, global_batch_size=global_batch_size, directory=workdir)
         logging.info("resuming at step %d", start_step)
@@ -390,13 +403,46 @@ def train_loop(
         return {"next_step": next_step, "seed": seed, "global_batch_size": global_batch_size}
 
     last_saved = start_step if restored is not None else -1
+    where = workdir / "checkpoints"
+
+    def check_finite(state: TrainState, bad_metrics: Mapping[str, float] | None = None):
+        flag = state.first_nonfinite_step
+        first = -1 if flag is None else int(jax.device_get(flag))
+        if first < 0 and not bad_metrics:
+            return
+        latest = (f"the latest checkpoint, step {last_saved} in {where}, holds finite values"
+                  if last_saved >= 0 else "no checkpoint was written")
+        if first >= 0:
+            what = f"the loss or gradient norm became non-finite at step {first}"
+        else:
+            what = f"non-finite training metrics {dict(bad_metrics)} at step {step}"
+        raise run_control.DivergedError(
+            f"training diverged: {what}; nothing from it is saved and {latest}. The same "
+            "settings diverge again: lower --config.learning_rate (or raise warmup_steps, "
+            "set grad_clip_norm) or check the data")
+
+    def save(state: TrainState) -> None:
+        nonlocal last_saved
+        check_finite(state)
+        checkpoints.save(manager, step, state, position(step))
+        last_saved = step
+        if events.remote:
+            writer.flush()
+            events.sync()
+
     step = start_step
     batches = make_batches(start_step)
     pending: list[dict] = []
     window_start = time.perf_counter()
+    own_stops = stops is None
+    if own_stops:
+        stops = run_control.StopSignals(multiprocess=jax.process_count() > 1)
     try:
-        with _Preemption() as preemption, _progress_bar(num_train_steps, start_step) as bar:
-            while step < num_train_steps:
+        with (stops if own_stops else contextlib.nullcontext(stops)), \
+                _progress_bar(num_train_steps, start_step) as bar:
+            while step < num_train_steps and not stops.requested:
+                if lock is not None:
+                    lock.check()
                 host_batch = dict(next(batches))
                 batch_step = host_batch.pop("step", None)
                 if batch_step is not None and int(batch_step) != step:
@@ -412,7 +458,9 @@ def train_loop(
                     elapsed = time.perf_counter() - window_start
                     summary["steps_per_sec"] = len(pending) / max(elapsed, 1e-9)
                     summary["examples_per_sec"] = summary["steps_per_sec"] * global_batch_size
-                    _check_finite(summary, step)
+                    bad = {k: v for k, v in summary.items() if not math.isfinite(v)}
+                    if bad:
+                        check_finite(state, bad)
                     writer.write_scalars(step, summary)
                     if bar is not None:
                         bar.set_postfix(loss=f"{summary['loss']:.4f}")
@@ -420,33 +468,28 @@ def train_loop(
                     window_start = time.perf_counter()
                 if eval_fn is not None and eval_every and (
                         step % eval_every == 0 or step == num_train_steps):
+                    check_finite(state)
                     writer.write_scalars(step, dict(eval_fn(state, step)))
                     window_start = time.perf_counter()
-                stop_now = preemption.requested or (
+                stop_now = stops.should_stop(step) or (
                     stop_after is not None and step - start_step >= stop_after)
                 if step % checkpoint_every == 0 or step == num_train_steps or stop_now:
-                    checkpoints.save(manager, step, state, position(step))
-                    last_saved = step
+                    save(state)
                 if stop_now:
                     break
-        if last_saved != step:
-            checkpoints.save(manager, step, state, position(step))
+            if last_saved != step and step > start_step:
+                save(state)
     finally:
         manager.wait_until_finished()
         manager.close()
         writer.flush()
         writer.close()
         events.close()
+    if stops.requested:
+        raise stops.stopped(last_saved, str(where))
     return state
 
 
 def _mean_metrics(pending: list[dict]) -> dict[str, float]:
     fetched = jax.device_get(pending)
     return {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
-
-
-def _check_finite(summary: Mapping[str, float], step: int) -> None:
-    bad = {k: v for k, v in summary.items() if not math.isfinite(v)}
-    if bad:
-        raise FloatingPointError(f"non-finite training metrics at step {step}: {bad}; "
-                                 "lower the learning rate or check the data")

@@ -1,0 +1,150 @@
+"""How a training run stops: signals, the exit codes of ``train`` and the errors behind them.
+
+A run that stops early always says why, in one line, with an exit code a job scheduler can
+act on (``docs/architecture.md``, "Stopping a run"):
+
+====  =====================================================================================
+code  meaning
+====  =====================================================================================
+0     finished (or ``stop_after`` reached)
+1     bad input, bad settings, a diverged run (non-finite loss or gradient), a workdir in use
+75    preempted (SIGTERM, ``EX_TEMPFAIL``): a checkpoint was saved; run the same command
+      again to resume
+130   interrupted (Ctrl-C): a checkpoint was saved; a second Ctrl-C aborts without one
+====  =====================================================================================
+
+This module imports nothing heavy, so the CLI can name these errors before JAX loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+EXIT_PREEMPTED = 75
+"""``train`` was stopped by SIGTERM after saving a checkpoint: resume it (``EX_TEMPFAIL``)."""
+
+EXIT_INTERRUPTED = 130
+"""``train`` was stopped by Ctrl-C (SIGINT, 128 + 2), after saving a checkpoint."""
+
+EXIT_CODES_HELP = f"""
+Exit codes of train: 0 finished; 1 bad input or settings, a diverged run (non-finite loss
+or gradient: its last finite checkpoint stays the latest) or a workdir in use by another
+run; {EXIT_PREEMPTED} preempted by SIGTERM (checkpoint saved: run the same command to
+resume); {EXIT_INTERRUPTED} Ctrl-C (checkpoint saved; a second Ctrl-C aborts without one).
+"""
+
+
+class DivergedError(FloatingPointError):
+    """The loss or a gradient became non-finite; no checkpoint was written from that state."""
+
+
+class WorkdirInUseError(RuntimeError):
+    """Another live run holds the workdir's lock (or took it over from this run)."""
+
+
+class Preempted(Exception):  # noqa: N818 - an outcome, not a fault
+    """Training stopped on SIGTERM after saving; ``exit_code`` is :data:`EXIT_PREEMPTED`.
+
+    Attributes:
+      step: the step of the checkpoint it saved (or of the latest one, when nothing new ran).
+    """
+
+    exit_code = EXIT_PREEMPTED
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on Ctrl-C after saving; ``exit_code`` is :data:`EXIT_INTERRUPTED`.
+
+    A ``KeyboardInterrupt``, so notebooks and ``except Exception`` treat it as one.
+    """
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+class StopSignals:
+    """Turns SIGTERM and the first Ctrl-C into a request the loop reads between steps.
+
+    The loop finishes the step it is in, saves a checkpoint and raises :class:`Preempted`
+    (SIGTERM) or :class:`Interrupted` (SIGINT). A Ctrl-C after a stop was requested raises
+    ``KeyboardInterrupt`` at once (abort without a checkpoint). Handlers are installed only
+    from the main thread (a notebook worker thread keeps Python's defaults). In a
+    multi-process run SIGTERM is left to JAX's preemption service, which makes every
+    process stop at the same step (:meth:`should_stop`), and Ctrl-C keeps its default
+    (one process alone cannot save a sharded checkpoint).
+
+    Use as a context manager; ``signum`` is the signal that asked to stop, or None.
+    """
+
+    def __init__(self, *, multiprocess: bool = False):
+        self.multiprocess = multiprocess
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        wanted = () if self.multiprocess else (signal.SIGTERM, signal.SIGINT)
+        for signum in wanted:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+        return False
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt("second Ctrl-C: aborting without a checkpoint")
+            return
+        self.signum = signum
+        if signum == signal.SIGINT:
+            logging.warning("Ctrl-C: saving a checkpoint after this step, then stopping "
+                            "(Ctrl-C again aborts without one)")
+        else:
+            logging.warning("SIGTERM: saving a checkpoint after this step, then stopping")
+
+    @property
+    def requested(self) -> bool:
+        """A signal of this process asked to stop."""
+        return self.signum is not None
+
+    def should_stop(self, step: int) -> bool:
+        """Stop after ``step``? Multi-process: all processes agree on the same step.
+
+        Must be called after every step in multi-process runs (JAX's preemption sync
+        protocol counts them).
+        """
+        if self.multiprocess:
+            from jax.experimental import multihost_utils
+
+            if multihost_utils.reached_preemption_sync_point(step):
+                self.signum = self.signum or signal.SIGTERM
+                return True
+            return False
+        return self.requested
+
+    def stopped(self, step: int, where: str) -> Preempted | Interrupted:
+        """The exception to raise once the checkpoint of ``step`` is saved in ``where``.
+
+        ``step < 0``: stopped before the first step of a fresh run (nothing to save).
+        """
+        saved = (f"at step {step}: checkpoint saved in {where}" if step >= 0
+                 else "before the first step (nothing to save)")
+        if self.signum == signal.SIGINT:
+            return Interrupted(f"interrupted (Ctrl-C) {saved}; run the same command to "
+                               "resume", step)
+        return Preempted(f"preempted (SIGTERM) {saved}; run the same command to resume "
+                         f"(exit code {EXIT_PREEMPTED})", step)

@@ -1,0 +1,320 @@
+"""One training run per workdir: a lock file with a heartbeat, local or on ``gs://``.
+
+An object store has no ``flock``, so the lock is a small JSON object ``WORKDIR/run.lock``
+(``token``, ``host``, ``pid``, ``started``, ``heartbeat``: Unix seconds) that the live run
+rewrites every ``heartbeat_s`` seconds from a background thread. A lock is *stale*, and
+the next run takes it over with a warning, when its heartbeat is older than
+``stale_after_s`` or when its process, on this same machine, is gone (a SIGKILLed run is
+resumed at once). Creation is exclusive where the backend allows it (``O_EXCL`` locally,
+``ifGenerationMatch=0`` on ``gs://`` through gcsfs), and every write is read back: the run
+whose token is in the file owns the workdir. A run that finds its token replaced (two
+runs took over one stale lock at the same moment) stops before its next step.
+
+Multi-process runs: only process 0 touches the lock; the others learn its verdict through
+a broadcast, so all processes stop together. See ``docs/architecture.md`` ("One run per
+workdir").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from etils import epath
+
+from embedding_core.run_control import WorkdirInUseError
+
+LOCK_NAME = "run.lock"
+HEARTBEAT_S = 30.0
+"""How often a live run rewrites its heartbeat."""
+STALE_AFTER_S = 300.0
+"""A lock whose heartbeat is older than this is taken over (a crash on another machine)."""
+
+_T = TypeVar("_T")
+
+
+def _boot_id() -> str:
+    # Tells two machines with one host name apart (and a reboot), so that a pid is only
+    # checked on the machine it belongs to.
+    try:
+        return open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        return ""
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (Linux), or None where /proc cannot tell."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    if fields and fields[0] == "Z":  # a zombie has exited: it runs nothing
+        return "zombie"
+    return fields[19] if len(fields) > 19 else None
+
+
+def _process_gone(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    now = _process_start(pid)
+    if now == "zombie":
+        return True
+    # The same pid with another start time is a new process that reused the number.
+    return start is not None and now is not None and now != start
+
+
+def _is_local(path: epath.Path) -> bool:
+    return "://" not in os.fspath(path)
+
+
+class WorkdirLock:
+    """The lock of one workdir, held by this process (see the module docstring).
+
+    Args:
+      workdir: the run's folder (local path or ``gs://`` URI); created if missing.
+      heartbeat_s: seconds between heartbeats.
+      stale_after_s: a heartbeat older than this makes the lock stale.
+
+    Use ``with WorkdirLock(w):`` or :meth:`acquire` / :meth:`release`.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, *, heartbeat_s: float = HEARTBEAT_S,
+                 stale_after_s: float = STALE_AFTER_S):
+        if stale_after_s <= heartbeat_s:
+            raise ValueError(f"stale_after_s={stale_after_s} must exceed heartbeat_s="
+                             f"{heartbeat_s} (a live run would look stale)")
+        self.workdir = epath.Path(workdir)
+        self.path = self.workdir / LOCK_NAME
+        self.heartbeat_s = float(heartbeat_s)
+        self.stale_after_s = float(stale_after_s)
+        self.token = uuid.uuid4().hex
+        self.held = False
+        self.lost: dict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0
+
+    # ------------------------------------------------------------------ records
+
+    def _record(self) -> dict:
+        return {"token": self.token, "host": socket.gethostname(), "boot_id": _boot_id(),
+                "pid": os.getpid(), "pid_start": _process_start(os.getpid()),
+                "started": self._started, "heartbeat": time.time()}
+
+    def read(self) -> dict | None:
+        """The lock's record, None when there is no lock file.
+
+        Raises:
+          WorkdirInUseError: the file is not a lock record (it is left alone).
+        """
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            record = json.loads(text)
+            float(record["heartbeat"]), int(record["pid"]), str(record["token"])
+        except (ValueError, KeyError, TypeError):
+            raise WorkdirInUseError(
+                f"{self.path} is not a run lock this version can read; if no run uses "
+                f"{self.workdir}, delete {self.path} and start again") from None
+        return record
+
+    def _write(self, record: dict) -> None:
+        text = json.dumps(record)
+        if _is_local(self.path):
+            # Readers must never see half a record: write aside, then rename over.
+            tmp = self.path.with_name(f".{LOCK_NAME}.{self.token}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, self.path)
+        else:
+            self.path.write_text(text)  # an object write is atomic
+
+    def _create(self, record: dict) -> bool:
+        """Creates the lock file if absent; False when it exists."""
+        try:
+            with self.path.open("x") as f:
+                f.write(json.dumps(record))
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError):
+            # A backend without exclusive create: check, write, and rely on the read-back.
+            if self.path.exists():
+                return False
+            self._write(record)
+            return True
+
+    def stale_reason(self, record: dict) -> str | None:
+        """Why ``record`` no longer guards a live run, or None when it may."""
+        age = time.time() - float(record["heartbeat"])
+        if age > self.stale_after_s:
+            return f"its last heartbeat was {age:.0f} s ago (over {self.stale_after_s:.0f} s)"
+        if (record.get("host") == socket.gethostname() and record.get("boot_id") == _boot_id()
+                and _process_gone(int(record["pid"]), record.get("pid_start"))):
+            return f"its process {record['pid']} on this machine has exited"
+        return None
+
+    def _in_use(self, record: dict) -> WorkdirInUseError:
+        age = time.time() - float(record["heartbeat"])
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(record["started"])))
+        return WorkdirInUseError(
+            f"{self.workdir} is in use by another training run (host {record.get('host')}, "
+            f"pid {record['pid']}, started {started}, heartbeat {age:.0f} s ago); wait for it "
+            f"to end or use another --workdir. If no run uses it (it crashed on another "
+            f"machine), delete {self.path}; a lock without a heartbeat for "
+            f"{self.stale_after_s:.0f} s is taken over automatically")
+
+    # ------------------------------------------------------------------ public
+
+    def check_free(self) -> None:
+        """Refuses early, writing nothing, when a live run holds the lock.
+
+        Raises:
+          WorkdirInUseError: naming the holder and the lock file.
+        """
+        record = self.read()
+        if record is not None and record["token"] != self.token and (
+                self.stale_reason(record) is None):
+            raise self._in_use(record)
+
+    def acquire(self) -> None:
+        """Takes the lock (creating the workdir), or takes over a stale one.
+
+        Raises:
+          WorkdirInUseError: a live run holds it, or another run won a simultaneous take-over.
+        """
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._started = time.time()
+        record = self._record()
+        if not self._create(record):
+            held = self.read()
+            if held is not None:
+                reason = self.stale_reason(held)
+                if reason is None:
+                    raise self._in_use(held)
+                logging.warning("taking over the lock %s of host %s pid %s: %s", self.path,
+                                held.get("host"), held["pid"], reason)
+                # Remove only the stale record we judged, not one a rival just wrote.
+                again = self.read()
+                if again is not None and again["token"] == held["token"]:
+                    self.path.unlink(missing_ok=True)
+            if not self._create(record):
+                raise self._in_use(self.read() or record)
+        mine = self.read()
+        if mine is None or mine["token"] != self.token:
+            raise self._in_use(mine or record)
+        self.held = True
+        self.lost = None
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="workdir-lock-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                record = self.read()
+                if record is None or record["token"] != self.token:
+                    self.lost = record or {"host": "?", "pid": "?", "token": ""}
+                    logging.error("the lock %s is no longer this run's (now %s)", self.path,
+                                  record)
+                    return
+                self._write(self._record())
+            except Exception as err:  # noqa: BLE001 - a missed beat must not kill training
+                logging.warning("could not refresh %s: %s", self.path, err)
+
+    def check(self) -> None:
+        """Raises when another run took the lock over (read between steps; no I/O).
+
+        Raises:
+          WorkdirInUseError: naming the run that holds it now.
+        """
+        if self.lost is not None:
+            raise WorkdirInUseError(
+                f"{self.workdir}: another run (host {self.lost.get('host')}, pid "
+                f"{self.lost.get('pid')}) took over {self.path}; this run stops without "
+                "saving so that the two do not overwrite each other's checkpoints")
+
+    def release(self) -> None:
+        """Stops the heartbeat and deletes the lock file if it is still this run's."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if not self.held:
+            return
+        self.held = False
+        try:
+            record = self.read()
+            if record is not None and record["token"] == self.token:
+                self.path.unlink(missing_ok=True)
+        except Exception as err:  # noqa: BLE001 - never hide the run's own outcome
+            logging.warning("could not remove %s: %s (delete it by hand)", self.path, err)
+
+    def __enter__(self) -> WorkdirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False
+
+
+def on_process_zero(fn: Callable[[], _T]) -> _T | None:
+    """Runs ``fn`` on process 0 only; a ``WorkdirInUseError`` there is raised everywhere.
+
+    Every process must call this at the same point (multi-process runs broadcast the
+    outcome). Returns ``fn()`` on process 0 and None elsewhere.
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return fn()
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    result, error = None, None
+    if jax.process_index() == 0:
+        try:
+            result = fn()
+        except WorkdirInUseError as err:
+            error = err
+    ok = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+    if error is not None:
+        raise error
+    if not int(ok):
+        raise WorkdirInUseError("process 0 found the workdir in use by another run; its log "
+                                "names the run and the lock file")
+    return result
+
+
+@contextlib.contextmanager
+def hold(workdir: str | os.PathLike, **kwargs: Any) -> Iterator[WorkdirLock | None]:
+    """Holds ``workdir``'s lock on process 0 for the block (``None`` on other processes).
+
+    Released on every way out of the block: return, exception, SIGTERM or Ctrl-C (both
+    end the loop through :class:`~embedding_core.run_control.StopSignals`).
+
+    Raises:
+      WorkdirInUseError: on every process, when process 0 cannot take the lock.
+    """
+    lock = WorkdirLock(workdir, **kwargs)
+    on_process_zero(lock.acquire)
+    try:
+        yield lock if lock.held else None
+    finally:
+        lock.release()
