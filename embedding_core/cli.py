@@ -43,6 +43,11 @@ def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None
     ``--help`` prints ``module``'s docstring and its flags, the shared ones included
     (console scripts run a generated ``__main__``, so both are adopted from the CLI module).
     """
+    from embedding_core.run_control import EXIT_CODES_HELP
+
+    # Every CLI's help ends with the exit codes of train, written once in the core.
+    if module.__doc__ and EXIT_CODES_HELP not in module.__doc__:
+        module.__doc__ += EXIT_CODES_HELP
     main_module = sys.modules.get("__main__")
     if main_module is not None and main_module is not module:
         main_module.__doc__ = module.__doc__
@@ -102,10 +107,22 @@ def user_errors(prog: str, command: str) -> Iterator[None]:
 
     ``OSError`` (missing file, a folder where a file belongs, ...) and ``ValueError`` (which
     ``DataError`` and every config check raise) are reported this way; with
-    ``EMBEDDING_JAX_DEBUG=1`` they propagate with their traceback.
+    ``EMBEDDING_JAX_DEBUG=1`` they propagate with their traceback. How a run stopped is
+    one line with its exit code (``embedding_core.run_control``): a diverged run or a
+    workdir in use 1, SIGTERM 75 (resume me), Ctrl-C 130.
     """
+    from embedding_core import run_control
+
     try:
         yield
+    except (run_control.Preempted, run_control.Interrupted) as stop:
+        print(f"{prog} {command}: {stop}", file=sys.stderr)
+        sys.exit(stop.exit_code)
+    except KeyboardInterrupt:
+        print(f"{prog} {command}: interrupted (Ctrl-C); nothing saved", file=sys.stderr)
+        sys.exit(run_control.EXIT_INTERRUPTED)
+    except (run_control.DivergedError, run_control.WorkdirInUseError) as err:
+        sys.exit(f"{prog} {command}: error: {err}")
     except (OSError, ValueError) as err:
         if os.environ.get(DEBUG_ENV):
             raise
