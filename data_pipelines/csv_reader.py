@@ -41,6 +41,22 @@ def _decode(path: epath.Path, data: bytes) -> str:
     return text.removeprefix("\ufeff")
 
 
+def _check_no_nul(path, row: list[str], start_line: int, header: list[str] | None) -> None:
+    """Refuses a NUL character (the csv module keeps it; tokenizers drop it silently)."""
+    for index, value in enumerate(row):
+        at = value.find("\x00")
+        if at < 0:
+            continue
+        # Quoted fields may span lines: count the breaks before the NUL within the record.
+        line = start_line + _line_of_offset("".join(row[:index]) + value[:at]) - 1
+        if header is None:
+            field = f"column {index + 1} of the header"
+        else:
+            field = header[index] if index < len(header) else f"column {index + 1}"
+        raise DataError(path, line, field, "contains a NUL byte (\\x00): the file is binary or "
+                        "damaged; remove the byte or export the table again as text")
+
+
 def _field_index_of_quote_error(record_text: str) -> int:
     """0-based index of the field where the quoting of a record goes wrong.
 
@@ -98,7 +114,8 @@ def read_csv_records(
 
     Raises:
       FileNotFoundError: the file does not exist.
-      DataError: invalid UTF-8 (line of the offending byte); no header; a duplicated header
+      DataError: invalid UTF-8 (line of the offending byte); a NUL byte (line and field); no
+        header; a duplicated header
         name; a required column missing from the header (names it and lists the header);
         broken quoting (line where the record starts, and the field); a row with a different
         number of fields than the header; an empty required field (line and column); fewer
@@ -138,6 +155,7 @@ def read_csv_records(
             ) from None
         if not row:
             continue
+        _check_no_nul(path, row, start_line, header)
         if header is None:
             header = row
             seen: set[str] = set()

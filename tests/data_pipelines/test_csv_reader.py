@@ -91,6 +91,18 @@ def test_invalid_utf8_inside_multiline_field(tmp_path):
     assert err.line == 5  # the third physical line of the record that starts on line 3
 
 
+def test_nul_byte_names_line_and_field(tmp_path):
+    # A NUL in the third physical line of a quoted multi-line premise (record on lines 3-5).
+    bad = MULTILINE.replace("third", "th\x00ird")
+    err = _raises(_write(tmp_path, HEADER + GOOD_1 + bad))
+    assert (err.line, err.field) == (5, "premise")
+    assert "NUL byte" in err.reason
+    err = _raises(_write(tmp_path, HEADER + GOOD_1 + "1,circa,P,I,E,N\x00,C\n"))
+    assert (err.line, err.field) == (3, "neutral")
+    err = _raises(_write(tmp_path, HEADER.replace("dataset", "data\x00set") + GOOD_1))
+    assert (err.line, err.field) == (1, "column 2 of the header")
+
+
 def test_wrong_field_count(tmp_path):
     path = _write(tmp_path, HEADER + MULTILINE + "2,ludwig,P3,I3,E3,N3,C3,extra\n")
     err = _raises(path)
