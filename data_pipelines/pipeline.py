@@ -11,6 +11,11 @@ position) continues exactly as an uninterrupted run.
 The token table stays in host memory as numpy; tf.data only gathers the rows of each step
 (no shuffle buffer), pads to the step's length and prefetches. TensorFlow is kept off every
 accelerator.
+
+With ``shards`` (the table rows of each shard of a sharded corpus), the order and padding
+are instead those of :mod:`data_pipelines.shards`, so that the in-memory table gives the
+very batches that ``data_pipelines.sharded_corpus.make_batches`` streams from the shard
+files (docs/data.md, "Sharded corpora").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
+from data_pipelines import shards as shard_layout
 from data_pipelines.table import TokenTable, text_identity_ids
 
 try:
@@ -66,12 +72,25 @@ class _StepBatcher:
         pad_multiple: int,
         fixed_length: int | None,
         groups: Sequence[Sequence[int]],
+        shards: Sequence[np.ndarray] | None = None,
     ) -> None:
         self.table = table
         self.groups = [list(g) for g in groups]
         self.batch = global_batch_size
         self.seed = seed
-        self.spe = steps_per_epoch(table.num_examples, global_batch_size)
+        self.shards = None if shards is None else [np.asarray(s, np.int64) for s in shards]
+        self.order = None
+        self.static_lengths = None
+        if self.shards is not None:
+            self.order = shard_layout.ShardOrder(tuple(len(s) for s in self.shards),
+                                                 global_batch_size, seed)
+            self.spe = self.order.steps_per_epoch
+            self._cache: dict = {}
+            if fixed_length is None:
+                self.static_lengths = shard_layout.group_lengths(
+                    table.lengths.max(axis=0), self.groups, pad_multiple, table.max_len)
+        else:
+            self.spe = steps_per_epoch(table.num_examples, global_batch_size)
         local = global_batch_size // process_count
         self.lo, self.hi = process_index * local, (process_index + 1) * local
         self.pad_multiple = pad_multiple
@@ -91,6 +110,10 @@ class _StepBatcher:
 
     def global_rows(self, step: int) -> np.ndarray:
         """[B] int64 table rows of the global batch of ``step``."""
+        if self.order is not None:
+            with self._lock:
+                return np.concatenate([rows[self.order.positions(step, k, self._cache)]
+                                       for k, rows in enumerate(self.shards)])
         epoch, b = divmod(int(step), self.spe)
         return self.permutation(epoch)[b * self.batch : (b + 1) * self.batch]
 
@@ -99,9 +122,11 @@ class _StepBatcher:
         t = self.table
         local = rows[self.lo : self.hi]
         out = []
-        for fields in self.groups:
+        for g, fields in enumerate(self.groups):
             if self.fixed_length is not None:
                 length = self.fixed_length
+            elif self.static_lengths is not None:
+                length = self.static_lengths[g]
             else:
                 # From the GLOBAL batch, so every host pads to the same length.
                 longest = max(int(t.lengths[np.ix_(rows, fields)].max()), 1)
@@ -127,6 +152,7 @@ def make_batches(
     fixed_length: int | None = None,
     prefetch: int = 2,
     length_groups: Sequence[Sequence[int]] | None = None,
+    shards: Sequence[np.ndarray] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yields this host's slice of each global batch, from ``start_step`` on.
 
@@ -148,6 +174,11 @@ def make_batches(
         for the longest one. Group g's arrays are yielded under ``"input_ids_g"``,
         ``"attention_mask_g"`` and ``"token_type_ids_g"`` with shape [B/P, F_g, L_g];
         ``text_ids`` stays [B/P, F].
+      shards: optional table rows of each shard of a sharded corpus, in record order
+        (``shards.Manifest.members()``); the global batches and the padding are then those
+        of :mod:`data_pipelines.shards` (every group padded to the table's longest
+        sequence of its fields, rounded up to ``pad_multiple``), the batches that
+        ``sharded_corpus.make_batches`` streams from the corpus's files.
 
     Yields:
       dicts with ``"input_ids"`` [B/P, F, L] int32, ``"attention_mask"`` [B/P, F, L] int32
@@ -158,7 +189,9 @@ def make_batches(
       ValueError: B not divisible by P, B larger than the table, process_index out of range,
         length_groups that are not a partition of the fields,
         start_step or num_steps negative, pad_multiple < 1, or fixed_length shorter than a
-        sequence of the table or longer than its max_len.
+        sequence of the table or longer than its max_len; with ``shards``: shards that do
+        not partition the rows, B not a multiple of their number, or a shard with fewer
+        than B/S rows.
     """
     n = table.num_examples
     if process_count < 1 or not 0 <= process_index < process_count:
@@ -168,7 +201,11 @@ def make_batches(
             f"global_batch_size={global_batch_size} is not divisible by "
             f"process_count={process_count}"
         )
-    steps_per_epoch(n, global_batch_size)  # raises on B > n
+    if shards is None:
+        steps_per_epoch(n, global_batch_size)  # raises on B > n
+    elif not np.array_equal(np.sort(np.concatenate([np.asarray(s) for s in shards])),
+                            np.arange(n)):
+        raise ValueError(f"shards must partition the table's {n} rows")
     if start_step < 0 or (num_steps is not None and num_steps < 0):
         raise ValueError(f"start_step={start_step} and num_steps={num_steps} must be >= 0")
     if pad_multiple < 1:
@@ -196,6 +233,7 @@ def make_batches(
         pad_multiple=pad_multiple,
         fixed_length=fixed_length,
         groups=groups,
+        shards=shards,
     )
     local = global_batch_size // process_count
     names = ("input_ids", "attention_mask", "token_type_ids")

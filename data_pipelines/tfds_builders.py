@@ -1,4 +1,5 @@
-"""TensorFlow Datasets builders for the shipped data: ``inli`` and ``snli_triplets``.
+"""TensorFlow Datasets builders: the shipped data (``inli``, ``snli_triplets``) and tokenised
+corpora in shards (:class:`TokenizedCorpus`, written by ``data_pipelines.sharded_corpus``).
 
 Importing this module registers both builders; nothing is downloaded, the builders read the
 files under :func:`data_pipelines.paths.data_dir` with the strict readers of this package::
@@ -15,6 +16,10 @@ is row i of its CSV file.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
@@ -134,3 +139,54 @@ class SnliTriplets(_ShippedDataBuilder):
     def _generate_examples(self, path):
         for t in read_snli_triplets(path):
             yield t.line, {"sent0": t.sent0, "sent1": t.sent1, "hard_neg": t.hard_neg}
+
+
+def tokenized_corpus_features() -> tfds.features.FeaturesDict:
+    """The record of one token-table row in a :class:`TokenizedCorpus` shard.
+
+    ``row`` (int64): the row's index in the source table; ``lengths`` [F] int32 real tokens
+    per field; ``input_ids`` and ``token_type_ids`` (int32, raw bytes): the real tokens of
+    fields 0..F-1 concatenated (``sum(lengths)`` values; padding is not stored);
+    ``text_ids`` [F] int32 text identities.
+    """
+    tokens = {"shape": (None,), "dtype": np.int32, "encoding": tfds.features.Encoding.BYTES}
+    return tfds.features.FeaturesDict({
+        "row": tfds.features.Scalar(np.int64),
+        "input_ids": tfds.features.Tensor(**tokens),
+        "token_type_ids": tfds.features.Tensor(**tokens),
+        "lengths": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+        "text_ids": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+    })
+
+
+class TokenizedCorpus(_ShippedDataBuilder, skip_registration=True):
+    """A token table written as ArrayRecord shards (one ``train`` split, records in the
+    order ``examples`` yields them). Not registered: it exists only with its ``examples``.
+
+    Args (keyword, besides the builder's ``data_dir`` and ``file_format``):
+      examples: ``() -> iterator of (key, record)``, keys increasing ints, records in the
+        :func:`tokenized_corpus_features` layout.
+      description: one line saying what the rows are.
+    """
+
+    name = "tokenized_corpus"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Token-table rows, real tokens only (docs/data.md)."}
+
+    def __init__(self, *, examples: Callable[[], Iterator[tuple[int, dict[str, Any]]]],
+                 description: str, **kwargs: Any) -> None:
+        self._examples = examples
+        self._description = description
+        super().__init__(**kwargs)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return self.dataset_info_from_configs(
+            description=self._description, features=tokenized_corpus_features(),
+            disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # the rows come from the caller; nothing is fetched
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        yield from self._examples()

@@ -1,0 +1,354 @@
+"""A tokenised corpus in shard files: its manifest and the order contract (numpy only).
+
+``data_pipelines.sharded_corpus`` writes and streams such a corpus; this module holds what
+both sides and the in-memory comparison path (``pipeline.make_batches(..., shards=...)``)
+must agree on, free of TensorFlow. The contract (docs/data.md, "Sharded corpora"):
+
+* Rows. The source's n rows (row i = row i of the in-memory token table) are assigned to
+  S shards by ``a = default_rng(assignment_seed).permutation(n)``: shard k holds rows
+  ``a[start_k : start_k + n_k]`` in that order (``start_k`` = the rows of shards before k).
+* Order. With global batch B, ``B % S == 0`` and ``m = B // S``: every step takes m rows of
+  every shard. ``steps_per_epoch = min_k n_k // m`` (the rest of each shard is dropped for
+  that epoch). Step s is epoch ``e = s // steps_per_epoch``, batch ``b = s %
+  steps_per_epoch``; shard k's positions in epoch e are
+  ``default_rng([seed, e, k]).permutation(n_k)``, and the global batch of step s is shard
+  0's positions ``[b*m, (b+1)*m)``, then shard 1's, and so on.
+* Hosts. Host p of P (``S % P == 0``) owns shards ``[p*S/P, (p+1)*S/P)`` and yields exactly
+  rows ``[p*B/P, (p+1)*B/P)`` of the global batch: the same global batches on any number of
+  hosts, each host reading only its own shards.
+* Padding. Each length group g is padded to ``min(round_up(max_{f in g} longest[f],
+  pad_multiple), max_length)``, ``longest`` being the corpus's longest sequence per field
+  (recorded in the manifest): one shape per group for the whole run, the same on every
+  host without seeing the other hosts' rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+FORMAT = "embedding_jax/sharded-corpus"
+VERSION = 1
+
+
+def round_up(x: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is >= ``x``."""
+    return -(-int(x) // int(multiple)) * int(multiple)
+
+
+def group_lengths(longest: Sequence[int], groups: Sequence[Sequence[int]], pad_multiple: int,
+                  max_length: int) -> list[int]:
+    """The padded length of each length group (module docstring, "Padding").
+
+    Args:
+      longest: [F] the longest sequence of each field over the corpus.
+      groups: field indices of each group.
+      pad_multiple, max_length: lengths are rounded up to ``pad_multiple``, capped at
+        ``max_length``.
+
+    Returns:
+      One length per group, each >= 1.
+    """
+    return [min(round_up(max(max(int(longest[f]) for f in g), 1), pad_multiple), max_length)
+            for g in groups]
+
+
+def host_shards(num_shards: int, process_index: int, process_count: int) -> range:
+    """The shards host ``process_index`` of ``process_count`` reads.
+
+    Raises:
+      ValueError: ``process_index`` out of range, or ``num_shards`` not divisible by
+        ``process_count`` (each host must own the same number of whole shards).
+    """
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} must lie in [0, {process_count})")
+    if num_shards % process_count:
+        raise ValueError(f"the corpus has {num_shards} shards, not divisible by the "
+                         f"{process_count} processes; preprocess again with --num_shards a "
+                         f"multiple of {process_count}")
+    per = num_shards // process_count
+    return range(process_index * per, (process_index + 1) * per)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardOrder:
+    """The global batches of a sharded corpus (module docstring, "Order").
+
+    Attributes:
+      shard_rows: n_k, rows of each shard.
+      global_batch_size: B, divisible by the number of shards.
+      seed: the order's seed.
+
+    Raises:
+      ValueError: B not a positive multiple of S, or a shard with fewer than B/S rows.
+    """
+
+    shard_rows: tuple[int, ...]
+    global_batch_size: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        s, b = len(self.shard_rows), int(self.global_batch_size)
+        if s < 1:
+            raise ValueError("a sharded corpus needs at least one shard")
+        if b < 1 or b % s:
+            raise ValueError(f"global_batch_size={b} must be a positive multiple of the "
+                             f"corpus's {s} shards (each step takes B/S rows of every shard)")
+        if min(self.shard_rows) < b // s:
+            raise ValueError(f"global_batch_size={b} needs {b // s} rows from each of the {s} "
+                             f"shards, but the smallest has {min(self.shard_rows)}; lower the "
+                             "batch size or preprocess into fewer shards")
+
+    @property
+    def per_shard(self) -> int:
+        """m = B / S, rows of every shard in one global batch."""
+        return int(self.global_batch_size) // len(self.shard_rows)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """``min_k n_k // m``: full global batches in one epoch."""
+        return min(self.shard_rows) // self.per_shard
+
+    def positions(self, step: int, shard: int, cache: dict | None = None) -> np.ndarray:
+        """[m] int64 positions (record indices) of shard ``shard`` in step ``step``'s batch.
+
+        Args:
+          cache: an optional dict kept by the caller; holds the current epoch's
+            permutation of each shard so that it is drawn once per epoch.
+        """
+        epoch, b = divmod(int(step), self.steps_per_epoch)
+        key = (epoch, shard)
+        perm = None if cache is None else cache.get(key)
+        if perm is None:
+            perm = np.random.default_rng([int(self.seed), epoch, int(shard)]).permutation(
+                int(self.shard_rows[shard]))
+            if cache is not None:
+                for old in [k for k in cache if k[1] == shard]:
+                    del cache[old]
+                cache[key] = perm
+        m = self.per_shard
+        return perm[b * m:(b + 1) * m]
+
+
+def shard_members(num_rows: int, shard_rows: Sequence[int], assignment_seed: int
+                  ) -> list[np.ndarray]:
+    """Source rows of each shard, in record order (module docstring, "Rows").
+
+    Raises:
+      ValueError: the shard sizes do not add up to ``num_rows``.
+    """
+    if sum(int(n) for n in shard_rows) != int(num_rows) or min(shard_rows) < 0:
+        raise ValueError(f"shard sizes {list(shard_rows)} do not add up to {num_rows} rows")
+    assignment = np.random.default_rng(int(assignment_seed)).permutation(int(num_rows))
+    bounds = np.cumsum([0, *[int(n) for n in shard_rows]])
+    return [assignment[bounds[k]:bounds[k + 1]] for k in range(len(shard_rows))]
+
+
+def file_sha256(data: bytes) -> str:
+    """Hex sha256 of ``data`` (the tokenizer.json recorded in a manifest)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """``manifest.json`` of a sharded corpus folder (written last: a folder without it is
+    not a corpus).
+
+    Attributes:
+      folder: the corpus folder (local path or ``gs://`` URI), not stored in the file.
+      fields: F field names, in the order of the F axis.
+      max_length: the stored width (tokens per sequence at most, special tokens included).
+      pad_id: the tokenizer's pad id (padding value of ``input_ids``).
+      tokenizer_sha256: sha256 of the tokenizer.json the rows were tokenised with.
+      tokenizer: where that tokenizer came from (for messages).
+      num_rows: n, all rows of all shards.
+      longest: [F] the longest sequence of each field.
+      assignment_seed: seed of the row-to-shard assignment.
+      shards: ``(file name, rows)`` of each shard, in shard order.
+      files: ``{role: file name}`` extra files of the producing package (e.g. entity ids).
+      source: the settings that produced the rows (config fields; for checks and messages).
+    """
+
+    folder: str
+    fields: tuple[str, ...]
+    max_length: int
+    pad_id: int
+    tokenizer_sha256: str
+    tokenizer: str
+    num_rows: int
+    longest: tuple[int, ...]
+    assignment_seed: int
+    shards: tuple[tuple[str, int], ...]
+    files: Mapping[str, str]
+    source: Mapping[str, Any]
+
+    @property
+    def path(self) -> str:
+        """The manifest file."""
+        return _join(self.folder, MANIFEST)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @property
+    def num_examples(self) -> int:
+        """n, as ``TokenTable.num_examples`` (a manifest stands in for a table)."""
+        return self.num_rows
+
+    @property
+    def shard_rows(self) -> tuple[int, ...]:
+        return tuple(n for _, n in self.shards)
+
+    def shard_path(self, k: int) -> str:
+        """Path (or URI) of shard ``k``."""
+        return _join(self.folder, self.shards[k][0])
+
+    def file_path(self, role: str) -> str:
+        """Path of the extra file registered under ``role``.
+
+        Raises:
+          ValueError: the manifest has no such file.
+        """
+        if role not in self.files:
+            raise ValueError(f"{self.path}: field 'files': no {role!r} file (has "
+                             f"{sorted(self.files)}); preprocess again with this version")
+        return _join(self.folder, self.files[role])
+
+    def members(self) -> list[np.ndarray]:
+        """Source rows of each shard (:func:`shard_members`)."""
+        return shard_members(self.num_rows, self.shard_rows, self.assignment_seed)
+
+    def order(self, global_batch_size: int, seed: int) -> ShardOrder:
+        """The :class:`ShardOrder` of this corpus for a batch size and seed.
+
+        Raises:
+          ValueError: see :class:`ShardOrder` (the manifest is named).
+        """
+        try:
+            return ShardOrder(self.shard_rows, int(global_batch_size), int(seed))
+        except ValueError as err:
+            raise ValueError(f"{self.folder}: {err}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "version": VERSION, "fields": list(self.fields),
+            "max_length": self.max_length, "pad_id": self.pad_id,
+            "tokenizer_sha256": self.tokenizer_sha256, "tokenizer": self.tokenizer,
+            "num_rows": self.num_rows, "longest": list(self.longest),
+            "assignment_seed": self.assignment_seed,
+            "shards": [{"file": f, "rows": n} for f, n in self.shards],
+            "files": dict(self.files), "source": dict(self.source),
+        }
+
+    def check(self, *, fields: Sequence[str], max_length: int, tokenizer_sha256: str,
+              what: str) -> None:
+        """Refuses a corpus made for other settings than the run's.
+
+        Args:
+          fields, max_length, tokenizer_sha256: what the run's config needs.
+          what: how the config names the folder (``--config.train_shards``), for messages.
+
+        Raises:
+          ValueError: ``"<manifest>: field '<name>': ..."`` naming both values.
+        """
+        want = {"fields": list(fields), "max_length": int(max_length),
+                "tokenizer_sha256": tokenizer_sha256}
+        have = {"fields": list(self.fields), "max_length": self.max_length,
+                "tokenizer_sha256": self.tokenizer_sha256}
+        for name, value in want.items():
+            if have[name] != value:
+                raise ValueError(
+                    f"{self.path}: field '{name}': the corpus has {have[name]!r}, the config "
+                    f"needs {value!r}; {what} was preprocessed for other settings (run "
+                    "preprocess again with this config)")
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder.rstrip('/')}/{name}"
+
+
+def _bad(path: str, field: str, reason: str) -> ValueError:
+    from data_pipelines.errors import DataError
+
+    return DataError(path, None, field, reason)
+
+
+def manifest_from_json(folder: str, obj: Mapping[str, Any]) -> Manifest:
+    """Builds and checks a :class:`Manifest` from the parsed ``manifest.json``.
+
+    Raises:
+      DataError: another format or version, a missing field or one of the wrong type,
+        or row counts that disagree (the manifest and the field are named).
+    """
+    path = _join(folder, MANIFEST)
+    if obj.get("format") != FORMAT:
+        raise _bad(path, "format", f"{obj.get('format')!r} is not {FORMAT!r}; is {folder} a "
+                   "folder written by `preprocess`?")
+    if obj.get("version") != VERSION:
+        raise _bad(path, "version", f"{obj.get('version')!r}: this version reads {VERSION}; "
+                   "preprocess again")
+    kinds = {"fields": list, "max_length": int, "pad_id": int, "tokenizer_sha256": str,
+             "tokenizer": str, "num_rows": int, "longest": list, "assignment_seed": int,
+             "shards": list, "files": dict, "source": dict}
+    for name, kind in kinds.items():
+        value = obj.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise _bad(path, name, f"missing or not a {kind.__name__} (got {value!r})")
+    fields = tuple(obj["fields"])
+    if not fields or not all(isinstance(f, str) and f for f in fields):
+        raise _bad(path, "fields", f"{obj['fields']!r} is not a list of names")
+    longest = obj["longest"]
+    if len(longest) != len(fields) or not all(
+            isinstance(x, int) and 0 <= x <= obj["max_length"] for x in longest):
+        raise _bad(path, "longest", f"{longest!r}: one length in [0, max_length] per field")
+    shards = []
+    for i, entry in enumerate(obj["shards"]):
+        if not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
+                and isinstance(entry.get("rows"), int) and entry["rows"] >= 0
+                and "/" not in entry["file"]):
+            raise _bad(path, "shards", f"entry {i} is not {{'file': NAME, 'rows': COUNT}}: "
+                       f"{entry!r}")
+        shards.append((entry["file"], entry["rows"]))
+    if not shards or sum(n for _, n in shards) != obj["num_rows"]:
+        raise _bad(path, "shards", f"{len(shards)} shards of {[n for _, n in shards]} rows do "
+                   f"not add up to num_rows={obj['num_rows']}")
+    return Manifest(
+        folder=folder, fields=fields, max_length=obj["max_length"], pad_id=obj["pad_id"],
+        tokenizer_sha256=obj["tokenizer_sha256"], tokenizer=obj["tokenizer"],
+        num_rows=obj["num_rows"], longest=tuple(longest),
+        assignment_seed=obj["assignment_seed"], shards=tuple(shards),
+        files=dict(obj["files"]), source=dict(obj["source"]))
+
+
+def read_manifest(folder: str | os.PathLike) -> Manifest:
+    """Opens the manifest of a corpus folder (local path or ``gs://`` URI).
+
+    Raises:
+      FileNotFoundError: no folder, or no ``manifest.json`` in it (an unfinished
+        ``preprocess`` leaves none).
+      DataError: a malformed manifest (see :func:`manifest_from_json`).
+    """
+    from embedding_core import storage
+
+    root = storage.as_path(folder)
+    path = root / MANIFEST
+    if not path.is_file():
+        hint = ("it holds files but no manifest: an unfinished preprocess? delete it and "
+                "preprocess again") if root.is_dir() else "no such folder"
+        raise FileNotFoundError(f"{os.fspath(root)} is not a sharded corpus ({hint}); write "
+                                "one with `dualcse-jax preprocess` or `docent-jax preprocess`")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _bad(os.fspath(path), "manifest", f"not valid JSON ({err})") from None
+    if not isinstance(obj, dict):
+        raise _bad(os.fspath(path), "manifest", "not a JSON object")
+    return manifest_from_json(os.fspath(root), obj)
