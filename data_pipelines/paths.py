@@ -1,8 +1,9 @@
-"""Where the shipped data and the local caches live."""
+"""Where the shipped data and the local caches live; users' data paths saved with a run."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 DATA_ENV = "EMBEDDING_JAX_DATA"
@@ -37,3 +38,24 @@ def cache_dir() -> Path:
     """
     env = os.environ.get(CACHE_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "embedding_jax"
+
+
+def absolute_data_paths(config, fields: Iterable[str]):
+    """Makes the data-file fields of a config absolute, in place, and returns the config.
+
+    Each named field holds a path or a comma-separated list of paths ("" = unset; a field
+    the config lacks is skipped). Local paths are expanded (``~``) and resolved against the
+    current directory; URIs (``gs://...``) are kept. Called when a run starts, so that the
+    config saved with it names the same files from any directory (evaluate, resume).
+
+    Args:
+      config: an ``ml_collections.ConfigDict`` (or any mapping with ``get`` and item set).
+      fields: names of its path fields.
+    """
+    for name in fields:
+        if name not in config:
+            continue
+        parts = [p.strip() for p in str(config.get(name, "") or "").split(",") if p.strip()]
+        config[name] = ",".join(p if "://" in p else str(Path(p).expanduser().resolve())
+                                for p in parts)
+    return config

@@ -21,6 +21,7 @@ DocEnt-Full inputs: :func:`full_inputs_from_tokens` builds ``[CLS] <entity> [SEP
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +31,7 @@ import ml_collections
 import numpy as np
 from tokenizers import Tokenizer
 
-from data_pipelines import squad
+from data_pipelines import entity_documents, sharded_corpus, shards, squad
 from data_pipelines.errors import DataError
 from data_pipelines.table import TokenTable, stack_fields
 from data_pipelines.text import split_sentences
@@ -169,24 +170,68 @@ def entity_sentence_table(
     return stack_fields({FIELD: tokens}, {FIELD: entities.astype(np.int32)})
 
 
+def own_entity_data(path: str) -> EntityData:
+    """The user's entity documents (``config.train_file``) as :class:`EntityData`.
+
+    ``data_pipelines.entity_documents``: JSON Lines ``{"entity", "text"}``, each text split
+    into sentences (pySBD); entity ids sorted, names = ids; no queries (see
+    :func:`with_queries_file`).
+
+    Raises:
+      FileNotFoundError: no such file.
+      DataError: a bad line (file, line and field named).
+    """
+    docs = entity_documents.read_entity_documents(path)
+    entity_ids, sentences = entity_documents.entity_sentences(docs)
+    description = (f"{path}: {len(docs)} documents of {len(entity_ids)} entities (ids "
+                   f"sorted), {len(sentences)} sentences")
+    return EntityData(entity_ids, list(entity_ids), sentences, [], description)
+
+
+def with_queries_file(data: EntityData, path: str) -> EntityData:
+    """``data`` with its queries replaced by those of a queries file
+    (``config.eval_queries_file``: JSON Lines ``{"query", "entities": [ids]}``).
+
+    Raises:
+      FileNotFoundError: no such file.
+      DataError: a bad line, or an entity id not among ``data.entity_ids`` (line named).
+    """
+    index = {e: i for i, e in enumerate(data.entity_ids)}
+    queries = entity_documents.read_entity_queries(path, index)
+    return dataclasses.replace(
+        data, queries=queries,
+        description=f"{data.description}; ranking queries: the {len(queries)} of {path}")
+
+
 def load_data(config: ml_collections.ConfigDict) -> EntityData:
-    """The entities, training sentences and held-out queries a config names
-    (``train_data="amazon"``: ``docent_jax.review_data.load_review_data``)."""
-    if config.train_data == "amazon":
+    """The entities, training sentences and held-out queries a config names:
+    ``config.train_file`` (:func:`own_entity_data`) when set, else ``train_data``
+    (``"amazon"``: ``docent_jax.review_data.load_review_data``; ``"squad"``:
+    :func:`squad_entity_data`); ``config.eval_queries_file`` replaces the queries."""
+    train_file = str(config.get("train_file", "") or "").strip()
+    if train_file:
+        data = own_entity_data(train_file)
+    elif config.train_data == "amazon":
         from docent_jax.review_data import load_review_data
 
-        return load_review_data(config)
-    return squad_entity_data(config.squad_path or None, float(config.heldout_fraction),
-                             int(config.split_seed))
+        data = load_review_data(config)
+    else:
+        data = squad_entity_data(config.squad_path or None, float(config.heldout_fraction),
+                                 int(config.split_seed))
+    queries_file = str(config.get("eval_queries_file", "") or "").strip()
+    return with_queries_file(data, queries_file) if queries_file else data
 
 
-def make_batches(table: TokenTable, config: ml_collections.ConfigDict, start_step: int, *,
+def make_batches(table: TokenTable | shards.Manifest, config: ml_collections.ConfigDict,
+                 start_step: int, *,
                  process_index: int = 0, process_count: int = 1,
                  full_layout: FullLayout | None = None,
                  warmup_steps: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """This host's training batches from ``start_step`` on (resumable, in the seed's order).
 
-    ``data_pipelines.pipeline.make_batches`` with DocEnt's names and each variant's layout:
+    ``data_pipelines.pipeline.make_batches`` (or, for a sharded corpus from
+    :func:`training_data`, ``data_pipelines.sharded_corpus.make_batches``: this host's
+    shards streamed) with DocEnt's names and each variant's layout:
 
     * ``variant="dual"``: ``input_ids``, ``attention_mask``, ``token_type_ids``
       ``[B/P, 1, L]`` int32 (one field, the sentence);
@@ -198,13 +243,11 @@ def make_batches(table: TokenTable, config: ml_collections.ConfigDict, start_ste
     ``warmup_steps > 0`` (``docent_jax.optimizer.head_warmup_steps``) ``mlm_warmup``
     ``[B/P]`` float32 (1.0 during the first ``warmup_steps`` steps).
     """
-    from data_pipelines import pipeline  # TensorFlow: only once training is certain
-
     variant = config.get("variant", "dual")
     if variant == "full" and full_layout is None:
         raise ValueError("variant 'full' needs full_layout (the tokenizer's ids)")
     warmup = int(warmup_steps)
-    batches = pipeline.make_batches(
+    batches = sharded_corpus.batches_of(
         table, global_batch_size=int(config.batch_size), seed=int(config.seed),
         start_step=start_step, process_index=process_index, process_count=process_count,
         pad_multiple=int(config.pad_multiple))
@@ -366,3 +409,90 @@ def full_inputs_from_tokens(
     types = (positions >= 3) & mask
     return {"input_ids": out, "attention_mask": mask.astype(np.int32),
             "token_type_ids": types.astype(np.int32), "entity_ids": entity_ids.astype(np.int32)}
+
+
+CORPUS_ENTITIES = "entities.json"
+"""A preprocessed corpus's entity names, ranking queries and description (beside its
+``entity_ids.txt``), so that training on it needs no source data."""
+
+
+def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSource:
+    """What ``docent-jax preprocess`` writes: one row per training sentence of
+    :func:`load_data` (field ``"sentence"``, ``text_ids`` = entity index), tokenised a chunk
+    at a time to :func:`sentence_length`, plus ``entity_ids.txt`` and ``entities.json``.
+
+    Raises:
+      FileNotFoundError: no model or data file. DataError: malformed data.
+      ValueError: see :func:`entity_sentence_table`, :func:`write_entity_ids`.
+    """
+    import json
+
+    from data_pipelines.tokenization import load_tokenizer
+    from embedding_core.pretrained import resolve_model_dir
+
+    model_dir = resolve_model_dir(config.model)
+    tokenizer_json, pad_id = sharded_corpus.tokenizer_files(model_dir)
+    tokenizer = load_tokenizer(model_dir)  # a loaded tokenizer: no per-chunk token cache
+    data = load_data(config)
+    length = sentence_length(config)
+    for i, key in enumerate(data.entity_ids):
+        if not key or "\n" in key or "\r" in key:
+            raise ValueError(f"entity {i}: id {key!r} is empty or holds a line break")
+
+    def rows(index: np.ndarray) -> TokenTable:
+        return entity_sentence_table([data.sentences[i] for i in index], data.num_entities,
+                                     tokenizer, length)
+
+    entities = {"entity_names": list(data.entity_names), "description": data.description,
+                "queries": [[text, [int(e) for e in rel]] for text, rel in data.queries]}
+    files = {"entity_ids": (ENTITY_IDS_FILE, "".join(f"{e}\n" for e in data.entity_ids
+                                                     ).encode("utf-8")),
+             "entities": (CORPUS_ENTITIES, json.dumps(entities, ensure_ascii=False
+                                                      ).encode("utf-8"))}
+    source = {key: config.get(key) for key in (
+        "train_data", "train_file", "squad_path", "amazon_paths", "mapping_path",
+        "heldout_fraction", "split_seed", "variant", "max_length", "model")}
+    return sharded_corpus.CorpusSource(
+        fields=(FIELD,), max_length=length, num_rows=len(data.sentences), rows=rows,
+        tokenizer_json=tokenizer_json, tokenizer=str(config.model), pad_id=pad_id,
+        files=files, source=source, description=f"DocEnt sentences: {data.description}")
+
+
+def training_data(config: ml_collections.ConfigDict, model_dir: str | os.PathLike
+                  ) -> tuple[EntityData, TokenTable | shards.Manifest]:
+    """The entities and training rows of a run.
+
+    ``config.train_shards`` set: the preprocessed corpus (its manifest must match the
+    field, :func:`sentence_length` and the model's tokenizer); the entities and queries
+    come from its ``entity_ids.txt`` and ``entities.json`` and no sentence is loaded: the
+    hosts stream the rows (:func:`make_batches`). Otherwise :func:`load_data` and
+    :func:`entity_sentence_table` in memory.
+
+    Raises:
+      FileNotFoundError: no corpus, data or model file.
+      ValueError, DataError: a corpus made for other settings or a malformed file (named).
+    """
+    import json
+
+    folder = str(config.get("train_shards", "") or "").strip()
+    if not folder:
+        data = load_data(config)
+        return data, entity_sentence_table(data.sentences, data.num_entities, model_dir,
+                                           sentence_length(config))
+    manifest = sharded_corpus.open_corpus(folder, fields=(FIELD,),
+                                          max_length=sentence_length(config),
+                                          model_dir=model_dir)
+    entity_ids = read_entity_ids(manifest.file_path("entity_ids"))
+    path = manifest.file_path("entities")
+    try:
+        extra = json.loads(storage.as_path(path).read_text(encoding="utf-8"))
+        names, queries = extra["entity_names"], [
+            (str(text), tuple(int(e) for e in rel)) for text, rel in extra["queries"]]
+        description = str(extra["description"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise DataError(path, None, None, f"not a preprocess entities file ({err})") from None
+    if len(names) != len(entity_ids):
+        raise DataError(path, None, "entity_names", f"{len(names)} names for "
+                        f"{len(entity_ids)} entity ids")
+    return EntityData(entity_ids, names, [], queries, f"{description}; streamed from "
+                      f"{manifest.num_shards} shards of {folder}"), manifest

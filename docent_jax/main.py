@@ -17,9 +17,12 @@ train     trains (or resumes) a DocEnt model into DIR: config.json, entity_ids.t
           paper) or full_vocab (every entity of the table, vocabulary-parallel).
           Your reviews: --config.train_data=amazon --config.amazon_paths=A.json.gz[,B.json]
           --config.mapping_path=Reviews2Movielens.csv (see docs/docent_tags.md).
+          Your entities: --config.train_file=DOCS.jsonl ({"entity", "text"} a line, local
+          or gs://) [--config.eval_queries_file=QUERIES.jsonl] (see docs/data.md).
 evaluate  --task=ranking (default): zero-shot entity ranking of the held-out queries (SQuAD:
           questions of held-out paragraphs, entities = articles; Amazon: Reddit queries from
-          --config.eval_reddit_path at training): MAP, MRR, recall@1/5/10, NDCG@10, next to the
+          --config.eval_reddit_path at training; --config.eval_queries_file replaces
+          them, also on the evaluate line): MAP, MRR, recall@1/5/10, NDCG@10, next to the
           Bag-of-Sentences (MiniLM, GloVe) and TF-IDF baselines; writes DIR/eval/ranking.json.
           --task=tags: MovieLens tag prediction (closed and open vocabulary, fine-tuned, with
           the frozen-probe and tag-text baselines; --config.tag_*=V changes a tag setting
@@ -83,17 +86,15 @@ def main(argv: list[str]) -> None:
 
 
 PATH_FIELDS = ("squad_path", "amazon_paths", "mapping_path", "eval_reddit_path",
-               "tag_movielens_dir")
+               "tag_movielens_dir", "train_file", "eval_queries_file")
 """Data paths saved with a run: made absolute at ``train``, so that ``evaluate`` from
 another directory finds the same files."""
 
 
 def _absolute_paths(config):
-    for name in PATH_FIELDS:
-        parts = [p.strip() for p in str(config.get(name, "") or "").split(",") if p.strip()]
-        config[name] = ",".join(p if "://" in p else str(Path(p).expanduser().resolve())
-                                for p in parts)
-    return config
+    from data_pipelines.paths import absolute_data_paths
+
+    return absolute_data_paths(config, PATH_FIELDS)
 
 
 def _overrides() -> dict:

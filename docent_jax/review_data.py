@@ -187,7 +187,8 @@ def entity_movielens_ids(config: ml_collections.ConfigDict,
     if config.get("train_data") != "amazon":
         raise ValueError(
             f"tag prediction needs a model trained on movies (config.train_data='amazon' with "
-            f"config.mapping_path); this run was trained on {config.get('train_data')!r}")
+            f"config.mapping_path); this run was trained on "
+            f"{config.get('train_file') or config.get('train_data')!r}")
     path, _, _ = _file_key(mapping_path(config), "mapping_path")
     rows, _ = reviews2movielens.read_reviews2movielens(path)
     ids = reviews2movielens.canonical_movielens_ids(rows)

@@ -113,7 +113,9 @@ def simcse_loss(
     """Supervised SimCSE (Gao et al. 2021, eq. 5): anchors against positives + hard negatives.
 
     ``l_i = -log v(h_i, h+_i) / sum_j [v(h_i, h+_j) + v(h_i, h-_j)]``, one direction, over
-    the global batch.
+    the global batch. A hard negative with the same text identity as its own row's positive
+    is no negative: it is left out of every row's sum (how a row without a hard negative is
+    stored, ``dualcse_jax.data``), so such rows add in-batch negatives only.
 
     Args:
       e: ``[batch, 3, dim]`` float vectors of (anchor, positive, hard negative).
@@ -127,6 +129,8 @@ def simcse_loss(
     n = e.shape[0]
     keys = jnp.concatenate([e[:, POSITIVE], e[:, HARD_NEGATIVE]], axis=0)
     ids = jnp.concatenate([text_ids[:, POSITIVE], text_ids[:, HARD_NEGATIVE]], axis=0)
+    has_negative = text_ids[:, HARD_NEGATIVE] != text_ids[:, POSITIVE]
+    valid = jnp.concatenate([jnp.ones(n, bool), has_negative])
     per = info_nce(e[:, ANCHOR], keys, jnp.arange(n, dtype=jnp.int32), temperature=temperature,
-                   key_ids=ids)
+                   key_ids=ids, key_valid=valid)
     return jnp.mean(per), {}

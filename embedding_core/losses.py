@@ -55,6 +55,7 @@ def info_nce(
     *,
     temperature: float,
     key_ids: jax.Array | None = None,
+    key_valid: jax.Array | None = None,
 ) -> jax.Array:
     """InfoNCE with cosine similarity, in-batch negatives and identity masking.
 
@@ -71,6 +72,8 @@ def info_nce(
       positive_index: ``[n]`` int32, index into ``keys`` of each query's positive.
       temperature: softmax temperature tau (> 0), e.g. 0.05.
       key_ids: optional ``[m]`` int32 identities of the keys; ``None`` masks nothing.
+      key_valid: optional ``[m]`` bool; a False key is left out of every denominator (a
+        padding slot, or an absent hard negative). A positive must be valid.
 
     Returns:
       ``[n]`` float32 per-query losses.
@@ -83,6 +86,8 @@ def info_nce(
         positive_ids = key_ids[positive_index]  # [n]
         duplicate = (key_ids[None, :] == positive_ids[:, None]) & ~is_positive
         logits = jnp.where(duplicate, -jnp.inf, logits)
+    if key_valid is not None:
+        logits = jnp.where(key_valid[None, :] | is_positive, logits, -jnp.inf)
     log_norm = jax.nn.logsumexp(logits, axis=-1)
     positive_logit = jnp.take_along_axis(logits, positive_index[:, None], axis=-1)[:, 0]
     return log_norm - positive_logit

@@ -11,6 +11,8 @@ train     builds (or reads from the cache) the multi-resolution features of SQuA
           the training questions into DIR: config.json, features.json, TensorBoard events,
           orbax checkpoints. CONFIG.py defaults to mrwe_jax/configs/default.py (the papers'
           settings); configs/convrr_cpu.py and configs/fcrr_cpu.py are the CPU presets.
+          Your own data: --config.squad_path=FILE (SQuAD v1.1 JSON or zip, local or
+          gs://; split into train/test by article; docs/data.md).
 evaluate  recall@{1,2,3,5,10,20,50} of the right paragraph for every test question over
           the pool (default: config.eval_pool; "test" = all paragraphs of the test
           articles, "all" = every paragraph): TF-IDF, BM25, each single source, the
@@ -53,7 +55,10 @@ def main(argv: list[str]) -> None:
         from mrwe_jax import workflows
 
         if command == "train":
-            workflows.train(FLAGS.config, FLAGS.workdir)
+            from data_pipelines.paths import absolute_data_paths
+
+            # Saved with the run: evaluate and resume find the file from any directory.
+            workflows.train(absolute_data_paths(FLAGS.config, ("squad_path",)), FLAGS.workdir)
             print(f"checkpoints and TensorBoard events in {FLAGS.workdir}")
         elif command == "evaluate":
             workflows.evaluate_workdirs([FLAGS.workdir, *FLAGS.also], pool=FLAGS.pool,

@@ -16,6 +16,8 @@ POOLINGS = ("cls", "mean")
 HYBRID_DUAL_INPUTS = ("clean", "masked")
 MLM_HEAD_INITS = ("random", "warmup")
 TRAIN_DATA = ("squad", "amazon")
+DATA_FILES = ("train_file", "eval_queries_file")
+"""The user's own data files (``docs/data.md``); ``train_file`` replaces ``train_data``."""
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -60,6 +62,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.pooling={config.pooling!r}: use one of {POOLINGS}")
     if config.train_data not in TRAIN_DATA:
         raise ValueError(f"config.train_data={config.train_data!r}: use one of {TRAIN_DATA}")
+    for name in DATA_FILES:
+        if not isinstance(config.get(name, ""), str):
+            raise ValueError(f"config.{name} must be a path (a string), got "
+                             f"{config[name]!r}")
+    if str(config.get("train_file", "") or "").strip() and config.train_data == "amazon":
+        raise ValueError("config.train_file replaces train_data, but train_data='amazon' "
+                         "names the Amazon reviews (amazon_paths): set one of the two")
     for name in ("batch_size", "max_length", "pad_multiple", "table_multiple"):
         if int(config[name]) <= 0:
             raise ValueError(f"config.{name} must be positive, got {config[name]}")

@@ -43,6 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Data.
     c.train_data = "squad"  # squad: Wikipedia entities (data/squad) | amazon: your reviews
     c.squad_path = ""  # "" = the shipped dev set
+    # Your own entities (docs/data.md, "Your own data"), local or gs://.
+    c.train_file = ""  # set: replaces train_data; JSON Lines {"entity": "<id>", "text": "..."}
+    c.eval_queries_file = ""  # JSON Lines {"query": "...", "entities": ["<id>", ...]}:
+    #                           the ranking queries (replace the data's own), any train_data
     # train_data=amazon (the paper's data; the files are yours: see docs/docent_tags.md).
     c.amazon_paths = ""  # comma-separated review files, 2014 or 2018 JSON lines, plain/.gz
     c.mapping_path = ""  # Reviews2Movielens CSV: entity = canon_asin, names for removal

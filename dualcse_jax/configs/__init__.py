@@ -12,6 +12,8 @@ import ml_collections
 ARCHITECTURES = ("cross", "bi", "simcse")
 POOLINGS = ("cls", "cls_mlp", "mean")
 TRAIN_DATA = ("inli", "snli")
+DATA_FILES = ("train_file", "val_file", "test_file")
+"""The user's data files (``docs/data.md``); ``train_file`` replaces ``train_data``."""
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -26,7 +28,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.pooling={config.pooling!r}: use cls, cls_mlp or mean")
     if config.train_data not in TRAIN_DATA:
         raise ValueError(f"config.train_data={config.train_data!r}: use inli or snli")
-    if config.train_data == "snli" and config.architecture != "simcse":
+    for name in DATA_FILES:
+        if not isinstance(config.get(name, ""), str):
+            raise ValueError(f"config.{name} must be a path (a string), got "
+                             f"{config[name]!r}")
+    # train_file replaces train_data, so a preset's train_data=snli does not bind it.
+    own_file = str(config.get("train_file", "") or "").strip()
+    if config.train_data == "snli" and not own_file and config.architecture != "simcse":
         raise ValueError("SNLI triplets have no implied entailment: train_data=snli needs "
                          "architecture=simcse")
     for name in ("batch_size", "max_length", "pad_multiple"):

@@ -19,7 +19,7 @@ TOWERS = ("convrr", "fcrr")
 def get_config() -> ml_collections.ConfigDict:
     c = base()
     # Data (SQuAD v1.1; "" = the shipped dev set).
-    c.squad_path = ""
+    c.squad_path = ""  # your SQuAD v1.1 JSON or zip, local or gs:// (docs/data.md)
     c.split = "articles"  # articles (unseen test paragraphs) | seen_paragraphs (authors')
     c.test_fraction = 0.2  # share of articles (or of questions for seen_paragraphs)
     c.split_seed = 0

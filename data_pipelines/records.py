@@ -1,0 +1,221 @@
+"""Records with named fields from a user's CSV or JSON Lines file, checked strictly.
+
+One reader for every "your own data" format (``docs/data.md``, section "Your own data"):
+DualCSE sentence tuples, SimCSE pairs, DocEnt entity documents and queries. CSV goes through
+:func:`data_pipelines.csv_reader.read_csv_records` (the reader of the shipped sets); JSON Lines
+is one JSON object per line. Files are opened through ``etils.epath``, so local paths and
+``gs://`` URIs both work.
+
+Rules common to both formats:
+
+* UTF-8, an optional byte-order mark, ``\\n`` or ``\\r\\n`` line ends; blank lines skipped;
+* a required field must be present, a string (a list of strings for ``list_fields``) and
+  not empty or whitespace-only;
+* an optional field may be absent, JSON ``null`` or empty: it is then ``None``;
+* a NUL character is an error (a tokenizer would drop it without a word), as is invalid
+  UTF-8; fields not asked for are ignored.
+
+Every fault raises :class:`~data_pipelines.errors.DataError` naming the file, the 1-based
+line and, where there is one, the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from etils import epath
+
+from data_pipelines.csv_reader import LINE_KEY, read_csv_records
+from data_pipelines.errors import DataError
+
+FORMATS = ("csv", "jsonl")
+_EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+_BOM = b"\xef\xbb\xbf"
+
+
+def detect_format(path: str | os.PathLike[str], head: bytes) -> str:
+    """``"csv"`` or ``"jsonl"``: by the extension (``.csv``; ``.jsonl``, ``.ndjson``,
+    ``.json``), else by the first non-blank byte of ``head`` (``{`` is JSON Lines)."""
+    suffix = epath.Path(path).suffix.lower()
+    if suffix in _EXTENSIONS:
+        return _EXTENSIONS[suffix]
+    return "jsonl" if head.removeprefix(_BOM).lstrip()[:1] == b"{" else "csv"
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    names = {str: "string", int: "number", float: "number", list: "array", dict: "object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _jsonl_objects(data: bytes, where: str):
+    """Yields ``(line, object)`` for each non-blank line of a JSON Lines file."""
+    data = data.removeprefix(_BOM)
+    lines = data.split(b"\n")
+    for lineno, raw in enumerate(lines, start=1):
+        raw = raw.removesuffix(b"\r")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            column = len(raw[: err.start].decode("utf-8")) + 1
+            bad = raw[err.start : err.end].hex(" ")
+            raise DataError(where, lineno, None, f"invalid UTF-8 (byte(s) {bad} at character "
+                            f"{column}): {err.reason}") from None
+        if not text.strip():
+            continue
+        try:
+            # strict=False lets a raw tab inside a string through (hand-edited files);
+            # a NUL, raw or escaped, is refused below with its field.
+            obj = json.loads(text, strict=False, object_pairs_hook=_no_duplicates)
+        except _DuplicateKey as err:
+            raise DataError(where, lineno, str(err.args[0]),
+                            "key appears twice in this object") from None
+        except json.JSONDecodeError as err:
+            nul = " (the line holds a NUL byte)" if "\x00" in text else ""
+            raise DataError(where, lineno, None, f"invalid JSON at character {err.colno}: "
+                            f"{err.msg}{nul}; each line must be one JSON object") from None
+        if not isinstance(obj, dict):
+            raise DataError(where, lineno, None, f"expected one JSON object {{...}} per line "
+                            f"(JSON Lines), got a JSON {_json_type(obj)}")
+        yield lineno, obj
+
+
+def _check_text(where: str, line: int, field: str, value: str) -> None:
+    if "\x00" in value:
+        raise DataError(where, line, field, "holds a NUL character (\\x00 or \\u0000); "
+                        "remove it, a tokenizer would drop it silently")
+
+
+def _field_value(where: str, line: int, field: str, value: Any, *, required: bool,
+                 is_list: bool) -> str | list[str] | None:
+    if value is None or (isinstance(value, str) and not value.strip() and not required):
+        if required:
+            raise DataError(where, line, field, "is null; a "
+                            f"{'list of strings' if is_list else 'string'} is needed")
+        return None
+    if is_list:
+        if not isinstance(value, list):
+            raise DataError(where, line, field, f"expected a JSON array of strings, got a "
+                            f"{_json_type(value)}")
+        if not value:
+            raise DataError(where, line, field, "empty list")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise DataError(where, line, f"{field}[{i}]", f"expected a string, got a "
+                                f"{_json_type(item)}")
+            if not item.strip():
+                raise DataError(where, line, f"{field}[{i}]", "empty or whitespace-only value")
+            _check_text(where, line, f"{field}[{i}]", item)
+        return list(value)
+    if not isinstance(value, str):
+        hint = " (quote it: ids are strings)" if isinstance(value, (int, float)) else ""
+        raise DataError(where, line, field,
+                        f"expected a string, got a {_json_type(value)}{hint}")
+    if not value.strip():
+        raise DataError(where, line, field, "empty or whitespace-only value")
+    _check_text(where, line, field, value)
+    return value
+
+
+def read_records(
+    path: str | os.PathLike[str],
+    required: Sequence[str],
+    optional: Sequence[str] = (),
+    *,
+    list_fields: Sequence[str] = (),
+    file_format: str = "auto",
+    formats: Sequence[str] = FORMATS,
+    min_records: int = 1,
+) -> list[dict[str, Any]]:
+    """Reads a CSV or JSON Lines file into one dict per record (module docstring's rules).
+
+    Args:
+      path: a local path or ``gs://`` URI.
+      required: fields every record must have.
+      optional: fields a record may lack.
+      list_fields: those of ``required``/``optional`` whose value is a JSON array of
+        non-empty strings (JSON Lines only).
+      file_format: ``"csv"``, ``"jsonl"`` or ``"auto"`` (:func:`detect_format`).
+      formats: the formats this kind of file may have (e.g. only ``("jsonl",)``).
+      min_records: fewer records is an error.
+
+    Returns:
+      One dict per record, in file order: each required field -> its ``str`` (``list[str]``
+      for list fields), each optional field -> ``str``/``list[str]`` or ``None``, and
+      ``"_line"`` (:data:`~data_pipelines.csv_reader.LINE_KEY`) -> the 1-based line where the
+      record starts.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: a list field that is not among the fields, or an unknown format name.
+      DataError: a format not in ``formats``; invalid UTF-8 or JSON, a line that is not an
+        object, a duplicated key, a missing/null/empty required field, a wrong type, a NUL
+        character (file, line, field); broken CSV (see ``read_csv_records``); fewer than
+        ``min_records`` records.
+    """
+    fields = [*required, *optional]
+    if not set(list_fields) <= set(fields):
+        raise ValueError(f"list_fields {sorted(set(list_fields) - set(fields))} are not "
+                         f"among the fields {fields}")
+    for name in (file_format, *formats):
+        if name not in (*FORMATS, "auto"):
+            raise ValueError(f"unknown format {name!r}; use one of {FORMATS}")
+    where = str(path)
+    path = epath.Path(path)
+    kind = file_format
+    if kind == "auto":
+        suffix = path.suffix.lower()
+        if suffix in _EXTENSIONS:
+            kind = _EXTENSIONS[suffix]
+        else:
+            with path.open("rb") as f:
+                kind = detect_format(path, f.read(4096))
+    if kind not in formats:
+        raise DataError(where, None, None, f"read as {kind.upper()} (by its name or first "
+                        f"character); this file must be {' or '.join(formats).upper()}")
+    if kind == "csv" and list_fields:
+        raise DataError(where, None, None, f"fields {list(list_fields)} hold lists: write "
+                        "the file as JSON Lines, one object a line")
+    if kind == "csv":
+        # The CSV reader checks the header, quoting and the required values.
+        rows = read_csv_records(path, list(required), min_records=0)
+        objects = ((row[LINE_KEY], row) for row in rows)
+    else:
+        objects = _jsonl_objects(path.read_bytes(), where)
+    records: list[dict[str, Any]] = []
+    is_required = set(required)
+    lists = set(list_fields)
+    for line, obj in objects:
+        record: dict[str, Any] = {}
+        for name in fields:
+            if name not in obj:
+                if name in is_required:
+                    raise DataError(where, line, name, f"missing (the record has "
+                                    f"{sorted(k for k in obj if k != LINE_KEY)})")
+                record[name] = None
+                continue
+            record[name] = _field_value(where, line, name, obj[name],
+                                        required=name in is_required, is_list=name in lists)
+        record[LINE_KEY] = line
+        records.append(record)
+    if len(records) < min_records:
+        raise DataError(where, None, None, f"{len(records)} records; at least {min_records} "
+                        "needed")
+    return records
