@@ -1,8 +1,11 @@
-"""DualCSE's training data: the token table a config asks for and its resumable batches.
+"""DualCSE's data: the token table a config asks for, its resumable batches, the RTE sets.
 
 The tables and their field layout are built in ``data_pipelines.dualcse_data``; this module
-picks the one a config describes (``train_data``, ``architecture``, ``max_length``,
-``max_train_examples``) and batches it for ``embedding_core.run``.
+picks the one a config describes (``train_file`` or ``train_data``, ``architecture``,
+``max_length``, ``max_train_examples``) and batches it for ``embedding_core.run``.
+``train_file`` (the user's own CSV or JSON Lines, ``data_pipelines.sentence_files``) replaces
+``train_data`` when set. RTE tunes its threshold on ``val_file`` (else shipped INLI val) and
+reports on ``test_file`` (else shipped INLI test).
 """
 
 from __future__ import annotations
@@ -13,16 +16,48 @@ import jax
 import ml_collections
 import numpy as np
 
-from data_pipelines import dualcse_data, inli, pipeline, snli
+from data_pipelines import dualcse_data, inli, pipeline, sentence_files, snli
+
+
+def _field(config: ml_collections.ConfigDict, name: str) -> str:
+    # .get: a run saved before the field existed still loads.
+    return str(config.get(name, "") or "").strip()
+
+
+def train_source(config: ml_collections.ConfigDict) -> str:
+    """What the run trains on, for logs and messages: the train file, else the shipped
+    ``train_data`` (``"shipped inli train"``)."""
+    return _field(config, "train_file") or f"shipped {config.train_data} train"
+
+
+def _own_table(config: ml_collections.ConfigDict, tokenizer, path: str) -> pipeline.TokenTable:
+    if config.architecture == "simcse":
+        pairs = sentence_files.read_anchor_pairs(path)
+        # A row without a hard negative repeats its positive there: simcse_loss drops a hard
+        # negative that is its own row's positive, so that row has in-batch negatives only.
+        return dualcse_data.simcse_table(
+            [p.anchor for p in pairs], [p.positive for p in pairs],
+            [p.hard_negative or p.positive for p in pairs], tokenizer, config.max_length)
+    rows = sentence_files.read_inli_file(path)
+    return dualcse_data.inli_table(rows, tokenizer, config.max_length,
+                                   encoder=config.architecture)
 
 
 def train_table(config: ml_collections.ConfigDict, tokenizer) -> pipeline.TokenTable:
     """Tokenised training examples (cached per dataset and tokenizer).
 
+    ``config.train_file`` set: the user's file, ``premise, explicit_entailment,
+    implied_entailment, contradiction[, neutral]`` for cross/bi, ``anchor, positive[,
+    hard_negative]`` for simcse (``data_pipelines.sentence_files``); else the shipped
+    ``config.train_data``.
+
     Raises:
+      FileNotFoundError: ``train_file`` does not exist.
       data_pipelines.errors.DataError: malformed training data (file, line, field).
     """
-    if config.train_data == "snli":
+    if _field(config, "train_file"):
+        table = _own_table(config, tokenizer, _field(config, "train_file"))
+    elif config.train_data == "snli":
         rows = snli.read_snli_triplets(snli.snli_triplets_path())
         table = dualcse_data.simcse_table_from_snli(rows, tokenizer, config.max_length)
     else:
@@ -35,6 +70,39 @@ def train_table(config: ml_collections.ConfigDict, tokenizer) -> pipeline.TokenT
     if config.max_train_examples:
         table = table.take(int(config.max_train_examples))
     return table
+
+
+def val_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
+    """The rows RTE tunes its threshold on: ``config.val_file``, else shipped INLI val.
+
+    Raises:
+      FileNotFoundError: the file does not exist.
+      data_pipelines.errors.DataError: a malformed row; a user file needs ``neutral`` too.
+    """
+    path = _field(config, "val_file")
+    if path:
+        return sentence_files.read_inli_file(path, require_neutral=True)
+    return inli.read_inli(inli.inli_split_path("val"))
+
+
+def test_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
+    """The rows RTE reports on: ``config.test_file``, else shipped INLI test.
+
+    Raises:
+      FileNotFoundError: the file does not exist.
+      data_pipelines.errors.DataError: a malformed row; a user file needs ``neutral`` too.
+    """
+    path = _field(config, "test_file")
+    if path:
+        return sentence_files.read_inli_file(path, require_neutral=True)
+    return inli.read_inli(inli.inli_split_path("test"))
+
+
+def rte_sets_label(config: ml_collections.ConfigDict) -> str:
+    """``"<test set>, threshold tuned on <val set>"`` for printed tables."""
+    test = _field(config, "test_file") or "INLI test"
+    val = _field(config, "val_file") or "INLI val"
+    return f"{test}, threshold tuned on {val}"
 
 
 def batch_factory(config: ml_collections.ConfigDict, table: pipeline.TokenTable

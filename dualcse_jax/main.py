@@ -9,6 +9,8 @@ Usage:
 train     trains (or resumes) into DIR: config.json, TensorBoard events, orbax checkpoints.
           CONFIG.py defaults to dualcse_jax/configs/default.py (the paper's settings);
           dualcse_jax/configs/cross_cpu.py is the small CPU preset of the README.
+          Your own data: --config.train_file=PATH (CSV or JSON Lines, local or gs://;
+          --config.val_file / --config.test_file for RTE; docs/data.md).
 evaluate  RTE on INLI test with the threshold tuned on INLI val; prints the table and
           writes DIR/eval/rte.json ({"explicit","implied","neutral","contradiction",
           "average","threshold"}, accuracies in [0,1]). --baseline adds the untrained
@@ -53,7 +55,11 @@ def main(argv: list[str]) -> None:
             config = FLAGS.config if FLAGS["config"].present else None
             workflows.run_demo(FLAGS.workdir, FLAGS.num_train_steps, config=config)
         elif command == "train":
-            workflows.train(FLAGS.config, FLAGS.workdir)
+            from data_pipelines.paths import absolute_data_paths
+            from dualcse_jax.configs import DATA_FILES
+
+            # Saved with the run: evaluate and resume find the files from any directory.
+            workflows.train(absolute_data_paths(FLAGS.config, DATA_FILES), FLAGS.workdir)
         elif command == "evaluate":
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step, baseline=FLAGS.baseline,
                                        eis_data=FLAGS.eis_data)

@@ -7,7 +7,7 @@ import os
 import ml_collections
 from jax.sharding import Mesh
 
-from data_pipelines import inli, pipeline
+from data_pipelines import pipeline
 from data_pipelines.tokenization import load_tokenizer
 from dualcse_jax import data
 from dualcse_jax.configs import validate_config
@@ -43,11 +43,12 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict):
 
 
 def rte_evaluator(model: DualEncoder, tokenizer, config: ml_collections.ConfigDict):
-    """``(params, step) -> {val_rte_*}``: RTE on the first ``eval_examples`` val premises."""
+    """``(params, step) -> {val_rte_*}``: RTE on the first ``eval_examples`` val premises
+    (``config.val_file``, else INLI val)."""
     from dualcse_jax.evaluate import evaluate_rte
     from dualcse_jax.inference import Embedder
 
-    val = inli.read_inli(inli.inli_split_path("val"))[: config.eval_examples]
+    val = data.val_examples(config)[: config.eval_examples]
     embedder = Embedder(model, None, tokenizer, config)  # compiled once
 
     def evaluate(params, step):
@@ -68,8 +69,9 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
     tokenizer = load_tokenizer(pretrained.model_dir)
     table = data.train_table(config, tokenizer)
     if table.num_examples < config.batch_size:  # before the workdir is written
-        raise ValueError(f"the {config.train_data} training data has {table.num_examples} "
-                         f"examples, fewer than one batch (batch_size={config.batch_size})")
+        raise ValueError(f"the training data ({data.train_source(config)}) has "
+                         f"{table.num_examples} examples, fewer than one batch "
+                         f"(batch_size={config.batch_size})")
     model = build_model(config, pretrained.config)
     return Task(
         name=f"DualCSE-{config.architecture}", init_params=init_fn(model),
@@ -79,7 +81,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
         global_batch_size=int(config.batch_size),
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
         evaluate=rte_evaluator(model, tokenizer, config) if config.eval_every > 0 else None,
-        summary=f"{config.train_data} train, pooling {config.pooling}")
+        summary=f"data: {data.train_source(config)}, pooling {config.pooling}")
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,

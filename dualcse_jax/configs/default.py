@@ -22,6 +22,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.normalize = False  # L2-normalise encoded / exported vectors by default
     # Data.
     c.train_data = "inli"  # inli | snli (snli only for architecture=simcse)
+    # Your own data (docs/data.md, "Your own data"): CSV or JSON Lines, local or gs://.
+    c.train_file = ""  # set: replaces train_data (cross/bi: premise, explicit_entailment,
+    #                    implied_entailment, contradiction[, neutral]; simcse: anchor,
+    #                    positive[, hard_negative])
+    c.val_file = ""  # RTE threshold rows, the cross/bi columns with neutral ("" = INLI val)
+    c.test_file = ""  # RTE test rows, the same columns ("" = INLI test)
     c.max_length = 128  # premises are long (p99 ~ 62 words)
     c.pad_multiple = 16  # batches padded to a multiple of this (fewer compiled shapes)
     c.group_padding = True  # pad premises and (short) hypotheses to separate lengths
