@@ -42,7 +42,8 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     Raises:
       FileNotFoundError: not a training workdir / no checkpoint / model folder gone.
       ValueError: the data has no ranking queries (``train_data="amazon"`` without
-        ``eval_reddit_path``), or its entities differ from the trained ones.
+        ``eval_reddit_path``, ``train_file`` without ``eval_queries_file``), or its
+        entities differ from the trained ones.
     """
     from docent_jax import data as docent_data
     from docent_jax import evaluate
@@ -61,9 +62,11 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                          "configured data; was the data changed after training?")
     if not data.queries:
         raise ValueError(f"{workdir}: the configured data has no ranking queries ("
-                         f"{data.description}); an Amazon run ranks the Reddit queries of "
-                         "--config.eval_reddit_path=FILE (on this evaluate line); for "
-                         "MovieLens tags run `docent-jax evaluate --task=tags`")
+                         f"{data.description}); give queries on this evaluate line: "
+                         "--config.eval_queries_file=FILE (JSON Lines {\"query\", "
+                         "\"entities\"}, docs/data.md) or, for an Amazon run, "
+                         "--config.eval_reddit_path=FILE; for MovieLens tags run "
+                         "`docent-jax evaluate --task=tags`")
     name = f"{model_name(ranker)} (step {ranker.step})"
     rows, details = {}, {}
     rows[name], details[name] = evaluate.evaluate_ranker(ranker, data.queries,

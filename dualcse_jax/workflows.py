@@ -29,22 +29,25 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baseline: bool = False, eis_data: str | None = None,
                      progress: bool = True) -> dict:
     """RTE (+ EIS) of a workdir's checkpoint; writes ``workdir/eval/rte.json`` and prints."""
-    from data_pipelines import impscore, inli
-    from dualcse_jax import evaluate
+    from data_pipelines import impscore
+    from dualcse_jax import data, evaluate
     from dualcse_jax.baselines import baseline as make_baseline
-    from dualcse_jax.inference import load
+    from dualcse_jax.inference import load, read_config
 
-    val = inli.read_inli(inli.inli_split_path("val"))
-    test = inli.read_inli(inli.inli_split_path("test"))
     if eis_data:
         if not storage.as_path(eis_data).is_file():
             raise FileNotFoundError(f"--eis_data {eis_data} does not exist or is not a file")
         _, _, test_rows = impscore.split_impscore(impscore.read_impscore(eis_data))
         eis_pairs = evaluate.impscore_pairs(test_rows)  # >= 1 row: the reader checks
+    config = read_config(workdir)  # the run's val_file / test_file, before the model loads
+    val, test = data.val_examples(config), data.test_examples(config)
     embedder = load(workdir, step=step)
     name = f"DualCSE-{embedder.config.architecture} (step {embedder.step})"
     if embedder.config.architecture == "simcse":
-        name = f"SimCSE-{embedder.config.train_data} (step {embedder.step})"
+        # The file's name, not its path, keeps the table's first column narrow.
+        source = (os.path.basename(str(embedder.config.get("train_file", "") or ""))
+                  or embedder.config.train_data)
+        name = f"SimCSE-{source} (step {embedder.step})"
     rows = {name: evaluate.evaluate_rte(embedder, val, test, progress=progress)}
     if baseline:
         base = make_baseline(embedder.config.model, max_length=embedder.config.max_length)
@@ -62,7 +65,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     write_json(out_dir / "eis.json", eis)
     if baseline:
         write_json(out_dir / "rte_baseline.json", rows["untrained MiniLM (mean)"])
-    print("\nRTE accuracy (%) on INLI test, threshold tuned on INLI val")
+    print(f"\nRTE accuracy (%) on {data.rte_sets_label(config)}")
     print(evaluate.format_rte_table(rows))
     label = "EIS accuracy (INLI PROXY)" if eis["proxy"] else "EIS accuracy (ImpScore test)"
     print(f"{label}: {100 * eis['eis_accuracy']:.2f}%")
