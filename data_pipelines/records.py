@@ -32,6 +32,7 @@ from data_pipelines.csv_reader import LINE_KEY, read_csv_records
 from data_pipelines.errors import DataError
 
 FORMATS = ("csv", "jsonl")
+_NAMES = {"csv": "CSV", "jsonl": "JSON Lines"}
 _EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 _BOM = b"\xef\xbb\xbf"
 
@@ -46,9 +47,11 @@ def detect_format(path: str | os.PathLike[str], head: bytes) -> str:
 
 
 def _json_type(value: Any) -> str:
+    """The JSON kind of a parsed value with its article: "a string", "an array"."""
     if isinstance(value, bool):
-        return "true/false"
-    names = {str: "string", int: "number", float: "number", list: "array", dict: "object"}
+        return "a boolean"
+    names = {str: "a string", int: "a number", float: "a number", list: "an array",
+             dict: "an object"}
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
@@ -93,7 +96,7 @@ def _jsonl_objects(data: bytes, where: str):
                             f"{err.msg}{nul}; each line must be one JSON object") from None
         if not isinstance(obj, dict):
             raise DataError(where, lineno, None, f"expected one JSON object {{...}} per line "
-                            f"(JSON Lines), got a JSON {_json_type(obj)}")
+                            f"(JSON Lines), got {_json_type(obj)}")
         yield lineno, obj
 
 
@@ -112,22 +115,22 @@ def _field_value(where: str, line: int, field: str, value: Any, *, required: boo
         return None
     if is_list:
         if not isinstance(value, list):
-            raise DataError(where, line, field, f"expected a JSON array of strings, got a "
+            raise DataError(where, line, field, f"expected a JSON array of strings, got "
                             f"{_json_type(value)}")
         if not value:
             raise DataError(where, line, field, "empty list")
         for i, item in enumerate(value):
             if not isinstance(item, str):
-                raise DataError(where, line, f"{field}[{i}]", f"expected a string, got a "
+                raise DataError(where, line, f"{field}[{i}]", f"expected a string, got "
                                 f"{_json_type(item)}")
             if not item.strip():
                 raise DataError(where, line, f"{field}[{i}]", "empty or whitespace-only value")
             _check_text(where, line, f"{field}[{i}]", item)
         return list(value)
     if not isinstance(value, str):
-        hint = " (quote it: ids are strings)" if isinstance(value, (int, float)) else ""
-        raise DataError(where, line, field,
-                        f"expected a string, got a {_json_type(value)}{hint}")
+        hint = (f' (write it as a string: "{value}")'
+                if isinstance(value, (int, float)) and not isinstance(value, bool) else "")
+        raise DataError(where, line, field, f"expected a string, got {_json_type(value)}{hint}")
     if not value.strip():
         raise DataError(where, line, field, "empty or whitespace-only value")
     _check_text(where, line, field, value)
@@ -188,8 +191,9 @@ def read_records(
             with path.open("rb") as f:
                 kind = detect_format(path, f.read(4096))
     if kind not in formats:
-        raise DataError(where, None, None, f"read as {kind.upper()} (by its name or first "
-                        f"character); this file must be {' or '.join(formats).upper()}")
+        raise DataError(where, None, None, f"read as {_NAMES[kind]} (by its name or first "
+                        f"character); this file must be "
+                        f"{' or '.join(_NAMES[f] for f in formats)}")
     if kind == "csv" and list_fields:
         raise DataError(where, None, None, f"fields {list(list_fields)} hold lists: write "
                         "the file as JSON Lines, one object a line")

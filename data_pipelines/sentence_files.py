@@ -42,9 +42,11 @@ class AnchorPair:
     line: int
 
 
-def _with_layout_hint(err: DataError, wanted: str, hint: str) -> DataError:
-    # A file of the other layout fails on its first required field; say what would read it.
-    if err.field == wanted and err.reason.startswith(("required column missing", "missing")):
+def _with_layout_hint(err: DataError, wanted: str, other: str, hint: str) -> DataError:
+    # A file of the other layout fails on its first required field (the message lists the
+    # header or the record's keys): say what would read it.
+    if (err.field == wanted and err.reason.startswith(("required column missing", "missing"))
+            and repr(other) in err.reason):
         return DataError(err.path, err.line, err.field, f"{err.reason}; {hint}")
     return err
 
@@ -70,8 +72,8 @@ def read_inli_file(path: str | os.PathLike[str], *, require_neutral: bool = Fals
     try:
         records = read_records(path, required, optional)
     except DataError as err:
-        raise _with_layout_hint(err, "premise", "SimCSE files (anchor, positive) are read "
-                                "with --config.architecture=simcse") from None
+        raise _with_layout_hint(err, "premise", "anchor", "SimCSE files (anchor, positive) "
+                                "are read with --config.architecture=simcse") from None
     return [
         INLIExample(premise=r["premise"], explicit_entailment=r["explicit_entailment"],
                     implied_entailment=r["implied_entailment"], neutral=r["neutral"] or "",
@@ -97,8 +99,8 @@ def read_anchor_pairs(path: str | os.PathLike[str]) -> list[AnchorPair]:
     try:
         records = read_records(path, ANCHOR_FIELDS, ("hard_negative",))
     except DataError as err:
-        raise _with_layout_hint(err, "anchor", "DualCSE files (premise, explicit_entailment, "
-                                "...) are read with --config.architecture=cross or bi"
-                                ) from None
+        raise _with_layout_hint(err, "anchor", "premise", "DualCSE files (premise, "
+                                "explicit_entailment, ...) are read with "
+                                "--config.architecture=cross or bi") from None
     return [AnchorPair(r["anchor"], r["positive"], r["hard_negative"], r[LINE_KEY])
             for r in records]
