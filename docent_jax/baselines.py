@@ -24,6 +24,7 @@ import numpy as np
 
 from data_pipelines.tokenization import load_tokenizer, tokenize
 from docent_jax import evaluate
+from embedding_core import multihost
 from embedding_core.encoders import TransformerEncoder
 from embedding_core.glove import GloveVectors
 from embedding_core.inference import (
@@ -201,13 +202,16 @@ def evaluate_baselines(data, *, model: str = DEFAULT_MODEL, max_length: int = 12
     for name in names:
         if name == "TF-IDF":
             block = tfidf_score_block(data.sentences, data.num_entities, queries)
-            rows[name] = evaluate.evaluate_scores(block, relevant, per_query=per_query)
+            rows[name] = evaluate.evaluate_scores(block, relevant, per_query=per_query,
+                                                  split=True)
             continue
         encoder = (MeanPoolingEncoder(model, max_length=max_length) if name == "BoS-MiniLM"
                    else GloveAverageEncoder())
-        entity_vectors = bag_of_sentences(encoder.encode(texts, show_progress_bar=progress),
-                                          entity_of, data.num_entities)
-        query_vectors = encoder.encode(queries, show_progress_bar=progress)
+        # Several processes: each encodes a slice of the sentences and of the queries.
+        entity_vectors = bag_of_sentences(
+            multihost.encode(encoder, texts, show_progress_bar=progress), entity_of,
+            data.num_entities)
+        query_vectors = multihost.encode(encoder, queries, show_progress_bar=progress)
         if name == "BoS-MiniLM" and model != DEFAULT_MODEL:
             name = f"BoS-{Path(str(model).rstrip('/')).name}"  # the encoder actually used
         rows[name] = evaluate.evaluate_embeddings(query_vectors, entity_vectors, relevant,

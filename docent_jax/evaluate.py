@@ -28,7 +28,7 @@ from typing import Literal, overload
 
 import numpy as np
 
-from embedding_core import metrics
+from embedding_core import metrics, multihost
 from embedding_core.inference import l2_normalize
 
 RECALL_KS = (1, 5, 10)
@@ -150,18 +150,19 @@ def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
 def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
                     relevant: Sequence[Sequence[int]], *, block_size: int = ...,
                     ks: Sequence[int] = ..., ndcg_k: int = ...,
-                    per_query: Literal[False] = ...) -> Summary: ...
+                    per_query: Literal[False] = ..., split: bool = ...) -> Summary: ...
 @overload
 def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
                     relevant: Sequence[Sequence[int]], *, block_size: int = ...,
                     ks: Sequence[int] = ..., ndcg_k: int = ...,
-                    per_query: Literal[True]) -> tuple[Summary, PerQuery]: ...
+                    per_query: Literal[True], split: bool = ...) -> tuple[Summary, PerQuery]: ...
 
 
 def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
                     relevant: Sequence[Sequence[int]], *, block_size: int = 1024,
                     ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
-                    per_query: bool = False) -> Summary | tuple[Summary, PerQuery]:
+                    per_query: bool = False,
+                    split: bool = False) -> Summary | tuple[Summary, PerQuery]:
     """:func:`ranking_metrics` over query blocks, so the full score matrix is never whole.
 
     Args:
@@ -171,6 +172,10 @@ def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
       ks, ndcg_k: cut-offs, as in :func:`ranking_metrics`.
       per_query: also return ``{metric: [n_queries] float64}`` (e.g. for
         ``embedding_core.stats.paired_bootstrap`` between two systems).
+      split: with several processes, each scores its slice of the queries and the
+        per-query values are gathered (``embedding_core.multihost.split_map``); a
+        collective, and ``score_block`` must compute on this process alone (process-local
+        params). Every process returns the same result.
 
     Returns:
       As :func:`ranking_metrics`, over all queries. The summary is the mean of the
@@ -181,12 +186,17 @@ def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
         raise ValueError("no queries to evaluate")
     if isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-    parts: list[PerQuery] = []
-    for start in range(0, len(relevant), block_size):
-        stop = min(start + block_size, len(relevant))
-        parts.append(_per_query_metrics(score_block(start, stop), relevant[start:stop], ks,
-                                        ndcg_k))
-    values = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def rows(first: int, last: int) -> PerQuery:
+        parts: list[PerQuery] = []
+        for start in range(first, last, block_size):
+            stop = min(start + block_size, last)
+            parts.append(_per_query_metrics(score_block(start, stop), relevant[start:stop],
+                                            ks, ndcg_k))
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    values = multihost.split_map(rows, len(relevant), what="ranking") if split else \
+        rows(0, len(relevant))
     summary = _summary(values, len(relevant))
     return (summary, values) if per_query else summary
 
@@ -206,6 +216,7 @@ def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
     """
     if len(query_vectors) != len(relevant):
         raise ValueError(f"{len(query_vectors)} query vectors for {len(relevant)} queries")
+    kwargs.setdefault("split", True)  # numpy on this process: each may take a slice
     return evaluate_scores(lambda a, b: cosine_scores(query_vectors[a:b], entity_vectors),
                            relevant, **kwargs)
 
@@ -215,8 +226,10 @@ def evaluate_ranker(ranker, queries: Sequence[tuple[str, Sequence[int]]],
     """Held-out ranking metrics of a trained DocEnt model of any variant
     (``inference.EntityRanker``): each query block is scored by ``ranker.score`` (Dual,
     Hybrid: ``a cos(f(q), g(e))``; Full: the entity logits of ``[CLS] [MASK] [SEP] q``).
-    ``kwargs`` go to :func:`evaluate_scores`."""
+    ``kwargs`` go to :func:`evaluate_scores`. With several processes and a loaded ranker
+    (process-local params) each process scores its slice of the queries."""
     texts = [q for q, _ in queries]
+    kwargs.setdefault("split", multihost.is_local(ranker.params))
     return evaluate_scores(
         lambda a, b: ranker.score(texts[a:b], show_progress_bar=progress and a == 0),
         [r for _, r in queries], **kwargs)

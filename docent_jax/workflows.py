@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from etils import epath
 
 from data_pipelines.text_lines import read_text_lines
-from embedding_core import storage
+from embedding_core import multihost, storage
 from embedding_core.files import write_json
 
 MODEL_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
@@ -78,8 +78,9 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                 data, model=ranker.config.model, max_length=ranker.config.max_length,
                 progress=progress, per_query=True).items():
             rows[key], details[key] = summary, per
-    write_json(storage.as_path(workdir) / "eval" / "ranking.json",
-               {"protocol": data.description, "rows": rows})
+    if multihost.is_primary():  # every process holds the same rows; one writes them
+        write_json(storage.as_path(workdir) / "eval" / "ranking.json",
+                   {"protocol": data.description, "rows": rows})
     print(f"\nZero-shot entity ranking (%), {int(rows[name]['num_queries'])} held-out queries "
           f"over {data.num_entities} entities")
     print(f"data: {data.description}")
@@ -127,7 +128,7 @@ def export_queries(ranker, queries: list[str], out_dir: str | os.PathLike, *,
     def blocks() -> Iterator[tuple[list[str], object]]:
         for start in range(0, len(queries), block_rows):
             part = queries[start:start + block_rows]
-            yield part, ranker.encode(part)
+            yield part, multihost.encode(ranker, part)  # a slice per process
 
     return export_view(out_dir, blocks(), num_rows=len(queries), dim=ranker.dim,
                        meta=_view_meta(ranker, **(meta or {})))

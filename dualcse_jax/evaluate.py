@@ -20,6 +20,7 @@ import numpy as np
 
 from data_pipelines.inli import INLIExample
 from dualcse_jax.inference import Embedder
+from embedding_core import multihost
 from embedding_core.metrics import accuracy_at_threshold, best_threshold_accuracy
 
 CLASSES = ("explicit", "implied", "neutral", "contradiction")
@@ -38,6 +39,9 @@ def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
                progress: bool = False) -> dict[str, np.ndarray]:
     """Entailment scores per hypothesis class.
 
+    Several processes each encode a slice of the sentences
+    (``embedding_core.multihost.encode``); every process gets all scores.
+
     Returns:
       ``{class: [n_premises] float32}`` with ``max(cos(r_p, r_h), cos(u_p, r_h))``.
     """
@@ -45,10 +49,10 @@ def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
     hyps = {c: [getattr(ex, _FIELDS[c]) for ex in examples] for c in CLASSES}
     unique = sorted({h for hs in hyps.values() for h in hs})
     index = {h: i for i, h in enumerate(unique)}
-    r_p = embedder.encode(premises, kind="explicit", show_progress_bar=progress)
-    u_p = r_p if embedder.model.architecture == "simcse" else embedder.encode(
-        premises, kind="implicit", show_progress_bar=progress)  # one-vector model: r = u
-    r_h = embedder.encode(unique, kind="explicit", show_progress_bar=progress)
+    r_p = multihost.encode(embedder, premises, kind="explicit", show_progress_bar=progress)
+    u_p = r_p if embedder.model.architecture == "simcse" else multihost.encode(
+        embedder, premises, kind="implicit", show_progress_bar=progress)  # r = u
+    r_h = multihost.encode(embedder, unique, kind="explicit", show_progress_bar=progress)
     out = {}
     for c, hs in hyps.items():
         rh = r_h[[index[h] for h in hs]]
@@ -83,8 +87,8 @@ def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[
 
 def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
     """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher = more implicit)."""
-    r = embedder.encode(texts, kind="explicit")
-    u = embedder.encode(texts, kind="implicit")
+    r = multihost.encode(embedder, texts, kind="explicit")
+    u = multihost.encode(embedder, texts, kind="implicit")
     return (1.0 - _cos_rows(r, u)).astype(np.float32)
 
 

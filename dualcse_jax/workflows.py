@@ -10,7 +10,7 @@ import time
 
 from etils import epath
 
-from embedding_core import storage
+from embedding_core import multihost, storage
 from embedding_core.files import write_json, write_lines
 
 VIEWS = ("explicit", "implicit")  # export folders: r and u
@@ -106,7 +106,8 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
     def blocks(kind):
         for start in range(0, len(sentences), chunk):
             part = sentences[start:start + chunk]
-            yield part, embedder.encode(part, kind=kind, normalize=normalize)
+            # Each process encodes a slice of the chunk; process 0 writes (ExportFolder).
+            yield part, multihost.encode(embedder, part, kind=kind, normalize=normalize)
 
     with folder:
         for kind in VIEWS:

@@ -81,8 +81,18 @@ def define_workdir_flags(default_config: str, workdir_help: str = (
     flags.DEFINE_integer("num_train_steps", None, "demo: override the preset's step count.")
 
 
+# Commands that load a trained model and may run on several processes (each process
+# encodes its slice, process 0 writes: embedding_core.multihost).
+SHARED_WORK_COMMANDS = ("evaluate", "export")
+
+
 def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
     """The one positional command of ``argv``; ``--workdir`` must be set.
+
+    For ``evaluate`` and ``export`` this also starts ``jax.distributed`` when asked, from
+    the same fields as ``train``: ``--config.coordinator_address`` (``auto`` on a TPU
+    pod), ``--config.num_processes``, ``--config.process_id``, or the
+    ``JAX_COORDINATOR_ADDRESS`` environment variable (``docs/architecture.md``).
 
     Exits with status 1 and a two-line usage message on no command, an unknown one,
     several, or no ``--workdir``.
@@ -94,6 +104,14 @@ def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
                  f"{prog} --help explains the commands and flags")
     if not flags.FLAGS.workdir:
         sys.exit(f"{prog} {argv[1]}: error: --workdir is required (see --help)")
+    if argv[1] in SHARED_WORK_COMMANDS:
+        from embedding_core import parallel
+
+        config = flags.FLAGS.config
+        # Before anything touches a device: jax.distributed must start first.
+        parallel.maybe_initialize_distributed(
+            config.get("coordinator_address") or None, config.get("num_processes") or None,
+            config.process_id if config.get("process_id", -1) >= 0 else None)
     return argv[1]
 
 

@@ -126,10 +126,10 @@ def maybe_initialize_distributed(
     ``coordinator_address="auto"`` for that. On CPU (tests, local multi-process runs) the
     gloo collectives are selected so cross-process all-reduces work.
     Nothing happens when ``coordinator_address`` is empty and ``JAX_COORDINATOR_ADDRESS`` is
-    unset.
+    unset, or when this process has already started (a later call in the same program).
     """
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if not coordinator_address:
+    if not coordinator_address or jax.distributed.is_initialized():
         return
     if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -25,6 +25,7 @@ import numpy as np
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.word_features import FeatureSet, resolve_source_weights
+from embedding_core import multihost
 from embedding_core.metrics import ranks_of_targets, recall_at_k_from_ranks
 from mrwe_jax import baselines, data
 from mrwe_jax.inference import Retriever
@@ -82,7 +83,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def cosine_ranks(question_vectors: np.ndarray, pool_vectors: np.ndarray, targets: np.ndarray,
-                 *, block: int = 1024) -> np.ndarray:
+                 *, block: int = 1024, split: bool = True) -> np.ndarray:
     """1-based pessimistic rank of each question's target among the pool, by cosine.
 
     A zero vector (a text without words) has cosine 0 to everything, so its target ties
@@ -93,15 +94,22 @@ def cosine_ranks(question_vectors: np.ndarray, pool_vectors: np.ndarray, targets
       pool_vectors: ``[n_pool, d]`` float.
       targets: ``[n_q]`` int columns into the pool.
       block: questions scored at a time (bounds the ``[block, n_pool]`` score matrix).
+      split: with several processes, each ranks a slice of the questions and the ranks
+        are gathered (``embedding_core.multihost.split_map``, a collective).
 
     Returns:
       ``[n_q]`` int64 ranks in ``[1, n_pool]``.
     """
     q, p = _unit(question_vectors), _unit(pool_vectors)
     targets = np.asarray(targets)
-    ranks = [ranks_of_targets(q[s:s + block] @ p.T, targets[s:s + block])
-             for s in range(0, len(q), block)]
-    return np.concatenate(ranks) if ranks else np.zeros((0,), np.int64)
+
+    def rows(first: int, last: int) -> np.ndarray:
+        ranks = [ranks_of_targets(q[s:min(s + block, last)] @ p.T, targets[s:min(s + block,
+                                                                                   last)])
+                 for s in range(first, last, block)]
+        return np.concatenate(ranks).astype(np.int64) if ranks else np.zeros((0,), np.int64)
+
+    return multihost.split_map(rows, len(q), what="ranking") if split else rows(0, len(q))
 
 
 def score_ranks(scores: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -170,18 +178,31 @@ def evaluate_retrieval(
     for tower in towers:
         add(tower.name, tower_ranks(
             lambda side, rows, tower=tower: tower.encode_features(
-                features, side, rows, show_progress_bar=progress), corpus, pool))
+                features, side, rows, show_progress_bar=progress), corpus, pool,
+            split=multihost.is_local(tower.params)))
     return rows
 
 
-def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "test"
-                ) -> np.ndarray:
-    """``[n_test_questions]`` ranks of each test question's paragraph among the pool."""
+def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "test", *,
+                split: bool = False) -> np.ndarray:
+    """``[n_test_questions]`` ranks of each test question's paragraph among the pool.
+
+    ``split``: with several processes, each encodes and ranks a slice of the rows
+    (``embedding_core.multihost.split_map``); ``encode_rows`` must then compute on this
+    process alone (a loaded tower's process-local params, not the training loop's).
+    """
     q_idx = np.flatnonzero(corpus.test_questions)
     p_idx = pool_indices(corpus, pool)
     targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)
-    return cosine_ranks(encode_rows("questions", q_idx), encode_rows("paragraphs", p_idx),
-                        targets)
+
+    def encode(side: str, rows: np.ndarray) -> np.ndarray:
+        if not split:
+            return encode_rows(side, rows)
+        return multihost.split_map(lambda a, b: encode_rows(side, rows[a:b]), len(rows),
+                                   what=f"encode {side}")
+
+    # Ranking is numpy on every process's full vectors: always split, whatever the encoder.
+    return cosine_ranks(encode("questions", q_idx), encode("paragraphs", p_idx), targets)
 
 
 def tower_recall(encode_rows: EncodeRows, corpus: RetrievalCorpus, *, pool: str = "test",

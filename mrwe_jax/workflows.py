@@ -15,6 +15,7 @@ import numpy as np
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.word_features import FeatureSet, parse_list
+from embedding_core import multihost
 from embedding_core.export import ExportFolder
 from embedding_core.files import write_json
 from mrwe_jax import data, evaluate, inference, trainer
@@ -73,6 +74,8 @@ def evaluate_workdirs(workdirs: Sequence[str | os.PathLike], *, pool: str | None
     print()
     print(evaluate.format_table(rows, title))
     out_dir = Path(workdirs[0]) / "eval"
+    if not multihost.is_primary():  # every process holds the same rows; process 0 writes
+        return {"rows": rows, "pool": pool, "tsne": None}
     write_json(out_dir / f"recall_{pool}.json", {
         "pool": pool, "pool_size": n_pool, "split": corpus.split,
         "num_test_questions": int(corpus.test_questions.sum()),
@@ -131,7 +134,10 @@ def _export_side(folder, tower, corpus, features, side, indices, config, split, 
     def blocks(side=side, indices=indices, ids=ids):
         for s in range(0, len(indices), chunk):
             part = indices[s:s + chunk]
-            yield [ids[i] for i in part], tower.encode_features(features, side, part)
+            # Each process encodes a slice of the chunk; process 0 writes (ExportFolder).
+            yield [ids[i] for i in part], multihost.split_map(
+                lambda a, b, part=part: tower.encode_features(features, side, part[a:b]),
+                len(part), what=f"encode {side}")
 
     meta = {
         "model": f"mrwe-jax {tower.name}", "config": config.to_dict(), "step": tower.step,
