@@ -1,0 +1,270 @@
+"""Sharded corpora: preprocess into 8 shards, stream per host, same batches as in memory.
+
+The reference for every streamed batch is the in-memory token table of the same config
+(``dualcse_jax.data.train_table``), its rows picked by the order of docs/data.md
+("Sharded corpora") recomputed here from the definition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_pipelines import pipeline, sharded_corpus, shards
+
+HERE = Path(__file__).parent
+NUM_SHARDS, BATCH, SEED, STEPS = 8, 16, 5, 5
+ROWS = 168  # 21 a shard: B/S = 2 rows of each shard a step, 10 steps an epoch
+
+
+def _overrides(model_dir) -> dict:
+    return {"model": str(model_dir), "architecture": "cross", "max_length": 32,
+            "batch_size": BATCH, "seed": SEED, "max_train_examples": ROWS,
+            "pad_multiple": 8, "learning_rate": 1e-3, "log_every": 1,
+            "checkpoint_every": 100}
+
+
+def _config(model_dir, **extra):
+    from dualcse_jax.configs import default
+
+    config = default.get_config()
+    config.update({**_overrides(model_dir), **extra})
+    return config
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tiny_bert_dir):
+    """(folder, manifest, in-memory table) of DualCSE-cross INLI rows, 8 shards."""
+    from dualcse_jax import data
+    from embedding_core.preprocess import run_preprocess
+
+    folder = tmp_path_factory.mktemp("sharded") / "corpus"
+    config = _config(tiny_bert_dir)
+    source = data.corpus_source(config)  # data.train_table(config, tokenizer) inside
+    manifest = run_preprocess("dualcse-jax", lambda c: source, config, str(folder),
+                              NUM_SHARDS, chunk_rows=50)
+    # The in-memory path's table (tokenising INLI train once more would cost seconds).
+    table = source.rows(np.arange(ROWS))
+    return folder, manifest, table
+
+
+def _definition_rows(manifest: shards.Manifest, step: int) -> np.ndarray:
+    """Source rows of the global batch of ``step``, written out from docs/data.md."""
+    assignment = np.random.default_rng(0).permutation(manifest.num_rows)
+    m = BATCH // NUM_SHARDS
+    spe = min(manifest.shard_rows) // m
+    epoch, b = divmod(step, spe)
+    rows, start = [], 0
+    for k, n in enumerate(manifest.shard_rows):
+        members = assignment[start:start + n]
+        start += n
+        rows.append(members[np.random.default_rng([SEED, epoch, k]).permutation(n)
+                            [b * m:(b + 1) * m]])
+    return np.concatenate(rows)
+
+
+def _streamed(config, manifest, start=0, steps=STEPS):
+    from dualcse_jax import data
+
+    return list(itertools.islice(data.batch_factory(config, manifest)(start), steps))
+
+
+def _assert_batches_equal(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_preprocess_writes_shards_and_manifest(corpus, tiny_bert_dir):
+    folder, manifest, table = corpus
+    from data_pipelines import dualcse_data
+
+    names = sorted(os.listdir(folder))
+    shard_files = [n for n in names if ".array_record-" in n]
+    assert len(shard_files) == NUM_SHARDS and "manifest.json" in names
+    saved = json.loads((folder / "manifest.json").read_text())
+    assert saved["fields"] == list(dualcse_data.FIELDS["cross"])
+    assert saved["max_length"] == 32 and saved["num_rows"] == ROWS
+    assert [s["rows"] for s in saved["shards"]] == [ROWS // NUM_SHARDS] * NUM_SHARDS
+    assert saved["longest"] == table.lengths.max(axis=0).tolist()
+    assert saved["tokenizer_sha256"] == shards.file_sha256(
+        (tiny_bert_dir / "tokenizer.json").read_bytes())
+    # The folder is a TFDS dataset too: its record i of shard k is row members[k][i].
+    import tensorflow_datasets as tfds
+
+    source = tfds.builder_from_directory(str(folder)).as_data_source("train")
+    members = manifest.members()
+    record = source[ROWS // NUM_SHARDS + 3]  # shard 1, record 3
+    row = int(members[1][3])
+    assert int(record["row"]) == row
+    n = table.lengths[row]
+    np.testing.assert_array_equal(
+        record["input_ids"], np.concatenate([table.input_ids[row, f, :n[f]]
+                                             for f in range(len(n))]))
+
+
+def test_streamed_batches_follow_the_order_and_equal_the_table(corpus, tiny_bert_dir):
+    folder, manifest, table = corpus
+    from data_pipelines import dualcse_data
+
+    config = _config(tiny_bert_dir, train_shards=str(folder))
+    streamed = _streamed(config, manifest)
+    groups = dualcse_data.length_groups("cross")
+    for step, batch in enumerate(streamed):
+        assert int(batch["step"]) == step
+        rows = _definition_rows(manifest, step)
+        np.testing.assert_array_equal(
+            sharded_corpus.source_rows(manifest, step, global_batch_size=BATCH, seed=SEED),
+            rows)
+        np.testing.assert_array_equal(batch["text_ids"], table.text_ids[rows])
+        for g, fields in enumerate(groups):
+            length = batch[f"input_ids_{g}"].shape[-1]
+            # One padded length per group for the run: the corpus's longest, rounded to 8.
+            assert length == min(-(-table.lengths[:, fields].max() // 8) * 8, 32)
+            want = table.input_ids[rows][:, fields, :length]
+            np.testing.assert_array_equal(batch[f"input_ids_{g}"], want)
+            np.testing.assert_array_equal(batch[f"token_type_ids_{g}"],
+                                          table.token_type_ids[rows][:, fields, :length])
+            np.testing.assert_array_equal(batch[f"attention_mask_{g}"].sum(-1),
+                                          table.lengths[rows][:, fields])
+    # The in-memory path given the shards' rows yields the very same batches.
+    in_memory = list(pipeline.make_batches(
+        table, global_batch_size=BATCH, seed=SEED, num_steps=STEPS, pad_multiple=8,
+        length_groups=groups, shards=manifest.members()))
+    _assert_batches_equal(streamed, in_memory)
+
+
+def test_resume_continues_the_uninterrupted_order(corpus, tiny_bert_dir):
+    folder, manifest, _ = corpus
+    config = _config(tiny_bert_dir, train_shards=str(folder))
+    whole = _streamed(config, manifest, 0, 13)  # epoch 0 is steps 0-9
+    _assert_batches_equal(_streamed(config, manifest, 8, 5), whole[8:])
+    epoch0 = np.concatenate([sharded_corpus.source_rows(manifest, s, global_batch_size=BATCH,
+                                                        seed=SEED) for s in range(10)])
+    assert len(set(epoch0.tolist())) == 160  # no row twice in an epoch (1 a shard left out)
+
+
+def test_settings_and_layouts_that_cannot_work_are_refused(corpus, tiny_bert_dir, tmp_path):
+    folder, manifest, table = corpus
+    from dualcse_jax import data
+
+    config = _config(tiny_bert_dir, train_shards=str(folder), max_length=48)
+    with pytest.raises(ValueError, match=r"manifest.json: field 'max_length': the corpus "
+                                         r"has 32, the config needs 48"):
+        data.train_rows(config, None, tiny_bert_dir)
+    config = _config(tiny_bert_dir, train_shards=str(folder), architecture="bi")
+    with pytest.raises(ValueError, match="field 'fields'"):
+        data.train_rows(config, None, tiny_bert_dir)
+    with pytest.raises(ValueError, match="not divisible by the 3 processes"):
+        sharded_corpus.make_batches(manifest, global_batch_size=24, seed=0,
+                                    process_index=0, process_count=3)
+    with pytest.raises(ValueError, match="multiple of the corpus's 8 shards"):
+        sharded_corpus.make_batches(manifest, global_batch_size=12, seed=0)
+    source = sharded_corpus.CorpusSource(
+        fields=table.field_names, max_length=table.max_len, num_rows=table.num_examples,
+        rows=sharded_corpus.table_rows(table), tokenizer_json=b"{}", tokenizer="t", pad_id=0)
+    with pytest.raises(FileExistsError, match="not an empty folder"):
+        sharded_corpus.write_corpus(source, folder, num_shards=2)
+    with pytest.raises(ValueError, match="need 1 <= shards <= rows"):
+        sharded_corpus.write_corpus(source, tmp_path / "new", num_shards=ROWS + 1)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "tokenized_corpus-train.array_record-00000-of-00002").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="no manifest: an unfinished preprocess"):
+        shards.read_manifest(tmp_path / "half")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_train_on_their_own_shards(corpus, tiny_bert_dir, tmp_path):
+    """2 processes x 4 CPU devices train 5 steps on the shards: each opens only its 4
+    shard files, and their host batches side by side are the in-memory global batches."""
+    folder, manifest, table = corpus
+    overrides = {**_overrides(tiny_bert_dir), "train_shards": str(folder),
+                 "num_train_steps": STEPS}
+    port = _free_port()
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    procs = [subprocess.Popen(
+        [sys.executable, str(HERE / "sharded_worker.py"), json.dumps(overrides),
+         str(tmp_path / "run"), f"localhost:{port}", "2", str(pid),
+         str(tmp_path / f"host_{pid}.npz")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for pid in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+    hosts = [dict(np.load(tmp_path / f"host_{pid}.npz")) for pid in range(2)]
+    shard_names = [name for name, _ in manifest.shards]
+    for pid, host in enumerate(hosts):
+        assert int(host["process_index"]) == pid and int(host["local_devices"]) == 4
+        assert host["open_files"].tolist() == shard_names[4 * pid:4 * pid + 4]
+    from data_pipelines import dualcse_data
+
+    in_memory = list(pipeline.make_batches(
+        table, global_batch_size=BATCH, seed=SEED, num_steps=STEPS, pad_multiple=8,
+        length_groups=dualcse_data.length_groups("cross"), shards=manifest.members()))
+    for step, want in enumerate(in_memory):
+        for key, value in want.items():
+            if key == "step":
+                continue
+            got = np.concatenate([host[f"step_{step}_{key}"] for host in hosts])
+            np.testing.assert_array_equal(got, value, err_msg=f"step {step} {key}")
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_docent_preprocess_and_train_task_stream_the_shards(tmp_path, tiny_bert_dir,
+                                                           monkeypatch):
+    """docent-jax's preprocess keeps the entities and queries beside the shards; its
+    training task reads them from there (no sentence loaded) and streams the table's rows."""
+    from docent_jax import data as docent_data
+    from docent_jax import trainer
+    from docent_jax.configs import default
+    from embedding_core import parallel
+    from embedding_core.preprocess import run_preprocess
+
+    words = ["river", "castle", "music", "engine", "forest"]
+    tiny = docent_data.EntityData(
+        [f"Entity_{w}" for w in words], words,
+        [(e, f"the {w} number {k} is described here") for k in range(8)
+         for e, w in enumerate(words)],
+        [(f"which one has a {w}?", (e,)) for e, w in enumerate(words)], "tiny corpus")
+    monkeypatch.setattr(docent_data, "load_data", lambda config: tiny)
+    config = default.get_config()
+    config.update({"model": str(tiny_bert_dir), "max_length": 16, "batch_size": 16,
+                   "seed": SEED, "pad_multiple": 8, "eval_every": 0})
+    folder = tmp_path / "docent_corpus"
+    manifest = run_preprocess("docent-jax", docent_data.corpus_source, config, str(folder),
+                              NUM_SHARDS)
+    assert manifest.fields == ("sentence",) and manifest.num_rows == 40
+
+    monkeypatch.setattr(docent_data, "load_data", lambda config: pytest.fail("data loaded"))
+    config.train_shards = str(folder)
+    data, source = docent_data.training_data(config, tiny_bert_dir)
+    assert source == manifest and data.sentences == []
+    assert data.entity_ids == tiny.entity_ids and data.entity_names == tiny.entity_names
+    assert data.queries == tiny.queries
+    task = trainer.build_task(config, parallel.make_mesh())
+    assert task.steps_per_epoch == 2 and task.num_examples == 40  # 5 rows a shard, 2 a step
+    table = docent_data.entity_sentence_table(tiny.sentences, 5, tiny_bert_dir, 16)
+    for step, batch in enumerate(itertools.islice(task.make_batches(0), STEPS)):
+        rows = _definition_rows(manifest, step)  # 3 epochs: 2 steps each
+        np.testing.assert_array_equal(batch["entity_ids"], table.text_ids[rows, 0])
+        length = batch["input_ids"].shape[-1]
+        np.testing.assert_array_equal(batch["input_ids"], table.input_ids[rows][:, :, :length])
+        np.testing.assert_array_equal(batch["attention_mask"].sum(-1), table.lengths[rows])
