@@ -5,6 +5,7 @@ Usage:
   docent-jax evaluate --workdir=DIR [--task=ranking|tags] [--nobaselines]
   docent-jax export   --workdir=DIR [--output=OUT_DIR] [--input=QUERIES.txt]
   docent-jax demo     --workdir=DIR [--num_train_steps=N] [--config=CONFIG.py]
+  docent-jax preprocess --config=CONFIG.py --output=DIR [--num_shards=8]
 
 train     trains (or resumes) a DocEnt model into DIR: config.json, entity_ids.txt,
           TensorBoard events, orbax checkpoints. CONFIG.py defaults to
@@ -37,6 +38,11 @@ demo      trains Dual, Full and Hybrid with their CPU presets into DIR/{dual,ful
           (finished runs are skipped), evaluates each with the baselines, exports; prints
           one table with paired-bootstrap intervals and the timings. --config=CONFIG.py
           runs that one config into DIR instead.
+preprocess tokenises the training sentences CONFIG.py describes (to the variant's sentence
+          length) once into --num_shards ArrayRecord shards under --output (local or gs://),
+          with manifest.json, entity_ids.txt and entities.json (names, queries); train with
+          --config.train_shards=DIR: no host loads the corpus, each reads only its shards
+          (docs/data.md, "Sharded corpora"). --num_shards: a multiple of the training hosts.
 """
 
 from __future__ import annotations
@@ -46,17 +52,20 @@ from pathlib import Path
 
 from absl import flags
 
+from embedding_core import preprocess
 from embedding_core.cli import define_workdir_flags, parse_command, run_app, user_errors
 
-COMMANDS = ("train", "evaluate", "export", "demo")
+COMMANDS = ("train", "evaluate", "export", "demo", "preprocess")
 
 define_workdir_flags(str(Path(__file__).parent / "configs" / "default.py"))
-flags.DEFINE_string("output", None, "export: output directory (default WORKDIR/export).")
+flags.DEFINE_string("output", None, "export: output directory (default WORKDIR/export); "
+                    "preprocess: the corpus folder.")
 flags.DEFINE_string("input", None, "export: a text file of queries, one a line; their "
                     "vectors f(q) go to OUTPUT/queries/.")
 flags.DEFINE_bool("baselines", True, "evaluate: also score BoS-MiniLM, BoS-GloVe, TF-IDF.")
 flags.DEFINE_enum("task", "ranking", ["ranking", "tags"], "evaluate: zero-shot entity ranking "
                   "or MovieLens tag prediction (config.tag_movielens_dir, config.mapping_path).")
+preprocess.define_flags()
 FLAGS = flags.FLAGS
 
 
@@ -77,6 +86,11 @@ def main(argv: list[str]) -> None:
         elif command == "evaluate":
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step,
                                        baselines=FLAGS.baselines, overrides=_overrides())
+        elif command == "preprocess":
+            from docent_jax.data import corpus_source
+
+            preprocess.run_preprocess("docent-jax", corpus_source, _absolute_paths(FLAGS.config),
+                                      FLAGS.output, FLAGS.num_shards)
         elif command == "export":
             workflows.export_workdir(FLAGS.workdir, FLAGS.output, input_path=FLAGS.input,
                                      step=FLAGS.step)
@@ -86,7 +100,7 @@ def main(argv: list[str]) -> None:
 
 
 PATH_FIELDS = ("squad_path", "amazon_paths", "mapping_path", "eval_reddit_path",
-               "tag_movielens_dir", "train_file", "eval_queries_file")
+               "tag_movielens_dir", "train_file", "eval_queries_file", "train_shards")
 """Data paths saved with a run: made absolute at ``train``, so that ``evaluate`` from
 another directory finds the same files."""
 

@@ -10,6 +10,7 @@ import ml_collections
 from absl import logging
 from jax.sharding import Mesh
 
+from data_pipelines import sharded_corpus
 from data_pipelines.tokenization import load_tokenizer
 from docent_jax import data as docent_data
 from docent_jax.configs import validate_config
@@ -28,24 +29,19 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
     """The ``Task`` of ``config.variant``: pretrained encoder (a bad path fails before any
     data work), the entity data, the entity-sentence table in the variant's layout and,
     with ``eval_every``, held-out ranking."""
-    from data_pipelines import pipeline  # TensorFlow: only once training is certain
-
     pretrained = load_pretrained(config.model)
     limit = pretrained.config.max_position_embeddings - (
         pretrained.config.pad_token_id + 1 if pretrained.config.model_type == "roberta" else 0)
     if int(config.max_length) > limit:
         raise ValueError(f"config.max_length={config.max_length} exceeds the {limit} positions "
                          f"of {config.model}; pass --config.max_length={limit} or less")
-    data = docent_data.load_data(config)
-    table = docent_data.entity_sentence_table(data.sentences, data.num_entities,
-                                              pretrained.model_dir,
-                                              docent_data.sentence_length(config))
+    data, table = docent_data.training_data(config, pretrained.model_dir)
     model = build_model(config, pretrained.config, data.num_entities)
     tokenizer, batch = load_tokenizer(pretrained.model_dir), int(config.batch_size)
     variant = config.variant
     masking = masking_config(config, tokenizer) if variant != "dual" else None
     layout = docent_data.FullLayout.from_tokenizer(tokenizer) if variant == "full" else None
-    steps_per_epoch = pipeline.steps_per_epoch(table.num_examples, batch)
+    steps_per_epoch = sharded_corpus.epoch_steps(table, batch)
     warmup = head_warmup_steps(config, configs.num_train_steps(config, steps_per_epoch))
     if warmup < int(config.mlm_warmup_steps) and config.mlm_head_init == "warmup" and \
             variant != "dual":

@@ -16,7 +16,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from data_pipelines import dualcse_data, inli, pipeline, sentence_files, snli
+from data_pipelines import (
+    dualcse_data,
+    inli,
+    pipeline,
+    sentence_files,
+    sharded_corpus,
+    shards,
+    snli,
+)
 
 
 def _field(config: ml_collections.ConfigDict, name: str) -> str:
@@ -105,17 +113,62 @@ def rte_sets_label(config: ml_collections.ConfigDict) -> str:
     return f"{test}, threshold tuned on {val}"
 
 
-def batch_factory(config: ml_collections.ConfigDict, table: pipeline.TokenTable
+def batch_factory(config: ml_collections.ConfigDict,
+                  table: pipeline.TokenTable | shards.Manifest
                   ) -> Callable[[int], Iterator[dict[str, np.ndarray]]]:
     """``start_step -> this process's batches``: the order is a pure function of
-    (``seed``, step), premises and hypotheses padded apart when ``group_padding``."""
+    (``seed``, step), premises and hypotheses padded apart when ``group_padding``; a
+    sharded corpus (:func:`train_rows`) is streamed, each host reading its own shards."""
     groups = dualcse_data.length_groups(config.architecture) if config.group_padding else None
 
     def make(start_step: int):
-        return pipeline.make_batches(
+        return sharded_corpus.batches_of(
             table, global_batch_size=int(config.batch_size), seed=int(config.seed),
             start_step=start_step, process_index=jax.process_index(),
             process_count=jax.process_count(), pad_multiple=int(config.pad_multiple),
             length_groups=groups)
 
     return make
+
+
+def train_rows(config: ml_collections.ConfigDict, tokenizer, model_dir
+               ) -> pipeline.TokenTable | shards.Manifest:
+    """The training rows: the sharded corpus of ``config.train_shards`` when set (streamed
+    by :func:`batch_factory`; its manifest must match the architecture's fields,
+    ``max_length`` and the model's tokenizer), else :func:`train_table` in memory.
+
+    Raises:
+      FileNotFoundError: no corpus at ``train_shards``.
+      ValueError: a corpus preprocessed for other settings (manifest and field named).
+      data_pipelines.errors.DataError: malformed training data (file, line, field).
+    """
+    folder = str(config.get("train_shards", "") or "").strip()
+    if folder:
+        return sharded_corpus.open_corpus(
+            folder, fields=dualcse_data.FIELDS[config.architecture],
+            max_length=int(config.max_length), model_dir=model_dir)
+    return train_table(config, tokenizer)
+
+
+def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSource:
+    """What ``dualcse-jax preprocess`` writes: the rows :func:`train_table` builds for this
+    config (text identities span the whole data, so the table is built whole and written a
+    chunk at a time).
+
+    Raises:
+      FileNotFoundError: no model or data file. DataError: malformed training data.
+    """
+    from data_pipelines.tokenization import load_tokenizer
+    from embedding_core.pretrained import resolve_model_dir
+
+    model_dir = resolve_model_dir(config.model)
+    tokenizer_json, pad_id = sharded_corpus.tokenizer_files(model_dir)
+    table = train_table(config, load_tokenizer(model_dir))
+    source = {"train": train_source(config), "architecture": config.architecture,
+              "max_length": int(config.max_length), "model": str(config.model),
+              "max_train_examples": int(config.max_train_examples)}
+    return sharded_corpus.CorpusSource(
+        fields=table.field_names, max_length=table.max_len, num_rows=table.num_examples,
+        rows=sharded_corpus.table_rows(table), tokenizer_json=tokenizer_json,
+        tokenizer=str(config.model), pad_id=pad_id, source=source,
+        description=f"DualCSE-{config.architecture} training rows of {train_source(config)}")

@@ -5,12 +5,14 @@ Usage:
   dualcse-jax evaluate --workdir=DIR [--baseline] [--eis_data=ImpScore.csv]
   dualcse-jax export   --workdir=DIR --input=SENTENCES.txt --output=OUT_DIR [--normalize]
   dualcse-jax demo     --workdir=DIR [--config=PRESET.py] [--config.FIELD=VALUE ...]
+  dualcse-jax preprocess --config=CONFIG.py --output=DIR [--num_shards=8]
 
 train     trains (or resumes) into DIR: config.json, TensorBoard events, orbax checkpoints.
           CONFIG.py defaults to dualcse_jax/configs/default.py (the paper's settings);
           dualcse_jax/configs/cross_cpu.py is the small CPU preset of the README.
           Your own data: --config.train_file=PATH (CSV or JSON Lines, local or gs://;
           --config.val_file / --config.test_file for RTE; docs/data.md).
+          --config.train_shards=DIR streams a corpus written by preprocess instead.
 evaluate  RTE on INLI test with the threshold tuned on INLI val; prints the table and
           writes DIR/eval/rte.json ({"explicit","implied","neutral","contradiction",
           "average","threshold"}, accuracies in [0,1]). --baseline adds the untrained
@@ -23,6 +25,10 @@ export    encodes one sentence per line of --input into OUT_DIR/explicit/ (r) an
           OUT_DIR/implicit/ (u), each with embeddings.npy (float32 [N, dim], row i =
           line i), ids.txt and meta.json (model, config, step, normalized, similarity);
           --normalize writes unit-length rows. embedding_core.export.load_export reads it.
+preprocess tokenises the training rows CONFIG.py describes once into --num_shards ArrayRecord
+          shards under --output (local or gs://) with a manifest.json; train with
+          --config.train_shards=DIR and each host reads only its shards (docs/data.md,
+          "Sharded corpora"). --num_shards: a multiple of the number of training hosts.
 """
 
 from __future__ import annotations
@@ -32,17 +38,19 @@ from pathlib import Path
 
 from absl import app, flags
 
+from embedding_core import preprocess
 from embedding_core.cli import define_workdir_flags, parse_command, run_app, user_errors
 
-COMMANDS = ("train", "evaluate", "export", "demo")
+COMMANDS = ("train", "evaluate", "export", "demo", "preprocess")
 
 define_workdir_flags(str(Path(__file__).parent / "configs" / "default.py"))
 flags.DEFINE_string("input", None, "export: text file, one sentence per line (UTF-8).")
-flags.DEFINE_string("output", None, "export: output directory.")
+flags.DEFINE_string("output", None, "export, preprocess: output directory.")
 flags.DEFINE_bool("baseline", False, "evaluate: also score the untrained model.")
 flags.DEFINE_string("eis_data", None, "evaluate: ImpScore-format CSV for EIS.")
 flags.DEFINE_bool("normalize", None, "export: unit-length rows (default: the run's "
                   "config.normalize, False unless set).")
+preprocess.define_flags()
 FLAGS = flags.FLAGS
 
 
@@ -59,7 +67,13 @@ def main(argv: list[str]) -> None:
             from dualcse_jax.configs import DATA_FILES
 
             # Saved with the run: evaluate and resume find the files from any directory.
-            workflows.train(absolute_data_paths(FLAGS.config, DATA_FILES), FLAGS.workdir)
+            workflows.train(absolute_data_paths(FLAGS.config, (*DATA_FILES, "train_shards")),
+                            FLAGS.workdir)
+        elif command == "preprocess":
+            from dualcse_jax import data
+
+            preprocess.run_preprocess("dualcse-jax", data.corpus_source, FLAGS.config,
+                                      FLAGS.output, FLAGS.num_shards)
         elif command == "evaluate":
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step, baseline=FLAGS.baseline,
                                        eis_data=FLAGS.eis_data)

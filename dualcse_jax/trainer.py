@@ -7,7 +7,7 @@ import os
 import ml_collections
 from jax.sharding import Mesh
 
-from data_pipelines import pipeline
+from data_pipelines import sharded_corpus
 from data_pipelines.tokenization import load_tokenizer
 from dualcse_jax import data
 from dualcse_jax.configs import validate_config
@@ -67,7 +67,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
     """
     pretrained = load_pretrained(config.model)
     tokenizer = load_tokenizer(pretrained.model_dir)
-    table = data.train_table(config, tokenizer)
+    table = data.train_rows(config, tokenizer, pretrained.model_dir)
     if table.num_examples < config.batch_size:  # before the workdir is written
         raise ValueError(f"the training data ({data.train_source(config)}) has "
                          f"{table.num_examples} examples, fewer than one batch "
@@ -77,7 +77,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
         name=f"DualCSE-{config.architecture}", init_params=init_fn(model),
         loss_fn=make_loss_fn(model, config), make_batches=data.batch_factory(config, table),
         num_examples=table.num_examples,
-        steps_per_epoch=pipeline.steps_per_epoch(table.num_examples, config.batch_size),
+        steps_per_epoch=sharded_corpus.epoch_steps(table, int(config.batch_size)),
         global_batch_size=int(config.batch_size),
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
         evaluate=rte_evaluator(model, tokenizer, config) if config.eval_every > 0 else None,

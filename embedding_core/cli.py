@@ -86,8 +86,13 @@ def define_workdir_flags(default_config: str, workdir_help: str = (
 SHARED_WORK_COMMANDS = ("evaluate", "export")
 
 
+NO_WORKDIR_COMMANDS = ("preprocess",)
+"""Commands that write no run (``embedding_core.preprocess``): ``--workdir`` not needed."""
+
+
 def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
-    """The one positional command of ``argv``; ``--workdir`` must be set.
+    """The one positional command of ``argv``; ``--workdir`` must be set (except for
+    :data:`NO_WORKDIR_COMMANDS`).
 
     For ``evaluate`` and ``export`` this also starts ``jax.distributed`` when asked, from
     the same fields as ``train``: ``--config.coordinator_address`` (``auto`` on a TPU
@@ -102,7 +107,7 @@ def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
         got = f" (got {argv[1:]})" if len(argv) > 1 else ""
         sys.exit(f"usage: {prog} {{{'|'.join(commands)}}} --workdir=DIR [flags]{got}\n"
                  f"{prog} --help explains the commands and flags")
-    if not flags.FLAGS.workdir:
+    if not flags.FLAGS.workdir and argv[1] not in NO_WORKDIR_COMMANDS:
         sys.exit(f"{prog} {argv[1]}: error: --workdir is required (see --help)")
     if argv[1] in SHARED_WORK_COMMANDS:
         from embedding_core import parallel

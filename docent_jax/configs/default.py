@@ -47,6 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train_file = ""  # set: replaces train_data; JSON Lines {"entity": "<id>", "text": "..."}
     c.eval_queries_file = ""  # JSON Lines {"query": "...", "entities": ["<id>", ...]}:
     #                           the ranking queries (replace the data's own), any train_data
+    c.train_shards = ""  # a `docent-jax preprocess` folder (local or gs://): streamed per host,
+    #                      replaces the data fields above at training (docs/data.md)
     # train_data=amazon (the paper's data; the files are yours: see docs/docent_tags.md).
     c.amazon_paths = ""  # comma-separated review files, 2014 or 2018 JSON lines, plain/.gz
     c.mapping_path = ""  # Reviews2Movielens CSV: entity = canon_asin, names for removal

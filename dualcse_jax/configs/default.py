@@ -32,6 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.pad_multiple = 16  # batches padded to a multiple of this (fewer compiled shapes)
     c.group_padding = True  # pad premises and (short) hypotheses to separate lengths
     c.max_train_examples = 0  # 0 = all
+    c.train_shards = ""  # a `dualcse-jax preprocess` folder (local or gs://): streamed per
+    #                      host instead of the in-memory table (docs/data.md, "Sharded corpora")
     # Loss.
     c.temperature = 0.05
     c.use_contradiction = True  # ablation switch: contradiction negatives and term 5
