@@ -37,6 +37,7 @@ from typing import IO
 
 from data_pipelines.errors import DataError
 from data_pipelines.text import count_words, remove_entity_name, split_sentences
+from embedding_core import storage
 
 MIN_WORDS = 5
 """DocEnt: reviews shorter than 5 words are dropped (section 4.4)."""
@@ -72,10 +73,17 @@ class AmazonReview:
 
 
 def open_maybe_gzip(path: PathLike) -> IO[bytes]:
-    """Opens a file for binary reading, through gzip when it starts with the gzip magic bytes."""
-    with open(path, "rb") as probe:
+    """Opens a file (local or ``gs://``) for binary reading, through gzip when it starts with
+    the gzip magic bytes."""
+    path = storage.as_path(path)
+    with path.open("rb") as probe:
         magic = probe.read(2)
-    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+    raw = path.open("rb")
+    if magic != _GZIP_MAGIC:
+        return raw
+    unzipped = gzip.GzipFile(fileobj=raw, mode="rb")
+    unzipped.myfileobj = raw  # closed with the GzipFile, as when gzip opens a path itself
+    return unzipped
 
 
 def _lines(raw: IO[bytes], path: PathLike) -> Iterator[tuple[int, bytes]]:
@@ -241,7 +249,7 @@ class EntityVocab:
             the line.
           FileNotFoundError: the file does not exist.
         """
-        data = Path(path).read_bytes()
+        data = storage.as_path(path).read_bytes()
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as err:

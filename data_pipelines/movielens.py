@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 from data_pipelines.csv_reader import LINE_KEY, read_csv_records
 from data_pipelines.errors import DataError
 from data_pipelines.paths import data_dir
+from embedding_core import storage
 
 PathLike = str | os.PathLike[str]
 
@@ -95,10 +96,10 @@ class TagCountStats:
     movie_not_in_vocab: int
 
 
-def _movielens_path(path: PathLike | None, name: str) -> Path:
+def _movielens_path(path: PathLike | None, name: str) -> epath.Path:
     if path is not None:
-        return Path(path)
-    resolved = data_dir() / "movielens" / name
+        return storage.as_path(path)
+    resolved = storage.as_path(data_dir() / "movielens" / name)
     if not resolved.is_file():
         raise FileNotFoundError(f"MovieLens file {resolved} is missing")
     return resolved

@@ -14,11 +14,11 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from data_pipelines.amazon import EntityVocab
 from data_pipelines.errors import DataError
+from embedding_core import storage
 
 PathLike = str | os.PathLike[str]
 QUERY_FIELDS = ("query_original", "query_full", "query_title")
@@ -62,7 +62,7 @@ class RedditStats:
     queries_without_results: int
 
 
-def _load_records(path: Path) -> list[tuple[Any, int | None]]:
+def _load_records(path: os.PathLike) -> list[tuple[Any, int | None]]:
     """(record, line) pairs; line is None for records of a JSON list."""
     data = path.read_bytes()
     try:
@@ -116,7 +116,7 @@ def read_reddit_suggestions(
         lines, None inside a JSON list); an unknown movie or a record without any
         recommendation unless ``skip_invalid``.
     """
-    path = Path(path)
+    path = storage.as_path(path)
     queries: list[RedditQuery] = []
     unknown = empty = 0
     records = _load_records(path)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from data_pipelines.errors import DataError
+from embedding_core import storage
 
 
 def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--input"
                     ) -> list[str]:
-    """One text per line, strict UTF-8 (a trailing ``\\r`` and a leading BOM are dropped).
+    """One text per line, strict UTF-8 (a trailing ``\\r`` and a leading BOM are dropped);
+    ``path`` is local or ``gs://``.
 
     Args:
       what: the field's name in errors (``sentence``, ``query``).
@@ -21,7 +22,7 @@ def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--
       DataError: invalid UTF-8 or an empty line (file and line
         named), or no line at all.
     """
-    path = Path(path)
+    path = storage.as_path(path)
     if not path.exists():
         raise FileNotFoundError(f"{flag} {path} does not exist")
     if not path.is_file():
