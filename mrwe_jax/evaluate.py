@@ -16,16 +16,17 @@ pools are every paragraph.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.word_features import FeatureSet, resolve_source_weights
-from embedding_core import multihost
+from embedding_core import multihost, storage
+from embedding_core.files import write_bytes_atomic
 from embedding_core.metrics import ranks_of_targets, recall_at_k_from_ranks
 from mrwe_jax import baselines, data
 from mrwe_jax.inference import Retriever
@@ -245,7 +246,7 @@ def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.nda
 
 
 def plot_tsne(panels: Sequence[tuple[str, np.ndarray]], labels: np.ndarray,
-              path: str | os.PathLike, *, seed: int = 0, title: str = "") -> Path:
+              path: str | os.PathLike, *, seed: int = 0, title: str = "") -> epath.Path:
     """t-SNE (van der Maaten & Hinton 2008; ``sklearn.manifold.TSNE``) of each panel's vectors.
 
     Vectors are unit-normalised first (Euclidean distance then orders like cosine). One
@@ -283,24 +284,19 @@ def plot_tsne(panels: Sequence[tuple[str, np.ndarray]], labels: np.ndarray,
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
+    path = storage.as_path(path)
+    png = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fig.savefig(png, format="png", dpi=110)
     finally:
         plt.close(fig)
+    write_bytes_atomic(path, png.getvalue())  # local or gs://, never half a picture
     return path
 
 
 def tsne_before_after(corpus: RetrievalCorpus, features: FeatureSet,
                       tower: Retriever, path: str | os.PathLike, *,
-                      num_paragraphs: int = 15) -> Path:
+                      num_paragraphs: int = 15) -> epath.Path:
     """t-SNE of test questions (coloured by paragraph): ensemble vs the trained tower."""
     sel, labels = tsne_selection(corpus, num_paragraphs)
     before = data.ensemble_vectors(features, "questions", indices=sel)

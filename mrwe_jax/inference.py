@@ -15,7 +15,6 @@ import functools
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -26,7 +25,7 @@ from data_pipelines import word_features
 from data_pipelines.squad import squad_dev_path
 from data_pipelines.word_features import FeatureSet
 from data_pipelines.word_sources import IdfTable, WordSource, idf, tokenize_words
-from embedding_core import configs, multihost, parallel, training
+from embedding_core import configs, multihost, parallel, storage, training
 from embedding_core.files import read_json_object
 from embedding_core.inference import Encoder, encode_in_batches
 from mrwe_jax import data
@@ -53,7 +52,7 @@ def read_recipe(workdir: str | os.PathLike) -> dict[str, Any]:
     Raises:
       FileNotFoundError: the workdir has none; ValueError: not a JSON object.
     """
-    return read_json_object(Path(workdir) / FEATURES_FILE,
+    return read_json_object(storage.as_path(workdir) / FEATURES_FILE,
                             f"is {workdir} a mrwe-jax training workdir?")
 
 
@@ -69,7 +68,7 @@ def read_idf(workdir: str | os.PathLike,
       FileNotFoundError: no ``idf.json`` and the corpus file is gone (both are named).
       ValueError: an ``idf.json`` that is not an IDF table.
     """
-    path = Path(workdir) / IDF_FILE
+    path = storage.as_path(workdir) / IDF_FILE
     if path.is_file():
         return IdfTable.from_json(read_json_object(path), str(path))
     config = read_config(workdir) if config is None else config
@@ -231,7 +230,8 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> Retriever:
     model = build_model(config)
     mesh = parallel.make_mesh(-1, int(config.mesh_model))
     step, params = training.restore_params(
-        Path(workdir) / "checkpoints", init_fn(model, features, config), mesh, step=step,
+        storage.as_path(workdir) / "checkpoints", init_fn(model, features, config), mesh,
+        step=step,
         rules=configs.axis_rules(config))
     return Retriever(model, multihost.localize(params), config, features, step=step,
                      workdir=str(workdir))

@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import ml_collections
 import numpy as np
+from etils import epath
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.word_features import FeatureSet, parse_list
-from embedding_core import multihost
+from embedding_core import multihost, storage
 from embedding_core.export import ExportFolder
 from embedding_core.files import write_json
 from mrwe_jax import data, evaluate, inference, trainer
@@ -73,7 +73,7 @@ def evaluate_workdirs(workdirs: Sequence[str | os.PathLike], *, pool: str | None
              f"questions ({corpus.split} split), pool = {pool_words} ({n_pool}){title_suffix}")
     print()
     print(evaluate.format_table(rows, title))
-    out_dir = Path(workdirs[0]) / "eval"
+    out_dir = storage.as_path(workdirs[0]) / "eval"
     if not multihost.is_primary():  # every process holds the same rows; process 0 writes
         return {"rows": rows, "pool": pool, "tsne": None}
     write_json(out_dir / f"recall_{pool}.json", {
@@ -93,7 +93,8 @@ def evaluate_workdirs(workdirs: Sequence[str | os.PathLike], *, pool: str | None
 
 
 def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
-                   split: str = "all", step: int | None = None, chunk: int = 2048) -> Path:
+                   split: str = "all", step: int | None = None, chunk: int = 2048
+                   ) -> epath.Path:
     """The tower's embeddings as two views: ``output/questions`` and ``output/paragraphs``.
 
     Each view (``embedding_core.export.export_view``) holds ``embeddings.npy`` (float32
@@ -112,7 +113,8 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
         raise FileNotFoundError(
             f"export writes the questions and paragraphs of {workdir}'s training corpus, "
             f"which cannot be read ({err}); put it back or set squad_path in "
-            f"{Path(workdir) / 'config.json'} (load(workdir).encode needs no corpus)") from None
+            f"{storage.as_path(workdir) / 'config.json'} (load(workdir).encode needs no "
+            "corpus)") from None
     if split == "all":
         sides = {"questions": np.arange(len(corpus.question_ids)),
                  "paragraphs": np.arange(len(corpus.paragraph_ids))}
@@ -123,7 +125,7 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
         for side, indices in sides.items():
             _export_side(folder, tower, corpus, features, side, indices, config, split, workdir,
                          chunk)
-    return Path(output)
+    return storage.as_path(output)
 
 
 def _export_side(folder, tower, corpus, features, side, indices, config, split, workdir,
@@ -144,7 +146,7 @@ def _export_side(folder, tower, corpus, features, side, indices, config, split, 
         "normalized": True,
         "similarity": "cosine" if config.distance == "cosine" else "euclidean",
         "tower": config.tower, "side": side, "split": split, "corpus": corpus.source,
-        "workdir": str(Path(workdir).resolve()), "sources": features.names,
+        "workdir": storage.display(workdir), "sources": features.names,
         "source_weights": [float(x) for x in features.source_weights],
     }
     folder.view(side, blocks(), num_rows=len(indices), dim=features.dim, meta=meta)
@@ -157,7 +159,7 @@ def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) 
     and the t-SNE picture; returns :func:`evaluate_workdirs`' result for the test pool."""
     from mrwe_jax.configs import convrr_cpu, fcrr_cpu
 
-    workdir = Path(workdir)
+    workdir = storage.as_path(workdir)
     t0 = time.time()
     conv_config, fc_config = convrr_cpu.get_config(), fcrr_cpu.get_config()
     if num_train_steps:
