@@ -15,7 +15,10 @@ Importing the package is light (no TensorFlow): import the module you need.
   readers.
 - ``pk_sampler``: P x K batches (P groups, K members each) for the batch-hard triplet loss.
 - ``pipeline``: tf.data batches, deterministic, resumable, sliced per host.
-- ``tfds_builders``: TensorFlow Datasets builders of the shipped sets::
+- ``shards``, ``sharded_corpus``: a token table written once as ArrayRecord shards with a
+  manifest, streamed per host (each host opens only its shards) in a fixed order.
+- ``tfds_builders``: TensorFlow Datasets builders of the shipped sets (and of a tokenised
+  corpus, ``TokenizedCorpus``)::
 
       import tensorflow_datasets as tfds
       import data_pipelines.tfds_builders  # registers "inli" and "snli_triplets"
