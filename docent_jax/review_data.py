@@ -30,24 +30,29 @@ counted. Without a Reddit file the query list is empty.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import ml_collections
 
 from data_pipelines import amazon, reddit, reviews2movielens
 from docent_jax.corpus import EntityData
+from embedding_core import storage
 
 FileKey = tuple[str, int, int]
-"""``(path, size, mtime_ns)``: a file as the cache sees it (a changed file is re-read)."""
+"""``(path, size, mtime)``: a file (local or ``gs://``) as the cache sees it (a changed file
+is re-read); mtime in ns for a local file, in s for an object."""
 
 
 def _file_key(path: str, field: str) -> FileKey:
-    p = Path(path).expanduser()
+    p = storage.as_path(path)
     if not p.is_file():
         what = "does not exist" if not p.exists() else "is not a file"
         raise FileNotFoundError(f"config.{field}: {p} {what}")
-    stat = p.stat()
+    if storage.is_remote(p):
+        info = p.stat()
+        return os.fspath(p), int(info.length), int(info.mtime)
+    stat = os.stat(p)
     return str(p), stat.st_size, stat.st_mtime_ns
 
 
