@@ -9,9 +9,10 @@ fsspec/gcsfs, not by TensorFlow's file system, because only the former honours
 
 :func:`configure` runs when ``embedding_core`` is imported. Setting
 ``STORAGE_EMULATOR_HOST`` (``host:port`` or ``http://host:port``) is then enough for every
-layer: gcsfs and google-cloud-storage read it themselves; tensorstore (orbax's array
-writer) is given ``TENSORSTORE_GCS_HTTP_URL``; gcsfs's bucket-type probe, which needs the
-real control API, is turned off.
+layer: gcsfs and google-cloud-storage read it themselves (it is rewritten with ``http://``
+when given as ``host:port``, which only gcsfs accepts); tensorstore (orbax's array writer) is
+given ``TENSORSTORE_GCS_HTTP_URL``; gcsfs's bucket-type probe, which needs the real control
+API, is turned off.
 
 What stays local: the compile and token caches, the memory-mapped temporary files of an
 export (uploaded when complete), TensorBoard event files of a ``gs://`` workdir (written
@@ -50,7 +51,8 @@ def configure() -> None:
     library users and the command-line tools get it alike. Sets ``EPATH_USE_TF=false``
     (epath would otherwise use ``tf.io.gfile``, which cannot reach an emulator) and, when
     ``STORAGE_EMULATOR_HOST`` is set, ``TENSORSTORE_GCS_HTTP_URL`` to the same endpoint
-    and ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``.
+    and ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, and gives ``STORAGE_EMULATOR_HOST``
+    its ``http://`` scheme.
     """
     os.environ["EPATH_USE_TF"] = "false"
     # epath caches its "is TensorFlow installed" answer; a path built before this call
@@ -62,6 +64,9 @@ def configure() -> None:
         cached.cache_clear()
     url = emulator_url()
     if url is not None:
+        # google-cloud-storage (orbax deletes old checkpoints with it) needs the scheme that
+        # gcsfs adds itself; tensorstore has its own variable.
+        os.environ[EMULATOR_ENV] = url
         os.environ[TENSORSTORE_URL_ENV] = url
         # gcsfs >= 2025 probes each bucket's type through the storage control API, which no
         # emulator serves (one warning per call); the plain JSON API is all we use.

@@ -50,3 +50,27 @@ def tiny_bert_dir(tmp_path_factory, minilm_dir) -> Path:
     for name in ("tokenizer.json", "vocab.txt"):
         shutil.copy(minilm_dir / name, out / name)
     return out
+
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """The emulator, with ``STORAGE_EMULATOR_HOST`` set for this process and its children
+    (the one variable users set; ``storage.configure`` derives the rest)."""
+    import fsspec
+
+    from embedding_core import storage
+    from tests.gcs_emulator import GcsEmulator
+
+    emulator = GcsEmulator()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(storage.EMULATOR_ENV, emulator.host)
+        for name in (storage.TENSORSTORE_URL_ENV, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"):
+            mp.delenv(name, raising=False)  # restored after the session
+        storage.configure()  # embedding_core was imported before the variable was set
+        fsspec.get_filesystem_class("gs").clear_instance_cache()
+        try:
+            yield emulator
+        finally:
+            emulator.stop()
+    storage.configure()

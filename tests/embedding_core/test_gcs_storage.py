@@ -1,0 +1,225 @@
+"""gs:// everywhere, against a real GCS emulator configured by STORAGE_EMULATOR_HOST alone.
+
+The emulator (``gcs_emulator`` in tests/conftest.py) serves from a thread of this process;
+CLI runs in subprocesses inherit only the one variable. Every test runs in a fresh current
+directory and checks that nothing landed in a local folder named ``gs:`` (what
+``pathlib.Path("gs://bucket/x")`` would make of a URI).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from embedding_core import storage
+
+BUCKET = "gs://test-bucket"
+
+
+@pytest.fixture(autouse=True)
+def _no_local_gs_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    yield
+    assert not (tmp_path / "gs:").exists(), "a gs:// URI was written as a local folder"
+    assert not (Path(__file__).resolve().parents[2] / "gs:").exists()
+
+
+def _objects(prefix: str) -> list[str]:
+    """Object names under ``gs://test-bucket/<prefix>`` (fresh listing, no cache)."""
+    import fsspec
+
+    fs = fsspec.filesystem("gs")
+    fs.invalidate_cache()
+    return sorted(p.split("/", 1)[1] for p in fs.find(f"{BUCKET}/{prefix}"))
+
+
+def _params(workdir, load):
+    model = load(workdir)
+    return model, {jax.tree_util.keystr(k): np.asarray(v)
+                   for k, v in jax.tree_util.tree_leaves_with_path(model.params)}
+
+
+def _assert_same_params(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def _kill_after_first_checkpoint(gcs_emulator, cmd, run: str, tmp_path) -> list[int]:
+    """Starts ``cmd`` (a CLI train into ``gs://test-bucket/<run>``), holds its first request
+    for checkpoint 2 once checkpoint 1 is committed, SIGKILLs it there; returns the
+    committed steps it left."""
+    gate = gcs_emulator.pause(at=f"{run}/checkpoints/2",
+                              after=f"{run}/checkpoints/1/commit_success.txt")
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        try:
+            while not gate["reached"].wait(timeout=0.2):
+                if proc.poll() is not None:
+                    raise AssertionError(f"the run ended (rc {proc.returncode}) before "
+                                         f"checkpoint 2:\n{log.read_text()[-3000:]}")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        finally:
+            gcs_emulator.clear_gates()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    # A step is committed on GCS when its commit_success.txt exists (orbax writes it last).
+    parts = [n.split("/") for n in _objects(f"{run}/checkpoints")]
+    return sorted(int(p[2]) for p in parts
+                  if len(p) == 4 and p[2].isdigit() and p[3] == "commit_success.txt")
+
+
+# --------------------------------------------------------------------- paths and files
+
+
+def test_as_path_keeps_uris_and_refuses_what_would_become_a_local_folder():
+    path = storage.as_path("gs://b/run") / "checkpoints"
+    assert os.fspath(path) == "gs://b/run/checkpoints" and storage.is_remote(path)
+    assert storage.display("gs://b/run") == "gs://b/run"
+    assert storage.display("rel") == str(Path("rel").resolve())
+    with pytest.raises(ValueError, match=r"gs:/b/run: not a gs:// URI .* write gs://b/run"):
+        storage.as_path(str(Path("gs://b/run")))  # what pathlib makes of the URI
+    with pytest.raises(ValueError, match="only local paths and gs:// URIs"):
+        storage.as_path("s3://b/run")
+    with pytest.raises(ValueError, match="needs a bucket"):
+        storage.as_path("gs:///run")
+
+
+def test_emulator_host_alone_configures_every_layer(monkeypatch):
+    monkeypatch.setenv(storage.EMULATOR_ENV, "127.0.0.1:1234")
+    monkeypatch.delenv(storage.TENSORSTORE_URL_ENV, raising=False)
+    storage.configure()
+    assert os.environ[storage.TENSORSTORE_URL_ENV] == "http://127.0.0.1:1234"
+    assert os.environ[storage.EMULATOR_ENV] == "http://127.0.0.1:1234"
+    assert os.environ["EPATH_USE_TF"] == "false"
+    monkeypatch.undo()
+    storage.configure()
+
+
+def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path):
+    from embedding_core import configs, files
+
+    files.write_json(f"{BUCKET}/files/a.json", {"x": [1, 2]})
+    assert files.read_json_object(f"{BUCKET}/files/a.json") == {"x": [1, 2]}
+    files.write_lines(f"{BUCKET}/files/lines.txt", ["one", "two"])
+    assert storage.as_path(f"{BUCKET}/files/lines.txt").read_text() == "one\ntwo\n"
+    with pytest.raises(FileNotFoundError, match="gs://test-bucket/files/none.json not found"):
+        files.read_json_object(f"{BUCKET}/files/none.json")
+
+    config = configs.base()
+    configs.save_config(config, f"{BUCKET}/files/run")
+    configs.check_resume(config, f"{BUCKET}/files/run")  # same settings: accepted
+    config.seed = 7
+    with pytest.raises(ValueError, match="seed=42 -> 7"):
+        configs.check_resume(config, f"{BUCKET}/files/run")
+    back = configs.read_config(f"{BUCKET}/files/run", configs.base, prog="x")
+    assert back.seed == 42
+
+    # A folder copied into a local cache, fetched again only when an object changes.
+    cache = tmp_path / "cache"
+    local = storage.local_copy(f"{BUCKET}/files", cache=cache)
+    assert local == cache / "test-bucket" / "files"
+    assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()) \
+        == ["a.json", "lines.txt", "run/config.json"]
+    files.write_json(f"{BUCKET}/files/a.json", {"x": 3})
+    storage.local_copy(f"{BUCKET}/files/a.json", cache=cache)
+    assert json.loads((local / "a.json").read_text()) == {"x": 3}
+
+    # TensorBoard's local folder, uploaded on sync; unchanged files are not sent again.
+    mirror = storage.MirroredFolder(f"{BUCKET}/files/tb")
+    (mirror.local / "events.1").write_bytes(b"abc")
+    assert mirror.sync() == ["events.1"] and mirror.sync() == []
+    with open(mirror.local / "events.1", "ab") as f:
+        f.write(b"def")
+    mirror.close()
+    assert storage.as_path(f"{BUCKET}/files/tb/events.1").read_bytes() == b"abcdef"
+    assert not mirror.local.exists()
+
+
+def test_export_to_gs_round_trips_and_a_failed_export_leaves_nothing(gcs_emulator):
+    from embedding_core.export import ExportFolder, load_export
+
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ids = ["a", "b", "c"]
+    meta = {"model": "m", "config": {}, "step": 1, "normalized": False,
+            "similarity": "cosine"}
+    with ExportFolder(f"{BUCKET}/export") as folder:
+        folder.view("v", [(ids, vectors)], num_rows=3, dim=4, meta=meta)
+    got, got_ids, got_meta = load_export(f"{BUCKET}/export")["v"]
+    np.testing.assert_array_equal(got, vectors)
+    assert got_ids == ids and got_meta["step"] == 1
+    with pytest.raises(ValueError, match="not finite"), ExportFolder(f"{BUCKET}/bad") as folder:
+        folder.view("v", [(ids, vectors * np.nan)], num_rows=3, dim=4, meta=meta)
+    assert _objects("bad") == []
+
+
+def test_model_folder_on_gs_loads_like_the_local_one(gcs_emulator, tiny_bert_dir, tmp_path,
+                                                     monkeypatch):
+    from data_pipelines.tokenization import load_tokenizer
+    from embedding_core.pretrained import load_pretrained
+
+    monkeypatch.setenv("EMBEDDING_JAX_CACHE", str(tmp_path / "cache"))
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        storage.upload(tiny_bert_dir / name, f"{BUCKET}/models/tiny/{name}")
+    remote = load_pretrained(f"{BUCKET}/models/tiny")
+    local = load_pretrained(tiny_bert_dir)
+    assert remote.model_dir == tmp_path / "cache" / "gcs" / "test-bucket" / "models" / "tiny"
+    assert remote.config == local.config
+    jax.tree.map(np.testing.assert_array_equal, remote.params, local.params)
+    text = "a river and a castle"
+    assert load_tokenizer(f"{BUCKET}/models/tiny").encode(text).ids == \
+        load_tokenizer(tiny_bert_dir).encode(text).ids
+
+
+# --------------------------------------------------------------------- training runs
+
+
+DUALCSE = {"max_length": 16, "batch_size": 8, "num_train_steps": 3, "checkpoint_every": 1,
+           "log_every": 1, "max_train_examples": 24, "learning_rate": 1e-3,
+           "keep_checkpoints": 3, "eval_every": 0, "eval_batch_size": 16, "warmup_steps": 0}
+
+
+@pytest.mark.slow
+def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_path):
+    """Train 3 steps into gs://, SIGKILL after checkpoint 1, resume: the parameters of an
+    uninterrupted run; export to gs:// and read it back with load_export."""
+    from data_pipelines.paths import absolute_data_paths
+    from dualcse_jax import load, workflows
+    from dualcse_jax.configs import DATA_FILES, default
+    from embedding_core.export import load_export
+
+    over = dict(DUALCSE, model=str(tiny_bert_dir))
+    cmd = [sys.executable, "-m", "dualcse_jax.main", "train", f"--workdir={BUCKET}/dual"] + \
+        [f"--config.{k}={v}" for k, v in over.items()]
+    assert _kill_after_first_checkpoint(gcs_emulator, cmd, "dual", tmp_path) == [1]
+
+    # The CLI saves data paths made absolute; the same config resumes in this process.
+    config = absolute_data_paths(default.get_config(), DATA_FILES)
+    config.update(over)
+    workflows.train(config, f"{BUCKET}/dual")  # resume
+    workflows.train(config, f"{BUCKET}/reference")  # uninterrupted
+    model, resumed = _params(f"{BUCKET}/dual", load)
+    _, reference = _params(f"{BUCKET}/reference", load)
+    assert model.step == 3
+    _assert_same_params(resumed, reference)
+    names = _objects("dual")
+    assert "dual/config.json" in names and any("/events.out.tfevents" in n for n in names)
+
+    texts = ["A man is playing a guitar.", "The lawn was littered with toys."]
+    storage.as_path(f"{BUCKET}/sentences.txt").write_text("\n".join(texts) + "\n")
+    workflows.export_workdir(f"{BUCKET}/dual", f"{BUCKET}/sentences.txt", f"{BUCKET}/out")
+    views = load_export(f"{BUCKET}/out")
+    assert sorted(views) == ["explicit", "implicit"]
+    for kind, (vectors, ids, meta) in views.items():
+        assert ids == texts and meta["step"] == 3
+        assert meta["workdir"] == f"{BUCKET}/dual"
+        np.testing.assert_allclose(vectors, model.encode(texts, kind=kind), atol=1e-5)
