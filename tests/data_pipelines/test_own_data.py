@@ -192,3 +192,31 @@ def test_missing_file_and_unknown_list_field(tmp_path):
         sentence_files.read_inli_file(tmp_path / "nope.csv")
     with pytest.raises(ValueError, match="list_fields"):
         records.read_records(tmp_path / "x.jsonl", ["a"], list_fields=["b"])
+
+
+def test_gs_uris_read_like_local_files(gcs_emulator):
+    from data_pipelines import squad
+    from data_pipelines.paths import absolute_data_paths
+    from embedding_core import storage
+
+    bucket = "gs://test-bucket/own_data"
+    for name in ("my_pairs.csv", "my_simcse.jsonl", "my_docs.jsonl", "my_queries.jsonl",
+                 "my_squad.json"):
+        storage.write_bytes(f"{bucket}/{name}", (EXAMPLES / name).read_bytes())
+    assert (sentence_files.read_inli_file(f"{bucket}/my_pairs.csv")
+            == sentence_files.read_inli_file(EXAMPLES / "my_pairs.csv"))
+    assert (sentence_files.read_anchor_pairs(f"{bucket}/my_simcse.jsonl")
+            == sentence_files.read_anchor_pairs(EXAMPLES / "my_simcse.jsonl"))
+    docs = entity_documents.read_entity_documents(f"{bucket}/my_docs.jsonl")
+    assert docs == entity_documents.read_entity_documents(EXAMPLES / "my_docs.jsonl")
+    assert entity_documents.read_entity_queries(f"{bucket}/my_queries.jsonl", {
+        "bakery": 0, "library": 1, "lighthouse": 2, "observatory": 3})[0][1] == (0,)
+    assert (squad.read_squad(f"{bucket}/my_squad.json")
+            == squad.read_squad(EXAMPLES / "my_squad.json"))
+    storage.write_bytes(f"{bucket}/bad.jsonl", b'{"entity": "a", "text": "t"}\n{"entity": 1}\n')
+    with pytest.raises(DataError, match=f"^{bucket}/bad.jsonl:2: field 'entity': expected a "
+                                        "string"):
+        entity_documents.read_entity_documents(f"{bucket}/bad.jsonl")
+    config = {"train_file": f"{bucket}/my_docs.jsonl", "other": "x"}
+    assert absolute_data_paths(config, ["train_file", "missing"])["train_file"] == (
+        f"{bucket}/my_docs.jsonl")  # a URI is kept as it is
