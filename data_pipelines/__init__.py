@@ -6,6 +6,8 @@ Importing the package is light (no TensorFlow): import the module you need.
 - ``paths``: the shipped ``data/`` folder (``$EMBEDDING_JAX_DATA``) and the cache folder
   (``$EMBEDDING_JAX_CACHE``).
 - ``csv_reader``, ``inli``, ``snli``, ``impscore``: strict readers of the CSV formats.
+- ``records``, ``sentence_files``, ``entity_documents``: the user's own CSV / JSON Lines files
+  (DualCSE / SimCSE rows, DocEnt documents and queries), local or ``gs://``.
 - ``tokenization``: ``tokenizers`` with padding/truncation set per call, and a token cache.
 - ``table``, ``dualcse_data``: token tables for DualCSE and SimCSE.
 - ``squad``, ``retrieval_corpus``: SQuAD v1.1 and its paragraph-retrieval corpus and splits.
