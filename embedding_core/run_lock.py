@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from etils import epath
 
+from embedding_core import storage
 from embedding_core.run_control import WorkdirInUseError
 
 LOCK_NAME = "run.lock"
@@ -77,7 +78,7 @@ def _process_gone(pid: int, start: str | None) -> bool:
 
 
 def _is_local(path: epath.Path) -> bool:
-    return "://" not in os.fspath(path)
+    return not storage.is_remote(path)
 
 
 class WorkdirLock:
@@ -96,7 +97,7 @@ class WorkdirLock:
         if stale_after_s <= heartbeat_s:
             raise ValueError(f"stale_after_s={stale_after_s} must exceed heartbeat_s="
                              f"{heartbeat_s} (a live run would look stale)")
-        self.workdir = epath.Path(workdir)
+        self.workdir = storage.as_path(workdir)
         self.path = self.workdir / LOCK_NAME
         self.heartbeat_s = float(heartbeat_s)
         self.stale_after_s = float(stale_after_s)
@@ -145,14 +146,27 @@ class WorkdirLock:
 
     def _create(self, record: dict) -> bool:
         """Creates the lock file if absent; False when it exists."""
+        data = json.dumps(record).encode()
+        if _is_local(self.path):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        import fsspec
+
+        if self.path.exists():  # the usual case, and enough where preconditions are ignored
+            return False
         try:
-            with self.path.open("x") as f:
-                f.write(json.dumps(record))
+            # gcsfs sends ifGenerationMatch=0: the store refuses an object created meanwhile.
+            fsspec.filesystem("gs").pipe_file(os.fspath(self.path), data, mode="create")
             return True
         except FileExistsError:
             return False
-        except (ValueError, NotImplementedError):
-            # A backend without exclusive create: check, write, and rely on the read-back.
+        except (TypeError, NotImplementedError):
+            # A file system without exclusive create: check, write, rely on the read-back.
             if self.path.exists():
                 return False
             self._write(record)

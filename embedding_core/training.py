@@ -410,16 +410,17 @@ def train_loop(
         first = -1 if flag is None else int(jax.device_get(flag))
         if first < 0 and not bad_metrics:
             return
-        latest = (f"the latest checkpoint, step {last_saved} in {where}, holds finite values"
-                  if last_saved >= 0 else "no checkpoint was written")
+        latest = (f"the latest checkpoint, step {last_saved} in {where}, holds finite values "
+                  "(evaluate and export read it)" if last_saved >= 0
+                  else "no checkpoint was written")
         if first >= 0:
             what = f"the loss or gradient norm became non-finite at step {first}"
         else:
             what = f"non-finite training metrics {dict(bad_metrics)} at step {step}"
         raise run_control.DivergedError(
             f"training diverged: {what}; nothing from it is saved and {latest}. The same "
-            "settings diverge again: lower --config.learning_rate (or raise warmup_steps, "
-            "set grad_clip_norm) or check the data")
+            "settings diverge again: train into a new --workdir with a lower "
+            "--config.learning_rate (or more warmup_steps, a grad_clip_norm), or check the data")
 
     def save(state: TrainState) -> None:
         nonlocal last_saved
