@@ -3,6 +3,7 @@
 Usage:
   dualcse-jax train    --config=CONFIG.py --workdir=DIR [--config.FIELD=VALUE ...]
   dualcse-jax evaluate --workdir=DIR [--baseline] [--eis_data=ImpScore.csv]
+                       [--config.val_file=V.csv] [--config.test_file=T.csv]
   dualcse-jax export   --workdir=DIR --input=SENTENCES.txt --output=OUT_DIR [--normalize]
   dualcse-jax demo     --workdir=DIR [--config=PRESET.py] [--config.FIELD=VALUE ...]
   dualcse-jax preprocess --config=CONFIG.py --output=DIR [--num_shards=8]
@@ -18,6 +19,8 @@ evaluate  RTE on INLI test with the threshold tuned on INLI val; prints the tabl
           "average","threshold"}, accuracies in [0,1]). --baseline adds the untrained
           MiniLM (mean pooling) row. EIS: on --eis_data (ImpScore CSV, test split of
           random.seed(42)) or, without it, on the INLI proxy (labelled as a proxy).
+          The run's --config.val_file / test_file replace INLI val / test; given on the
+          evaluate line, they change the sets for this evaluation only.
 demo      the README's main job: train DualCSE-Cross from MiniLM on INLI with the CPU
           preset (configs/cross_cpu.py, or --config), evaluate next to the untrained
           MiniLM, export the INLI test premises' embeddings, print where everything is.
@@ -75,8 +78,12 @@ def main(argv: list[str]) -> None:
             preprocess.run_preprocess("dualcse-jax", data.corpus_source, FLAGS.config,
                                       FLAGS.output, FLAGS.num_shards)
         elif command == "evaluate":
+            given = {arg[len("--config."):].split("=", 1)[0] for arg in sys.argv
+                     if arg.startswith("--config.")}
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step, baseline=FLAGS.baseline,
-                                       eis_data=FLAGS.eis_data)
+                                       eis_data=FLAGS.eis_data,
+                                       overrides={k: FLAGS.config[k] for k in sorted(given)
+                                                  if k in FLAGS.config})
         else:
             if not FLAGS.input or not FLAGS.output:
                 raise app.UsageError("export needs --input=FILE and --output=DIR")

@@ -27,8 +27,12 @@ def train(config, workdir: str | os.PathLike, *, stop_after: int | None = None):
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baseline: bool = False, eis_data: str | None = None,
-                     progress: bool = True) -> dict:
-    """RTE (+ EIS) of a workdir's checkpoint; writes ``workdir/eval/rte.json`` and prints."""
+                     progress: bool = True, overrides: dict | None = None) -> dict:
+    """RTE (+ EIS) of a workdir's checkpoint; writes ``workdir/eval/rte.json`` and prints.
+
+    ``overrides`` (``val_file``, ``test_file``) replace the run's evaluation sets for this
+    call.
+    """
     from data_pipelines import impscore
     from dualcse_jax import data, evaluate
     from dualcse_jax.baselines import baseline as make_baseline
@@ -40,6 +44,11 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         _, _, test_rows = impscore.split_impscore(impscore.read_impscore(eis_data))
         eis_pairs = evaluate.impscore_pairs(test_rows)  # >= 1 row: the reader checks
     config = read_config(workdir)  # the run's val_file / test_file, before the model loads
+    for key, value in (overrides or {}).items():
+        if key not in ("val_file", "test_file"):
+            raise ValueError(f"evaluate may change only config.val_file and config.test_file, "
+                             f"not {key!r} (the others describe the trained run)")
+        config[key] = value
     val, test = data.val_examples(config), data.test_examples(config)
     embedder = load(workdir, step=step)
     name = f"DualCSE-{embedder.config.architecture} (step {embedder.step})"

@@ -26,6 +26,7 @@ RESUMABLE_FIELDS = frozenset({
     "num_train_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
     "eval_every", "eval_batch_size", "eval_examples", "mesh_data", "mesh_model",
     "coordinator_address", "num_processes", "process_id", "logical_axis_rules",
+    "val_file", "test_file",  # DualCSE's evaluation sets: they do not shape the training
 })
 
 

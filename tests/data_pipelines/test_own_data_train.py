@@ -19,7 +19,7 @@ EXAMPLES = REPO / "examples" / "data"
 
 
 @pytest.mark.slow
-def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir):
+def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir, capsys):
     workdir = tmp_path / "run"
     # Relative paths from the repository root: the saved config must hold absolute ones.
     proc = subprocess.run(
@@ -42,6 +42,19 @@ def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir):
     assert (workdir / "checkpoints" / "2").is_dir()
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["train_file"] == saved["val_file"] == str(EXAMPLES / "my_pairs.csv")
+
+    from dualcse_jax import workflows
+
+    with pytest.raises(ValueError, match="only config.val_file and config.test_file"):
+        workflows.evaluate_workdir(workdir, overrides={"seed": 1})
+    capsys.readouterr()
+    # The run's val_file tunes the threshold, the override replaces INLI test.
+    out = workflows.evaluate_workdir(workdir, progress=False,
+                                     overrides={"test_file": str(EXAMPLES / "my_pairs.csv")})
+    printed = capsys.readouterr().out
+    assert f"on {EXAMPLES / 'my_pairs.csv'}, threshold tuned on {EXAMPLES / 'my_pairs.csv'}" \
+        in printed
+    assert list(out["rte"]) == ["DualCSE-cross (step 2)"]
 
 
 def test_docent_trains_on_my_docs_and_ranks_my_queries(tmp_path, tiny_bert_dir, monkeypatch):
