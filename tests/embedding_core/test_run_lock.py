@@ -1,0 +1,128 @@
+"""One run per workdir: the lock file, its heartbeat, stale take-over, and run()'s refusal."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from embedding_core import run_lock
+from embedding_core.run import run
+from embedding_core.run_control import WorkdirInUseError
+
+_spec = importlib.util.spec_from_file_location(
+    "stop_worker", Path(__file__).with_name("stop_worker.py"))
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+
+def _plant(workdir: Path, **fields) -> dict:
+    """Writes a lock record as another run would have left it."""
+    record = {"token": "other", "host": "elsewhere", "boot_id": "x", "pid": 4321,
+              "pid_start": None, "started": time.time() - 60, "heartbeat": time.time()}
+    record.update(fields)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / run_lock.LOCK_NAME).write_text(json.dumps(record))
+    return record
+
+
+def test_a_second_run_is_refused_until_the_first_releases(tmp_path):
+    first = run_lock.WorkdirLock(tmp_path / "w")
+    first.acquire()
+    try:
+        record = json.loads((tmp_path / "w" / "run.lock").read_text())
+        assert record["token"] == first.token and record["pid"] == os.getpid()
+        assert record["host"] == socket.gethostname()
+        second = run_lock.WorkdirLock(tmp_path / "w")
+        for attempt in (second.check_free, second.acquire):
+            with pytest.raises(WorkdirInUseError) as info:
+                attempt()
+            message = str(info.value)
+            assert message.startswith(f"{tmp_path / 'w'} is in use by another training run "
+                                      f"(host {socket.gethostname()}, pid {os.getpid()}, ")
+            assert f"delete {tmp_path / 'w' / 'run.lock'}" in message and "\n" not in message
+        assert json.loads((tmp_path / "w" / "run.lock").read_text())["token"] == first.token
+    finally:
+        first.release()
+    assert not (tmp_path / "w" / "run.lock").exists()
+    with run_lock.WorkdirLock(tmp_path / "w") as again:
+        assert again.read()["token"] == again.token
+
+
+def test_stale_locks_are_taken_over_live_ones_are_not(tmp_path, caplog):
+    lock = run_lock.WorkdirLock(tmp_path, stale_after_s=300)
+    _plant(tmp_path, heartbeat=time.time() - 10)  # another machine, heartbeat fresh
+    with pytest.raises(WorkdirInUseError, match="pid 4321, .*heartbeat 10 s ago"):
+        lock.acquire()
+    _plant(tmp_path, heartbeat=time.time() - 301)  # another machine, silent for too long
+    with caplog.at_level("WARNING"):
+        lock.acquire()
+    assert "its last heartbeat was 301 s ago (over 300 s)" in caplog.text
+    assert lock.read()["token"] == lock.token
+    lock.release()
+
+    # On this machine a lock of an exited process is stale at once (a SIGKILLed run).
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    here = {"host": socket.gethostname(), "boot_id": run_lock._boot_id()}
+    _plant(tmp_path, pid=int(gone.stdout), **here)
+    lock.acquire()
+    assert lock.read()["token"] == lock.token
+    lock.release()
+    # ... but not one whose process lives (here: this very process, under another token).
+    _plant(tmp_path, pid=os.getpid(), pid_start=run_lock._process_start(os.getpid()), **here)
+    with pytest.raises(WorkdirInUseError):
+        lock.acquire()
+    # A file that is not a lock record is left alone and named.
+    (tmp_path / "run.lock").write_text("not json")
+    with pytest.raises(WorkdirInUseError, match=f"delete {tmp_path / 'run.lock'}"):
+        lock.acquire()
+    assert (tmp_path / "run.lock").read_text() == "not json"
+
+
+def test_the_heartbeat_refreshes_and_a_taken_over_run_stops(tmp_path):
+    lock = run_lock.WorkdirLock(tmp_path, heartbeat_s=0.05, stale_after_s=5)
+    lock.acquire()
+    try:
+        beat = lock.read()["heartbeat"]
+        time.sleep(0.4)
+        assert lock.read()["heartbeat"] > beat
+        lock.check()  # still ours: no error
+        _plant(tmp_path, token="thief", host="other-host", pid=99)
+        time.sleep(0.4)
+        with pytest.raises(WorkdirInUseError, match="host other-host, pid 99.*stops without"):
+            lock.check()
+    finally:
+        lock.release()
+    assert lock.read()["token"] == "thief"  # release removes only its own lock
+
+
+def test_run_refuses_a_workdir_in_use_before_loading_anything(tmp_path):
+    built = []
+
+    def make_task(config, mesh):
+        built.append(1)
+        return worker.make_task()(config, mesh)
+
+    with run_lock.WorkdirLock(tmp_path / "w"):
+        with pytest.raises(WorkdirInUseError, match="is in use by another training run"):
+            run(make_task, worker.config(4), tmp_path / "w")
+    assert not built  # refused before the data loads
+    assert [p.name for p in (tmp_path / "w").iterdir()] == []  # the lock went with its holder
+
+
+def test_the_lock_works_on_gcs(gcs_emulator):
+    workdir = "gs://test-bucket/lock-test"  # the emulator's bucket (tests/gcs_emulator.py)
+    first = run_lock.WorkdirLock(workdir)
+    with first:
+        assert first.read()["token"] == first.token
+        with pytest.raises(WorkdirInUseError, match=f"delete {workdir}/run.lock"):
+            run_lock.WorkdirLock(workdir).acquire()
+    assert not first.path.exists()
