@@ -19,13 +19,16 @@ _NOISY = ("orbax", "xla_bridge", "jax/_src")
 def enable_compilation_cache() -> None:
     """JAX's persistent compile cache: a second run skips most of its warm-up.
 
-    Location: ``$EMBEDDING_JAX_CACHE/jax_compile`` (default ``~/.cache/embedding_jax``).
+    Location: ``$JAX_COMPILATION_CACHE_DIR`` when set (JAX's own setting), else
+    ``$EMBEDDING_JAX_CACHE/jax_compile`` (default ``~/.cache/embedding_jax``). The cache
+    stays local even for a ``gs://`` workdir.
     """
     import jax
 
     from data_pipelines.paths import cache_dir
 
-    jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax_compile"))
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax_compile"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
