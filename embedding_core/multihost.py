@@ -130,11 +130,12 @@ def _gather_leaf(local: np.ndarray, total: int) -> np.ndarray:
     width = int(np.prod(row_shape, dtype=np.int64)) * local.dtype.itemsize
     if width == 0:
         return np.zeros((total, *row_shape), local.dtype)
-    raw = np.zeros((per, width), np.uint8)
-    raw[:len(local)] = local.reshape(len(local), -1).view(np.uint8).reshape(len(local), width)
     # Bytes, not values: float64 and int64 survive JAX's default 32-bit types unchanged.
+    # The buffer is padded to a power of two so that few gather programs are compiled.
+    raw = np.zeros(max(_STATUS_BYTES, 1 << (per * width - 1).bit_length()), np.uint8)
+    raw[:len(local) * width] = local.reshape(-1).view(np.uint8)
     stacked = np.asarray(multihost_utils.process_allgather(raw))
-    rows = np.concatenate([stacked[i, :n] for i, n in enumerate(sizes)])
+    rows = np.concatenate([stacked[i, :n * width] for i, n in enumerate(sizes)])
     return rows.view(local.dtype).reshape(total, *row_shape)
 
 

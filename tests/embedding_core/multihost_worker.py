@@ -1,0 +1,98 @@
+"""One process of the multi-process evaluation/export test (``test_multihost.py``).
+
+argv: spec.json — {"coordinator", "num_processes", "process_id", "dualcse": workdir,
+"docent": workdir, "sentences": file, "queries": file, "out": folder, "report": file}.
+:func:`run` (also called in the test's own process for the single-process reference) runs
+DualCSE's RTE/EIS evaluation and export, then DocEnt's ranking evaluation (with its
+baselines) and export, and returns the rows this process encoded per phase and the files
+this process wrote.
+"""
+
+import contextlib
+import json
+import sys
+
+
+def tiny_docent_data():
+    """Five entities, eight sentences each, two queries per entity (the training data)."""
+    from docent_jax import data as docent_data
+
+    words = ["river", "castle", "music", "engine", "forest"]
+    sentences = [(e, f"the {w} number {k} is described here") for k in range(8)
+                 for e, w in enumerate(words)]
+    queries = [(f"which one has a {w}?", (e,)) for e, w in enumerate(words)]
+    queries += [(f"a long question about the {w} and the {v} nearby", (e, (e + 1) % 5))
+                for e, (w, v) in enumerate(zip(words, words[1:] + words[:1], strict=True))]
+    return docent_data.EntityData([f"Entity_{w}" for w in words], words, sentences, queries,
+                                  "tiny test corpus")
+
+
+@contextlib.contextmanager
+def recorded(written: list[str]):
+    """Tiny data for DocEnt; every result file and export view this process writes is
+    appended to ``written``; all restored on exit."""
+    from docent_jax import data as docent_data
+    from embedding_core import export, files
+
+    saved = (docent_data.load_data, files.write_bytes_atomic, export.EmbeddingWriter.__enter__)
+    plain_write, plain_enter = saved[1], saved[2]
+
+    def write(path, data):
+        written.append(str(path))
+        plain_write(path, data)
+
+    def enter(self):
+        written.append(str(self.out_dir))
+        return plain_enter(self)
+
+    docent_data.load_data = lambda config: tiny_docent_data()
+    files.write_bytes_atomic = write
+    export.EmbeddingWriter.__enter__ = enter
+    try:
+        yield
+    finally:
+        docent_data.load_data, files.write_bytes_atomic, export.EmbeddingWriter.__enter__ = \
+            saved
+
+
+def run(spec: dict) -> dict:
+    """Evaluates and exports both workdirs of ``spec``; see the module docstring."""
+    from docent_jax import workflows as docent_workflows
+    from dualcse_jax import workflows as dualcse_workflows
+    from embedding_core import inference
+
+    written: list[str] = []
+    rows = {}
+    out = spec["out"]
+    phases = {
+        "dualcse_evaluate": lambda: dualcse_workflows.evaluate_workdir(
+            spec["dualcse"], progress=False),
+        "dualcse_export": lambda: dualcse_workflows.export_workdir(
+            spec["dualcse"], spec["sentences"], f"{out}/dualcse", chunk=16),
+        "docent_evaluate": lambda: docent_workflows.evaluate_workdir(
+            spec["docent"], progress=False),
+        "docent_export": lambda: docent_workflows.export_workdir(
+            spec["docent"], f"{out}/docent", input_path=spec["queries"], block_rows=4),
+    }
+    with recorded(written):
+        for name, phase in phases.items():
+            before = inference.encoded_rows()
+            phase()
+            rows[name] = inference.encoded_rows() - before
+    return {"rows": rows, "written": written}
+
+
+def main() -> None:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        spec = json.load(f)
+    from embedding_core import parallel
+
+    parallel.maybe_initialize_distributed(spec["coordinator"], spec["num_processes"],
+                                          spec["process_id"])
+    report = run(spec)
+    with open(spec["report"], "w", encoding="utf-8") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Several processes split evaluation and export: each encodes its slice, one writes.
+
+The 2-process test runs DualCSE's RTE/EIS evaluation and export and DocEnt's ranking
+evaluation (with baselines) and export on 2 processes x 4 CPU devices (jax.distributed,
+gloo) and on 1 process x 8 devices, from the same trained workdirs, and compares: rows
+encoded per process (their sum is the single process's count, so no row is encoded
+twice), the evaluation files, the export folders, and which process wrote files.
+"""
+
+import csv
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from embedding_core import multihost
+
+HERE = Path(__file__).parent
+
+
+def test_process_rows_cut_in_process_order():
+    # 10 rows on 3 processes: the first 10 % 3 = 1 process gets one more.
+    assert [multihost.process_rows(10, i, 3) for i in range(3)] == [(0, 4), (4, 7), (7, 10)]
+    assert [multihost.process_rows(2, i, 3) for i in range(3)] == [(0, 1), (1, 2), (2, 2)]
+    for total in range(0, 12):
+        cuts = [multihost.process_rows(total, i, 4) for i in range(4)]
+        assert cuts[0][0] == 0 and cuts[-1][1] == total
+        assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:], strict=False))
+    with pytest.raises(ValueError):
+        multihost.process_rows(5, 3, 3)
+
+
+def test_one_process_computes_whole_and_keeps_params():
+    calls = []
+    out = multihost.split_map(lambda a, b: calls.append((a, b)) or np.arange(a, b), 5)
+    assert calls == [(0, 5)] and out.tolist() == [0, 1, 2, 3, 4]
+    params = {"w": jax.numpy.ones((2, 3))}
+    assert multihost.localize(params) is params and multihost.is_local(params)
+    with pytest.raises(KeyError, match="mine"):
+        multihost.agree(KeyError("mine"), "step")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _load_worker():
+    spec = importlib.util.spec_from_file_location("multihost_worker",
+                                                  HERE / "multihost_worker.py")
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    return worker
+
+
+def _rte_file(path: Path, split: str, rows: int) -> Path:
+    from data_pipelines import inli
+
+    fields = ["premise", "explicit_entailment", "implied_entailment", "neutral",
+              "contradiction"]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(fields)
+        for ex in inli.read_inli(inli.inli_split_path(split))[:rows]:
+            writer.writerow([getattr(ex, name) for name in fields])
+    return path
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory, tiny_bert_dir):
+    """A DualCSE run (RTE on 24 val and 24 test rows) and a DocEnt-Dual run, one step each
+    on the tiny BERT; and the texts to export."""
+    from docent_jax import data as docent_data
+    from docent_jax import trainer as docent_trainer
+    from docent_jax.configs import default as docent_default
+    from dualcse_jax.configs import default as dualcse_default
+    from dualcse_jax.trainer import train as dualcse_train
+
+    root = tmp_path_factory.mktemp("multihost")
+    config = dualcse_default.get_config()
+    config.update(model=str(tiny_bert_dir), max_length=16, batch_size=8, num_train_steps=1,
+                  max_train_examples=16, eval_batch_size=8, log_every=1,
+                  val_file=str(_rte_file(root / "val.csv", "val", 24)),
+                  test_file=str(_rte_file(root / "test.csv", "test", 24)))
+    dualcse_train(config, root / "dualcse")
+    worker = _load_worker()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(docent_data, "load_data", lambda config: worker.tiny_docent_data())
+    config = docent_default.get_config()
+    config.update(model=str(tiny_bert_dir), max_length=16, batch_size=8, num_train_steps=1,
+                  log_every=1, warmup_steps=0, dropout=False, pooling="mean",
+                  eval_batch_size=4)
+    docent_trainer.train(config, root / "docent")
+    mp.undo()
+    from data_pipelines import inli
+
+    premises = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))[:24]]
+    (root / "sentences.txt").write_text("".join(f"{p}\n" for p in premises))
+    (root / "queries.txt").write_text("".join(f"{q}\n" for q in [
+        "river", "the castle at night", "music", "which engine?", "a forest",
+        "a river and a castle", "engine music", "forest river castle"]))
+    return root, worker
+
+
+def _spec(root: Path, name: str, nproc: int, pid: int, port: int) -> dict:
+    base = root / name
+    if pid == 0:
+        for method in ("dualcse", "docent"):  # each setting writes eval/ into its own copy
+            shutil.copytree(root / method, base / method)
+    return {"coordinator": f"localhost:{port}", "num_processes": nproc, "process_id": pid,
+            "dualcse": str(base / "dualcse"), "docent": str(base / "docent"),
+            "sentences": str(root / "sentences.txt"), "queries": str(root / "queries.txt"),
+            "out": str(base / "out"), "report": str(base / f"report_{pid}.json")}
+
+
+def _same_export(multi: Path, single: Path) -> None:
+    from embedding_core.export import load_export
+
+    a, b = load_export(multi), load_export(single)
+    assert sorted(a) == sorted(b)
+    for view in a:
+        (va, ia, ma), (vb, ib, mb) = a[view], b[view]
+        assert ia == ib, view
+        np.testing.assert_allclose(va, vb, rtol=1e-5, atol=1e-6, err_msg=view)
+        # Paths and the export's own id and time differ; everything else is equal.
+        for key in ("export_id", "created_utc", "workdir", "input"):
+            ma.pop(key, None), mb.pop(key, None)
+        assert ma == mb, view
+    names = [p.name for p in multi.rglob("*")]
+    assert not [n for n in names if n.endswith(".tmp")], names
+
+
+def _close_json(a, b) -> None:
+    if isinstance(a, dict):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            _close_json(a[key], b[key])
+    elif isinstance(a, float):
+        assert abs(a - b) <= 1e-6, (a, b)
+    else:
+        assert a == b
+
+
+@pytest.mark.slow
+def test_two_processes_split_the_work_and_write_one_file_set(workdirs):
+    root, worker = workdirs
+    port = _free_port()
+    # The persistent compile cache also serves a second load() of the same model in one
+    # worker (a new jit object), hence no minimum compile time.
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir)
+    procs = []
+    for pid in range(2):
+        path = root / f"spec_{pid}.json"
+        path.write_text(json.dumps(_spec(root, "multi", 2, pid, port)))
+        procs.append(subprocess.Popen(
+            [sys.executable, str(HERE / "multihost_worker.py"), str(path)], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    # The reference: this process alone (8 devices), while the two run.
+    reference = worker.run(_spec(root, "single", 1, 0, port))
+    for p in procs:
+        out = p.communicate(timeout=600)[0]
+        assert p.returncode == 0, out[-4000:]
+    multi, single = root / "multi", root / "single"
+    reports = [json.loads((multi / f"report_{pid}.json").read_text()) for pid in range(2)]
+
+    # The work is split: each process encodes a part, and the parts add up to the whole.
+    for phase, whole in reference["rows"].items():
+        parts = [r["rows"][phase] for r in reports]
+        assert whole > 0 and all(0 < n < whole for n in parts), (phase, parts, whole)
+        assert sum(parts) == whole, (phase, parts, whole)
+
+    # One file set, written by process 0 alone.
+    assert reports[1]["written"] == []
+    written = {Path(p).relative_to(multi).as_posix() for p in reports[0]["written"]}
+    assert {"dualcse/eval/rte.json", "dualcse/eval/eis.json", "docent/eval/ranking.json",
+            "out/dualcse/explicit", "out/dualcse/implicit", "out/dualcse/export.json",
+            "out/docent/entities", "out/docent/queries", "out/docent/export.json"} <= written
+
+    # The same results and exports as one process.
+    for path in ("dualcse/eval/rte.json", "dualcse/eval/eis.json",
+                 "docent/eval/ranking.json"):
+        _close_json(json.loads((multi / path).read_text()),
+                    json.loads((single / path).read_text()))
+    _same_export(multi / "out" / "dualcse", single / "out" / "dualcse")
+    _same_export(multi / "out" / "docent", single / "out" / "docent")
