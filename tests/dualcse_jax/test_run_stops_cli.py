@@ -1,0 +1,60 @@
+"""dualcse-jax train: a diverging run ends with one line and a finite latest checkpoint; a
+workdir in use is refused (docs/architecture.md, "Stopping a run")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from embedding_core import run_lock
+
+# The issue's diverging command on the tiny encoder; lr 1e30 (not 1e3) because the tiny
+# model's LayerNorms keep a 1e3 run finite: step 1 is finite, step 2 is not.
+DIVERGING = ["--config=dualcse_jax/configs/cross_cpu.py", "--config.log_every=3",
+             "--config.checkpoint_every=1", "--config.keep_checkpoints=1",
+             "--config.learning_rate=1e30", "--config.warmup_steps=0",
+             "--config.lr_decay=constant", "--config.num_train_steps=6",
+             "--config.max_length=32", "--config.batch_size=8",
+             "--config.max_train_examples=64"]
+
+
+def _train(*args):
+    return subprocess.run([sys.executable, "-m", "dualcse_jax.main", "train", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_diverging_run_ends_with_one_line_and_keeps_a_finite_checkpoint(
+        tmp_path, tiny_bert_dir):
+    from dualcse_jax.inference import load
+
+    workdir = tmp_path / "w"
+    proc = _train(*DIVERGING, f"--workdir={workdir}", f"--config.model={tiny_bert_dir}")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("dualcse-jax train: error: training diverged: the loss or "
+                           "gradient norm became non-finite at step 2; "), last
+    assert f"the latest checkpoint, step 1 in {workdir / 'checkpoints'}, holds finite" in last
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1"]
+    assert not (workdir / "run.lock").exists()
+    model = load(workdir)
+    assert model.step == 1
+    leaves = jax.tree_util.tree_leaves(model.params)
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in leaves)
+
+
+def test_a_workdir_in_use_is_refused_with_one_line(tmp_path, tiny_bert_dir):
+    workdir = tmp_path / "busy"
+    # This test process holds the lock: a live run on this machine.
+    with run_lock.WorkdirLock(workdir) as lock:
+        proc = _train(*DIVERGING, f"--workdir={workdir}", f"--config.model={tiny_bert_dir}")
+        assert lock.read()["token"] == lock.token
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dualcse-jax train: error: {workdir} is in use by another "
+                           "training run (host "), last
+    assert f"delete {workdir / 'run.lock'}" in last and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in workdir.iterdir()) == []  # nothing written
