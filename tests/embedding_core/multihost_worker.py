@@ -82,6 +82,28 @@ def run(spec: dict) -> dict:
     return {"rows": rows, "written": written}
 
 
+def gather_checks() -> dict:
+    """split_map on values JAX would narrow (float64, int64), and a slice that fails on
+    process 1 only: what every process gets back."""
+    import jax
+    import numpy as np
+
+    from embedding_core import multihost
+
+    out = multihost.split_map(lambda a, b: {"x": np.arange(a, b) / 3.0,
+                                            "n": np.arange(a, b, dtype=np.int64) << 40}, 7)
+    try:
+        multihost.split_map(lambda a, b: 1 / (jax.process_index() == 0) and
+                            np.zeros((b - a, 2)), 7, what="check")
+        error = None
+    except ZeroDivisionError as err:
+        error = f"own: {err}"
+    except Exception as err:
+        error = f"{type(err).__name__}: {err}"
+    return {"x": out["x"].tolist(), "x_dtype": str(out["x"].dtype), "n": out["n"].tolist(),
+            "error": error}
+
+
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as f:
         spec = json.load(f)
@@ -90,6 +112,7 @@ def main() -> None:
     parallel.maybe_initialize_distributed(spec["coordinator"], spec["num_processes"],
                                           spec["process_id"])
     report = run(spec)
+    report["checks"] = gather_checks()
     with open(spec["report"], "w", encoding="utf-8") as f:
         json.dump(report, f)
 

@@ -180,6 +180,15 @@ def test_two_processes_split_the_work_and_write_one_file_set(workdirs):
         assert whole > 0 and all(0 < n < whole for n in parts), (phase, parts, whole)
         assert sum(parts) == whole, (phase, parts, whole)
 
+    # Gathered rows keep their dtype and order; a slice failing on process 1 stops both.
+    for r in reports:
+        assert r["checks"]["x"] == [i / 3.0 for i in range(7)]  # float64, not narrowed
+        assert r["checks"]["x_dtype"] == "float64"
+        assert r["checks"]["n"] == [i << 40 for i in range(7)]
+    assert reports[1]["checks"]["error"] == "own: division by zero"
+    assert reports[0]["checks"]["error"] == \
+        "PeerProcessError: check: process 1 failed: division by zero"
+
     # One file set, written by process 0 alone.
     assert reports[1]["written"] == []
     written = {Path(p).relative_to(multi).as_posix() for p in reports[0]["written"]}
