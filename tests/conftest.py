@@ -52,7 +52,6 @@ def tiny_bert_dir(tmp_path_factory, minilm_dir) -> Path:
     return out
 
 
-
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """The emulator, with ``STORAGE_EMULATOR_HOST`` set for this process and its children

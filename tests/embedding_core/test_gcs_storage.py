@@ -58,8 +58,12 @@ def _kill_after_first_checkpoint(gcs_emulator, cmd, run: str, tmp_path) -> list[
     gate = gcs_emulator.pause(at=f"{run}/checkpoints/2",
                               after=f"{run}/checkpoints/1/commit_success.txt")
     log = tmp_path / "killed.log"
+    # The run's compilations land in this process's persistent cache, which the in-process
+    # resume then reads instead of compiling the same step again.
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir)
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                env=env)
         try:
             while not gate["reached"].wait(timeout=0.2):
                 if proc.poll() is not None:
@@ -105,8 +109,8 @@ def test_emulator_host_alone_configures_every_layer(monkeypatch):
     storage.configure()
 
 
-def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path):
-    from embedding_core import configs, files
+def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path, monkeypatch):
+    from embedding_core import checkpoints, cli, configs, files, training
 
     files.write_json(f"{BUCKET}/files/a.json", {"x": [1, 2]})
     assert files.read_json_object(f"{BUCKET}/files/a.json") == {"x": [1, 2]}
@@ -123,6 +127,18 @@ def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path):
         configs.check_resume(config, f"{BUCKET}/files/run")
     back = configs.read_config(f"{BUCKET}/files/run", configs.base, prog="x")
     assert back.seed == 42
+    assert os.fspath(training.check_workdir(f"{BUCKET}/files/run")) == f"{BUCKET}/files/run"
+    with pytest.raises(NotADirectoryError, match="exists and is not a folder"):
+        training.check_workdir(f"{BUCKET}/files/a.json")
+    manager = checkpoints.make_manager(f"{BUCKET}/files/run/checkpoints", async_save=False)
+    assert os.fspath(manager.directory) == f"{BUCKET}/files/run/checkpoints"  # not resolved
+    manager.close()
+
+    # --config=gs://...: the Python file is copied into the cache, ":ARG" kept.
+    monkeypatch.setenv("EMBEDDING_JAX_CACHE", str(tmp_path / "flags_cache"))
+    storage.as_path(f"{BUCKET}/flags/cfg.py").write_text("def get_config(arg): ...\n")
+    local, _, arg = cli._local_config(f"{BUCKET}/flags/cfg.py:small").rpartition(":")
+    assert arg == "small" and Path(local).read_text() == "def get_config(arg): ...\n"
 
     # A folder copied into a local cache, fetched again only when an object changes.
     cache = tmp_path / "cache"
@@ -206,9 +222,10 @@ def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_
     config = absolute_data_paths(default.get_config(), DATA_FILES)
     config.update(over)
     workflows.train(config, f"{BUCKET}/dual")  # resume
-    workflows.train(config, f"{BUCKET}/reference")  # uninterrupted
+    config.checkpoint_every = DUALCSE["num_train_steps"]  # one save: where is not the point
+    workflows.train(config, tmp_path / "reference")  # uninterrupted
     model, resumed = _params(f"{BUCKET}/dual", load)
-    _, reference = _params(f"{BUCKET}/reference", load)
+    _, reference = _params(tmp_path / "reference", load)
     assert model.step == 3
     _assert_same_params(resumed, reference)
     names = _objects("dual")
@@ -223,3 +240,50 @@ def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_
         assert ids == texts and meta["step"] == 3
         assert meta["workdir"] == f"{BUCKET}/dual"
         np.testing.assert_allclose(vectors, model.encode(texts, kind=kind), atol=1e-5)
+
+
+DOCENT = {"variant": "dual", "max_length": 16, "batch_size": 8, "num_train_steps": 3,
+          "checkpoint_every": 1, "log_every": 1, "warmup_steps": 0, "eval_every": 0,
+          "dropout": False, "pooling": "mean", "learning_rate": 1e-3,
+          "entity_learning_rate": 1e-2, "keep_checkpoints": 3}
+WORDS = ["river", "castle", "music", "engine", "forest"]
+
+
+@pytest.mark.slow
+def test_docent_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_path):
+    """The same for DocEnt, its training documents read from gs:// as well."""
+    from docent_jax import load, trainer, workflows
+    from docent_jax.configs import default
+    from embedding_core.export import load_export
+
+    docs = "".join(json.dumps({"entity": f"E_{w}", "text": f"The {w} number {k} is here."})
+                   + "\n" for k in range(4) for w in WORDS)
+    storage.as_path(f"{BUCKET}/docs.jsonl").write_text(docs)
+    over = dict(DOCENT, model=str(tiny_bert_dir), train_file=f"{BUCKET}/docs.jsonl")
+    cmd = [sys.executable, "-m", "docent_jax.main", "train", f"--workdir={BUCKET}/docent"] + \
+        [f"--config.{k}={v}" for k, v in over.items()]
+    assert _kill_after_first_checkpoint(gcs_emulator, cmd, "docent", tmp_path) == [1]
+
+    config = default.get_config()
+    config.update(over)  # no local data path: what the CLI saved
+    trainer.train(config, f"{BUCKET}/docent")  # resume
+    config.checkpoint_every = DOCENT["num_train_steps"]
+    trainer.train(config, tmp_path / "reference")  # uninterrupted
+    ranker, resumed = _params(f"{BUCKET}/docent", load)
+    _, reference = _params(tmp_path / "reference", load)
+    assert ranker.step == 3 and ranker.entity_ids == [f"E_{w}" for w in sorted(WORDS)]
+    _assert_same_params(resumed, reference)
+    assert storage.as_path(f"{BUCKET}/docent/entity_ids.txt").read_text().split() == \
+        ranker.entity_ids
+
+    queries = ["which one has a river?", "an old castle"]
+    storage.as_path(f"{BUCKET}/queries.txt").write_text("\n".join(queries) + "\n")
+    workflows.export_workdir(f"{BUCKET}/docent", f"{BUCKET}/docent_out",
+                             input_path=f"{BUCKET}/queries.txt")
+    views = load_export(f"{BUCKET}/docent_out")
+    entities, ids, meta = views["entities"]
+    assert ids == ranker.entity_ids and meta["step"] == 3
+    np.testing.assert_allclose(entities, ranker.entity_embeddings(), rtol=1e-5, atol=1e-5)
+    vectors, ids, _ = views["queries"]
+    assert ids == queries
+    np.testing.assert_allclose(vectors, ranker.encode(queries), rtol=1e-5, atol=1e-5)
