@@ -131,8 +131,10 @@ def _gather_leaf(local: np.ndarray, total: int) -> np.ndarray:
     if width == 0:
         return np.zeros((total, *row_shape), local.dtype)
     # Bytes, not values: float64 and int64 survive JAX's default 32-bit types unchanged.
-    # The buffer is padded to a power of two so that few gather programs are compiled.
-    raw = np.zeros(max(_STATUS_BYTES, 1 << (per * width - 1).bit_length()), np.uint8)
+    # The buffer is padded to a power of two so that few gather programs are compiled,
+    # and is never the status message's size: a process that is one exchange behind its
+    # peers fails on the shape instead of reading rows as a status.
+    raw = np.zeros(max(2 * _STATUS_BYTES, 1 << (per * width - 1).bit_length()), np.uint8)
     raw[:len(local) * width] = local.reshape(-1).view(np.uint8)
     stacked = np.asarray(multihost_utils.process_allgather(raw))
     rows = np.concatenate([stacked[i, :n * width] for i, n in enumerate(sizes)])
