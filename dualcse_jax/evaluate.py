@@ -85,6 +85,48 @@ def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[
     return result
 
 
+def label_conflicts(examples: Sequence[INLIExample]) -> dict:
+    """Rows whose one hypothesis sentence stands under an entailed and a non-entailed class.
+
+    Such a row scores the same pair twice (same premise, same sentence: equal scores), so
+    at any threshold exactly one of the two is wrong. Sentences are compared with their
+    whitespace collapsed (the tokenizer does not see the difference). In the shipped INLI,
+    val rows 9 and 264 (file lines 11 and 266) and test row 571 (line 573) give one
+    sentence as both implied entailment and contradiction (``docs/dualcse.md``); a sentence
+    under two classes of the same side (explicit and implied) costs nothing and is not
+    counted.
+
+    Returns:
+      ``{"rows": n, "index": [0-based row], "line": [file line or None], "classes":
+      [[class, class], ...]}``, one entry per conflicting row, in file order.
+    """
+    out: dict = {"rows": 0, "index": [], "line": [], "classes": []}
+    for i, ex in enumerate(examples):
+        by_text: dict[str, list[str]] = {}
+        for c in CLASSES:
+            by_text.setdefault(" ".join(getattr(ex, _FIELDS[c]).split()), []).append(c)
+        for classes in by_text.values():
+            if len({ENTAILED[c] for c in classes}) > 1:
+                out["rows"] += 1
+                out["index"].append(i)
+                out["line"].append(getattr(ex, "line", None))
+                out["classes"].append(classes)
+    return out
+
+
+def format_label_conflicts(conflicts: dict[str, dict]) -> str:
+    """One line per split with conflicting rows (``label_conflicts``), '' when none."""
+    lines = []
+    for split, found in conflicts.items():
+        if found["rows"]:
+            where = ", ".join(f"{i} (line {n}: {' = '.join(c)})" for i, n, c in
+                              zip(found["index"], found["line"], found["classes"], strict=True))
+            lines.append(f"note: {found['rows']} {split} row(s) give one sentence under an "
+                         f"entailed and a non-entailed class, so one of the two pairs is always "
+                         f"scored wrong: {'rows' if found['rows'] > 1 else 'row'} {where}")
+    return "\n".join(lines)
+
+
 def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
     """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher = more implicit)."""
     r = multihost.encode(embedder, texts, kind="explicit")

@@ -30,6 +30,10 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      progress: bool = True, overrides: dict | None = None) -> dict:
     """RTE (+ EIS) of a workdir's checkpoint; writes ``workdir/eval/rte.json`` and prints.
 
+    ``rte.json`` holds the accuracies and ``label_conflicts`` (``{"val", "test"}``: the
+    rows that give one sentence under an entailed and a non-entailed class, see
+    ``evaluate.label_conflicts``).
+
     ``overrides`` (``val_file``, ``test_file``) replace the run's evaluation sets for this
     call.
     """
@@ -70,16 +74,22 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "proxy": True,
                "eis_data": "INLI test: premise (implicit) vs explicit entailment — a PROXY"}
     out_dir = storage.as_path(workdir) / "eval"
-    write_json(out_dir / "rte.json", rows[name])
-    write_json(out_dir / "eis.json", eis)
-    if baseline:
-        write_json(out_dir / "rte_baseline.json", rows["untrained MiniLM (mean)"])
+    # Rows that score one pair under two opposite labels: counted next to the accuracies.
+    conflicts = {"val": evaluate.label_conflicts(val), "test": evaluate.label_conflicts(test)}
+    if multihost.is_primary():  # every process holds the same results; one writes them
+        write_json(out_dir / "rte.json", dict(rows[name], label_conflicts=conflicts))
+        write_json(out_dir / "eis.json", eis)
+        if baseline:
+            write_json(out_dir / "rte_baseline.json",
+                       dict(rows["untrained MiniLM (mean)"], label_conflicts=conflicts))
     print(f"\nRTE accuracy (%) on {data.rte_sets_label(config)}")
     print(evaluate.format_rte_table(rows))
+    if note := evaluate.format_label_conflicts(conflicts):
+        print(note)
     label = "EIS accuracy (INLI PROXY)" if eis["proxy"] else "EIS accuracy (ImpScore test)"
     print(f"{label}: {100 * eis['eis_accuracy']:.2f}%")
     print(f"wrote {out_dir / 'rte.json'}")
-    return {"rte": rows, "eis": eis}
+    return {"rte": rows, "eis": eis, "label_conflicts": conflicts}
 
 
 def read_sentences(path: str | os.PathLike) -> list[str]:

@@ -202,3 +202,25 @@ def test_bad_training_csv_names_file_line_field(tmp_path, tiny_bert_dir, monkeyp
     config.update(dict(OVERRIDES, model=str(tiny_bert_dir)))
     with pytest.raises(DataError, match=r"train\.csv:6: field 'premise'"):
         train(config, tmp_path / "w")
+
+
+def test_rte_json_counts_rows_with_one_sentence_under_two_labels(uninterrupted, monkeypatch,
+                                                                 capsys):
+    import json
+
+    from data_pipelines import inli
+    from dualcse_jax import data, workflows
+
+    # Slices holding one conflicting row each: val row 9 and test row 571 (here row 6).
+    val = inli.read_inli(inli.inli_split_path("val"))[:12]
+    test = inli.read_inli(inli.inli_split_path("test"))[565:575]
+    monkeypatch.setattr(data, "val_examples", lambda config: val)
+    monkeypatch.setattr(data, "test_examples", lambda config: test)
+    result = workflows.evaluate_workdir(uninterrupted, progress=False)
+    saved = json.loads((uninterrupted / "eval" / "rte.json").read_text())
+    both = [["implied", "contradiction"]]
+    assert saved["label_conflicts"] == result["label_conflicts"] == {
+        "val": {"rows": 1, "index": [9], "line": [11], "classes": both},
+        "test": {"rows": 1, "index": [6], "line": [573], "classes": both}}
+    assert {"explicit", "implied", "neutral", "contradiction", "average"} <= set(saved)
+    assert "row 6 (line 573: implied = contradiction)" in capsys.readouterr().out
