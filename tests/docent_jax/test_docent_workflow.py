@@ -138,7 +138,8 @@ def test_export_views_equal_entity_embeddings_and_encode(trained, tmp_path, monk
         assert m["normalized"] is False and m["similarity"] == "cosine"
         assert m["config"]["softmax"] == "full_vocab"
     for path in (out / "entities").iterdir():
-        assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044, path  # readable by others
+        mode = Path(path).stat().st_mode  # export_workdir returns an epath.Path
+        assert stat.S_IMODE(mode) & 0o044 == 0o044, path  # readable by others
 
 
 def test_evaluate_writes_the_ranking_table(trained, monkeypatch, capsys, tiny_bert_dir):
