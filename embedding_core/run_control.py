@@ -31,8 +31,8 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES_HELP = f"""
 Exit codes of train: 0 finished; 1 bad input or settings, a diverged run (non-finite loss
 or gradient: its last finite checkpoint stays the latest) or a workdir in use by another
-run; {EXIT_PREEMPTED} preempted by SIGTERM (checkpoint saved: run the same command to
-resume); {EXIT_INTERRUPTED} Ctrl-C (checkpoint saved; a second Ctrl-C aborts without one).
+run; {EXIT_PREEMPTED} preempted by SIGTERM (checkpoint saved: run the same command to resume);
+{EXIT_INTERRUPTED} Ctrl-C (checkpoint saved; a second Ctrl-C aborts without one).
 """
 
 

@@ -102,3 +102,5 @@ def test_usage_and_help():
     proc = _cli("--help")
     assert proc.returncode == 0
     assert "--workdir: Training directory" in proc.stdout and "--num_train_steps" in proc.stdout
+    assert "75 preempted by SIGTERM (checkpoint saved: run the same command to resume)" in (
+        proc.stdout)
