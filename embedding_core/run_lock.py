@@ -46,7 +46,8 @@ def _boot_id() -> str:
     # Tells two machines with one host name apart (and a reboot), so that a pid is only
     # checked on the machine it belongs to.
     try:
-        return open("/proc/sys/kernel/random/boot_id").read().strip()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
     except OSError:
         return ""
 
@@ -54,7 +55,8 @@ def _boot_id() -> str:
 def _process_start(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (Linux), or None where /proc cannot tell."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
     except OSError:
         return None
     fields = stat[stat.rfind(")") + 2:].split()
