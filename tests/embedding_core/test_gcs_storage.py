@@ -1,9 +1,9 @@
 """gs:// everywhere, against a real GCS emulator configured by STORAGE_EMULATOR_HOST alone.
 
 The emulator (``gcs_emulator`` in tests/conftest.py) serves from a thread of this process;
-CLI runs in subprocesses inherit only the one variable. Every test runs in a fresh current
-directory and checks that nothing landed in a local folder named ``gs:`` (what
-``pathlib.Path("gs://bucket/x")`` would make of a URI).
+CLI runs in subprocesses get only ``STORAGE_EMULATOR_HOST=localhost:PORT`` of it. Every
+test runs in a fresh current directory and checks that nothing landed in a local folder
+named ``gs:`` (what ``pathlib.Path("gs://bucket/x")`` would make of a URI).
 """
 
 import json
@@ -20,6 +20,8 @@ import pytest
 from embedding_core import storage
 
 BUCKET = "gs://test-bucket"
+DERIVED = (storage.TENSORSTORE_URL_ENV, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "EPATH_USE_TF")
+"""What ``storage.configure`` sets from ``STORAGE_EMULATOR_HOST``."""
 
 
 @pytest.fixture(autouse=True)
@@ -58,9 +60,12 @@ def _kill_after_first_checkpoint(gcs_emulator, cmd, run: str, tmp_path) -> list[
     gate = gcs_emulator.pause(at=f"{run}/checkpoints/2",
                               after=f"{run}/checkpoints/1/commit_success.txt")
     log = tmp_path / "killed.log"
-    # The run's compilations land in this process's persistent cache, which the in-process
+    # The run gets the emulator as a user sets it, without what configure() derived here.
+    env = {k: v for k, v in os.environ.items() if k not in DERIVED}
+    env[storage.EMULATOR_ENV] = gcs_emulator.host  # host:port, no scheme
+    # Its compilations land in this process's persistent cache, which the in-process
     # resume then reads instead of compiling the same step again.
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir)
+    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
                                 env=env)
