@@ -89,7 +89,14 @@ def _allgather_bytes(payload: bytes) -> list[bytes]:
     return [row[4:4 + int(row[:4].view(np.uint32)[0])].tobytes() for row in out]
 
 
-def agree(error: BaseException | None, what: str) -> list[dict[str, Any]]:
+def _status(payload: bytes) -> dict[str, Any]:
+    try:
+        return json.loads(payload.decode("utf-8"))
+    except ValueError:  # cut short: a status too long is a failure all the same
+        return {"ok": False, "message": payload[:200].decode("utf-8", "replace")}
+
+
+def agree(error: BaseException | None, what: str, **info: Any) -> list[dict[str, Any]]:
     """Exchanges every process's outcome of a step; raises on all if any failed.
 
     A collective: each process passes the exception its own part raised (or None). A
@@ -97,18 +104,24 @@ def agree(error: BaseException | None, what: str) -> list[dict[str, Any]]:
     :class:`PeerProcessError`) with the first failed peer's message, so none waits for a
     peer that has stopped.
 
+    Args:
+      error: this process's exception, or None.
+      what: names the step in the peers' messages.
+      **info: JSON-serialisable facts sent along (e.g. result shapes to compare).
+
     Returns:
-      The exchanged status of every process (``{"ok": True, ...}``), when all succeeded.
+      The exchanged status of every process (``{"ok": True, **info}``), when all
+      succeeded.
     """
     if jax.process_count() == 1:
         if error is not None:
             raise error
-        return [{"ok": True}]
-    status = {"ok": error is None}
+        return [{"ok": True, **info}]
+    status = {"ok": error is None, **info}
     if error is not None:
-        status.update(type=type(error).__name__, message=str(error))
-    statuses = [json.loads(b.decode("utf-8", "replace") or "{}")
-                for b in _allgather_bytes(json.dumps(status).encode("utf-8"))]
+        # Cut so that the JSON fits the fixed-size message with room for ``info``.
+        status.update(type=type(error).__name__, message=str(error)[:_STATUS_BYTES // 2])
+    statuses = [_status(b) for b in _allgather_bytes(json.dumps(status).encode("utf-8"))]
     failed = [(i, s) for i, s in enumerate(statuses) if not s.get("ok")]
     if not failed:
         return statuses
@@ -165,17 +178,21 @@ def split_map(fn: Callable[[int, int], T], total: int, *, what: str = "rows") ->
     start, stop = process_rows(total)
     logging.debug("process %d of %d: %s [%d, %d) of %d", jax.process_index(),
                   jax.process_count(), what, start, stop, total)
-    result, error = None, None
+    result, error, kinds = None, None, []
     try:
         result = fn(start, stop)
-        leaves = [np.asarray(x) for x in jax.tree.leaves(result)]
-        for leaf in leaves:
+        for leaf in map(np.asarray, jax.tree.leaves(result)):
             if leaf.ndim < 1 or len(leaf) != stop - start:
                 raise ValueError(f"{what}: a result of shape {leaf.shape} for rows "
                                  f"[{start}, {stop}) ({stop - start} rows expected)")
+            kinds.append([leaf.dtype.str, list(leaf.shape[1:])])
     except Exception as err:  # reported to the peers by agree(), then re-raised
         error = err
-    agree(error, what)
+    statuses = agree(error, what, kinds=kinds)
+    if any(s.get("kinds") != kinds for s in statuses):
+        # Every process sees the same statuses, so all raise here together.
+        raise ValueError(f"{what}: the processes' results differ in dtype or row shape "
+                         f"({[s.get('kinds') for s in statuses]})")
     return jax.tree.map(lambda leaf: _gather_leaf(np.asarray(leaf), total), result)
 
 
