@@ -268,3 +268,24 @@ def test_docent_preprocess_and_train_task_stream_the_shards(tmp_path, tiny_bert_
         length = batch["input_ids"].shape[-1]
         np.testing.assert_array_equal(batch["input_ids"], table.input_ids[rows][:, :, :length])
         np.testing.assert_array_equal(batch["attention_mask"].sum(-1), table.lengths[rows])
+
+
+def test_gs_corpus_host_copies_only_its_shards(corpus, gcs_emulator, tmp_path, monkeypatch):
+    """preprocess into gs://, stream host 1 of 2: the same batches as the table in memory,
+    and only shards 2 and 3 are fetched into the host's cache."""
+    _, _, table = corpus
+    monkeypatch.setenv("EMBEDDING_JAX_CACHE", str(tmp_path / "cache"))
+    source = sharded_corpus.CorpusSource(
+        fields=table.field_names, max_length=table.max_len, num_rows=table.num_examples,
+        rows=sharded_corpus.table_rows(table), tokenizer_json=b"{}", tokenizer="t", pad_id=0)
+    uri = "gs://test-bucket/sharded/corpus"
+    sharded_corpus.write_corpus(source, uri, num_shards=4)
+    manifest = shards.read_manifest(uri)
+    assert manifest.folder == uri and manifest.shard_rows == (42, 42, 42, 42)
+    kw = dict(global_batch_size=BATCH, seed=SEED, num_steps=3, process_index=1,
+              process_count=2, pad_multiple=8)
+    _assert_batches_equal(list(sharded_corpus.make_batches(manifest, **kw)),
+                          list(pipeline.make_batches(table, shards=manifest.members(), **kw)))
+    copied = sorted(os.listdir(tmp_path / "cache" / "gcs" / "test-bucket" / "sharded" /
+                               "corpus"))
+    assert copied == [manifest.shards[2][0], manifest.shards[3][0]]
