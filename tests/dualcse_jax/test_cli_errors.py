@@ -97,7 +97,7 @@ def test_train_set_smaller_than_a_batch_writes_nothing(tmp_path, tiny_bert_dir):
 def test_usage_and_help():
     proc = _cli()
     assert proc.returncode == 1
-    assert "{train|evaluate|export|demo} --workdir=DIR" in proc.stderr
+    assert "{train|evaluate|export|demo|preprocess} --workdir=DIR" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 2  # a usage line, not the whole help
     proc = _cli("--help")
     assert proc.returncode == 0
