@@ -83,7 +83,9 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
     :mod:`data_pipelines.shards`); ``source.rows`` is called on chunks of at most
     ``chunk_rows`` rows of that order, so the whole token table is never held. The TFDS
     builder stages the files in a local temporary folder; they are then moved (or uploaded,
-    for ``gs://``) into ``output``, extra files next, ``manifest.json`` last.
+    for ``gs://``) into ``output``, extra files next, ``manifest.json`` last. On any error
+    nothing is left in ``output`` (files already placed are removed) and the staging
+    folder is deleted.
 
     Args:
       source: the rows (see :class:`CorpusSource`).
@@ -143,6 +145,7 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
     if local_parent is not None:
         os.makedirs(local_parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".preprocess-staging.", dir=local_parent)
+    placed: list = []
     try:
         builder = TokenizedCorpus(examples=examples, description=source.description,
                                   data_dir=staging, file_format="array_record")
@@ -158,11 +161,13 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
         out.mkdir(parents=True, exist_ok=True)
         for child in sorted(os.listdir(built)):
             src = os.path.join(built, child)
+            placed.append(out / child)
             if storage.is_remote(out):
                 storage.upload(src, out / child)
             else:
                 os.replace(src, os.fspath(out / child))
         for name, data in source.files.values():
+            placed.append(out / name)
             files.write_bytes_atomic(out / name, data)
         manifest = shards.Manifest(
             folder=os.fspath(out), fields=tuple(source.fields),
@@ -175,6 +180,14 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
             source=dict(source.source))
         files.write_json(out / shards.MANIFEST, manifest.to_json())
         return manifest
+    except BaseException:
+        # No manifest was written, so the folder is no corpus; leave it as it was found.
+        for path in placed:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

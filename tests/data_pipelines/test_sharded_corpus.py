@@ -178,6 +178,19 @@ def test_settings_and_layouts_that_cannot_work_are_refused(corpus, tiny_bert_dir
     with pytest.raises(ValueError, match="need 1 <= shards <= rows"):
         sharded_corpus.write_corpus(source, tmp_path / "new", num_shards=ROWS + 1)
     assert not (tmp_path / "new").exists()
+
+    def failing(index):
+        if index.min() < 10:  # a later chunk of the assignment order
+            from data_pipelines.errors import DataError
+
+            raise DataError("train.csv", 12, "premise", "NUL byte")
+        return sharded_corpus.table_rows(table)(index)
+
+    broken = sharded_corpus.CorpusSource(**{**vars(source), "rows": failing})
+    with pytest.raises(ValueError, match="train.csv:12: field 'premise': NUL byte"):
+        sharded_corpus.write_corpus(broken, tmp_path / "bad", num_shards=2, chunk_rows=40)
+    assert not (tmp_path / "bad").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".preprocess-staging")]
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "tokenized_corpus-train.array_record-00000-of-00002").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="no manifest: an unfinished preprocess"):
