@@ -13,7 +13,7 @@ from absl import app, flags, logging
 
 from embedding_core import storage
 
-_NOISY = ("orbax", "xla_bridge", "jax/_src")
+_NOISY = ("orbax", "xla_bridge", "jax/_src", "gcsfs")
 
 
 def enable_compilation_cache() -> None:
@@ -33,11 +33,21 @@ def enable_compilation_cache() -> None:
 
 
 def quiet_library_logs() -> None:
-    """INFO lines from this project (metrics, progress); only warnings from orbax/XLA."""
+    """INFO lines from this project (metrics, progress); only warnings from orbax/XLA/gcsfs;
+    gcsfs's retry messages without their tracebacks."""
     logging.set_verbosity(logging.INFO)
     logging.get_absl_handler().addFilter(
         lambda record: record.levelno >= pylogging.WARNING
         or not any(n in record.pathname for n in _NOISY))
+    logging.get_absl_handler().addFilter(_drop_storage_traceback)
+
+
+def _drop_storage_traceback(record: pylogging.LogRecord) -> bool:
+    # gcsfs logs every retried request with its whole traceback; the message line says
+    # what failed, and a request out of retries reaches the user as one line anyway.
+    if record.name.startswith("gcsfs"):
+        record.exc_info, record.exc_text = None, None
+    return True
 
 
 def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None:

@@ -114,6 +114,21 @@ def test_emulator_host_alone_configures_every_layer(monkeypatch):
     storage.configure()
 
 
+def test_gcsfs_retry_logs_lose_their_tracebacks_only():
+    import logging
+
+    from embedding_core import cli
+
+    try:
+        raise OSError("Cannot connect to host storage.googleapis.com:443")
+    except OSError:
+        exc = sys.exc_info()
+    records = [logging.LogRecord(name, logging.ERROR, "f.py", 1, "out of retries", (), exc)
+               for name in ("gcsfs.retry", "embedding_core.training")]
+    assert all(cli._drop_storage_traceback(r) for r in records)  # every line is kept
+    assert records[0].exc_info is None and records[1].exc_info is exc
+
+
 def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path, monkeypatch):
     from embedding_core import checkpoints, cli, configs, files, training
 
