@@ -219,11 +219,7 @@ def make_batches(
             )
 
     num_fields = len(table.field_names)
-    groups = [list(range(num_fields))] if length_groups is None else [list(g) for g in
-                                                                        length_groups]
-    if sorted(i for g in groups for i in g) != list(range(num_fields)) or not all(groups):
-        raise ValueError(f"length_groups={length_groups} must partition the field indices "
-                         f"0..{num_fields - 1}")
+    groups = field_groups(num_fields, length_groups)
     batcher = _StepBatcher(
         table,
         global_batch_size=global_batch_size,
@@ -235,19 +231,56 @@ def make_batches(
         groups=groups,
         shards=shards,
     )
-    local = global_batch_size // process_count
+    return step_batches(batcher, groups=groups, lengths=[fixed_length] * len(groups),
+                        local_batch=global_batch_size // process_count, num_fields=num_fields,
+                        grouped=length_groups is not None, start_step=start_step,
+                        num_steps=num_steps, prefetch=prefetch)
+
+
+def field_groups(num_fields: int, length_groups: Sequence[Sequence[int]] | None
+                 ) -> list[list[int]]:
+    """The length groups as lists of field indices (one group of all fields by default).
+
+    Raises:
+      ValueError: ``length_groups`` is not a partition of ``0..num_fields-1`` into
+        non-empty groups.
+    """
+    groups = [list(range(num_fields))] if length_groups is None else [list(g) for g in
+                                                                        length_groups]
+    if sorted(i for g in groups for i in g) != list(range(num_fields)) or not all(groups):
+        raise ValueError(f"length_groups={length_groups} must partition the field indices "
+                         f"0..{num_fields - 1}")
+    return groups
+
+
+def step_batches(
+    batcher, *, groups: Sequence[Sequence[int]], lengths: Sequence[int | None],
+    local_batch: int, num_fields: int, grouped: bool, start_step: int,
+    num_steps: int | None, prefetch: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    """The tf.data loop shared by the in-memory and the streamed paths.
+
+    ``batcher(step)`` (numpy, thread-safe) returns, for each group g, ``input_ids``,
+    ``attention_mask`` and ``token_type_ids`` int32 [local_batch, F_g, L_g], then
+    ``text_ids`` int32 [local_batch, F]. Steps run from ``start_step`` (``num_steps`` of
+    them, or without end) in a deterministic order with ``prefetch`` batches ahead.
+    ``lengths[g]`` fixes L_g in the static shape (None: it varies by step).
+
+    Yields:
+      The arrays by name (``name_g`` when ``grouped``), ``text_ids`` and ``step`` (int64).
+    """
     names = ("input_ids", "attention_mask", "token_type_ids")
 
     def gather(step: tf.Tensor) -> dict[str, tf.Tensor]:
         arrays = tf.numpy_function(batcher, [step], [tf.int32] * (3 * len(groups) + 1),
                                    stateful=False)
         out = {"text_ids": arrays[-1], "step": step}
-        out["text_ids"].set_shape([local, num_fields])
-        for g, fields in enumerate(groups):
+        out["text_ids"].set_shape([local_batch, num_fields])
+        for g, (fields, length) in enumerate(zip(groups, lengths, strict=True)):
             for k, name in enumerate(names):
                 array = arrays[3 * g + k]
-                array.set_shape([local, len(fields), fixed_length])
-                out[name if length_groups is None else f"{name}_{g}"] = array
+                array.set_shape([local_batch, len(fields), length])
+                out[f"{name}_{g}" if grouped else name] = array
         return out
 
     if num_steps is None:

@@ -389,9 +389,9 @@ def make_batches(
         partition of the fields, or a shard whose record count differs from the manifest.
       FileNotFoundError: a shard file is missing.
     """
-    import tensorflow as tf
+    # Imported here: the pipeline module loads TensorFlow (and hides the accelerators from it).
+    from data_pipelines.pipeline import field_groups, step_batches
 
-    import data_pipelines.pipeline  # noqa: F401  (hides the accelerators from TensorFlow)
     owned = shards.host_shards(manifest.num_shards, process_index, process_count)
     if global_batch_size % process_count:
         raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
@@ -402,11 +402,7 @@ def make_batches(
     if pad_multiple < 1:
         raise ValueError(f"pad_multiple must be positive, got {pad_multiple}")
     num_fields = len(manifest.fields)
-    groups = [list(range(num_fields))] if length_groups is None else [list(g) for g in
-                                                                        length_groups]
-    if sorted(i for g in groups for i in g) != list(range(num_fields)) or not all(groups):
-        raise ValueError(f"length_groups={length_groups} must partition the field indices "
-                         f"0..{num_fields - 1}")
+    groups = field_groups(num_fields, length_groups)
     if fixed_length is not None:
         longest = max(manifest.longest)
         if not longest <= fixed_length <= manifest.max_length:
@@ -418,26 +414,7 @@ def make_batches(
         lengths = shards.group_lengths(manifest.longest, groups, pad_multiple,
                                        manifest.max_length)
     batcher = _StreamBatcher(manifest, order, owned, groups, lengths)
-    local = global_batch_size // process_count
-    names = ("input_ids", "attention_mask", "token_type_ids")
-
-    def gather(step: tf.Tensor) -> dict[str, tf.Tensor]:
-        arrays = tf.numpy_function(batcher, [step], [tf.int32] * (3 * len(groups) + 1),
-                                   stateful=False)
-        out = {"text_ids": arrays[-1], "step": step}
-        out["text_ids"].set_shape([local, num_fields])
-        for g, (fields, length) in enumerate(zip(groups, lengths, strict=True)):
-            for k, name in enumerate(names):
-                array = arrays[3 * g + k]
-                array.set_shape([local, len(fields), length])
-                out[name if length_groups is None else f"{name}_{g}"] = array
-        return out
-
-    if num_steps is None:
-        steps = tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
-    else:
-        steps = tf.data.Dataset.range(start_step, start_step + num_steps, dtype=tf.int64)
-    options = tf.data.Options()
-    options.deterministic = True
-    dataset = steps.map(gather).prefetch(prefetch).with_options(options)
-    return iter(dataset.as_numpy_iterator())
+    return step_batches(batcher, groups=groups, lengths=lengths,
+                        local_batch=global_batch_size // process_count, num_fields=num_fields,
+                        grouped=length_groups is not None, start_step=start_step,
+                        num_steps=num_steps, prefetch=prefetch)

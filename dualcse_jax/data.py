@@ -80,6 +80,13 @@ def train_table(config: ml_collections.ConfigDict, tokenizer) -> pipeline.TokenT
     return table
 
 
+def _rte_examples(config: ml_collections.ConfigDict, split: str) -> list[inli.INLIExample]:
+    path = _field(config, f"{split}_file")
+    if path:
+        return sentence_files.read_inli_file(path, require_neutral=True)
+    return inli.read_inli(inli.inli_split_path(split))
+
+
 def val_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
     """The rows RTE tunes its threshold on: ``config.val_file``, else shipped INLI val.
 
@@ -87,10 +94,7 @@ def val_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
       FileNotFoundError: the file does not exist.
       data_pipelines.errors.DataError: a malformed row; a user file needs ``neutral`` too.
     """
-    path = _field(config, "val_file")
-    if path:
-        return sentence_files.read_inli_file(path, require_neutral=True)
-    return inli.read_inli(inli.inli_split_path("val"))
+    return _rte_examples(config, "val")
 
 
 def test_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
@@ -100,10 +104,7 @@ def test_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
       FileNotFoundError: the file does not exist.
       data_pipelines.errors.DataError: a malformed row; a user file needs ``neutral`` too.
     """
-    path = _field(config, "test_file")
-    if path:
-        return sentence_files.read_inli_file(path, require_neutral=True)
-    return inli.read_inli(inli.inli_split_path("test"))
+    return _rte_examples(config, "test")
 
 
 def rte_sets_label(config: ml_collections.ConfigDict) -> str:
