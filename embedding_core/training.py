@@ -26,7 +26,7 @@ from etils import epath
 from flax.training import train_state
 from jax.sharding import Mesh
 
-from embedding_core import checkpoints, parallel, run_control, storage
+from embedding_core import checkpoints, metric_log, parallel, run_control, storage
 from embedding_core.run_lock import WorkdirLock
 
 LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
@@ -344,8 +344,9 @@ def train_loop(
     ``state_shardings`` and the batches restart at the saved data position. Checkpoints are
     written every ``checkpoint_every`` steps, on SIGTERM / Ctrl-C and at the end; the loop
     waits for pending asynchronous saves before it returns or raises (no truncated last
-    checkpoint). Metrics go to TensorBoard event files in ``workdir`` and to the log; a tqdm
-    bar with ETA shows progress on process 0.
+    checkpoint). Metrics go to TensorBoard scalars and ``metrics.jsonl`` in ``workdir`` and to
+    the log, and ``workdir/plots/training.png`` is drawn when the loop ends
+    (``embedding_core.metric_log``); a tqdm bar with ETA shows progress on process 0.
 
     Never lost, never corrupted (``docs/architecture.md``, "Stopping a run"): before each
     save and evaluation the state's ``first_nonfinite_step`` is read, and a diverged state
@@ -373,8 +374,6 @@ def train_loop(
       run_control.Interrupted: Ctrl-C, after saving (a ``KeyboardInterrupt``; exit 130).
       run_control.WorkdirInUseError: another run took the workdir's lock over.
     """
-    from clu import metric_writers
-
     workdir = storage.as_path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     manager = checkpoints.make_manager(workdir / "checkpoints", max_to_keep=keep_checkpoints)
@@ -390,14 +389,12 @@ def train_loop(
             position, seed=seed, global_batch_size=global_batch_size, directory=workdir)
         logging.info("resuming at step %d", start_step)
 
-    # TensorBoard writes through tf.io.gfile, which cannot reach a GCS emulator: events of
-    # a gs:// workdir are written locally and uploaded with each checkpoint and at the end.
-    events = storage.MirroredFolder(workdir)
-    writer = metric_writers.create_default_writer(
-        str(events.local), just_logging=jax.process_index() > 0, asynchronous=True)
+    # Events, metrics.jsonl and the plot of a gs:// workdir are written locally and uploaded
+    # with each checkpoint and at the end (TensorBoard's writer needs local files).
+    writer = metric_log.MetricLog(workdir, start_step=start_step,
+                                  active=jax.process_index() == 0)
     if hparams and start_step == 0:
-        writer.write_hparams({k: v for k, v in hparams.items()
-                              if isinstance(v, (int, float, str, bool))})
+        writer.write_hparams(hparams)
 
     def position(next_step: int) -> dict:
         return {"next_step": next_step, "seed": seed, "global_batch_size": global_batch_size}
@@ -427,9 +424,7 @@ def train_loop(
         check_finite(state)
         checkpoints.save(manager, step, state, position(step))
         last_saved = step
-        if events.remote:
-            writer.flush()
-            events.sync()
+        writer.sync()
 
     step = start_step
     batches = make_batches(start_step)
@@ -462,7 +457,7 @@ def train_loop(
                     bad = {k: v for k, v in summary.items() if not math.isfinite(v)}
                     if bad:
                         check_finite(state, bad)
-                    writer.write_scalars(step, summary)
+                    writer.write(step, summary)
                     if bar is not None:
                         bar.set_postfix(loss=f"{summary['loss']:.4f}")
                     pending.clear()
@@ -470,7 +465,7 @@ def train_loop(
                 if eval_fn is not None and eval_every and (
                         step % eval_every == 0 or step == num_train_steps):
                     check_finite(state)
-                    writer.write_scalars(step, dict(eval_fn(state, step)))
+                    writer.write(step, eval_fn(state, step), metric_log.EVAL)
                     window_start = time.perf_counter()
                 stop_now = stops.should_stop(step) or (
                     stop_after is not None and step - start_step >= stop_after)
@@ -483,9 +478,7 @@ def train_loop(
     finally:
         manager.wait_until_finished()
         manager.close()
-        writer.flush()
         writer.close()
-        events.close()
     if stops.requested:
         raise stops.stopped(last_saved, str(where))
     return state

@@ -1,0 +1,274 @@
+"""Training metrics a person can read: TensorBoard scalars, ``metrics.jsonl`` and a PNG.
+
+:class:`MetricLog` is what :func:`embedding_core.training.train_loop` writes its metrics to.
+On process 0 each call of :meth:`MetricLog.write` goes to three places:
+
+* a TensorBoard event file in the workdir, one ``Summary.Value.simple_value`` per metric:
+  the classic scalar encoding, which ``EventAccumulator(...).Tags()["scalars"]`` lists and
+  ``tensorboard --logdir`` shows (TF2's ``tf.summary.scalar`` writes tensors instead, which
+  the accumulator lists under ``"tensors"``);
+* ``workdir/metrics.jsonl``, one JSON object a line: ``{"step": 50, "split": "train",
+  "wall_time": 1.7e9, "loss": 0.41, ...}`` (``split`` is ``"train"`` or ``"eval"``; a
+  non-finite value is written as ``null``), for readers without TensorBoard
+  (``pandas.read_json(path, lines=True)``);
+* the log, as one ``[step] name=value, ...`` line (every process).
+
+:func:`write_training_plot` draws ``workdir/plots/training.png`` from ``metrics.jsonl``.
+
+A resumed run continues the same history: rows of ``metrics.jsonl`` after the restored
+step are dropped (the resumed run writes them again) and a ``SessionLog.START`` event at
+the first new step makes TensorBoard drop the old events from that step on. A ``gs://``
+workdir is written through :class:`embedding_core.storage.MirroredFolder` (TensorBoard's
+writer needs local files): the files are uploaded by :meth:`MetricLog.sync` and
+:meth:`MetricLog.close`. See docs/architecture.md, "What a workdir holds".
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from embedding_core import files, storage
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "plots/training.png"
+TRAIN, EVAL = "train", "eval"
+_RESERVED = ("step", "split", "wall_time")
+
+
+def parse_metrics(text: str, source: str = METRICS_FILE) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` text, in file order.
+
+    A last line without its line break (a run killed while writing it) is skipped; any
+    other line that is not a JSON object with an integer ``step`` is an error.
+
+    Raises:
+      ValueError: ``"<source>, line N: ..."`` for a malformed line.
+    """
+    lines = text.split("\n")
+    complete = lines[:-1]  # the part after the last "\n": empty, or an unfinished line
+    rows = []
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{source}, line {number}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or isinstance(row.get("step"), bool) or \
+                not isinstance(row.get("step"), int):
+            raise ValueError(f"{source}, line {number}: field 'step': expected an object "
+                             "with an integer step")
+        rows.append(row)
+    return rows
+
+
+def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of ``workdir/metrics.jsonl`` (local or ``gs://``); ``[]`` when it is absent.
+
+    Returns:
+      One dict per logged step and split: ``step`` (int), ``split`` (``"train"`` or
+      ``"eval"``), ``wall_time`` (float, seconds since the epoch) and the metrics (float,
+      or None where the value was not finite).
+
+    Raises:
+      ValueError: a malformed line (file and line named).
+    """
+    path = storage.as_path(workdir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return parse_metrics(path.read_text(encoding="utf-8"), os.fspath(path))
+
+
+class MetricLog:
+    """The metrics of one training invocation (see the module docstring).
+
+    Args:
+      workdir: the run's folder, local or ``gs://``.
+      start_step: the step the run starts from (0, or the restored checkpoint's step).
+      active: whether this process writes files (process 0); others only log.
+
+    Raises:
+      ValueError: the existing ``metrics.jsonl`` is malformed (file and line named).
+    """
+
+    def __init__(self, workdir: str | os.PathLike, *, start_step: int = 0,
+                 active: bool = True) -> None:
+        self.workdir = storage.as_path(workdir)
+        self.active = active
+        self._writer = None
+        self._jsonl = None
+        if not active:
+            return
+        self._mirror = storage.MirroredFolder(self.workdir)
+        local = self._mirror.local
+        local.mkdir(parents=True, exist_ok=True)
+        # Keep the history up to the restored step; later rows are written again.
+        kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
+        files.write_text_atomic(local / METRICS_FILE,
+                                "".join(_json_line(r) for r in kept))
+        self._jsonl = open(local / METRICS_FILE, "a", encoding="utf-8")
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+        self._writer = EventFileWriter(str(local))
+        # TensorBoard drops the events of earlier files from this step on (a resumed run
+        # redoes them; a fresh run replaces a run that stopped before its first checkpoint).
+        self._writer.add_event(event_pb2.Event(
+            wall_time=time.time(), step=start_step + 1,
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+
+    def write(self, step: int, metrics: Mapping[str, float], split: str = TRAIN) -> None:
+        """Logs ``metrics`` at ``step``: event file and ``metrics.jsonl`` (process 0), log.
+
+        Raises:
+          ValueError: ``split`` not ``"train"``/``"eval"``, or a metric named ``step``,
+            ``split`` or ``wall_time`` (the file's own fields).
+        """
+        if split not in (TRAIN, EVAL):
+            raise ValueError(f"split must be {TRAIN!r} or {EVAL!r}, got {split!r}")
+        clash = sorted(set(metrics) & set(_RESERVED))
+        if clash:
+            raise ValueError(f"metric names {clash} are reserved in {METRICS_FILE}")
+        values = {k: float(v) for k, v in metrics.items()}
+        logging.info("[%d] %s", step, ", ".join(f"{k}={v:.6g}" for k, v in
+                                                 sorted(values.items())))
+        if not self.active:
+            return
+        now = time.time()
+        summary = self._summary_pb2.Summary(value=[
+            self._summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        self._writer.add_event(self._event_pb2.Event(wall_time=now, step=int(step),
+                                                     summary=summary))
+        row = {"step": int(step), "split": split, "wall_time": round(now, 3),
+               **{k: v if math.isfinite(v) else None for k, v in values.items()}}
+        self._jsonl.write(_json_line(row))
+        self._jsonl.flush()
+
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """The config's scalar fields for TensorBoard's HPARAMS tab (process 0 only)."""
+        if not self.active:
+            return
+        from tensorboard.plugins.hparams import summary_v2
+
+        kept = {k: v for k, v in hparams.items() if isinstance(v, (bool, int, float, str))}
+        self._writer.add_event(self._event_pb2.Event(
+            wall_time=time.time(), step=0, summary=summary_v2.hparams_pb(kept)))
+
+    def sync(self) -> None:
+        """Flushes the files and uploads them when the workdir is ``gs://``."""
+        if not self.active:
+            return
+        self._writer.flush()
+        self._jsonl.flush()
+        self._mirror.sync()
+
+    def close(self, *, plot: bool = True) -> None:
+        """Flushes and closes the files, draws ``plots/training.png`` (``plot``), uploads.
+
+        A plot that cannot be drawn is logged as a warning: the metrics stay readable and
+        the run's outcome does not depend on it.
+        """
+        if not self.active or self._writer is None:
+            return
+        try:
+            self._writer.close()
+            self._jsonl.close()
+            if plot:
+                try:
+                    write_training_plot(self._mirror.local, self._mirror.local / PLOT_FILE,
+                                        title=storage.display(self.workdir))
+                except Exception as e:  # a plot never fails a run
+                    logging.warning("could not draw %s: %s", PLOT_FILE, e)
+        finally:
+            self._writer = None
+            self._mirror.close()
+
+
+def _json_line(row: Mapping[str, Any]) -> str:
+    return json.dumps(row, allow_nan=False) + "\n"
+
+
+def _series(rows: Sequence[Mapping[str, Any]], split: str, name: str
+            ) -> tuple[list[int], list[float]]:
+    steps, values = [], []
+    for r in rows:
+        if r.get("split") == split and r.get(name) is not None:
+            steps.append(r["step"])
+            values.append(float(r[name]))
+    return steps, values
+
+
+def plot_metrics(rows: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
+    """A PNG of the training curves in ``rows`` (as :func:`read_metrics` returns them).
+
+    Panels, each against the step: the training ``loss``; the ``learning_rate``; and, when
+    the run evaluated, every evaluation metric whose values all lie in [0, 1] (accuracies,
+    recall, MAP...; counts such as ``heldout_num_queries`` are left out), one line each.
+
+    Returns:
+      The PNG file's bytes.
+
+    Raises:
+      ValueError: no training loss in ``rows``.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    loss = _series(rows, TRAIN, "loss")
+    if not loss[0]:
+        raise ValueError("no training loss to plot")
+    lr = _series(rows, TRAIN, "learning_rate")
+    eval_names = sorted({k for r in rows if r.get("split") == EVAL for k in r}
+                        - set(_RESERVED))
+    curves = {}
+    for name in eval_names:
+        steps, values = _series(rows, EVAL, name)
+        if values and all(0.0 <= v <= 1.0 for v in values):
+            curves[name] = (steps, values)
+    panels = 2 + bool(curves)
+    fig = Figure(figsize=(4.6 * panels, 3.8), dpi=100)
+    FigureCanvasAgg(fig)
+    # Fixed margins: a constrained layout would double the drawing time (every run ends
+    # with this plot, tests included).
+    axes = fig.subplots(1, panels, squeeze=False,
+                        gridspec_kw=dict(left=0.22 / panels, right=0.99, bottom=0.13,
+                                         top=0.86, wspace=0.28))[0]
+    axes[0].plot(*loss, color="tab:blue", marker="." if len(loss[0]) < 30 else None)
+    axes[0].set_title("training loss")
+    axes[1].plot(*lr, color="tab:orange")
+    axes[1].set_title("learning rate")
+    axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    if curves:
+        for name, (steps, values) in curves.items():
+            axes[2].plot(steps, values, marker="o", markersize=3, label=name)
+        axes[2].set_title("evaluation")
+        axes[2].legend(fontsize="x-small", loc="best")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def write_training_plot(workdir: str | os.PathLike, path: str | os.PathLike | None = None,
+                        *, title: str = "") -> None:
+    """Draws ``workdir/metrics.jsonl`` (:func:`plot_metrics`) into ``path`` (default
+    ``workdir/plots/training.png``), atomically, local or ``gs://``.
+
+    Raises:
+      ValueError: a malformed ``metrics.jsonl`` or no training loss in it.
+    """
+    target = storage.as_path(path) if path is not None else \
+        storage.as_path(workdir) / PLOT_FILE
+    files.write_bytes_atomic(target, plot_metrics(read_metrics(workdir), title=title))
