@@ -82,3 +82,47 @@ def test_a_malformed_metrics_file_names_its_line_and_a_torn_last_line_is_skipped
     assert not list(tmp_path.glob("events.out.tfevents*"))  # refused before writing
     with pytest.raises(ValueError, match="reserved"):
         metric_log.MetricLog(tmp_path / "new", active=False).write(1, {"step": 1.0})
+
+
+def test_a_run_logs_loss_and_evaluation_as_scalars_and_draws_its_plot(tmp_path):
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from embedding_core import configs
+    from embedding_core.run import run
+    from embedding_core.task import Task
+
+    x = np.linspace(-1, 1, 16, dtype=np.float32)[:, None]
+    y = 3 * x[:, 0]
+    model = nn.Dense(1, use_bias=False, kernel_init=nn.with_logical_partitioning(
+        nn.initializers.zeros, ("embed", "mlp")))
+
+    def loss_fn(params, batch, rng):
+        return jnp.mean((model.apply({"params": params}, batch["x"])[:, 0] - batch["y"]) ** 2), {}
+
+    def evaluate(params, step):  # the mean squared error on all rows
+        return {"mse": float(np.mean((x[:, 0] * float(params["kernel"][0, 0]) - y) ** 2))}
+
+    def batches(start):
+        while True:
+            yield {"x": x[:8], "y": y[:8]}
+
+    task = Task(name="line", init_params=lambda k: model.init(k, x[:1])["params"],
+                loss_fn=loss_fn, make_batches=batches, num_examples=8, steps_per_epoch=1,
+                global_batch_size=8, evaluate=evaluate)
+    config = configs.base()
+    config.update(dict(batch_size=8, learning_rate=0.1, lr_decay="constant",
+                       num_train_steps=4, log_every=1, checkpoint_every=4, eval_every=2))
+    state = run(lambda config, mesh: task, config, tmp_path)
+
+    got = scalars(tmp_path)
+    assert {"loss", "grad_norm", "learning_rate", "mse"} <= set(got)
+    rows = metric_log.read_metrics(tmp_path)
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    assert got["loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in train]
+    assert train[0]["loss"] == pytest.approx(float(np.mean(y[:8] ** 2)), rel=1e-6)  # w = 0
+    final = evaluate(state.params, 4)["mse"]
+    assert [s for s, _ in got["mse"]] == [2, 4]
+    assert got["mse"][1][1] == pytest.approx(final, rel=1e-6) and final < got["mse"][0][1]
+    Image.open(tmp_path / metric_log.PLOT_FILE).verify()
