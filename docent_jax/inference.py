@@ -37,8 +37,9 @@ from docent_jax.data import (
 from docent_jax.masking import ENTITY_POSITION
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, build_model, init_fn
 from embedding_core import configs, multihost, parallel, storage, training
+from embedding_core.encoders import EncoderConfig
 from embedding_core.inference import Encoder, check_texts, encode_in_batches
-from embedding_core.pretrained import load_pretrained
+from embedding_core.pretrained import workdir_model_dir
 
 PROG = "docent-jax"
 REQUIRED_FIELDS = ("model", "pooling", "projection_dim", "max_length", "table_multiple")
@@ -185,10 +186,10 @@ class EntityRanker(Encoder):
 
 
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """The ``config.json`` of a training workdir, on today's defaults, checked.
+    """The ``run_config.json`` of a training workdir, on today's defaults, checked.
 
     Raises:
-      FileNotFoundError: the workdir or its config.json is missing (message says what).
+      FileNotFoundError: the workdir or its run_config.json is missing (message says what).
       ValueError: a malformed or impossible config (the file is named).
     """
     return configs.read_config(workdir, default.get_config, prog=PROG,
@@ -204,18 +205,20 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> EntityRanker
     their slice of the queries.
 
     Raises:
-      FileNotFoundError: no workdir, ``config.json``, ``entity_ids.txt`` or checkpoint, or
-        the model folder named in the config is gone.
+      FileNotFoundError: no workdir, ``run_config.json``, ``entity_ids.txt`` or
+        checkpoint, or (a workdir without its ``encoder/`` copy) the config's model is gone.
     """
     config = read_config(workdir)
     entity_ids = read_entity_ids(storage.as_path(workdir) / ENTITY_IDS_FILE)
-    pre = load_pretrained(config.model)
-    model = build_model(config, pre.config, len(entity_ids))
+    # The encoder's shape and tokenizer: the workdir's copy, or the base model for older
+    # runs; its weights are never read (the checkpoint holds them all).
+    model_dir = workdir_model_dir(workdir, config.model)
+    model = build_model(config, EncoderConfig.from_hf_config(model_dir), len(entity_ids))
     restored_step, params = training.restore_params(
         storage.as_path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1),
         step=step,
         rules=configs.axis_rules(config))
-    return EntityRanker(model, multihost.localize(params), load_tokenizer(pre.model_dir),
+    return EntityRanker(model, multihost.localize(params), load_tokenizer(model_dir),
                         config, entity_ids, step=restored_step)
 
 

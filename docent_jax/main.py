@@ -7,11 +7,12 @@ Usage:
   docent-jax demo     --workdir=DIR [--num_train_steps=N] [--config=CONFIG.py]
   docent-jax preprocess --config=CONFIG.py --output=DIR [--num_shards=8]
 
-train     trains (or resumes) a DocEnt model into DIR: config.json, entity_ids.txt,
-          TensorBoard events, orbax checkpoints. CONFIG.py defaults to
-          docent_jax/configs/default.py; --config.variant picks the model: dual (RELIC-style
-          dual encoder, the default), full (BERT with one input token per entity, masked
-          LM over words and entities) or hybrid (dual encoder + entity-conditioned MLM).
+train     trains (or resumes) a DocEnt model into DIR: run_config.json, entity_ids.txt,
+          encoder/ (HF config and tokenizer), TensorBoard events, orbax checkpoints.
+          CONFIG.py defaults to docent_jax/configs/default.py; --config.variant picks
+          the model: dual (RELIC-style dual encoder, the default), full (BERT with one
+          input token per entity, masked LM over words and entities) or hybrid (dual
+          encoder + entity-conditioned MLM).
           CPU presets on the shipped SQuAD corpus: docent_jax/configs/{dual,full,hybrid}_cpu.py;
           paper scale (BERT-base, Amazon reviews): docent_jax/configs/{dual,full,hybrid}_paper.py.
           --config.softmax (Dual, Hybrid) picks the denominator of P(e | s): in_batch (the

@@ -18,7 +18,7 @@ from docent_jax.loss import make_loss_fn, masking_config
 from docent_jax.model import PRETRAINED_PATH, build_model, init_fn
 from docent_jax.optimizer import head_warmup_steps, make_optimizer
 from embedding_core import configs, training
-from embedding_core.pretrained import load_pretrained
+from embedding_core.pretrained import encoder_run_files, load_pretrained
 from embedding_core.run import run
 from embedding_core.task import Task
 
@@ -69,7 +69,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         global_batch_size=batch, pretrained={PRETRAINED_PATH: pretrained.params},
         evaluate=evaluate if int(config.eval_every) > 0 else None,
         run_files={docent_data.ENTITY_IDS_FILE: lambda path: docent_data.keep_entity_ids(
-            path, data.entity_ids)},
+            path, data.entity_ids), **encoder_run_files(pretrained.model_dir)},
         make_optimizer=make_optimizer,
         summary=f"{data.num_entities} entities; {data.description}")
 
@@ -78,8 +78,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           *, stop_after: int | None = None) -> training.TrainState:
     """Trains (or resumes) ``config.variant`` into ``workdir`` (see ``embedding_core.run.run``).
 
-    Writes ``config.json``, ``entity_ids.txt`` (line i = row i of the table), TensorBoard
-    events and checkpoints (params, optimizer state, data position) under ``workdir``.
+    Writes ``run_config.json``, ``encoder/`` (HF config, tokenizer), ``entity_ids.txt``
+    (line i = row i of the table), TensorBoard events and checkpoints (params, optimizer
+    state, data position) under ``workdir``.
 
     Raises:
       ValueError: bad config (checked before compiling). FileNotFoundError: a model or data

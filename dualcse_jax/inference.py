@@ -19,11 +19,12 @@ from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tok
 from dualcse_jax.configs import default, validate_config
 from dualcse_jax.model import KINDS, DualEncoder, build_model, init_fn
 from embedding_core import configs, multihost, parallel, storage, training
+from embedding_core.encoders import EncoderConfig
 from embedding_core.inference import Encoder, encode_in_batches, l2_normalize, token_batch_builder
-from embedding_core.pretrained import load_pretrained
+from embedding_core.pretrained import workdir_model_dir
 
 PROG = "dualcse-jax"
-# Fields without which the model cannot be rebuilt from a saved config.json.
+# Fields without which the model cannot be rebuilt from a saved run_config.json.
 REQUIRED_FIELDS = ("model", "architecture", "pooling", "max_length", "dtype")
 
 
@@ -106,10 +107,10 @@ class Embedder(Encoder):
 
 
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """The training config saved in ``workdir/config.json``, on today's defaults, checked.
+    """The training config saved in the workdir (``run_config.json``), on today's defaults.
 
     Raises:
-      FileNotFoundError: no workdir or no config.json. ValueError: it is not a JSON object,
+      FileNotFoundError: no workdir or no run config. ValueError: it is not a JSON object,
         lacks a field the model needs, or holds an impossible setting (the message names
         the file).
     """
@@ -125,15 +126,18 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
     several processes can each encode their slice of the texts.
 
     Raises:
-      FileNotFoundError: no ``config.json`` or no checkpoint in ``workdir``.
-      ValueError: a damaged config.json; ``embedding_core.checkpoints.
+      FileNotFoundError: no ``run_config.json`` or no checkpoint in ``workdir``, or (a
+        workdir without its ``encoder/`` copy) the config's model is gone.
+      ValueError: a damaged run_config.json; ``embedding_core.checkpoints.
         IncompatibleCheckpointError`` for a checkpoint of the older layout.
     """
     config = read_config(workdir)
-    pre = load_pretrained(config.model)
-    model = build_model(config, pre.config)
+    # The encoder's shape and tokenizer: the workdir's copy, or the base model for older
+    # runs; its weights are never read (the checkpoint holds them all).
+    model_dir = workdir_model_dir(workdir, config.model)
+    model = build_model(config, EncoderConfig.from_hf_config(model_dir))
     step, params = training.restore_params(
         storage.as_path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1),
         step=step, rules=configs.axis_rules(config))
-    return Embedder(model, multihost.localize(params), load_tokenizer(pre.model_dir), config,
+    return Embedder(model, multihost.localize(params), load_tokenizer(model_dir), config,
                     step=step)

@@ -8,7 +8,8 @@ Usage:
   dualcse-jax demo     --workdir=DIR [--config=PRESET.py] [--config.FIELD=VALUE ...]
   dualcse-jax preprocess --config=CONFIG.py --output=DIR [--num_shards=8]
 
-train     trains (or resumes) into DIR: config.json, TensorBoard events, orbax checkpoints.
+train     trains (or resumes) into DIR: run_config.json, encoder/ (HF config and tokenizer),
+          TensorBoard events, orbax checkpoints.
           CONFIG.py defaults to dualcse_jax/configs/default.py (the paper's settings);
           dualcse_jax/configs/cross_cpu.py is the small CPU preset of the README.
           Your own data: --config.train_file=PATH (CSV or JSON Lines, local or gs://;

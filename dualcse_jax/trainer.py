@@ -21,7 +21,7 @@ from dualcse_jax.model import (
     sentence_text_ids,
 )
 from embedding_core import training
-from embedding_core.pretrained import load_pretrained
+from embedding_core.pretrained import encoder_run_files, load_pretrained
 from embedding_core.run import run
 from embedding_core.task import Task
 
@@ -81,6 +81,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
         global_batch_size=int(config.batch_size),
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
         evaluate=rte_evaluator(model, tokenizer, config) if config.eval_every > 0 else None,
+        run_files=encoder_run_files(pretrained.model_dir),
         summary=f"data: {data.train_source(config)}, pooling {config.pooling}")
 
 
@@ -88,7 +89,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           *, stop_after: int | None = None) -> training.TrainState:
     """Trains (or resumes) a DualCSE/SimCSE model into ``workdir``.
 
-    Writes ``workdir/config.json``, TensorBoard events, and orbax checkpoints under
+    Writes ``workdir/run_config.json``, ``workdir/encoder/`` (the encoder's HF config and
+    tokenizer files), TensorBoard events, and orbax checkpoints under
     ``workdir/checkpoints`` (with the data position, so a killed run resumes in order).
     Usable from a notebook: nothing here parses flags.
 

@@ -58,9 +58,12 @@ def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None
     """
     from embedding_core.run_control import EXIT_CODES_HELP
 
-    # Every CLI's help ends with the exit codes of train, written once in the core.
-    if module.__doc__ and EXIT_CODES_HELP not in module.__doc__:
-        module.__doc__ += EXIT_CODES_HELP
+    # Every CLI's help ends with the config command and the exit codes of train, written
+    # once in the core.
+    prog = os.path.basename(sys.argv[0])
+    for text in (CONFIG_COMMAND_HELP.replace("PROG", prog), EXIT_CODES_HELP):
+        if module.__doc__ and text not in module.__doc__:
+            module.__doc__ += text
     main_module = sys.modules.get("__main__")
     if main_module is not None and main_module is not module:
         main_module.__doc__ = module.__doc__
@@ -94,6 +97,15 @@ def define_workdir_flags(default_config: str, workdir_help: str = (
     flags.DEFINE_integer("num_train_steps", None, "demo: override the preset's step count.")
 
 
+CONFIG_COMMAND = "config"
+CONFIG_COMMAND_HELP = """
+config    lists every field of --config (default: the package's configs/default.py) as
+          `field = value  # comment`, with any --config.FIELD=VALUE applied; no --workdir.
+          Example: PROG config --config=PRESET.py --config.batch_size=32
+"""
+"""The ``config`` command every CLI answers in :func:`parse_command`."""
+
+
 # Commands that load a trained model and may run on several processes (each process
 # encodes its slice, process 0 writes: embedding_core.multihost).
 SHARED_WORK_COMMANDS = ("evaluate", "export")
@@ -112,14 +124,21 @@ def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
     pod), ``--config.num_processes``, ``--config.process_id``, or the
     ``JAX_COORDINATOR_ADDRESS`` environment variable (``docs/architecture.md``).
 
+    ``config`` (:data:`CONFIG_COMMAND_HELP`) is answered here for every tool: the fields
+    are printed and the process exits with status 0.
+
     Exits with status 1 and a two-line usage message on no command, an unknown one,
     several, or no ``--workdir``.
     """
     prog = os.path.basename(sys.argv[0])
+    if argv[1:] == [CONFIG_COMMAND]:
+        print_config()
+        sys.exit(0)
     if len(argv) != 2 or argv[1] not in commands:
         got = f" (got {argv[1:]})" if len(argv) > 1 else ""
         sys.exit(f"usage: {prog} {{{'|'.join(commands)}}} --workdir=DIR [flags]{got}\n"
-                 f"{prog} --help explains the commands and flags")
+                 f"{prog} --help explains the commands and flags; {prog} {CONFIG_COMMAND} "
+                 "lists the config fields")
     if not flags.FLAGS.workdir and argv[1] not in NO_WORKDIR_COMMANDS:
         sys.exit(f"{prog} {argv[1]}: error: --workdir is required (see --help)")
     if argv[1] in SHARED_WORK_COMMANDS:
@@ -131,6 +150,16 @@ def parse_command(argv: Sequence[str], commands: Sequence[str]) -> str:
             config.get("coordinator_address") or None, config.get("num_processes") or None,
             config.process_id if config.get("process_id", -1) >= 0 else None)
     return argv[1]
+
+
+def print_config() -> None:
+    """Prints the parsed ``--config`` field by field with the comments of its source
+    (``embedding_core.config_help.describe``)."""
+    from ml_collections import config_flags
+
+    from embedding_core.config_help import describe
+
+    print(describe(flags.FLAGS.config, config_flags.get_config_filename(flags.FLAGS["config"])))
 
 
 DEBUG_ENV = "EMBEDDING_JAX_DEBUG"

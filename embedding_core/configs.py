@@ -13,11 +13,16 @@ import os
 from collections.abc import Callable, Iterable
 
 import ml_collections
+from etils import epath
 
 from embedding_core import parallel, storage
 from embedding_core.files import read_json_object
 
-CONFIG_FILE = "config.json"
+CONFIG_FILE = "run_config.json"
+"""The run's own config in a workdir; never ``config.json``, the name Hugging Face tools
+take for a model's config (``docs/architecture.md``, "What a workdir holds")."""
+LEGACY_CONFIG_FILE = "config.json"
+"""Where workdirs written before ``run_config.json`` keep their run config."""
 LR_DECAYS = ("linear", "cosine", "constant")
 # Fields a resumed run may change: how long, how often, on which devices. Every other field
 # shapes the model, its data or its optimisation, so a run resumed with another value would
@@ -111,6 +116,26 @@ def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> 
     return max(1, math.ceil(float(config.num_epochs) * int(steps_per_epoch)))
 
 
+def config_path(workdir: str | os.PathLike) -> epath.Path:
+    """The file holding ``workdir``'s run config, local or ``gs://``.
+
+    ``run_config.json`` when present; else the ``config.json`` of a workdir trained
+    before that name, unless that file is a Hugging Face model config (it has
+    ``model_type``); else the ``run_config.json`` path (absent: the caller reports it).
+    An unreadable ``config.json`` counts as a run config, so that reading it names it.
+    """
+    workdir = storage.as_path(workdir)
+    path = workdir / CONFIG_FILE
+    legacy = workdir / LEGACY_CONFIG_FILE
+    if path.is_file() or not legacy.is_file():
+        return path
+    try:
+        raw = json.loads(legacy.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return legacy
+    return path if isinstance(raw, dict) and "model_type" in raw else legacy
+
+
 def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
     """Refuses to train into a workdir whose saved config describes another run.
 
@@ -118,11 +143,11 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
     Fields in :data:`RESUMABLE_FIELDS` may change between invocations.
 
     Raises:
-      ValueError: the saved ``config.json`` is unreadable, belongs to another model (other
-        field names) or differs in a field that is not resumable (each such field named
-        with both values).
+      ValueError: the saved run config (:func:`config_path`) is unreadable, belongs to
+        another model (other field names) or differs in a field that is not resumable
+        (each such field named with both values).
     """
-    path = storage.as_path(workdir) / CONFIG_FILE
+    path = config_path(workdir)
     if not path.is_file():
         return
     try:
@@ -134,7 +159,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
     # model); fields this model lacks mean the workdir belongs to another model.
     foreign = sorted(set(saved) - set(new))
     if len(foreign) > 3:
-        raise ValueError(f"{workdir} holds a run of another model (its config.json has "
+        raise ValueError(f"{workdir} holds a run of another model (its {path.name} has "
                          f"fields {foreign[:6]}... this model lacks); use a new --workdir")
     changed = [f"{k}={saved.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(saved) | set(new))
                if not resumable(k) and saved.get(k) != new.get(k)
@@ -145,7 +170,11 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
-    """Writes ``workdir/config.json`` (local or ``gs://``) atomically (process 0 only)."""
+    """Writes ``workdir/run_config.json`` (local or ``gs://``) atomically (process 0 only).
+
+    A ``config.json`` left by an older version stays as it was; ``run_config.json`` takes
+    precedence over it from now on (:func:`config_path`).
+    """
     from embedding_core.files import write_json
 
     write_json(storage.as_path(workdir) / CONFIG_FILE, config.to_dict())
@@ -159,7 +188,7 @@ def read_config(
     required: Iterable[str] = (),
     validate: Callable[[ml_collections.ConfigDict], None] | None = None,
 ) -> ml_collections.ConfigDict:
-    """The config a run saved in ``workdir/config.json``, on top of today's defaults.
+    """The config a run saved in its workdir (:func:`config_path`), on today's defaults.
 
     Fields added to the defaults after a run was trained keep their default value; fields
     the saved config has and the defaults lack are kept too (the saved run is the truth).
@@ -171,12 +200,12 @@ def read_config(
       validate: the package's config check; its error is prefixed with the file.
 
     Raises:
-      FileNotFoundError: the workdir or its config.json is missing.
+      FileNotFoundError: the workdir or its run config is missing.
       ValueError: not a JSON object, missing a required field, or an impossible setting
         (the message names the file).
     """
     workdir = storage.as_path(workdir)
-    path = workdir / CONFIG_FILE
+    path = config_path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise NotADirectoryError(f"workdir {workdir} is a file, not a training folder")
     if not workdir.is_dir():

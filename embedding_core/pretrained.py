@@ -21,6 +21,7 @@ import json
 import os
 import pathlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -41,6 +42,14 @@ _SKIPPED = re.compile(
 )
 _PREFIXES = ("bert.", "roberta.")
 
+ENCODER_DIR = "encoder"
+"""A training workdir's copy of its encoder's HF ``config.json`` and tokenizer files, so
+that loading the run needs neither the base model's folder nor its package."""
+# What a tokenizer of the BERT / RoBERTa family may need (each copied when present);
+# config.json goes last: its presence marks a complete copy.
+ENCODER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "vocab.txt", "vocab.json", "merges.txt", "added_tokens.json",
+                 "sentencepiece.bpe.model", "spiece.model", "config.json")
 
 
 def _package_dir(name: str) -> pathlib.Path | None:
@@ -265,3 +274,63 @@ def load_pretrained(
     if dropout is False:
         config = config.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     return Pretrained(model_dir, config, load_pretrained_params(model_dir, config))
+
+
+def save_encoder_files(model_dir: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Copies a model folder's HF ``config.json`` and tokenizer files into ``dest``.
+
+    Each file of :data:`ENCODER_FILES` that ``model_dir`` holds is written atomically
+    (local or ``gs://``), ``config.json`` last, so :func:`workdir_model_dir` never takes a
+    half-written copy. The weights are not copied: the run's checkpoint holds them.
+
+    Raises:
+      FileNotFoundError: ``model_dir`` lacks ``config.json`` or ``tokenizer.json``
+        (nothing is written).
+    """
+    from embedding_core.files import write_bytes_atomic
+
+    model_dir = storage.as_path(model_dir)
+    for required in ("config.json", "tokenizer.json"):
+        if not (model_dir / required).is_file():
+            raise FileNotFoundError(f"{model_dir} has no {required}: the run cannot keep "
+                                    f"a copy of its encoder's files. {WHAT_TO_PASS}")
+    dest = storage.as_path(dest)
+    for name in ENCODER_FILES:
+        if (model_dir / name).is_file():
+            write_bytes_atomic(dest / name, (model_dir / name).read_bytes())
+
+
+def encoder_run_files(model_dir: str | os.PathLike) -> dict[str, Callable[[Any], None]]:
+    """``Task.run_files`` entry that keeps ``model_dir``'s config and tokenizer in the
+    workdir's :data:`ENCODER_DIR` (see :func:`save_encoder_files`)."""
+    return {ENCODER_DIR: lambda path: save_encoder_files(model_dir, path)}
+
+
+def workdir_model_dir(workdir: str | os.PathLike,
+                      model: str | os.PathLike | None = None) -> pathlib.Path:
+    """The local folder with the HF ``config.json`` and tokenizer files a run trained with.
+
+    The workdir's own copy (``workdir/encoder``, written at training; a ``gs://`` one is
+    copied into the local cache) when it is complete; otherwise, for workdirs trained
+    before runs kept it, the model folder or package ``model`` names (the run config's
+    ``model`` field), through :func:`resolve_model_dir`.
+
+    Returns:
+      A local folder holding ``config.json`` and ``tokenizer.json`` (no weights in the
+      workdir's copy).
+
+    Raises:
+      FileNotFoundError: no complete copy and ``model`` is None or cannot be found (the
+        message names both places).
+    """
+    copy = storage.as_path(workdir) / ENCODER_DIR
+    if (copy / "config.json").is_file() and (copy / "tokenizer.json").is_file():
+        return storage.local_copy(copy).resolve()
+    if model is None:
+        raise FileNotFoundError(f"{copy} holds no config.json and tokenizer.json (a workdir "
+                                "trained before runs kept them: pass the run's model)")
+    try:
+        return resolve_model_dir(model)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{copy} holds no encoder files (a workdir trained before "
+                                f"runs kept them), and the run's model: {err}") from None

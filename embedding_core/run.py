@@ -46,7 +46,7 @@ def run(
     saved config and run files, the sharded state and the loop. Nothing compiles before
     the checks pass, and nothing is written before the task has loaded its data.
 
-    Writes ``workdir/config.json``, the task's run files, TensorBoard events and orbax
+    Writes ``workdir/run_config.json``, the task's run files, TensorBoard events and orbax
     checkpoints under ``workdir/checkpoints`` (params, optimizer state and data position).
     While it trains, ``workdir/run.lock`` keeps a second run out (``run_lock``); SIGTERM
     and Ctrl-C save a checkpoint and stop (``run_control``); a diverged run stops without

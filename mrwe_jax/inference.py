@@ -81,7 +81,7 @@ def read_idf(workdir: str | os.PathLike,
         raise FileNotFoundError(
             f"{workdir} has no {IDF_FILE} and its training corpus {shown} is gone; the IDF "
             f"table is rebuilt from that corpus for runs trained before {IDF_FILE} was kept: "
-            "put the file back (or set squad_path in the workdir's config.json to where it "
+            f"put the file back (or set squad_path in {configs.config_path(workdir)} to where it "
             "is now), or retrain (new runs keep their IDF table in the workdir)") from None
     logging.warning("%s has no %s (trained before runs kept their IDF table): rebuilding it "
                     "from %s; the vectors equal the training ones only if that file is "

@@ -8,7 +8,7 @@ Usage:
 
 train     builds (or reads from the cache) the multi-resolution features of SQuAD, then
           trains the configured tower (ConvRR or FCRR) with the batch-hard triplet loss on
-          the training questions into DIR: config.json, features.json, TensorBoard events,
+          the training questions into DIR: run_config.json, features.json, TensorBoard events,
           orbax checkpoints. CONFIG.py defaults to mrwe_jax/configs/default.py (the papers'
           settings); configs/convrr_cpu.py and configs/fcrr_cpu.py are the CPU presets.
           Your own data: --config.squad_path=FILE (SQuAD v1.1 JSON or zip, local or

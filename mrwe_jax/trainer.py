@@ -74,7 +74,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
           features: FeatureSet | None = None) -> TrainState:
     """Trains (or resumes) ConvRR / FCRR on the training questions into ``workdir``.
 
-    Writes ``workdir/config.json``, ``features.json`` (sources, widths, resolved ``u``),
+    Writes ``workdir/run_config.json``, ``features.json`` (sources, widths, resolved ``u``),
     ``idf.json`` (the IDF table, so ``load`` needs no corpus), TensorBoard events and
     orbax checkpoints with the data position (a killed run resumes with the same batches).
     ``corpus`` and ``features`` may be passed to skip loading (tests, the demo). Nothing

@@ -16,6 +16,7 @@ from etils import epath
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.word_features import FeatureSet, parse_list
 from embedding_core import multihost, storage
+from embedding_core.configs import config_path
 from embedding_core.export import ExportFolder
 from embedding_core.files import write_json
 from mrwe_jax import data, evaluate, inference, trainer
@@ -113,7 +114,7 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
         raise FileNotFoundError(
             f"export writes the questions and paragraphs of {workdir}'s training corpus, "
             f"which cannot be read ({err}); put it back or set squad_path in "
-            f"{storage.as_path(workdir) / 'config.json'} (load(workdir).encode needs no "
+            f"{config_path(workdir)} (load(workdir).encode needs no "
             "corpus)") from None
     if split == "all":
         sides = {"questions": np.arange(len(corpus.question_ids)),

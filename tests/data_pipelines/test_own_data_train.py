@@ -40,7 +40,7 @@ def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir, capsys):
     assert "on 16 examples" in proc.stderr  # the file's 16 rows
     assert "val_rte_average=" in proc.stderr  # RTE on the val_file during training
     assert (workdir / "checkpoints" / "2").is_dir()
-    saved = json.loads((workdir / "config.json").read_text())
+    saved = json.loads((workdir / "run_config.json").read_text())
     assert saved["train_file"] == saved["val_file"] == str(EXAMPLES / "my_pairs.csv")
 
     from dualcse_jax import workflows

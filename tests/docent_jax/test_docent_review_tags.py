@@ -302,8 +302,8 @@ def test_a_squad_run_is_refused_with_a_reason(trained, tmp_path):
     workdir, _ = trained
     copy = tmp_path / "run"
     shutil.copytree(workdir, copy)
-    saved = json.loads((copy / "config.json").read_text())
+    saved = json.loads((copy / "run_config.json").read_text())
     saved["train_data"] = "squad"
-    (copy / "config.json").write_text(json.dumps(saved))
+    (copy / "run_config.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="trained on movies"):
         tags.evaluate_tags_workdir(copy, progress=False)

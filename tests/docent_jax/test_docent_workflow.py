@@ -75,7 +75,7 @@ def test_checkpoint_restores_the_trained_table_and_ids(trained):
     table = ranker.entity_embeddings()
     assert table.shape == (5, 32) and table.dtype == np.float32
     np.testing.assert_array_equal(table, params["entity_embeddings"][:5])
-    saved = json.loads((workdir / "config.json").read_text())
+    saved = json.loads((workdir / "run_config.json").read_text())
     assert saved["softmax"] == "full_vocab" and "loss" not in saved
 
 
@@ -291,3 +291,22 @@ def test_mlm_variants_load_score_and_export(trained_mlm, tmp_path, monkeypatch):
     emb, ids, meta = views["entities"]
     np.testing.assert_array_equal(emb, table)
     assert ids == ENTITIES and meta["model"] == f"DocEnt-{variant.capitalize()}"
+
+
+def test_load_needs_no_base_model(trained, monkeypatch):
+    """``load`` takes the encoder's config and tokenizer from the workdir's ``encoder/``
+    copy: with the base model unfindable, the same query vectors and scores."""
+    from embedding_core import pretrained
+
+    workdir, _ = trained
+    assert (workdir / pretrained.ENCODER_DIR / "tokenizer.json").is_file()
+    ranker = load(workdir)
+    queries, scores = ranker.encode(QUERIES, batch_size=2), ranker.score(QUERIES)
+
+    def uninstalled(name):
+        raise FileNotFoundError(f"No model folder at {str(name)!r} and no installed package")
+
+    monkeypatch.setattr(pretrained, "resolve_model_dir", uninstalled)
+    ranker = load(workdir)
+    np.testing.assert_array_equal(ranker.encode(QUERIES, batch_size=2), queries)
+    np.testing.assert_array_equal(ranker.score(QUERIES), scores)

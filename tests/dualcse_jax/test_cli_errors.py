@@ -66,9 +66,10 @@ def test_export_input_folder_and_output_file(tmp_path):
     (json.dumps(dict(default.get_config().to_dict(), pooling="foo")),
      "config.pooling='foo'"),
 ])
-def test_damaged_config_json_names_the_file(tmp_path, content, expect):
-    (tmp_path / "config.json").write_text(content)
-    with pytest.raises(ValueError, match="config.json: ") as info:
+@pytest.mark.parametrize("name", ["run_config.json", "config.json"])  # config.json: old runs
+def test_damaged_config_json_names_the_file(tmp_path, content, expect, name):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError, match=f"/{name}: ") as info:
         read_config(tmp_path)
     assert expect in str(info.value)
 
@@ -104,3 +105,20 @@ def test_usage_and_help():
     assert "--workdir: Training directory" in proc.stdout and "--num_train_steps" in proc.stdout
     assert "75 preempted by SIGTERM (checkpoint saved: run the same command to resume)" in (
         proc.stdout)
+    assert "config    lists every field of --config" in proc.stdout
+
+
+def test_config_command_lists_fields_with_values_and_comments():
+    proc = _cli("config", "--config=dualcse_jax/configs/cross_cpu.py", "--config.batch_size=32")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("# dualcse_jax/configs/cross_cpu.py: override any field")
+    rows = {line.split(" = ")[0]: line for line in lines[1:]}
+    assert sorted(rows) == sorted(default.get_config().keys())
+    # The command line's value; the comment of default.py, or of the preset where it has one.
+    assert rows["batch_size"].startswith("batch_size = 32 ")
+    assert rows["batch_size"].endswith("# global batch, premises (64 cross / 32 bi in the paper)")
+    assert rows["dropout_impl"].split() == ["dropout_impl", "=", "'hash'", "#", "cheaper", "CPU",
+                                            "step:", "no", "random-bit", "generation",
+                                            "(benchmarks/)"]
+    assert "contradiction[, neutral]; simcse: anchor" in rows["train_file"]

@@ -224,3 +224,43 @@ def test_rte_json_counts_rows_with_one_sentence_under_two_labels(uninterrupted, 
         "test": {"rows": 1, "index": [6], "line": [573], "classes": both}}
     assert {"explicit", "implied", "neutral", "contradiction", "average"} <= set(saved)
     assert "row 6 (line 573: implied = contradiction)" in capsys.readouterr().out
+
+
+TEXTS = ["A man is playing a guitar.", "The lawn was littered with toys.", "He kept it."]
+
+
+def test_load_needs_no_base_model(tmp_path, tiny_bert_dir, uninterrupted, monkeypatch):
+    """The workdir keeps its encoder's HF config and tokenizer (``encoder/``): ``load``
+    gives the same vectors with the base model unfindable. A workdir of the previous
+    layout (run config in ``config.json``, no ``encoder/``) loads through the base model."""
+    import shutil
+
+    from dualcse_jax import load
+    from embedding_core import configs, pretrained
+
+    def encode(workdir):
+        model = load(workdir)
+        return [model.encode(TEXTS, kind=kind) for kind in ("explicit", "implicit")]
+
+    copy = uninterrupted / pretrained.ENCODER_DIR
+    for name in ("config.json", "tokenizer.json", "vocab.txt"):
+        assert (copy / name).read_bytes() == (tiny_bert_dir / name).read_bytes(), name
+    assert not (copy / "model.safetensors").exists()  # the checkpoint holds the weights
+    installed = encode(uninterrupted)
+    old = tmp_path / "old"
+    shutil.copytree(uninterrupted, old, ignore=shutil.ignore_patterns(
+        pretrained.ENCODER_DIR, "events.out.tfevents*", "eval"))
+    (old / configs.CONFIG_FILE).rename(old / configs.LEGACY_CONFIG_FILE)
+    for got, want in zip(encode(old), installed, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    def uninstalled(name):
+        raise FileNotFoundError(f"No model folder at {str(name)!r} and no installed package")
+
+    monkeypatch.setattr(pretrained, "resolve_model_dir", uninstalled)
+    for got, want in zip(encode(uninterrupted), installed, strict=True):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(FileNotFoundError, match="encoder holds no encoder files .* and the "
+                       "run's model: No model folder at"):
+        encode(old)
+

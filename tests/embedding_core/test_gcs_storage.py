@@ -165,7 +165,7 @@ def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path, monkeypatch):
     local = storage.local_copy(f"{BUCKET}/files", cache=cache)
     assert local == cache / "test-bucket" / "files"
     assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()) \
-        == ["a.json", "lines.txt", "run/config.json"]
+        == ["a.json", "lines.txt", "run/run_config.json"]
     files.write_json(f"{BUCKET}/files/a.json", {"x": 3})
     storage.local_copy(f"{BUCKET}/files/a.json", cache=cache)
     assert json.loads((local / "a.json").read_text()) == {"x": 3}
@@ -249,7 +249,8 @@ def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_
     assert model.step == 3
     _assert_same_params(resumed, reference)
     names = _objects("dual")
-    assert "dual/config.json" in names and any("/events.out.tfevents" in n for n in names)
+    assert "dual/run_config.json" in names and any("/events.out.tfevents" in n for n in names)
+    assert {"dual/encoder/config.json", "dual/encoder/tokenizer.json"} <= set(names)
 
     texts = ["A man is playing a guitar.", "The lawn was littered with toys."]
     storage.as_path(f"{BUCKET}/sentences.txt").write_text("\n".join(texts) + "\n")

@@ -119,7 +119,7 @@ def test_old_single_item_checkpoint_is_refused_before_anything_is_written(tmp_pa
     (tmp_path / "checkpoints" / "7" / "state").mkdir(parents=True)
     with pytest.raises(checkpoints.IncompatibleCheckpointError, match="older embedding-jax"):
         run(_make_task([]), _config(), tmp_path)
-    assert not (tmp_path / "config.json").exists()
+    assert not (tmp_path / configs.CONFIG_FILE).exists()
 
 
 def test_old_single_item_checkpoint_is_refused_with_a_clear_message(tmp_path):
@@ -147,7 +147,7 @@ def test_a_changed_model_setting_is_refused_and_the_saved_config_kept(full_run, 
 
     workdir = tmp_path / "copy"
     shutil.copytree(full_run[0], workdir)
-    before = (workdir / "config.json").read_text()
+    before = (workdir / configs.CONFIG_FILE).read_text()
     with pytest.raises(ValueError, match=r"learning_rate=0.05 -> 0.1"):
         run(_make_task([]), _config(learning_rate=0.1), workdir)
     # Another model's config lacks fields this run saved (a new version's extra fields, in
@@ -162,7 +162,7 @@ def test_a_changed_model_setting_is_refused_and_the_saved_config_kept(full_run, 
     newer.new_field_of_a_later_version = 1
     newer.tag_threshold, newer.eval_batch_size = 3, 7  # evaluation fields are resumable
     configs.check_resume(newer, workdir)  # no error
-    assert (workdir / "config.json").read_text() == before
+    assert (workdir / configs.CONFIG_FILE).read_text() == before
     # Loop fields may change: a longer run continues from the saved step.
     state = run(_make_task([]), _config(num_train_steps=14, log_every=7), workdir)
     assert int(state.step) == 14
@@ -178,3 +178,29 @@ def test_a_damaged_checkpoint_names_its_folder(full_run, tmp_path):
     init = lambda k: model.init(k, np.zeros((1, DIM), np.float32))["params"]
     with pytest.raises(checkpoints.DamagedCheckpointError, match=r"checkpoints/12: .*--step=8"):
         training.restore_params(workdir / "checkpoints", init, parallel.make_mesh(8, 1))
+
+
+def test_a_workdir_of_the_old_layout_resumes_and_an_hf_config_is_not_a_run(full_run, tmp_path):
+    import shutil
+
+    # Before run_config.json, the run config was config.json: still read, checked, resumed.
+    workdir = tmp_path / "old"
+    shutil.copytree(full_run[0], workdir)
+    (workdir / configs.CONFIG_FILE).rename(workdir / configs.LEGACY_CONFIG_FILE)
+    legacy = (workdir / configs.LEGACY_CONFIG_FILE).read_text()
+    assert configs.config_path(workdir) == workdir / configs.LEGACY_CONFIG_FILE
+    with pytest.raises(ValueError, match=r"learning_rate=0.05 -> 0.1"):
+        run(_make_task([]), _config(learning_rate=0.1), workdir)
+    state = run(_make_task([]), _config(num_train_steps=14), workdir)
+    assert int(state.step) == 14
+    # The resumed run saved run_config.json, which now wins; the old file is left alone.
+    assert configs.read_config(workdir, _config, prog="t").num_train_steps == 14
+    assert (workdir / configs.LEGACY_CONFIG_FILE).read_text() == legacy
+    # A Hugging Face model's config.json is not a run config.
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "bert", "hidden_size": 32}')
+    assert configs.config_path(hf) == hf / configs.CONFIG_FILE
+    configs.check_resume(_config(), hf)  # nothing to resume, nothing refused
+    with pytest.raises(FileNotFoundError, match="run_config.json not found: is .* a t "):
+        configs.read_config(hf, _config, prog="t")
