@@ -167,6 +167,67 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None 
     return output
 
 
+def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
+                      step: int | None = None) -> epath.Path:
+    """Writes a DocEnt-Dual or -Hybrid run's query encoder ``f`` as one Hugging Face /
+    sentence-transformers folder, with its entity table in ``output/entities/``.
+
+    ``SentenceTransformer(output).encode(queries)`` gives ``f(q)`` (``load(workdir).encode``):
+    the transformer, CLS or mean pooling and, with ``projection_dim``, the projection as an
+    identity-activation Dense module (``embedding_core.hf_export``, ``docs/export.md``).
+    ``entities/`` is an export view (``embeddings.npy`` ``[num_entities, dim]`` raw
+    ``g(e)``, ``ids.txt``, ``meta.json``); a query ranks entities by
+    ``cos(f(q), g(e))`` (the learned scale a, in ``export_info.json``, multiplies every
+    score alike and changes no ranking).
+
+    Raises:
+      FileExistsError: ``output`` is a file or a non-empty folder (before any work).
+      ValueError: a DocEnt-Full run: its query vector is the MLM head's output at the
+        ``[MASK]`` of ``[CLS] [MASK] [SEP] q [SEP]`` over an entity-extended vocabulary,
+        not a pooled sentence encoder (``docent-jax export`` writes its vectors).
+      FileNotFoundError: not a training workdir, no checkpoint (at ``step``).
+    """
+    from docent_jax.data import sentence_length
+    from docent_jax.inference import load
+    from docent_jax.model import DocEntDual
+    from embedding_core import hf_export
+
+    with hf_export.staged_output(output) as stage:
+        ranker = load(workdir, step=step)
+        if ranker.variant == "full":
+            raise ValueError(
+                f"{workdir} is a DocEnt-Full run: its query vector is the MLM head's output at "
+                "the [MASK] of '[CLS] [MASK] [SEP] query [SEP]' over the word pieces and one "
+                "token per entity, not a pooled sentence encoder, so export-hf (Dual and "
+                "Hybrid only) cannot write it; `docent-jax export --input=QUERIES.txt` "
+                "exports its entity and query vectors")
+        config, params = ranker.config, ranker.params
+        projection = params.get("projection") if int(config.projection_dim) else None
+        head = hf_export.SentenceHead(
+            pooling=config.pooling,
+            dense_kernel=None if projection is None else projection["kernel"],
+            dense_bias=None if projection is None else projection["bias"])
+        scale = float(ranker.model.apply({"params": params}, method=DocEntDual.scale))
+        name = model_name(ranker)
+        hf_export.write_sentence_transformer(
+            stage, encoder_params=params["transformer"], encoder_config=ranker.model.config,
+            tokenizer=ranker.tokenizer, max_length=sentence_length(config), head=head,
+            info={"model": name, "view": "queries", "step": ranker.step,
+                  "workdir": storage.display(workdir), "encoder": config.model,
+                  "pooling": config.pooling, "projection_dim": int(config.projection_dim),
+                  "scale": scale, "normalized": False, "similarity": "cosine",
+                  "entities": "entities/ (embeddings.npy, ids.txt, meta.json)"},
+            readme=hf_export.readme(
+                f"{name} query encoder f", "Input: a query or sentence. The entity vectors "
+                "g(e) are in entities/embeddings.npy (row i = line i of entities/ids.txt); "
+                f"score(e, q) = {scale:.4g} * cos(f(q), g(e)).\n", step=ranker.step))
+        export_entities(ranker, stage / "entities",
+                        meta={"workdir": storage.display(workdir)})
+    print(f"wrote {storage.display(output)}: the query encoder (sentence-transformers / "
+          f"transformers) and entities/ ({ranker.num_entities} x {ranker.dim})")
+    return storage.as_path(output)
+
+
 def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | None = None,
              variants: tuple[str, ...] = DEMO_PRESETS) -> dict:
     """Trains each variant with its CPU preset into ``workdir/<variant>`` (a finished run is

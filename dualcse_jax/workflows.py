@@ -143,6 +143,63 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
     return storage.as_path(output)
 
 
+def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
+                      step: int | None = None) -> epath.Path:
+    """Writes the run's encoder as Hugging Face / sentence-transformers folders.
+
+    ``output/explicit/`` encodes r and ``output/implicit/`` u, each a folder that
+    ``SentenceTransformer(folder).encode(texts)`` and ``transformers.AutoModel`` load with
+    no code of this project (``embedding_core.hf_export``, ``docs/export.md``): the
+    cross-encoder's indicator word is written into each folder's tokenizer (``s`` is read as
+    ``[CLS] s [SEP] explicit [SEP]``), so both folders hold the same weights; the
+    bi-encoder's folders hold its two encoders. A ``simcse`` run (r = u) is one folder,
+    ``output`` itself. Pooling ``cls_mlp`` adds a tanh Dense module; ``config.normalize``
+    a Normalize module, so ``encode`` returns what ``load(workdir).encode`` returns.
+
+    Raises:
+      FileExistsError: ``output`` is a file or a non-empty folder (before any work).
+      FileNotFoundError, ValueError: not a training workdir, no checkpoint (at ``step``).
+    """
+    from dualcse_jax.inference import load
+    from embedding_core import hf_export
+
+    with hf_export.staged_output(output) as stage:
+        embedder = load(workdir, step=step)
+        config = embedder.config
+        params = embedder.params
+        kinds = ("explicit",) if config.architecture == "simcse" else VIEWS
+        for kind in kinds:
+            tower = params["encoder" if config.architecture != "bi" else f"{kind}_encoder"]
+            mlp = tower["pooler"]["mlp"] if config.pooling == "cls_mlp" else None
+            head = hf_export.SentenceHead(
+                pooling="mean" if config.pooling == "mean" else "cls",
+                dense_kernel=None if mlp is None else mlp["kernel"],
+                dense_bias=None if mlp is None else mlp["bias"],
+                activation="tanh", normalize=bool(config.normalize))
+            suffix = kind if config.architecture == "cross" else None
+            what = (f"DualCSE-{config.architecture} " +
+                    ("sentence encoder (r = u)" if config.architecture == "simcse" else
+                     f"{kind} view ({'r' if kind == 'explicit' else 'u'})"))
+            usage = (f"Input: a plain sentence; the tokenizer appends the indicator "
+                     f"({{s}} -> [CLS] s [SEP] {kind} [SEP]).\n" if suffix else
+                     "Input: a plain sentence.\n")
+            hf_export.write_sentence_transformer(
+                stage if len(kinds) == 1 else stage / kind,
+                encoder_params=tower["transformer"], encoder_config=embedder.model.config,
+                tokenizer=embedder.tokenizer, max_length=int(config.max_length), head=head,
+                suffix=suffix, pooler=None if mlp is None else (mlp["kernel"], mlp["bias"]),
+                info={"model": f"DualCSE-{config.architecture}", "view": kind,
+                      "input_suffix": suffix, "step": embedder.step,
+                      "workdir": storage.display(workdir), "encoder": config.model,
+                      "pooling": config.pooling, "normalized": bool(config.normalize),
+                      "similarity": "cosine"},
+                readme=hf_export.readme(what, usage, step=embedder.step))
+    where = storage.display(output)
+    print(f"wrote {where}: " + (" and ".join(f"{k}/" for k in kinds) if len(kinds) > 1 else
+                                 "one folder") + " (sentence-transformers / transformers)")
+    return storage.as_path(output)
+
+
 def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
              config=None) -> dict:
     """The README's main job: train DualCSE-Cross from MiniLM on shipped INLI (CPU preset),

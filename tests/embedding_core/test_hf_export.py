@@ -1,0 +1,311 @@
+"""export-hf: HF / sentence-transformers folders equal the trained models (docs/export.md).
+
+The round trip pretrained -> ours -> HF -> ours is exact; after 2-step runs,
+``SentenceTransformer(folder).encode`` equals ``load(workdir).encode`` (DualCSE cross with
+the indicator in the tokenizer and a tanh head, bi with mean pooling and normalisation,
+DocEnt-Dual with a projection), and transformers loads every folder in a process that
+never imports JAX.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+from data_pipelines.tokenization import load_tokenizer, tokenize
+from embedding_core import hf_export, pretrained
+from embedding_core.encoders import EncoderConfig
+from tests.gcs_emulator import BUCKET
+
+TEXTS = ["A man is playing a guitar.", "the cat",
+         # Longer than max_length (32): truncated alike on both sides, indicator kept.
+         "It rained all day long and the streets of the old town were flooded, so nobody "
+         "went out to the market that morning or on the morning after that one either."]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
+# 2 steps on the shipped 17-row example files: a cheap run (no INLI tokenisation).
+DUALCSE = {"max_length": 32, "batch_size": 8, "num_train_steps": 2, "checkpoint_every": 2,
+           "log_every": 1, "learning_rate": 1e-3, "eval_every": 0, "eval_batch_size": 16,
+           "warmup_steps": 0, "train_file": str(EXAMPLES / "my_pairs.csv")}
+
+
+# ----------------------------------------------------------------- weights, config, tokens
+
+
+def test_minilm_round_trip_names_shapes_and_values(minilm_dir, tmp_path):
+    """pretrained -> ours -> HF -> ours is exact, with MiniLM's own names and shapes."""
+    pre = pretrained.load_pretrained(minilm_dir)
+    original = load_file(str(minilm_dir / "model.safetensors"))
+    tensors = hf_export.hf_tensors(pre.params, pre.config)
+    kept = {k: v for k, v in original.items() if k != "embeddings.position_ids"
+            and not k.startswith("pooler.")}
+    assert sorted(tensors) == sorted(kept)
+    for name, value in kept.items():
+        assert tensors[name].shape == value.shape, name
+        np.testing.assert_array_equal(tensors[name], value, err_msg=name)
+    # hf_name inverts the loader's renaming, path by path.
+    for path in pretrained.param_shapes(pre.config):
+        name, transpose = hf_export.hf_name(path)
+        assert pretrained._flax_path(name) == (path, transpose)
+    # Written and read back by the loader: the same tree; the config reads back equal.
+    hf_export._save_tensors(tmp_path / "model.safetensors", tensors)
+    (tmp_path / "config.json").write_text(json.dumps(hf_export.hf_config(pre.config)))
+    again = pretrained.load_pretrained(tmp_path)
+    assert again.config == pre.config
+    import jax
+
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(pre.params),
+                            jax.tree_util.tree_leaves(again.params), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+
+
+def test_wrong_tree_is_refused_with_every_problem_named(minilm_dir):
+    pre = pretrained.load_pretrained(minilm_dir)
+    small = EncoderConfig.from_hf_config(minilm_dir).replace(num_layers=5)
+    with pytest.raises(ValueError, match=r"5 layers, hidden 384: unexpected encoder/layer_5/"):
+        hf_export.hf_tensors(pre.params, small)
+    params = dict(pre.params, embeddings=dict(pre.params["embeddings"]))
+    del params["embeddings"]["LayerNorm"]
+    with pytest.raises(ValueError, match="missing embeddings/LayerNorm/scale"):
+        hf_export.hf_tensors(params, pre.config)
+
+
+def _roberta_like() -> Tokenizer:
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "a": 4, "b": 5, "c": 6,
+             "explicit": 7}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"])
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return tok
+
+
+@pytest.mark.parametrize("which", ["bert", "roberta"])
+def test_suffix_template_reads_a_text_as_the_pair(which, minilm_dir):
+    """One text through the exported tokenizer = the (text, indicator) pair the run
+    tokenises, truncation included (only the text is cut)."""
+    tokenizer = load_tokenizer(minilm_dir) if which == "bert" else _roberta_like()
+    suffix = "implicit" if which == "bert" else "explicit"
+    texts = ["a b c", "a " * 40 + "b"]
+    exported = Tokenizer.from_str(
+        hf_export.tokenizer_files(tokenizer, 12, suffix)["tokenizer.json"].decode())
+    exported.enable_truncation(12)
+    want = tokenize(tokenizer, texts, 12, pair=suffix)
+    for i, text in enumerate(texts):
+        got = exported.encode(text)
+        n = int(want.lengths[i])
+        assert got.ids == want.input_ids[i, :n].tolist()
+        assert got.type_ids == want.token_type_ids[i, :n].tolist()
+    assert n == 12  # the long text was cut to 12 tokens, the indicator kept
+    assert hf_export.special_tokens(tokenizer)["pad_token"] == ("[PAD]" if which == "bert"
+                                                                else "<pad>")
+
+
+# --------------------------------------------------------------------------- trained runs
+
+
+def _train_dualcse(tmp_path_factory, model_dir, **fields):
+    from dualcse_jax import workflows
+    from dualcse_jax.configs import default
+
+    config = default.get_config()
+    config.update(dict(DUALCSE, model=str(model_dir), **fields))
+    workdir = tmp_path_factory.mktemp("dualcse") / "run"
+    workflows.train(config, workdir)
+    out = workdir.parent / "hf"
+    workflows.export_hf_workdir(workdir, out)
+    return workdir, out
+
+
+@pytest.fixture(scope="module")
+def cross(tmp_path_factory, tiny_bert_dir):
+    """DualCSE-cross, SimCSE's tanh head (``cls_mlp``), raw vectors."""
+    return _train_dualcse(tmp_path_factory, tiny_bert_dir, architecture="cross",
+                          pooling="cls_mlp", normalize=False)
+
+
+@pytest.fixture(scope="module")
+def bi(tmp_path_factory, tiny_bert_dir):
+    """DualCSE-bi, mean pooling, unit vectors."""
+    return _train_dualcse(tmp_path_factory, tiny_bert_dir, architecture="bi",
+                          pooling="mean", normalize=True)
+
+
+@pytest.fixture(scope="module")
+def docent(tmp_path_factory, tiny_bert_dir):
+    """DocEnt-Dual with a 16-wide projection after CLS pooling, 2 steps on my_docs.jsonl."""
+    from docent_jax import trainer, workflows
+    from docent_jax.configs import default
+
+    config = default.get_config()
+    config.update(dict(model=str(tiny_bert_dir), train_file=str(EXAMPLES / "my_docs.jsonl"),
+                       max_length=16, batch_size=8, num_train_steps=2, log_every=1,
+                       checkpoint_every=2, warmup_steps=0, learning_rate=1e-3,
+                       pooling="cls", projection_dim=16, eval_every=0))
+    workdir = tmp_path_factory.mktemp("docent") / "run"
+    trainer.train(config, workdir)
+    out = workdir.parent / "hf"
+    workflows.export_hf_workdir(workdir, out)
+    return workdir, out
+
+
+def _st(folder):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+def test_cross_views_equal_encode(cross):
+    from dualcse_jax import load
+
+    workdir, out = cross
+    assert sorted(p.name for p in out.iterdir()) == ["explicit", "implicit"]
+    emb = load(workdir)
+    for kind in ("explicit", "implicit"):
+        model = _st(out / kind)
+        np.testing.assert_allclose(model.encode(TEXTS), emb.encode(TEXTS, kind=kind),
+                                   atol=1e-5, err_msg=kind)
+        modules = json.loads((out / kind / "modules.json").read_text())
+        assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Dense"]
+        info = json.loads((out / kind / hf_export.INFO_FILE).read_text())
+        assert info["input_suffix"] == kind and info["step"] == 2
+    r, u = emb.encode(TEXTS, kind="explicit"), emb.encode(TEXTS, kind="implicit")
+    assert np.abs(r - u).max() > 1e-4  # the two views really differ
+    # Both folders hold the one encoder; only their tokenizers differ.
+    assert (out / "explicit" / "model.safetensors").read_bytes() == \
+        (out / "implicit" / "model.safetensors").read_bytes()
+
+
+def test_bi_views_equal_encode(bi):
+    from dualcse_jax import load
+
+    workdir, out = bi
+    emb = load(workdir)
+    for kind in ("explicit", "implicit"):
+        got = _st(out / kind).encode(TEXTS)
+        np.testing.assert_allclose(got, emb.encode(TEXTS, kind=kind), atol=1e-5)
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
+        config = json.loads((out / kind / "1_Pooling" / "config.json").read_text())
+        assert config["pooling_mode_mean_tokens"] and not config["pooling_mode_cls_token"]
+    # Two encoders, two weight files.
+    assert (out / "explicit" / "model.safetensors").read_bytes() != \
+        (out / "implicit" / "model.safetensors").read_bytes()
+
+
+def test_docent_queries_and_entities(docent):
+    from docent_jax import load
+    from embedding_core.export import load_view
+
+    workdir, out = docent
+    ranker = load(workdir)
+    got = _st(out).encode(TEXTS)
+    assert got.shape == (3, 16)
+    np.testing.assert_allclose(got, ranker.encode(TEXTS), atol=1e-5)
+    table, ids, meta = load_view(out / "entities")
+    np.testing.assert_array_equal(table, ranker.entity_embeddings())
+    assert ids == ranker.entity_ids and meta["step"] == 2
+    # score = a * cos(f(q), g(e)), a recorded in export_info.json.
+    scale = json.loads((out / hf_export.INFO_FILE).read_text())["scale"]
+    cos = (got / np.linalg.norm(got, axis=1, keepdims=True)) @ \
+        (table / np.linalg.norm(table, axis=1, keepdims=True)).T
+    np.testing.assert_allclose(scale * cos, ranker.score(TEXTS), rtol=1e-4, atol=1e-4)
+
+
+def test_transformers_loads_every_folder_without_jax(cross, bi, docent, tmp_path):
+    """AutoModel + AutoTokenizer in a fresh process: the CLS state of DualCSE-cross's
+    exported BERT pooler is r / u (its cls_mlp head), and JAX is never imported."""
+    from dualcse_jax import load
+
+    workdir, out = cross
+    emb = load(workdir)
+    # folder -> the pooler_output it must give (its r or u), or None: only loaded.
+    folders = {str(out / kind): emb.encode(TEXTS[:2], kind=kind).tolist()
+               for kind in ("explicit", "implicit")}
+    folders.update({str(bi[1] / "explicit"): None, str(docent[1]): None})
+    script = textwrap.dedent("""
+        import json, sys
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        folders, texts = json.loads(sys.argv[1])
+        for folder, want in folders.items():
+            model = AutoModel.from_pretrained(folder).eval()
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            with torch.no_grad():
+                out = model(**tokenizer(texts, padding=True, return_tensors="pt"))
+            assert out.last_hidden_state.shape[-1] == 32, folder
+            if want is not None:
+                got = out.pooler_output.numpy().tolist()
+                err = max(abs(a - b) for x, y in zip(got, want) for a, b in zip(x, y))
+                assert err < 1e-5, (folder, err)
+        assert "jax" not in sys.modules and "flax" not in sys.modules
+        print("ok", len(folders))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_HUB_OFFLINE"] = "1"
+    done = subprocess.run([sys.executable, "-c", script, json.dumps([folders, TEXTS[:2]])],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["ok", "4"]
+
+
+# --------------------------------------------------------------------------- the output
+
+
+def test_existing_output_is_refused_before_any_work(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not an empty folder"):
+        with hf_export.staged_output(out):
+            raise AssertionError("the block must not run")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_failure_leaves_no_output_and_no_staging(tmp_path):
+    out = tmp_path / "sub" / "out"
+    with pytest.raises(RuntimeError, match="boom"):
+        with hf_export.staged_output(out) as stage:
+            (stage / "config.json").write_text("{}")
+            raise RuntimeError("boom")
+    assert not out.exists() and list((tmp_path / "sub").iterdir()) == []
+    with hf_export.staged_output(out) as stage:
+        (stage / "a" / "b").mkdir(parents=True)
+        (stage / "a" / "b" / "c.json").write_text("{}")
+    assert (out / "a" / "b" / "c.json").read_text() == "{}"
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == ["out"]
+    assert oct((out / "a").stat().st_mode & 0o777) != oct(0o700)
+
+
+def test_gs_output_uploaded_whole(gcs_emulator, monkeypatch):
+    from embedding_core import storage
+
+    out = f"gs://{BUCKET}/hf_export/out"
+    with hf_export.staged_output(out) as stage:
+        (stage / "1_Pooling").mkdir()
+        for name in ("config.json", "modules.json", "model.safetensors", "1_Pooling/config.json"):
+            (stage / name).write_text(name)
+    assert storage.as_path(out + "/1_Pooling/config.json").read_text() == "1_Pooling/config.json"
+    # An upload failing half-way removes what was uploaded.
+    calls = []
+    real = storage.upload
+
+    def flaky(src, dest):
+        calls.append(dest)
+        if len(calls) == 3:
+            raise OSError("network down")
+        real(src, dest)
+
+    monkeypatch.setattr(storage, "upload", flaky)
+    out2 = f"gs://{BUCKET}/hf_export/out2"
+    with pytest.raises(OSError, match="network down"):
+        with hf_export.staged_output(out2) as stage:
+            for name in ("config.json", "modules.json", "model.safetensors", "tokenizer.json"):
+                (stage / name).write_text(name)
+    assert not storage.as_path(out2).exists()
+    assert os.fspath(calls[-1]).endswith("config.json")  # modules/config go last
