@@ -4,6 +4,7 @@ Usage:
   docent-jax train    --workdir=DIR [--config=CONFIG.py] [--config.FIELD=VALUE ...]
   docent-jax evaluate --workdir=DIR [--task=ranking|tags] [--nobaselines]
   docent-jax export   --workdir=DIR [--output=OUT_DIR] [--input=QUERIES.txt]
+  docent-jax export-hf --workdir=DIR --output=OUT_DIR
   docent-jax demo     --workdir=DIR [--num_train_steps=N] [--config=CONFIG.py]
   docent-jax preprocess --config=CONFIG.py --output=DIR [--num_shards=8]
 
@@ -35,6 +36,10 @@ export    writes OUT_DIR (default DIR/export)/entities/: embeddings.npy float32
           entity of row i) and meta.json; with --input (one query per line) also
           OUT_DIR/queries/ (the query vectors, ids.txt = the queries). Raw vectors: Dual and
           Hybrid compare with cosine; Full with the dot product (+ entity bias).
+export-hf writes a Dual or Hybrid run's query encoder f for Hugging Face /
+          sentence-transformers (SentenceTransformer(OUT_DIR).encode(queries) = f(q), no JAX
+          needed) and its entity table to OUT_DIR/entities/ (as export); rank entities by
+          cosine. Full is refused: its query vector is no pooled encoder (docs/export.md).
 demo      trains Dual, Full and Hybrid with their CPU presets into DIR/{dual,full,hybrid}
           (finished runs are skipped), evaluates each with the baselines, exports; prints
           one table with paired-bootstrap intervals and the timings. --config=CONFIG.py
@@ -51,16 +56,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from absl import flags
+from absl import app, flags
 
 from embedding_core import preprocess
 from embedding_core.cli import define_workdir_flags, parse_command, run_app, user_errors
 
-COMMANDS = ("train", "evaluate", "export", "demo", "preprocess")
+COMMANDS = ("train", "evaluate", "export", "export-hf", "demo", "preprocess")
 
 define_workdir_flags(str(Path(__file__).parent / "configs" / "default.py"))
 flags.DEFINE_string("output", None, "export: output directory (default WORKDIR/export); "
-                    "preprocess: the corpus folder.")
+                    "export-hf: the new folder; preprocess: the corpus folder.")
 flags.DEFINE_string("input", None, "export: a text file of queries, one a line; their "
                     "vectors f(q) go to OUTPUT/queries/.")
 flags.DEFINE_bool("baselines", True, "evaluate: also score BoS-MiniLM, BoS-GloVe, TF-IDF.")
@@ -95,6 +100,10 @@ def main(argv: list[str]) -> None:
         elif command == "export":
             workflows.export_workdir(FLAGS.workdir, FLAGS.output, input_path=FLAGS.input,
                                      step=FLAGS.step)
+        elif command == "export-hf":
+            if not FLAGS.output:
+                raise app.UsageError("export-hf needs --output=DIR")
+            workflows.export_hf_workdir(FLAGS.workdir, FLAGS.output, step=FLAGS.step)
         else:
             config = FLAGS.config if FLAGS["config"].present else None
             workflows.run_demo(FLAGS.workdir, config, FLAGS.num_train_steps)

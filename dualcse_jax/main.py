@@ -5,6 +5,7 @@ Usage:
   dualcse-jax evaluate --workdir=DIR [--baseline] [--eis_data=ImpScore.csv]
                        [--config.val_file=V.csv] [--config.test_file=T.csv]
   dualcse-jax export   --workdir=DIR --input=SENTENCES.txt --output=OUT_DIR [--normalize]
+  dualcse-jax export-hf --workdir=DIR --output=OUT_DIR
   dualcse-jax demo     --workdir=DIR [--config=PRESET.py] [--config.FIELD=VALUE ...]
   dualcse-jax preprocess --config=CONFIG.py --output=DIR [--num_shards=8]
 
@@ -29,6 +30,11 @@ export    encodes one sentence per line of --input into OUT_DIR/explicit/ (r) an
           OUT_DIR/implicit/ (u), each with embeddings.npy (float32 [N, dim], row i =
           line i), ids.txt and meta.json (model, config, step, normalized, similarity);
           --normalize writes unit-length rows. embedding_core.export.load_export reads it.
+export-hf writes the trained encoder for Hugging Face / sentence-transformers (no JAX
+          needed to use it): OUT_DIR/explicit/ (r) and OUT_DIR/implicit/ (u), each loaded by
+          SentenceTransformer(folder).encode(sentences) or transformers.AutoModel. The
+          cross-encoder's indicator word is in each folder's tokenizer: pass plain sentences.
+          A simcse run is one folder, OUT_DIR. OUT_DIR must be new or empty (docs/export.md).
 preprocess tokenises the training rows CONFIG.py describes once into --num_shards ArrayRecord
           shards under --output (local or gs://) with a manifest.json; train with
           --config.train_shards=DIR and each host reads only its shards (docs/data.md,
@@ -45,11 +51,11 @@ from absl import app, flags
 from embedding_core import preprocess
 from embedding_core.cli import define_workdir_flags, parse_command, run_app, user_errors
 
-COMMANDS = ("train", "evaluate", "export", "demo", "preprocess")
+COMMANDS = ("train", "evaluate", "export", "export-hf", "demo", "preprocess")
 
 define_workdir_flags(str(Path(__file__).parent / "configs" / "default.py"))
 flags.DEFINE_string("input", None, "export: text file, one sentence per line (UTF-8).")
-flags.DEFINE_string("output", None, "export, preprocess: output directory.")
+flags.DEFINE_string("output", None, "export, export-hf, preprocess: output directory.")
 flags.DEFINE_bool("baseline", False, "evaluate: also score the untrained model.")
 flags.DEFINE_string("eis_data", None, "evaluate: ImpScore-format CSV for EIS.")
 flags.DEFINE_bool("normalize", None, "export: unit-length rows (default: the run's "
@@ -85,6 +91,10 @@ def main(argv: list[str]) -> None:
                                        eis_data=FLAGS.eis_data,
                                        overrides={k: FLAGS.config[k] for k in sorted(given)
                                                   if k in FLAGS.config})
+        elif command == "export-hf":
+            if not FLAGS.output:
+                raise app.UsageError("export-hf needs --output=DIR")
+            workflows.export_hf_workdir(FLAGS.workdir, FLAGS.output, step=FLAGS.step)
         else:
             if not FLAGS.input or not FLAGS.output:
                 raise app.UsageError("export needs --input=FILE and --output=DIR")

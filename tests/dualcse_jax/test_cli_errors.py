@@ -98,7 +98,7 @@ def test_train_set_smaller_than_a_batch_writes_nothing(tmp_path, tiny_bert_dir):
 def test_usage_and_help():
     proc = _cli()
     assert proc.returncode == 1
-    assert "{train|evaluate|export|demo|preprocess} --workdir=DIR" in proc.stderr
+    assert "{train|evaluate|export|export-hf|demo|preprocess} --workdir=DIR" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 2  # a usage line, not the whole help
     proc = _cli("--help")
     assert proc.returncode == 0
@@ -106,6 +106,7 @@ def test_usage_and_help():
     assert "75 preempted by SIGTERM (checkpoint saved: run the same command to resume)" in (
         proc.stdout)
     assert "config    lists every field of --config" in proc.stdout
+    assert "export-hf writes the trained encoder for Hugging Face" in proc.stdout
 
 
 def test_config_command_lists_fields_with_values_and_comments():

@@ -309,3 +309,18 @@ def test_gs_output_uploaded_whole(gcs_emulator, monkeypatch):
                 (stage / name).write_text(name)
     assert not storage.as_path(out2).exists()
     assert os.fspath(calls[-1]).endswith("config.json")  # modules/config go last
+
+
+def test_cli_export_hf_is_wired_and_refuses_a_used_output_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    done = subprocess.run([sys.executable, "-m", "dualcse_jax.main", "export-hf",
+                           f"--workdir={tmp_path / 'no_run'}", f"--output={out}"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert f"export-hf: error: --output {out} exists and is not an empty folder" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, "-m", "docent_jax.main", "export-hf",
+                           f"--workdir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "export-hf needs --output=DIR" in done.stderr
