@@ -419,6 +419,63 @@ def readme(title: str, usage: str, *, step: int | None) -> str:
             "`modules.json`. `export_info.json` records the run.\n")
 
 
+# --------------------------------------------------------------------- any parameter tree
+
+
+def save_param_tree(path: str | os.PathLike, params: Mapping[str, Any],
+                    metadata: Mapping[str, str] | None = None) -> None:
+    """Writes a Flax parameter tree as one safetensors file, a tensor per leaf.
+
+    Names are the leaves' paths joined by ``/`` (``tower/block_0/dense/kernel``); arrays
+    are float32 as in training, in the Flax layout (no transposition: there is no torch
+    module to match). Readable with ``safetensors.numpy.load_file`` alone;
+    :func:`load_param_tree` rebuilds the tree.
+
+    Args:
+      path: a local file.
+      params: nested dict of arrays (boxed or not, on device or host); keys without ``/``.
+      metadata: strings stored in the file's header (e.g. the model kind and step).
+
+    Raises:
+      ValueError: a key holding ``/`` or an empty tree.
+    """
+    import flax.linen as nn
+    import jax
+    from flax import traverse_util
+
+    flat = traverse_util.flatten_dict(jax.device_get(nn.unbox(dict(params))))
+    if not flat:
+        raise ValueError("no parameters to save")
+    bad = ["/".join(map(str, k)) for k in flat if any("/" in str(part) for part in k)]
+    if bad:
+        raise ValueError(f"parameter keys may not contain '/': {bad}")
+    from safetensors.numpy import save_file
+
+    save_file({"/".join(k): np.ascontiguousarray(np.asarray(v, np.float32))
+               for k, v in flat.items()}, str(path),
+              metadata={"format": "flax", **{str(k): str(v) for k, v in (metadata or {}).items()}})
+
+
+def load_param_tree(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(nested dict of float32 numpy arrays, header metadata)`` of a
+    :func:`save_param_tree` file.
+
+    Raises:
+      FileNotFoundError: no such file.
+    """
+    from flax import traverse_util
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such parameter file")
+    with safe_open(path, framework="np") as f:
+        metadata = dict(f.metadata() or {})
+    flat = {tuple(name.split("/")): array for name, array in load_file(path).items()}
+    return traverse_util.unflatten_dict(flat), metadata
+
+
 # ------------------------------------------------------------------------------ output
 
 

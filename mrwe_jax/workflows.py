@@ -155,6 +155,88 @@ def _export_side(folder, tower, corpus, features, side, indices, config, split, 
           f"{folder.output / side}")
 
 
+TOWER_FILE = "tower.safetensors"
+
+
+def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
+                      step: int | None = None) -> epath.Path:
+    """Writes the trained tower and its feature recipe as a folder of plain files.
+
+    A ConvRR / FCRR tower reads multi-resolution word features (GloVe, MiniLM layers,
+    TF-IDF, ...), not tokens, so there is no transformers or sentence-transformers model to
+    write. ``output`` holds ``tower.safetensors`` (the tower's Flax parameters, one tensor
+    per leaf named by its path, ``embedding_core.hf_export.save_param_tree``),
+    ``run_config.json`` (the run's config), ``features.json`` (sources, widths, ``u``,
+    aggregates), ``idf.json`` (the IDF table of the training paragraphs),
+    ``export_info.json`` and ``README.md``; :func:`load_tower_export` rebuilds the
+    ``Retriever`` from it alone (``docs/export.md``).
+
+    Raises:
+      FileExistsError: ``output`` is a file or a non-empty folder (before any work).
+      FileNotFoundError, ValueError: not a training workdir, no checkpoint (at ``step``).
+    """
+    from embedding_core import configs, hf_export
+
+    with hf_export.staged_output(output) as stage:
+        tower = inference.load(workdir, step=step)
+        config = tower.config
+        hf_export.save_param_tree(stage / TOWER_FILE, tower.params,
+                                  {"tower": config.tower, "step": tower.step})
+        configs.save_config(config, stage)
+        write_json(stage / inference.FEATURES_FILE, tower.features.recipe())
+        write_json(stage / inference.IDF_FILE, tower.features.idf_table.to_json())
+        write_json(stage / hf_export.INFO_FILE, {
+            "model": f"mrwe-jax {tower.name}", "tower": config.tower, "step": tower.step,
+            "workdir": storage.display(workdir), "sources": list(tower.features.names),
+            "dim": tower.dim, "normalized": True,
+            "similarity": "cosine" if config.distance == "cosine" else "euclidean"})
+        (stage / "README.md").write_text(
+            f"# {tower.name}\n\nExported by `mrwe-jax export-hf`. A text's vector is the "
+            "run's multi-resolution features (features.json: word sources, their layer and "
+            "source weights; idf.json) through the tower (tower.safetensors, Flax layout).\n"
+            "\n```python\nfrom mrwe_jax.workflows import load_tower_export\n\n"
+            "model = load_tower_export(\"THIS_FOLDER\")\n"
+            "q = model.encode([\"a question\"], side=\"question\")\n```\n",
+            encoding="utf-8")
+    print(f"wrote {storage.display(output)}: {TOWER_FILE}, the run config, features.json, "
+          "idf.json")
+    return storage.as_path(output)
+
+
+def load_tower_export(folder: str | os.PathLike) -> inference.Retriever:
+    """The ``Retriever`` of an :func:`export_hf_workdir` folder (local or ``gs://``):
+    ``encode(texts, side=...)`` equals ``load(workdir).encode`` of the exported run.
+
+    Raises:
+      FileNotFoundError: a file of the folder is missing.
+      ValueError: ``tower.safetensors`` does not fit the saved config's tower.
+    """
+    import flax.linen as nn
+    import jax
+    from flax import traverse_util
+
+    from embedding_core import hf_export
+    from mrwe_jax.model import build_model, init_fn
+
+    config = inference.read_config(folder)
+    features = FeatureSet.from_recipe(inference.read_recipe(folder),
+                                      inference.read_idf(folder, config))
+    model = build_model(config)
+    tower_file = storage.local_copy(storage.as_path(folder) / TOWER_FILE)
+    params, meta = hf_export.load_param_tree(tower_file)
+    expected = jax.eval_shape(lambda: nn.unbox(init_fn(model, features, config)(
+        jax.random.key(0))))
+    want = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(expected).items()}
+    got = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(params).items()}
+    if want != got:
+        raise ValueError(f"{tower_file} does not fit the {config.tower} tower of "
+                         f"{config_path(folder)}: file {sorted(got.items())}, config "
+                         f"{sorted(want.items())}")
+    step = int(meta["step"]) if meta.get("step", "None").isdigit() else None
+    return inference.Retriever(model, params, config, features, step=step,
+                               workdir=os.fspath(folder))
+
+
 def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) -> dict:
     """The shipped run: features, ConvRR and FCRR with the CPU presets, both pools' tables
     and the t-SNE picture; returns :func:`evaluate_workdirs`' result for the test pool."""

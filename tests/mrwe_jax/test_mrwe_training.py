@@ -282,6 +282,38 @@ def test_evaluate_table_and_export_equal_encode(trained, tmp_path):
     assert np.abs(questions[:, None] - paragraphs[None]).max() > 1e-3  # not one vector
 
 
+def test_export_hf_tower_folder_encodes_like_the_workdir(trained, tmp_path):
+    """export-hf: tower.safetensors + recipe; the folder alone (no checkpoint, no corpus)
+    gives load(workdir).encode of new texts; a mismatched tower file is refused."""
+    from flax import traverse_util
+    from safetensors.numpy import load_file, save_file
+
+    from mrwe_jax.workflows import TOWER_FILE, export_hf_workdir, load_tower_export
+
+    workdir = trained["workdir"]
+    out = export_hf_workdir(workdir, tmp_path / "hf")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md", "export_info.json", "features.json", "idf.json", "run_config.json",
+        TOWER_FILE]
+    reference = inference.load(workdir)
+    tensors = load_file(str(out / TOWER_FILE))
+    flat = {"/".join(k): np.asarray(v) for k, v in
+            traverse_util.flatten_dict(nn.unbox(reference.params)).items()}
+    assert tensors.keys() == flat.keys()
+    for name, value in flat.items():
+        np.testing.assert_array_equal(tensors[name], value, err_msg=name)
+    exported = load_tower_export(out)
+    assert exported.step == NUM_STEPS and exported.dim == reference.dim
+    texts = ["alpha beta gamma", "what is the delta of epsilon"]
+    for side in ("question", "paragraph"):
+        np.testing.assert_allclose(exported.encode(texts, side=side),
+                                   reference.encode(texts, side=side), atol=1e-6)
+    first = sorted(tensors)[0]
+    save_file({**tensors, first: tensors[first][..., :1]}, str(out / TOWER_FILE))
+    with pytest.raises(ValueError, match="does not fit the convrr tower"):
+        load_tower_export(out)
+
+
 def test_bad_settings_fail_before_anything_loads(tmp_path):
     feats, _ = synthetic_features()
     workdir = tmp_path / "w"
