@@ -107,6 +107,39 @@ def test_suffix_template_reads_a_text_as_the_pair(which, minilm_dir):
                                                                 else "<pad>")
 
 
+def test_roberta_folder_equals_our_encoder(tmp_path):
+    """A RoBERTa encoder (positions from pad_token_id + 1, one token type) exported with a
+    RoBERTa-style tokenizer: sentence-transformers' mean-pooled vectors equal ours."""
+    import jax.numpy as jnp
+    import torch
+    from transformers import RobertaConfig, RobertaModel
+
+    from embedding_core.encoders import TransformerEncoder
+    from embedding_core.inference import masked_mean
+
+    torch.manual_seed(0)
+    RobertaModel(RobertaConfig(vocab_size=8, hidden_size=16, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=32,
+                               max_position_embeddings=16, type_vocab_size=1, pad_token_id=1,
+                               bos_token_id=0, eos_token_id=2)).save_pretrained(tmp_path / "base")
+    pre = pretrained.load_pretrained(tmp_path / "base")
+    tokenizer = _roberta_like()
+    hf_export.write_sentence_transformer(
+        tmp_path / "out", encoder_params=pre.params, encoder_config=pre.config,
+        tokenizer=tokenizer, max_length=12, head=hf_export.SentenceHead("mean"))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["RobertaModel"] and config["type_vocab_size"] == 1
+    assert (config["pad_token_id"], config["bos_token_id"], config["eos_token_id"]) == (1, 0, 2)
+    texts = ["a b c", "c a", "b " * 20]  # the last one is cut to 12 tokens
+    tok = tokenize(tokenizer, texts, 12)
+    mask = (np.arange(12)[None] < tok.lengths[:, None]).astype(np.int32)
+    hidden = TransformerEncoder(pre.config).apply(
+        {"params": pre.params}, jnp.asarray(tok.input_ids), jnp.asarray(mask),
+        jnp.asarray(tok.token_type_ids)).last_hidden_state
+    want = np.asarray(masked_mean(hidden, jnp.asarray(mask)))
+    np.testing.assert_allclose(_st(tmp_path / "out").encode(texts), want, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- trained runs
 
 
