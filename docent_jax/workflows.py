@@ -188,19 +188,19 @@ def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
       FileNotFoundError: not a training workdir, no checkpoint (at ``step``).
     """
     from docent_jax.data import sentence_length
-    from docent_jax.inference import load
+    from docent_jax.inference import load, read_config
     from docent_jax.model import DocEntDual
     from embedding_core import hf_export
 
     with hf_export.staged_output(output) as stage:
-        ranker = load(workdir, step=step)
-        if ranker.variant == "full":
+        if read_config(workdir).get("variant", "dual") == "full":
             raise ValueError(
                 f"{workdir} is a DocEnt-Full run: its query vector is the MLM head's output at "
                 "the [MASK] of '[CLS] [MASK] [SEP] query [SEP]' over the word pieces and one "
                 "token per entity, not a pooled sentence encoder, so export-hf (Dual and "
                 "Hybrid only) cannot write it; `docent-jax export --input=QUERIES.txt` "
                 "exports its entity and query vectors")
+        ranker = load(workdir, step=step)
         config, params = ranker.config, ranker.params
         projection = params.get("projection") if int(config.projection_dim) else None
         head = hf_export.SentenceHead(

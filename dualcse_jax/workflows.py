@@ -180,8 +180,8 @@ def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
             what = (f"DualCSE-{config.architecture} " +
                     ("sentence encoder (r = u)" if config.architecture == "simcse" else
                      f"{kind} view ({'r' if kind == 'explicit' else 'u'})"))
-            usage = (f"Input: a plain sentence; the tokenizer appends the indicator "
-                     f"({{s}} -> [CLS] s [SEP] {kind} [SEP]).\n" if suffix else
+            usage = (f"Input: a plain sentence; the tokenizer appends the indicator word "
+                     f"(a sentence s is read as [CLS] s [SEP] {kind} [SEP]).\n" if suffix else
                      "Input: a plain sentence.\n")
             hf_export.write_sentence_transformer(
                 stage if len(kinds) == 1 else stage / kind,

@@ -55,8 +55,7 @@ POOLINGS = ("cls", "mean")
 ACTIVATIONS = {"identity": "torch.nn.modules.linear.Identity",
                "tanh": "torch.nn.modules.activation.Tanh"}
 SIMILARITIES = ("cosine", "dot", "euclidean")
-# sentence-transformers' names for similarity functions (config_sentence_transformers.json).
-_ST_SIMILARITY = {"cosine": "cosine", "dot": "dot", "euclidean": "euclidean"}
+"""Also sentence-transformers' names (``similarity_fn_name``)."""
 _HF_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel"}
 # Special tokens by role, in the order they are looked for in a tokenizer's vocabulary.
 _SPECIAL_ROLES = {
@@ -183,8 +182,8 @@ def suffix_template(tokenizer: Tokenizer, suffix: str) -> processors.TemplatePro
     special tokens and the suffix's pieces become fixed template tokens with the type ids
     the pair gives them (BERT ``[CLS] $A [SEP] explicit:1 [SEP]:1``, RoBERTa
     ``<s> $A </s> </s> explicit </s>``). Truncation then shortens only the text, as
-    ``data_pipelines.tokenization.tokenize(..., pair=suffix)`` does. A pair input to the
-    new tokenizer is the text pair followed by the suffix.
+    ``data_pipelines.tokenization.tokenize(..., pair=suffix)`` does. (A pair input, which
+    the model never saw, gets its second text appended after the suffix.)
 
     Raises:
       ValueError: the suffix gives no token, or the tokenizer's pair template is not
@@ -358,7 +357,7 @@ def write_sentence_transformer(
                                                   "do_lower_case": False}),
         "config_sentence_transformers.json": _json_bytes({
             "prompts": {}, "default_prompt_name": None,
-            "similarity_fn_name": _ST_SIMILARITY[similarity]}),
+            "similarity_fn_name": similarity}),
         "1_Pooling/config.json": _json_bytes({
             "word_embedding_dimension": hidden,
             "pooling_mode_cls_token": head.pooling == "cls",
