@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import jax
 import ml_collections
@@ -23,6 +24,18 @@ from embedding_core.run import run
 from embedding_core.task import Task
 
 TASK_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
+
+
+def eval_subset(queries: Sequence, limit: int) -> list:
+    """``limit`` evenly spaced items of ``queries`` (all when ``limit`` is 0 or larger).
+
+    Held-out queries come grouped by article, so a prefix would see a few entities only;
+    item ``floor(i * n / limit)`` for ``i < limit`` covers the whole list in its order.
+    """
+    n = len(queries)
+    if limit <= 0 or limit >= n:
+        return list(queries)
+    return [queries[i * n // limit] for i in range(limit)]
 
 
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
@@ -48,14 +61,16 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         logging.warning("head-only warm-up shortened from %d to %d steps (at most half of the "
                         "run)", int(config.mlm_warmup_steps), warmup)
 
+    queries = eval_subset(data.queries, int(config.get("eval_examples", 0)))
+
     def evaluate(params, step):
         from docent_jax.evaluate import evaluate_ranker
         from docent_jax.inference import EntityRanker
 
-        if not data.queries:
+        if not queries:
             return {}
         ranker = EntityRanker(model, params, tokenizer, config, data.entity_ids, step=step)
-        return {f"heldout_{k}": v for k, v in evaluate_ranker(ranker, data.queries).items()}
+        return {f"heldout_{k}": v for k, v in evaluate_ranker(ranker, queries).items()}
 
     name = TASK_NAMES[variant] + (f" ({config.softmax} softmax)" if variant != "full" else "")
     return Task(

@@ -74,8 +74,10 @@ def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[
       ``{"explicit", "implied", "neutral", "contradiction", "average", "threshold"}``;
       accuracies in [0, 1], ``average`` the mean of the four class accuracies.
     """
-    threshold, _ = best_threshold_accuracy(*_flatten(rte_scores(embedder, val, progress)))
-    test_scores = rte_scores(embedder, test, progress)
+    val_scores = rte_scores(embedder, val, progress)
+    threshold, _ = best_threshold_accuracy(*_flatten(val_scores))
+    # Training-time evaluation passes one list as both: encode it once (half the cost).
+    test_scores = val_scores if test is val else rte_scores(embedder, test, progress)
     result = {}
     for c in CLASSES:
         labels = np.full(len(test_scores[c]), ENTAILED[c])

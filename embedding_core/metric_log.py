@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -196,6 +197,10 @@ def _json_line(row: Mapping[str, Any]) -> str:
     return json.dumps(row, allow_nan=False) + "\n"
 
 
+def _natural_key(name: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def _series(rows: Sequence[Mapping[str, Any]], split: str, name: str
             ) -> tuple[list[int], list[float]]:
     steps, values = [], []
@@ -221,38 +226,46 @@ def plot_metrics(rows: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     loss = _series(rows, TRAIN, "loss")
     if not loss[0]:
         raise ValueError("no training loss to plot")
     lr = _series(rows, TRAIN, "learning_rate")
     eval_names = sorted({k for r in rows if r.get("split") == EVAL for k in r}
-                        - set(_RESERVED))
+                        - set(_RESERVED), key=_natural_key)  # recall@2 before recall@10
     curves = {}
     for name in eval_names:
         steps, values = _series(rows, EVAL, name)
         if values and all(0.0 <= v <= 1.0 for v in values):
             curves[name] = (steps, values)
     panels = 2 + bool(curves)
-    fig = Figure(figsize=(4.6 * panels, 3.8), dpi=100)
+    legend_in = 1.8 if curves else 0.0  # room for the evaluation legend on the right
+    width = 4.6 * panels + legend_in
+    fig = Figure(figsize=(width, 3.8), dpi=100)
     FigureCanvasAgg(fig)
     # Fixed margins: a constrained layout would double the drawing time (every run ends
     # with this plot, tests included).
     axes = fig.subplots(1, panels, squeeze=False,
-                        gridspec_kw=dict(left=0.22 / panels, right=0.99, bottom=0.13,
-                                         top=0.86, wspace=0.28))[0]
+                        gridspec_kw=dict(left=1.0 / width, right=1 - (legend_in + 0.1) / width,
+                                         bottom=0.13, top=0.86, wspace=0.28))[0]
     axes[0].plot(*loss, color="tab:blue", marker="." if len(loss[0]) < 30 else None)
     axes[0].set_title("training loss")
     axes[1].plot(*lr, color="tab:orange")
     axes[1].set_title("learning rate")
     axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
     if curves:
+        # "val_rte_average", "val_rte_implied": the shared "val_rte_" goes to the title.
+        prefix = os.path.commonprefix(list(curves)) if len(curves) > 1 else ""
+        prefix = prefix[:prefix.rfind("_") + 1]
         for name, (steps, values) in curves.items():
-            axes[2].plot(steps, values, marker="o", markersize=3, label=name)
-        axes[2].set_title("evaluation")
-        axes[2].legend(fontsize="x-small", loc="best")
+            axes[2].plot(steps, values, marker="o", markersize=3, label=name[len(prefix):])
+        axes[2].set_title(f"evaluation ({prefix}*)" if prefix else "evaluation")
+        axes[2].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                       borderaxespad=0.0)
     for ax in axes:
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize="medium")

@@ -52,6 +52,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if int(config.max_predictions) < 1 or int(config.mlm_warmup_steps) < 0:
         raise ValueError(f"config.max_predictions must be >= 1 and mlm_warmup_steps >= 0, got "
                          f"{config.max_predictions}, {config.mlm_warmup_steps}")
+    if int(config.get("eval_examples", 0)) < 0:
+        raise ValueError(f"config.eval_examples must be >= 0 (0 = every held-out query), got "
+                         f"{config.eval_examples}")
     if config.variant == "full" and int(config.max_length) < 5:
         raise ValueError(f"config.max_length={config.max_length}: DocEnt-Full needs >= 5 "
                          "([CLS] <entity> [SEP] word [SEP])")

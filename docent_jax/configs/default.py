@@ -77,6 +77,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.entity_learning_rate = 1e-3  # entity table and scale (0 = same as learning_rate)
     c.warmup_steps = 100
     c.num_epochs = 3.0
-    # eval_every > 0: held-out ranking metrics every N steps (TensorBoard "heldout_*").
+    # eval_every > 0: held-out ranking metrics every N steps (TensorBoard "heldout_*") on
+    # eval_examples evenly spaced held-out queries (0 = all; evaluate always uses all).
+    c.eval_examples = 0
     # mesh_model shards the entity table (and attention heads / MLP) over the "model" axis.
     return c

@@ -26,4 +26,8 @@ def get_config():
     c.warmup_steps = 30
     c.log_every = 25
     c.checkpoint_every = 100
+    # Held-out ranking (heldout_MAP, ...) on 500 of the 2,105 held-out queries, evenly
+    # spaced: the curves for ~6% of the training time (`evaluate` ranks all of them).
+    c.eval_every = 50
+    c.eval_examples = 500
     return c

@@ -66,7 +66,7 @@ def test_docent_trains_on_my_docs_and_ranks_my_queries(tmp_path, tiny_bert_dir, 
     config.update(dict(model=str(tiny_bert_dir), train_file=str(EXAMPLES / "my_docs.jsonl"),
                        eval_queries_file=str(EXAMPLES / "my_queries.jsonl"),
                        num_train_steps=2, batch_size=8, max_length=32, warmup_steps=0,
-                       log_every=1))
+                       log_every=1, eval_every=0))
     workdir = tmp_path / "docent"
     state = trainer.train(config, workdir)
     assert int(state.step) == 2
@@ -85,7 +85,7 @@ def test_mrwe_trains_on_my_squad_json(tmp_path, monkeypatch):
     config = convrr_cpu.get_config()
     config.update(dict(squad_path=str(EXAMPLES / "my_squad.json"), sources="tfidf",
                        tfidf_dim=16, num_train_steps=2, log_every=1, paragraphs_per_batch=8,
-                       questions_per_paragraph=2))
+                       questions_per_paragraph=2, eval_every=0))
     corpus = data.load_corpus_of(config)
     # 5 articles x 3 paragraphs x 2 questions; one article (3 paragraphs) is test.
     assert (len(corpus.paragraph_ids), len(corpus.question_ids)) == (15, 30)

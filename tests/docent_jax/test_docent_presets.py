@@ -77,3 +77,15 @@ def test_train_saves_data_paths_absolute(tmp_path, monkeypatch):
     assert config.amazon_paths == f"{tmp_path / 'a.json.gz'},{tmp_path / 'sub/b.json'}"
     assert config.mapping_path == str(tmp_path / "m.csv")
     assert config.eval_reddit_path == "gs://bucket/r.json" and config.squad_path == ""
+
+
+def test_training_time_evaluation_takes_evenly_spaced_queries():
+    from docent_jax.trainer import eval_subset
+
+    assert eval_subset(list(range(10)), 4) == [0, 2, 5, 7]  # floor(i * 10 / 4)
+    assert eval_subset(list(range(3)), 0) == eval_subset(list(range(3)), 5) == [0, 1, 2]
+    config = importlib.import_module("docent_jax.configs.hybrid_cpu").get_config()
+    assert (config.eval_every, config.eval_examples) == (50, 500)  # from dual_cpu
+    config.eval_examples = -1
+    with pytest.raises(ValueError, match="config.eval_examples must be >= 0"):
+        validate_config(config)

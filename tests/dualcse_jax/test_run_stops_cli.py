@@ -18,7 +18,7 @@ DIVERGING = ["--config=dualcse_jax/configs/cross_cpu.py", "--config.log_every=3"
              "--config.learning_rate=1e30", "--config.warmup_steps=0",
              "--config.lr_decay=constant", "--config.num_train_steps=6",
              "--config.max_length=32", "--config.batch_size=8",
-             "--config.max_train_examples=64"]
+             "--config.max_train_examples=64", "--config.eval_every=0"]
 
 
 def _train(*args):

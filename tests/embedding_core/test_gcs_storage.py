@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from embedding_core import storage
+from embedding_core import metric_log, storage
 
 BUCKET = "gs://test-bucket"
 DERIVED = (storage.TENSORSTORE_URL_ENV, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "EPATH_USE_TF")
@@ -250,6 +250,11 @@ def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_
     _assert_same_params(resumed, reference)
     names = _objects("dual")
     assert "dual/run_config.json" in names and any("/events.out.tfevents" in n for n in names)
+    # The killed run's rows up to its checkpoint were uploaded with it; the resume adds 2, 3.
+    rows = metric_log.read_metrics(f"{BUCKET}/dual")
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3]
+    png = storage.as_path(f"{BUCKET}/dual/{metric_log.PLOT_FILE}").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert {"dual/encoder/config.json", "dual/encoder/tokenizer.json"} <= set(names)
 
     texts = ["A man is playing a guitar.", "The lawn was littered with toys."]

@@ -56,7 +56,8 @@ def test_scalars_jsonl_and_plot_of_a_run_that_resumes(tmp_path):
     png = (tmp_path / metric_log.PLOT_FILE).read_bytes()
     image = Image.open(io.BytesIO(png))
     image.verify()
-    assert image.format == "PNG" and image.size == (3 * 460, 380)  # loss, lr, evaluation
+    # loss, learning rate, evaluation and its legend
+    assert image.format == "PNG" and image.size == (3 * 460 + 180, 380)
     assert not [p.name for p in (tmp_path / "plots").iterdir() if p.name != "training.png"]
 
 
