@@ -15,8 +15,9 @@ given ``TENSORSTORE_GCS_HTTP_URL``; gcsfs's bucket-type probe, which needs the r
 API, is turned off.
 
 What stays local: the compile and token caches, the memory-mapped temporary files of an
-export (uploaded when complete), TensorBoard event files of a ``gs://`` workdir (written
-locally and uploaded by :class:`MirroredFolder`), and local copies of ``gs://`` model
+export (uploaded when complete), the metric files of a ``gs://`` workdir (TensorBoard
+events, ``metrics.jsonl``, ``plots/``: written locally and uploaded by
+:class:`MirroredFolder`, see ``embedding_core/metric_log.py``), and local copies of ``gs://`` model
 folders (:func:`local_copy`).
 """
 
