@@ -56,6 +56,31 @@ def test_split_sentences_handles_abbreviations():
     assert split_sentences(" \n ") == []
 
 
+def test_split_sentences_short_text_is_pysbd_unchanged():
+    import pysbd
+
+    text = ("Dr. Who met Mrs. Jones at 5 p.m. in Washington D.C. on Jan. 5. \"Really?\" "
+            "she asked.\nThe end (i.e. fin). Another line without an end")
+    reference = pysbd.Segmenter(language="en", clean=False).segment(text)
+    assert split_sentences(text) == [s.strip() for s in reference if s.strip()]
+
+
+def test_split_sentences_long_text_in_windows():
+    # ~200 KB on one line: pySBD on the whole text takes minutes; windowed it is seconds.
+    sentences = [f"Sentence {i} is about Mr. Smith's movie!" if i % 3 == 0 else
+                 f"Is it {i} or so?" if i % 3 == 1 else "It was good (really) and i.e. fine."
+                 for i in range(6400)]
+    text = " ".join(sentences)
+    assert len(text) > 200_000
+    # Every window boundary falls inside some sentence, and none is cut there.
+    assert split_sentences(text) == sentences
+    # No sentence end anywhere: whitespace cuts, and nothing is lost.
+    words = "word " * 1000 + "x" * 4500
+    pieces = split_sentences(words)
+    assert "".join("".join(pieces).split()) == "".join(words.split())
+    assert max(map(len, pieces)) <= 2000 and pieces[-1] == "x" * 500
+
+
 @pytest.mark.parametrize(
     ("sentence", "name", "expected"),
     [
