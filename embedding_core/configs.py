@@ -89,8 +89,13 @@ def validate_base(config: ml_collections.ConfigDict) -> None:
     """
     if config.lr_decay not in LR_DECAYS:
         raise ValueError(f"config.lr_decay={config.lr_decay!r}: use one of {LR_DECAYS}")
-    if not config.learning_rate > 0:
-        raise ValueError(f"config.learning_rate must be positive, got {config.learning_rate}")
+    if not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
+        raise ValueError("config.learning_rate must be a finite positive number, got "
+                         f"{config.learning_rate}")
+    # inf or nan here would reach the optimizer and make every parameter non-finite.
+    for name in ("weight_decay", "grad_clip_norm", "num_epochs"):
+        if not math.isfinite(float(config[name])):
+            raise ValueError(f"config.{name} must be a finite number, got {config[name]}")
     for name in ("log_every", "checkpoint_every", "keep_checkpoints", "eval_batch_size"):
         if int(config[name]) < 1:
             raise ValueError(f"config.{name} must be >= 1, got {config[name]}")

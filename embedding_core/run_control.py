@@ -7,7 +7,8 @@ act on (``docs/architecture.md``, "Stopping a run"):
 code  meaning
 ====  =====================================================================================
 0     finished (or ``stop_after`` reached)
-1     bad input, bad settings, a diverged run (non-finite loss or gradient), a workdir in use
+1     bad input, bad settings, a diverged run (non-finite loss, gradient or params), a
+      workdir in use
 75    preempted (SIGTERM, ``EX_TEMPFAIL``): a checkpoint was saved; run the same command
       again to resume
 130   interrupted (Ctrl-C): a checkpoint was saved; a second Ctrl-C aborts without one
@@ -29,15 +30,16 @@ EXIT_INTERRUPTED = 130
 """``train`` was stopped by Ctrl-C (SIGINT, 128 + 2), after saving a checkpoint."""
 
 EXIT_CODES_HELP = f"""
-Exit codes of train: 0 finished; 1 bad input or settings, a diverged run (non-finite loss
-or gradient: its last finite checkpoint stays the latest) or a workdir in use by another
+Exit codes of train: 0 finished; 1 bad input or settings, a diverged run (non-finite loss,
+gradient or params: its last finite checkpoint stays the latest) or a workdir in use by another
 run; {EXIT_PREEMPTED} preempted by SIGTERM (checkpoint saved: run the same command to resume);
 {EXIT_INTERRUPTED} Ctrl-C (checkpoint saved; a second Ctrl-C aborts without one).
 """
 
 
 class DivergedError(FloatingPointError):
-    """The loss or a gradient became non-finite; no checkpoint was written from that state."""
+    """The loss, a gradient or a parameter became non-finite; no checkpoint was written from
+    that state."""
 
 
 class WorkdirInUseError(RuntimeError):

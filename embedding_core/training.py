@@ -35,8 +35,9 @@ LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, di
 class TrainState(train_state.TrainState):
     """flax's TrainState; ``apply_fn`` is unused (losses close over their modules).
 
-    ``first_nonfinite_step``: int32 scalar on device, -1 while every loss and gradient norm
-    was finite, else the first step (1-based, as checkpoints count) where one was not. The
+    ``first_nonfinite_step``: int32 scalar on device, -1 while every loss, gradient norm and
+    updated parameter was finite, else the first step (1-based, as checkpoints count) where
+    one was not. The
     train step sets it without a host sync; the loop reads it only before a save or an
     evaluation, and a set flag stops the run instead of writing a checkpoint. It is not
     saved (a saved state is finite by construction), so checkpoints keep their layout;
@@ -265,7 +266,8 @@ def make_train_step(
     ``loss_fn(params, batch, rng)`` sees the *global* batch; gradients are those of the
     global mean loss, XLA inserts the reductions. The per-step dropout key is
     ``fold_in(rng, state.step)``, so a resumed run draws the same masks. A non-finite
-    loss or gradient norm sets ``state.first_nonfinite_step`` (when the state tracks it).
+    loss, gradient norm or updated parameter sets ``state.first_nonfinite_step`` (when the
+    state tracks it).
 
     Returns:
       ``step(state, batch, rng) -> (state, metrics)``; metrics are replicated scalars
@@ -284,7 +286,12 @@ def make_train_step(
         new_state = state.apply_gradients(grads=grads)
         flag = state.first_nonfinite_step
         if flag is not None:
+            # The new params are checked too: an overflowing update (a huge learning rate)
+            # turns them inf while this step's loss and gradient are still finite, and a
+            # save would keep them. One fused reduction, no host sync.
             finite = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
+            for leaf in jax.tree.leaves(new_state.params):
+                finite &= jnp.all(jnp.isfinite(leaf))
             new_state = new_state.replace(first_nonfinite_step=jnp.where(
                 (flag < 0) & ~finite, (state.step + 1).astype(flag.dtype), flag))
         return new_state, metrics
@@ -369,7 +376,8 @@ def train_loop(
       The final state.
 
     Raises:
-      run_control.DivergedError: a non-finite loss, gradient norm or logged metric.
+      run_control.DivergedError: a non-finite loss, gradient norm, parameter or logged
+        metric.
       run_control.Preempted: SIGTERM, after saving (exit code 75 in the CLI).
       run_control.Interrupted: Ctrl-C, after saving (a ``KeyboardInterrupt``; exit 130).
       run_control.WorkdirInUseError: another run took the workdir's lock over.
@@ -411,7 +419,8 @@ def train_loop(
                   "(evaluate and export read it)" if last_saved >= 0
                   else "no checkpoint was written")
         if first >= 0:
-            what = f"the loss or gradient norm became non-finite at step {first}"
+            what = (f"the loss, gradient norm or parameters became non-finite at step "
+                    f"{first}")
         else:
             what = f"non-finite training metrics {dict(bad_metrics)} at step {step}"
         raise run_control.DivergedError(

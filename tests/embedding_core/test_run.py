@@ -136,7 +136,11 @@ def test_old_single_item_checkpoint_is_refused_with_a_clear_message(tmp_path):
 def test_bad_shared_config_is_refused_before_anything_runs(tmp_path):
     for field, value, match in (("lr_decay", "step", "lr_decay"),
                                 ("log_every", 0, "log_every"),
-                                ("learning_rate", 0.0, "learning_rate")):
+                                ("learning_rate", 0.0, "learning_rate"),
+                                ("learning_rate", float("inf"), "learning_rate must be a "
+                                 "finite positive number, got inf"),
+                                ("grad_clip_norm", float("nan"), "grad_clip_norm must be a "
+                                 "finite number")):
         with pytest.raises(ValueError, match=match):
             run(_make_task([]), _config(**{field: value}), tmp_path / "x")
         assert not (tmp_path / "x").exists()

@@ -49,7 +49,7 @@ def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(
         run(worker.make_task(), config, tmp_path)
     message = str(info.value)
     assert "\n" not in message
-    assert "the loss or gradient norm became non-finite at step 2" in message
+    assert "the loss, gradient norm or parameters became non-finite at step 2" in message
     if latest is None:
         assert "no checkpoint was written" in message
         assert not (tmp_path / "checkpoints").exists() or _steps(tmp_path) == []
@@ -60,6 +60,31 @@ def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(
         step, kernel = _restore_kernel(tmp_path)
         assert step == 1 and np.isfinite(kernel).all() and np.abs(kernel).max() > 1e37
     assert not (tmp_path / "run.lock").exists()
+
+
+def test_params_that_overflow_under_a_finite_loss_are_never_saved(tmp_path):
+    """Step 2's loss and gradient are finite but its update (lr inf) makes the kernel
+    non-finite: the flag names step 2 and checkpoint 1 stays the latest."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import optax
+
+    schedule = lambda count: jnp.where(count < 1, 0.05, jnp.inf)
+
+    def make_task(config, mesh):
+        return dataclasses.replace(worker.make_task()(config, mesh),
+                                   make_optimizer=lambda c, n: (optax.sgd(schedule), schedule))
+
+    config = worker.config(4, checkpoint_every=1, log_every=100, keep_checkpoints=1)
+    with pytest.raises(run_control.DivergedError) as info:
+        run(make_task, config, tmp_path)
+    message = str(info.value)
+    assert "non-finite at step 2" in message, message
+    assert f"the latest checkpoint, step 1 in {tmp_path / 'checkpoints'}" in message
+    assert _steps(tmp_path) == [1]
+    step, kernel = _restore_kernel(tmp_path)
+    assert step == 1 and np.isfinite(kernel).all() and np.abs(kernel).max() > 0
 
 
 def test_train_step_flags_the_first_nonfinite_step():
