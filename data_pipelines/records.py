@@ -12,8 +12,9 @@ Rules common to both formats:
 * a required field must be present, a string (a list of strings for ``list_fields``) and
   not empty or whitespace-only;
 * an optional field may be absent, JSON ``null`` or empty: it is then ``None``;
-* a NUL character is an error (a tokenizer would drop it without a word), as is invalid
-  UTF-8; fields not asked for are ignored.
+* a NUL character is an error (a tokenizer would drop it without a word), as are invalid
+  UTF-8 and a lone surrogate (a JSON escape such as ``\\ud800`` without its other half);
+  fields not asked for are ignored.
 
 Every fault raises :class:`~data_pipelines.errors.DataError` naming the file, the 1-based
 line and, where there is one, the field.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,10 +102,27 @@ def _jsonl_objects(data: bytes, where: str):
         yield lineno, obj
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: str) -> str | None:
+    """Why ``value`` cannot be text, or None: a JSON escape such as ``\\ud800`` decodes to
+    half of a UTF-16 pair, which no UTF-8 writer or tokenizer accepts."""
+    match = _SURROGATE.search(value)
+    if match is None:
+        return None
+    return (f"holds a lone surrogate \\u{ord(match.group()):04x} at character "
+            f"{match.start() + 1} (half of a UTF-16 pair, not a character); write the "
+            "character itself, or both halves of its \\ud8xx\\udcxx escape")
+
+
 def _check_text(where: str, line: int, field: str, value: str) -> None:
     if "\x00" in value:
         raise DataError(where, line, field, "holds a NUL character (\\x00 or \\u0000); "
                         "remove it, a tokenizer would drop it silently")
+    surrogate = lone_surrogate(value)
+    if surrogate:
+        raise DataError(where, line, field, surrogate)
 
 
 def _field_value(where: str, line: int, field: str, value: Any, *, required: bool,
@@ -170,8 +189,8 @@ def read_records(
       ValueError: a list field that is not among the fields, or an unknown format name.
       DataError: a format not in ``formats``; invalid UTF-8 or JSON, a line that is not an
         object, a duplicated key, a missing/null/empty required field, a wrong type, a NUL
-        character (file, line, field); broken CSV (see ``read_csv_records``); fewer than
-        ``min_records`` records.
+        character or a lone surrogate (file, line, field); broken CSV (see
+        ``read_csv_records``); fewer than ``min_records`` records.
     """
     fields = [*required, *optional]
     if not set(list_fields) <= set(fields):

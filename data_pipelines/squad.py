@@ -27,6 +27,7 @@ from etils import epath
 
 from data_pipelines.errors import DataError
 from data_pipelines.paths import data_dir
+from data_pipelines.records import lone_surrogate
 from data_pipelines.text import remove_entity_name, split_sentences
 
 SQUAD_DEV_ZIP = "squad/dev-v1.1.json.zip"
@@ -158,6 +159,9 @@ def _get(obj: Any, key: str, kind: type, where: str, record: str) -> Any:
         # A tokenizer would drop it silently; the shipped sets hold none.
         raise DataError(where, None, f"{record}.{key}" if record else key,
                         "holds a NUL character (\\u0000)")
+    surrogate = lone_surrogate(value) if kind is str else None
+    if surrogate:
+        raise DataError(where, None, f"{record}.{key}" if record else key, surrogate)
     return value
 
 
@@ -180,8 +184,8 @@ def read_squad(
 
     Raises:
       DataError: invalid UTF-8 or JSON (with its line); a missing or mistyped field among
-        ``data, title, paragraphs, context, qas, id, question``, or one holding a NUL
-        (``field`` names the record, e.g.
+        ``data, title, paragraphs, context, qas, id, question``, or one holding a NUL or a
+        lone surrogate (``field`` names the record, e.g.
         ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2] (id '5733...').question``); a
         duplicated question id; an empty context, a paragraph without questions or an empty
         question unless ``skip_invalid``. ``line`` is None for faults inside the JSON

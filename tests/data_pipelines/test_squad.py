@@ -147,6 +147,17 @@ def test_wrong_type_and_duplicate_id(tmp_path):
     assert info.value.field.endswith("qas[0] (id 'q1').id")
 
 
+def test_lone_surrogate_names_the_field(tmp_path):
+    bad = copy.deepcopy(TINY)
+    bad["data"][0]["paragraphs"][1]["context"] = "half \ud83d of an emoji"
+    path = _write(tmp_path, bad)
+    with pytest.raises(DataError) as info:
+        read_squad(path)
+    assert str(info.value).startswith(
+        f"{path}: field 'data[0] 'Toy_Story'.paragraphs[1].context': holds a lone surrogate "
+        "\\ud83d at character 6")
+
+
 def test_invalid_json_gives_its_line(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text('{"data": [\n{"title": "A",\n "paragraphs": [}\n]}', encoding="utf-8")
