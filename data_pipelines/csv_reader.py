@@ -9,8 +9,10 @@ editor shows it) and, where there is one, the column.
 from __future__ import annotations
 
 import csv
+import ctypes
 import io
 import os
+import sys
 from collections.abc import Sequence
 
 from etils import epath
@@ -19,6 +21,11 @@ from data_pipelines.errors import DataError
 
 LINE_KEY = "_line"
 """Key of each record's 1-based line number (the line where the record starts)."""
+
+# The csv module refuses fields over 131,072 characters by default, with an error our quote
+# replay would pin on the wrong field; a long document is legitimate data. The limit is a C
+# long (32 bits on Windows), so sys.maxsize is clipped to it.
+csv.field_size_limit(min(sys.maxsize, 2 ** (8 * ctypes.sizeof(ctypes.c_long) - 1) - 1))
 
 
 def _line_of_offset(prefix: str) -> int:

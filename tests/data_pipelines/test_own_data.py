@@ -137,6 +137,8 @@ BAD = [
     ("a.jsonl", _jsonl(GOOD, b'{"premise": "p\x00"}'), "inli", 2, "premise", "NUL"),
     ("a.jsonl", _jsonl(GOOD, b'{"premise": "p"}\x00'), "inli", 2, None, "NUL byte"),
     ("a.jsonl", _jsonl(GOOD, b'{"premise": "\xff"}'), "inli", 2, None, "invalid UTF-8"),
+    ("a.jsonl", _jsonl(GOOD, {**GOOD, "contradiction": "ab\ud800"}), "inli", 2,
+     "contradiction", "lone surrogate \\ud800 at character 3"),
     ("a.jsonl", _jsonl({"anchor": "a", "positive": "b"}), "inli", 1, "premise",
      "architecture=simcse"),
     ("a.jsonl", _jsonl({"anchor": "a", "positive": ["b"]}), "simcse", 1, "positive",
@@ -147,6 +149,8 @@ BAD = [
     ("d.jsonl", _jsonl(DOC, {"entity": "a\nb", "text": "t"}), "docs", 2, "entity",
      "line break"),
     ("d.jsonl", _jsonl(DOC, {"entity": "E1"}), "docs", 2, "text", "missing"),
+    ("d.jsonl", _jsonl(DOC, b'{"entity": "E1", "text": "\\udc00x"}'), "docs", 2, "text",
+     "lone surrogate \\udc00 at character 1"),
     ("q.jsonl", _jsonl({"query": "q", "entities": ["E1"]},
                        {"query": "q", "entities": ["E1", "E9"]}), "queries", 2, "entities[1]",
      "'E9' is not among the 1 entities"),
@@ -155,6 +159,8 @@ BAD = [
     ("q.jsonl", _jsonl({"query": "q", "entities": []}), "queries", 1, "entities", "empty list"),
     ("q.jsonl", _jsonl({"query": "q", "entities": [1]}), "queries", 1, "entities[0]",
      "expected a string"),
+    ("q.jsonl", _jsonl({"query": "q", "entities": ["E1\udfff"]}), "queries", 1,
+     "entities[0]", "lone surrogate"),
     ("q.csv", b"query,entities\nq,E1\n", "queries", None, None, "must be JSON Lines"),
     ("e.jsonl", b"\n\r\n", "docs", None, None, "0 records"),
 ]
@@ -185,6 +191,14 @@ def test_bad_input_is_one_line_naming_file_line_and_field(tmp_path, name, conten
     where = str(path) if line is None else f"{path}:{line}"
     assert message.startswith(f"{where}: " + (f"field '{field}': " if field else "")), message
     assert reason in message, message
+
+
+def test_csv_field_over_the_csv_module_default_limit(tmp_path):
+    long_text = "word " * 40_000  # 200,000 characters, over csv's default 131,072
+    path = tmp_path / "long.csv"
+    path.write_text(f'premise,anchor\np,"{long_text}"\n', encoding="utf-8")
+    assert records.read_records(path, ("premise", "anchor")) == [
+        {"premise": "p", "anchor": long_text, "_line": 2}]
 
 
 def test_missing_file_and_unknown_list_field(tmp_path):
