@@ -19,8 +19,8 @@ def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--
 
     Raises:
       FileNotFoundError, IsADirectoryError: no such file.
-      DataError: invalid UTF-8 or an empty line (file and line
-        named), or no line at all.
+      DataError: invalid UTF-8, a NUL byte, a carriage return inside a line or an empty
+        line (file and line named), or no line at all.
     """
     path = storage.as_path(path)
     if not path.exists():
@@ -42,6 +42,10 @@ def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--
         if "\r" in text:
             raise DataError(path, lineno, what, "a carriage return inside the line (one "
                             f"{what} a line, lines end with \\n or \\r\\n)")
+        if "\x00" in text:
+            raise DataError(path, lineno, what, f"holds a NUL byte (\\x00) at character "
+                            f"{text.index(chr(0)) + 1}: the file is binary or damaged; "
+                            f"remove the byte (one {what} a line)")
         if not text.strip():
             raise DataError(path, lineno, what, f"empty {what}")
         texts.append(text)
