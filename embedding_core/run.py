@@ -15,6 +15,7 @@ from collections.abc import Callable
 import jax
 import ml_collections
 import optax
+import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
 from embedding_core import checkpoints, configs, parallel, run_control, run_lock, training
@@ -40,7 +41,9 @@ def run(
 ) -> training.TrainState:
     """Trains (or resumes) the task ``make_task(config, mesh)`` into ``workdir``.
 
-    Order: shared and model config checks (``validate``), the workdir check, multi-host
+    Order: shared and model config checks (``validate``), the workdir check (a saved
+    config that differs in a non-resumable field is refused only when the workdir holds a
+    checkpoint: with none there is nothing to resume and the new config replaces it), multi-host
     start-up and the mesh, the global batch against the data-parallel size (when the
     config has ``batch_size``), then the task (data and pretrained weights load here), the
     saved config and run files, the sharded state and the loop. Nothing compiles before
@@ -71,8 +74,8 @@ def run(
     if validate is not None:
         validate(config)
     workdir = training.check_workdir(workdir)
-    configs.check_resume(config, workdir)
     checkpoints.check_layout(workdir / "checkpoints")
+    _check_resume(config, workdir)
     mesh = parallel.mesh_from_config(config)
     if "batch_size" in config:
         parallel.check_global_batch(int(config.batch_size), mesh)
@@ -88,6 +91,18 @@ def run(
             run_lock.hold(workdir) as lock:
         return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
                       stop_after=stop_after)
+
+
+def _check_resume(config: ml_collections.ConfigDict, workdir) -> None:
+    # A run that stopped before its first checkpoint (bad data, SIGTERM at start-up) left
+    # its config and nothing to resume: a retry with corrected settings is a fresh run,
+    # whose config replaces the saved one.
+    where = workdir / "checkpoints"
+    if where.is_dir() and ocp.utils.checkpoint_steps(where):
+        configs.check_resume(config, workdir)
+    elif configs.config_path(workdir).is_file():
+        logging.info("%s holds no checkpoint: nothing to resume, training afresh with this "
+                     "config (it replaces %s)", workdir, configs.config_path(workdir).name)
 
 
 def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,

@@ -172,6 +172,28 @@ def test_a_changed_model_setting_is_refused_and_the_saved_config_kept(full_run, 
     assert int(state.step) == 14
 
 
+def test_a_run_that_stopped_before_its_first_checkpoint_takes_new_settings(tmp_path):
+    """Bad data after the config was saved: no checkpoint, so a retry with other settings is
+    a fresh run and its config replaces the saved one."""
+    def broken(config, mesh):
+        task = _make_task([])(config, mesh)
+        def bad_rows(start):
+            raise ValueError("data.csv, line 3: field 'y' is not a number")
+            yield
+
+        task.make_batches = bad_rows
+        return task
+
+    with pytest.raises(ValueError, match="line 3"):
+        run(broken, _config(learning_rate=0.1), tmp_path)
+    assert configs.read_config(tmp_path, _config, prog="t").learning_rate == 0.1
+    state = run(_make_task([]), _config(num_train_steps=4), tmp_path)
+    assert int(state.step) == 4
+    assert configs.read_config(tmp_path, _config, prog="t").learning_rate == 0.05
+    with pytest.raises(ValueError, match=r"learning_rate=0.05 -> 0.1"):  # now it has one
+        run(_make_task([]), _config(learning_rate=0.1, num_train_steps=4), tmp_path)
+
+
 def test_a_damaged_checkpoint_names_its_folder(full_run, tmp_path):
     import shutil
 
