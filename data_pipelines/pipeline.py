@@ -268,11 +268,25 @@ def step_batches(
 
     Yields:
       The arrays by name (``name_g`` when ``grouped``), ``text_ids`` and ``step`` (int64).
+
+    Raises:
+      Exception: the exception ``batcher`` raised (not TensorFlow's wrapper of it).
     """
     names = ("input_ids", "attention_mask", "token_type_ids")
 
+    # tf.data wraps an exception of the batcher in a many-line TensorFlow error; keep the
+    # original (e.g. a DataError naming a damaged shard) and raise it instead.
+    failures: list[Exception] = []
+
+    def guarded(step: np.int64) -> tuple[np.ndarray, ...]:
+        try:
+            return batcher(step)
+        except Exception as err:
+            failures.append(err)
+            raise
+
     def gather(step: tf.Tensor) -> dict[str, tf.Tensor]:
-        arrays = tf.numpy_function(batcher, [step], [tf.int32] * (3 * len(groups) + 1),
+        arrays = tf.numpy_function(guarded, [step], [tf.int32] * (3 * len(groups) + 1),
                                    stateful=False)
         out = {"text_ids": arrays[-1], "step": step}
         out["text_ids"].set_shape([local_batch, num_fields])
@@ -290,4 +304,14 @@ def step_batches(
     options = tf.data.Options()
     options.deterministic = True
     dataset = steps.map(gather).prefetch(prefetch).with_options(options)
-    return iter(dataset.as_numpy_iterator())
+    numpy_batches = dataset.as_numpy_iterator()
+
+    def batches() -> Iterator[dict[str, np.ndarray]]:
+        try:
+            yield from numpy_batches
+        except tf.errors.OpError:
+            if failures:
+                raise failures[0] from None
+            raise
+
+    return batches()

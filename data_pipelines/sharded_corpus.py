@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from data_pipelines import shards
+from data_pipelines.errors import DataError
 from data_pipelines.table import TokenTable
 
 RowSource = Callable[[np.ndarray], TokenTable]
@@ -268,7 +269,12 @@ def batches_of(source: TokenTable | shards.Manifest, **kwargs: Any
 
 
 class _ShardReader:
-    """Random access to the records of one shard file (a local copy for ``gs://``)."""
+    """Random access to the records of one shard file (a local copy for ``gs://``).
+
+    Faults name the shard file in one line (:class:`~data_pipelines.errors.DataError`):
+    a missing file, or one that ArrayRecord/Riegeli cannot read (bytes changed since
+    preprocess wrote it), which only a new preprocess repairs.
+    """
 
     def __init__(self, path: str, expected_rows: int) -> None:
         from array_record.python.array_record_module import ArrayRecordReader
@@ -276,14 +282,30 @@ class _ShardReader:
         from embedding_core import storage
 
         self.path = path
+        if not storage.as_path(path).exists():
+            raise DataError(path, None, None, "shard file missing: the corpus folder was "
+                            "changed after preprocess; re-run preprocess")
         local = storage.local_copy(path)
-        self._reader = ArrayRecordReader(os.fspath(local), _READ_OPTIONS)
-        if self._reader.num_records() != expected_rows:
-            raise ValueError(f"{path}: {self._reader.num_records()} records, the manifest "
-                             f"says {expected_rows}; the folder was changed after preprocess")
+        try:
+            self._reader = ArrayRecordReader(os.fspath(local), _READ_OPTIONS)
+            found = self._reader.num_records()
+        except Exception as err:  # noqa: BLE001 - Riegeli raises RuntimeError/ValueError/...
+            raise self._damaged(err) from None
+        if found != expected_rows:
+            raise DataError(path, None, None, f"{found} records, the manifest says "
+                            f"{expected_rows}: the shard file is damaged or was replaced "
+                            "after preprocess; re-run preprocess")
+
+    def _damaged(self, err: BaseException) -> DataError:
+        detail = " ".join(str(err).split())
+        return DataError(self.path, None, None, f"shard file damaged ({detail}); re-run "
+                         "preprocess to write the corpus again")
 
     def read(self, positions: np.ndarray) -> list[bytes]:
-        return self._reader.read([int(i) for i in positions])
+        try:
+            return self._reader.read([int(i) for i in positions])
+        except Exception as err:  # noqa: BLE001 - Riegeli's hash mismatch is a RuntimeError
+            raise self._damaged(err) from None
 
 
 class _StreamBatcher:
@@ -386,8 +408,10 @@ def make_batches(
       ValueError: B not a multiple of S or of P, S not a multiple of P, a shard with fewer
         than B/S rows, process_index out of range, negative start_step or num_steps,
         pad_multiple < 1, fixed_length outside [longest, max_length], length_groups not a
-        partition of the fields, or a shard whose record count differs from the manifest.
-      FileNotFoundError: a shard file is missing.
+        partition of the fields.
+      DataError: a shard file missing, or damaged (unreadable, or a record count that
+        differs from the manifest), named in one line; a damaged record deep in a shard is
+        found when a batch reads it.
     """
     # Imported here: the pipeline module loads TensorFlow (and hides the accelerators from it).
     from data_pipelines.pipeline import field_groups, step_batches

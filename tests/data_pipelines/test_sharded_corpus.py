@@ -302,3 +302,56 @@ def test_gs_corpus_host_copies_only_its_shards(corpus, gcs_emulator, tmp_path, m
     copied = sorted(os.listdir(tmp_path / "cache" / "gcs" / "test-bucket" / "sharded" /
                                "corpus"))
     assert copied == [manifest.shards[2][0], manifest.shards[3][0]]
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    """A 2-shard corpus of 64 random rows (no tokenizer: write_corpus alone)."""
+    from data_pipelines.table import TokenTable
+
+    n, f, width = 64, 2, 8
+    rng = np.random.default_rng(0)
+    table = TokenTable(
+        input_ids=rng.integers(1, 100, (n, f, width)).astype(np.int32),
+        token_type_ids=np.zeros((n, f, width), np.int32),
+        lengths=rng.integers(1, width + 1, (n, f)).astype(np.int32),
+        text_ids=np.arange(n * f, dtype=np.int32).reshape(n, f), field_names=("a", "b"))
+    source = sharded_corpus.CorpusSource(
+        fields=table.field_names, max_length=width, num_rows=n,
+        rows=sharded_corpus.table_rows(table), tokenizer_json=b"{}", tokenizer="t", pad_id=0)
+    folder = tmp_path_factory.mktemp("tiny") / "corpus"
+    sharded_corpus.write_corpus(source, folder, num_shards=2)
+    return folder
+
+
+def _flip(offset):
+    def damage(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[offset:offset + 16] = bytes(b ^ 0xFF for b in data[offset:offset + 16])
+        path.write_bytes(bytes(data))  # same size, other bytes
+    return damage
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    (Path.unlink, "shard file missing: the corpus folder was changed after preprocess"),
+    # In the first data chunk: found when a batch reads its records.
+    (_flip(200), "shard file damaged (Corrupted Riegeli/records file: chunk data hash"),
+    # The block header of the record index: found when the file is opened.
+    (_flip(65536), "0 records, the manifest says 32: the shard file is damaged"),
+], ids=["missing", "chunk", "index"])
+def test_missing_or_damaged_shard_is_one_line_naming_it(tiny_corpus, tmp_path, damage,
+                                                        reason):
+    import shutil
+
+    from data_pipelines.errors import DataError
+
+    folder = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, folder)
+    manifest = shards.read_manifest(folder)
+    shard = Path(manifest.shard_path(0))
+    damage(shard)
+    with pytest.raises(DataError) as info:
+        list(itertools.islice(sharded_corpus.make_batches(manifest, global_batch_size=4,
+                                                          seed=0), 16))
+    assert str(info.value).startswith(f"{shard}: {reason}")
+    assert "\n" not in str(info.value)
