@@ -32,9 +32,17 @@ def _field(config: ml_collections.ConfigDict, name: str) -> str:
     return str(config.get(name, "") or "").strip()
 
 
+def has_own_file(config: ml_collections.ConfigDict, name: str) -> bool:
+    """Whether the config names a user file in field ``name`` (``val_file``...)."""
+    return bool(_field(config, name))
+
+
 def train_source(config: ml_collections.ConfigDict) -> str:
-    """What the run trains on, for logs and messages: the train file, else the shipped
-    ``train_data`` (``"shipped inli train"``)."""
+    """What the run trains on, for logs and messages: the shards folder
+    (``"shards of gs://b/corpus"``), else the train file, else the shipped ``train_data``
+    (``"shipped inli train"``)."""
+    if _field(config, "train_shards"):
+        return f"shards of {_field(config, 'train_shards')}"
     return _field(config, "train_file") or f"shipped {config.train_data} train"
 
 

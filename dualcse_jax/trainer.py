@@ -7,7 +7,7 @@ import os
 import ml_collections
 from jax.sharding import Mesh
 
-from data_pipelines import sharded_corpus
+from data_pipelines import inli, sharded_corpus
 from data_pipelines.tokenization import load_tokenizer
 from dualcse_jax import data
 from dualcse_jax.configs import validate_config
@@ -42,13 +42,14 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict):
     return loss_fn
 
 
-def rte_evaluator(model: DualEncoder, tokenizer, config: ml_collections.ConfigDict):
+def rte_evaluator(model: DualEncoder, tokenizer, config: ml_collections.ConfigDict,
+                  val: list[inli.INLIExample] | None = None):
     """``(params, step) -> {val_rte_*}``: RTE on the first ``eval_examples`` val premises
-    (``config.val_file``, else INLI val)."""
+    (``val``, else read from ``config.val_file``, else INLI val)."""
     from dualcse_jax.evaluate import evaluate_rte
     from dualcse_jax.inference import Embedder
 
-    val = data.val_examples(config)[: config.eval_examples]
+    val = (data.val_examples(config) if val is None else val)[: config.eval_examples]
     embedder = Embedder(model, None, tokenizer, config)  # compiled once
 
     def evaluate(params, step):
@@ -62,9 +63,16 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
     """The DualCSE training task a config describes (data and MiniLM weights load here).
 
     Raises:
-      ValueError: fewer training examples than one batch. FileNotFoundError: no model.
-      data_pipelines.errors.DataError: malformed training data (file, line, field).
+      ValueError: fewer training examples than one batch. FileNotFoundError: no model, or
+        no ``val_file``/``test_file``.
+      data_pipelines.errors.DataError: malformed training data, or a malformed
+        ``val_file``/``test_file`` (file, line, field).
     """
+    # The user's evaluation files are read now, so a fault in them stops the run before
+    # training rather than after it (evaluate reads the test file again; it is small).
+    val = data.val_examples(config) if data.has_own_file(config, "val_file") else None
+    if data.has_own_file(config, "test_file"):
+        data.test_examples(config)
     pretrained = load_pretrained(config.model)
     tokenizer = load_tokenizer(pretrained.model_dir)
     table = data.train_rows(config, tokenizer, pretrained.model_dir)
@@ -80,7 +88,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
         steps_per_epoch=sharded_corpus.epoch_steps(table, int(config.batch_size)),
         global_batch_size=int(config.batch_size),
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
-        evaluate=rte_evaluator(model, tokenizer, config) if config.eval_every > 0 else None,
+        evaluate=rte_evaluator(model, tokenizer, config, val) if config.eval_every > 0 else None,
         run_files=encoder_run_files(pretrained.model_dir),
         summary=f"data: {data.train_source(config)}, pooling {config.pooling}")
 

@@ -69,6 +69,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         if not isinstance(config.get(name, ""), str):
             raise ValueError(f"config.{name} must be a path (a string), got "
                              f"{config[name]!r}")
+    if str(config.get("train_shards", "") or "").strip():
+        for name in DATA_FILES:
+            if str(config.get(name, "") or "").strip():
+                raise ValueError(f"config.{name} and config.train_shards both set: the shards "
+                                 "hold the entities, sentences and queries preprocess read; "
+                                 f"set {name} at preprocess, not at training")
     if str(config.get("train_file", "") or "").strip() and config.train_data == "amazon":
         raise ValueError("config.train_file replaces train_data, but train_data='amazon' "
                          "names the Amazon reviews (amazon_paths): set one of the two")

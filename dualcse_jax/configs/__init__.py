@@ -34,6 +34,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                              f"{config[name]!r}")
     # train_file replaces train_data, so a preset's train_data=snli does not bind it.
     own_file = str(config.get("train_file", "") or "").strip()
+    if own_file and str(config.get("train_shards", "") or "").strip():
+        raise ValueError("config.train_file and config.train_shards both set: the shards "
+                         "hold the training rows (preprocess already read the train file); "
+                         "set one of the two")
     if config.train_data == "snli" and not own_file and config.architecture != "simcse":
         raise ValueError("SNLI triplets have no implied entailment: train_data=snli needs "
                          "architecture=simcse")
