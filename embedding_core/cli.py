@@ -174,13 +174,14 @@ def user_errors(prog: str, command: str) -> Iterator[None]:
     ``DataError`` and every config check raise) are reported this way; with
     ``EMBEDDING_JAX_DEBUG=1`` they propagate with their traceback. How a run stopped is
     one line with its exit code (``embedding_core.run_control``): a diverged run or a
-    workdir in use 1, SIGTERM 75 (resume me), Ctrl-C 130.
+    workdir in use 1, SIGTERM 75 (resume me), Ctrl-C 130 (a second one too, naming the
+    latest complete checkpoint).
     """
     from embedding_core import run_control
 
     try:
         yield
-    except (run_control.Preempted, run_control.Interrupted) as stop:
+    except (run_control.Preempted, run_control.Interrupted, run_control.Aborted) as stop:
         print(f"{prog} {command}: {stop}", file=sys.stderr)
         sys.exit(stop.exit_code)
     except KeyboardInterrupt:

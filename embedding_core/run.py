@@ -52,8 +52,8 @@ def run(
     Writes ``workdir/run_config.json``, the task's run files, TensorBoard events and orbax
     checkpoints under ``workdir/checkpoints`` (params, optimizer state and data position).
     While it trains, ``workdir/run.lock`` keeps a second run out (``run_lock``); SIGTERM
-    and Ctrl-C save a checkpoint and stop (``run_control``); a diverged run stops without
-    saving its non-finite state.
+    and Ctrl-C save a checkpoint and stop (``run_control``), during start-up (before the
+    lock) they stop at once; a diverged run stops without saving its non-finite state.
 
     Args:
       make_task: builds the task for this config on this mesh.
@@ -68,29 +68,41 @@ def run(
         task raises for bad data or missing models.
       run_control.WorkdirInUseError: another live run holds ``workdir``.
       run_control.DivergedError: a non-finite loss or gradient (nothing saved from it).
-      run_control.Preempted / run_control.Interrupted: SIGTERM / Ctrl-C, after saving.
+      run_control.Preempted / run_control.Interrupted: SIGTERM / Ctrl-C, after saving
+        (or before the first step, with nothing to save).
+      run_control.Aborted: a second Ctrl-C (names the latest complete checkpoint).
     """
-    configs.validate_base(config)
-    if validate is not None:
-        validate(config)
-    workdir = training.check_workdir(workdir)
-    checkpoints.check_layout(workdir / "checkpoints")
-    _check_resume(config, workdir)
-    mesh = parallel.mesh_from_config(config)
-    if "batch_size" in config:
-        parallel.check_global_batch(int(config.batch_size), mesh)
-    # A workdir in use is refused before the data loads; the lock itself is taken only
-    # after it (nothing is written before the task has loaded its data).
-    run_lock.on_process_zero(run_lock.WorkdirLock(workdir).check_free)
-    task = make_task(config, mesh)
-    if task.num_examples < 1 or task.steps_per_epoch < 1:
-        raise ValueError(f"{task.name}: no training examples ({task.num_examples}) or no full "
-                         "batch of them; check the data and the batch size")
-    num_steps = configs.num_train_steps(config, task.steps_per_epoch)
-    with run_control.StopSignals(multiprocess=jax.process_count() > 1) as stops, \
-            run_lock.hold(workdir) as lock:
-        return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
-                      stop_after=stop_after)
+    # SIGTERM / Ctrl-C from here on exit 75 / 130 (start-up: at once, nothing to save). A
+    # multi-process run leaves them to JAX's preemption service, which jax.distributed
+    # starts: decided from the config, since asking JAX would start its backend too early.
+    distributed = bool(config.get("coordinator_address")
+                       or os.environ.get("JAX_COORDINATOR_ADDRESS"))
+    with run_control.StopSignals(multiprocess=distributed, immediate=True) as stops:
+        configs.validate_base(config)
+        if validate is not None:
+            validate(config)
+        workdir = training.check_workdir(workdir)
+        checkpoints.check_layout(workdir / "checkpoints")
+        _check_resume(config, workdir)
+        mesh = parallel.mesh_from_config(config)
+        if distributed and jax.process_count() == 1:
+            stops.multiprocess = False
+            stops.install()
+        if "batch_size" in config:
+            parallel.check_global_batch(int(config.batch_size), mesh)
+        # A workdir in use is refused before the data loads; the lock itself is taken only
+        # after it (nothing is written before the task has loaded its data).
+        run_lock.on_process_zero(run_lock.WorkdirLock(workdir).check_free)
+        task = make_task(config, mesh)
+        if task.num_examples < 1 or task.steps_per_epoch < 1:
+            raise ValueError(f"{task.name}: no training examples ({task.num_examples}) or no "
+                             "full batch of them; check the data and the batch size")
+        num_steps = configs.num_train_steps(config, task.steps_per_epoch)
+        # Files are written from here on: a signal now ends the loop before its first step.
+        stops.defer()
+        with run_lock.hold(workdir) as lock:
+            return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
+                          stop_after=stop_after)
 
 
 def _check_resume(config: ml_collections.ConfigDict, workdir) -> None:

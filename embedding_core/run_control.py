@@ -9,8 +9,8 @@ code  meaning
 0     finished (or ``stop_after`` reached)
 1     bad input, bad settings, a diverged run (non-finite loss, gradient or params), a
       workdir in use
-75    preempted (SIGTERM, ``EX_TEMPFAIL``): a checkpoint was saved; run the same command
-      again to resume
+75    preempted (SIGTERM, ``EX_TEMPFAIL``): a checkpoint was saved (or, during start-up,
+      nothing was there to save); run the same command again to resume
 130   interrupted (Ctrl-C): a checkpoint was saved; a second Ctrl-C aborts without one
 ====  =====================================================================================
 
@@ -31,9 +31,10 @@ EXIT_INTERRUPTED = 130
 
 EXIT_CODES_HELP = f"""
 Exit codes of train: 0 finished; 1 bad input or settings, a diverged run (non-finite loss,
-gradient or params: its last finite checkpoint stays the latest) or a workdir in use by another
-run; {EXIT_PREEMPTED} preempted by SIGTERM (checkpoint saved: run the same command to resume);
-{EXIT_INTERRUPTED} Ctrl-C (checkpoint saved; a second Ctrl-C aborts without one).
+gradient or params: its last finite checkpoint stays the latest) or a workdir in use by
+another run; {EXIT_PREEMPTED} preempted by SIGTERM (checkpoint saved, or nothing to save
+before the first step: run the same command to resume); {EXIT_INTERRUPTED} Ctrl-C
+(checkpoint saved; a second Ctrl-C aborts without one, naming the latest kept).
 """
 
 
@@ -73,6 +74,40 @@ class Interrupted(KeyboardInterrupt):
         self.step = step
 
 
+class Aborted(KeyboardInterrupt):
+    """A second Ctrl-C stopped training at once; ``exit_code`` is :data:`EXIT_INTERRUPTED`.
+
+    The message names the latest complete checkpoint (the one a rerun resumes from), or
+    says there is none; a save in flight when it came is lost.
+    """
+
+    exit_code = EXIT_INTERRUPTED
+
+
+class StopRequested(BaseException):
+    """Raised by the handlers of a :class:`StopSignals` in start-up mode; its ``__exit__``
+    turns it into :class:`Preempted` or :class:`Interrupted` (before the first step).
+
+    A ``BaseException``, so data readers that wrap ``Exception`` cannot turn it into a
+    data error.
+    """
+
+
+def _drop_orbax(record: logging.LogRecord) -> bool:
+    return "orbax" not in record.pathname
+
+
+def quiet_orbax() -> None:
+    """Drops orbax's log records from now on (every handler of the root logger).
+
+    After a second Ctrl-C, the save in flight fails in orbax's threads, each failure logged
+    with its traceback (~140 lines); the abort is reported in one line instead.
+    """
+    for handler in [*logging.getLogger().handlers, logging.lastResort]:
+        if handler is not None and _drop_orbax not in handler.filters:
+            handler.addFilter(_drop_orbax)
+
+
 class StopSignals:
     """Turns SIGTERM and the first Ctrl-C into a request the loop reads between steps.
 
@@ -84,34 +119,54 @@ class StopSignals:
     process stop at the same step (:meth:`should_stop`), and Ctrl-C keeps its default
     (one process alone cannot save a sharded checkpoint).
 
+    ``immediate=True`` is the start-up mode (``run`` enters it before the config checks
+    and the data load): a signal stops at once, nothing being there to save, and the block
+    ends with :class:`Preempted` / :class:`Interrupted` "before the first step", so SIGTERM
+    exits 75 at any time; :meth:`defer` switches to the loop's mode before anything is
+    written.
+
     Use as a context manager; ``signum`` is the signal that asked to stop, or None.
     """
 
-    def __init__(self, *, multiprocess: bool = False):
+    def __init__(self, *, multiprocess: bool = False, immediate: bool = False):
         self.multiprocess = multiprocess
+        self.immediate = immediate
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is not threading.main_thread():
-            return self
+        self.install()
+        return self
+
+    def install(self) -> None:
+        """Installs the handlers (main thread, single process; a no-op when installed)."""
+        if threading.current_thread() is not threading.main_thread() or self._previous:
+            return
         wanted = () if self.multiprocess else (signal.SIGTERM, signal.SIGINT)
         for signum in wanted:
             self._previous[signum] = signal.signal(signum, self._handle)
-        return self
 
-    def __exit__(self, *exc) -> bool:
+    def defer(self) -> None:
+        """Leaves start-up mode: from now on a signal is read by the loop between steps."""
+        self.immediate = False
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+        if isinstance(exc, StopRequested):
+            raise self.stopped(-1, "") from None
         return False
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:
             if signum == signal.SIGINT:
+                quiet_orbax()
                 raise KeyboardInterrupt("second Ctrl-C: aborting without a checkpoint")
             return
         self.signum = signum
+        if self.immediate:
+            raise StopRequested()
         if signum == signal.SIGINT:
             logging.warning("Ctrl-C: saving a checkpoint after this step, then stopping "
                             "(Ctrl-C again aborts without one)")

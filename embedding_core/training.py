@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from etils import epath
 from flax.training import train_state
 from jax.sharding import Mesh
@@ -380,6 +381,7 @@ def train_loop(
         metric.
       run_control.Preempted: SIGTERM, after saving (exit code 75 in the CLI).
       run_control.Interrupted: Ctrl-C, after saving (a ``KeyboardInterrupt``; exit 130).
+      run_control.Aborted: a second Ctrl-C, at once (names the latest complete checkpoint).
       run_control.WorkdirInUseError: another run took the workdir's lock over.
     """
     workdir = storage.as_path(workdir)
@@ -443,54 +445,69 @@ def train_loop(
     if own_stops:
         stops = run_control.StopSignals(multiprocess=jax.process_count() > 1)
     try:
-        with (stops if own_stops else contextlib.nullcontext(stops)), \
-                _progress_bar(num_train_steps, start_step) as bar:
-            while step < num_train_steps and not stops.requested:
-                if lock is not None:
-                    lock.check()
-                host_batch = dict(next(batches))
-                batch_step = host_batch.pop("step", None)
-                if batch_step is not None and int(batch_step) != step:
-                    raise RuntimeError(f"data position {int(batch_step)} != train step {step}")
-                batch = parallel.host_to_global(host_batch, mesh)
-                state, metrics = train_step(state, batch, rng)
-                pending.append(metrics)
-                step += 1
-                if bar is not None:
-                    bar.update(1)
-                if step % log_every == 0 or step == num_train_steps:
-                    summary = _mean_metrics(pending)
-                    elapsed = time.perf_counter() - window_start
-                    summary["steps_per_sec"] = len(pending) / max(elapsed, 1e-9)
-                    summary["examples_per_sec"] = summary["steps_per_sec"] * global_batch_size
-                    bad = {k: v for k, v in summary.items() if not math.isfinite(v)}
-                    if bad:
-                        check_finite(state, bad)
-                    writer.write(step, summary)
+        try:
+            with (stops if own_stops else contextlib.nullcontext(stops)), \
+                    _progress_bar(num_train_steps, start_step) as bar:
+                while step < num_train_steps and not stops.requested:
+                    if lock is not None:
+                        lock.check()
+                    host_batch = dict(next(batches))
+                    batch_step = host_batch.pop("step", None)
+                    if batch_step is not None and int(batch_step) != step:
+                        raise RuntimeError(f"data position {int(batch_step)} != train step {step}")
+                    batch = parallel.host_to_global(host_batch, mesh)
+                    state, metrics = train_step(state, batch, rng)
+                    pending.append(metrics)
+                    step += 1
                     if bar is not None:
-                        bar.set_postfix(loss=f"{summary['loss']:.4f}")
-                    pending.clear()
-                    window_start = time.perf_counter()
-                if eval_fn is not None and eval_every and (
-                        step % eval_every == 0 or step == num_train_steps):
-                    check_finite(state)
-                    writer.write(step, eval_fn(state, step), metric_log.EVAL)
-                    window_start = time.perf_counter()
-                stop_now = stops.should_stop(step) or (
-                    stop_after is not None and step - start_step >= stop_after)
-                if step % checkpoint_every == 0 or step == num_train_steps or stop_now:
+                        bar.update(1)
+                    if step % log_every == 0 or step == num_train_steps:
+                        summary = _mean_metrics(pending)
+                        elapsed = time.perf_counter() - window_start
+                        summary["steps_per_sec"] = len(pending) / max(elapsed, 1e-9)
+                        summary["examples_per_sec"] = summary["steps_per_sec"] * global_batch_size
+                        bad = {k: v for k, v in summary.items() if not math.isfinite(v)}
+                        if bad:
+                            check_finite(state, bad)
+                        writer.write(step, summary)
+                        if bar is not None:
+                            bar.set_postfix(loss=f"{summary['loss']:.4f}")
+                        pending.clear()
+                        window_start = time.perf_counter()
+                    if eval_fn is not None and eval_every and (
+                            step % eval_every == 0 or step == num_train_steps):
+                        check_finite(state)
+                        writer.write(step, eval_fn(state, step), metric_log.EVAL)
+                        window_start = time.perf_counter()
+                    stop_now = stops.should_stop(step) or (
+                        stop_after is not None and step - start_step >= stop_after)
+                    if step % checkpoint_every == 0 or step == num_train_steps or stop_now:
+                        save(state)
+                    if stop_now:
+                        break
+                if last_saved != step and step > start_step:
                     save(state)
-                if stop_now:
-                    break
-            if last_saved != step and step > start_step:
-                save(state)
-    finally:
-        manager.wait_until_finished()
-        manager.close()
-        writer.close()
+        finally:
+            manager.wait_until_finished()
+            manager.close()
+            writer.close()
+    except KeyboardInterrupt as err:
+        if isinstance(err, run_control.Interrupted):
+            raise
+        # A second Ctrl-C (or the first, in a multi-process run): the step or the save in
+        # flight is lost; a rerun resumes from the latest complete checkpoint.
+        raise run_control.Aborted(_aborted(step, where)) from None
     if stops.requested:
         raise stops.stopped(last_saved, str(where))
     return state
+
+
+def _aborted(step: int, where: epath.Path) -> str:
+    steps = ocp.utils.checkpoint_steps(where) if where.is_dir() else []
+    kept = (f"the latest complete checkpoint is step {max(steps)} in {where}; run the same "
+            "command to resume from it" if steps
+            else "no checkpoint was kept; run the same command to start again")
+    return f"aborted (second Ctrl-C) at step {step}, the step or save in flight lost: {kept}"
 
 
 def _mean_metrics(pending: list[dict]) -> dict[str, float]:

@@ -3,7 +3,8 @@
 ``python stop_worker.py WORKDIR NUM_STEPS SLOW_FROM``: trains ``y = x @ [1, 2, 3, 4]`` with
 ``embedding_core.run.run`` inside ``cli.user_errors`` (so the exit code is the CLI's). When
 the loop asks for the batch of step ``SLOW_FROM`` or later it prints ``READY <step>`` once
-on stdout and then takes 0.05 s per batch, so a test can signal it mid-run.
+on stdout and then takes 0.05 s per batch, so a test can signal it mid-run; a negative
+``SLOW_FROM`` prints ``READY load`` while the task loads its data (start-up) and waits there.
 ``test_run_stops.py`` imports ``make_task`` and ``config`` for its uninterrupted reference.
 """
 
@@ -71,6 +72,9 @@ def make_task(slow_from: int | None = None, on_slow=None):
         return jnp.mean(err ** 2), {}
 
     def make(config, mesh):
+        if slow_from is not None and slow_from < 0:  # start-up: the data "loads" for 60 s
+            print("READY load", flush=True)
+            time.sleep(60)
         return Task(name="linear", init_params=lambda k: model.init(k, x[:1])["params"],
                     loss_fn=loss_fn, make_batches=make_batches, num_examples=ROWS,
                     steps_per_epoch=ROWS // BATCH, global_batch_size=BATCH)

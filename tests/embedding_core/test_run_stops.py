@@ -140,6 +140,44 @@ def test_sigterm_saves_and_exits_75(tmp_path):
     assert "Traceback" not in err and not (workdir / "run.lock").exists()
 
 
+def test_sigterm_during_start_up_exits_75_at_once(tmp_path):
+    workdir = tmp_path / "w"
+    proc = _start(workdir, 10, slow_from=-1)  # the task is loading its data
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err[-3000:]
+    assert _last_line(err) == ("stop-worker train: preempted (SIGTERM) before the first step "
+                               "(nothing to save); run the same command to resume (exit "
+                               "code 75)")
+    assert not workdir.exists() or not any(workdir.iterdir())  # nothing written
+
+
+def test_a_second_ctrl_c_names_the_latest_complete_checkpoint(tmp_path, capsys):
+    import logging
+
+    from embedding_core.cli import user_errors
+
+    def twice(step):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # raises in the loop's batch fetch
+
+    workdir = tmp_path / "w"
+    try:
+        with pytest.raises(SystemExit) as exit_info, user_errors("t", "train"):
+            run(worker.make_task(slow_from=5, on_slow=twice),
+                worker.config(20, checkpoint_every=2), workdir)
+    finally:
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(run_control._drop_orbax)
+    assert exit_info.value.code == 130
+    assert _steps(workdir) == [2, 4]
+    assert _last_line(capsys.readouterr().err) == (
+        "t train: aborted (second Ctrl-C) at step 5, the step or save in flight lost: the "
+        f"latest complete checkpoint is step 4 in {workdir / 'checkpoints'}; run the same "
+        "command to resume from it")
+    assert not (workdir / "run.lock").exists()
+
+
 def test_ctrl_c_saves_exits_130_and_the_resumed_run_is_exact(tmp_path, capsys):
     from embedding_core.cli import user_errors
 
