@@ -76,7 +76,8 @@ def run(
     # multi-process run leaves them to JAX's preemption service, which jax.distributed
     # starts: decided from the config, since asking JAX would start its backend too early.
     distributed = bool(config.get("coordinator_address")
-                       or os.environ.get("JAX_COORDINATOR_ADDRESS"))
+                       or os.environ.get("JAX_COORDINATOR_ADDRESS")
+                       or jax.distributed.is_initialized())
     with run_control.StopSignals(multiprocess=distributed, immediate=True) as stops:
         configs.validate_base(config)
         if validate is not None:
