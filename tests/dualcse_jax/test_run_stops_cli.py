@@ -34,8 +34,8 @@ def test_a_diverging_run_ends_with_one_line_and_keeps_a_finite_checkpoint(
     proc = _train(*DIVERGING, f"--workdir={workdir}", f"--config.model={tiny_bert_dir}")
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("dualcse-jax train: error: training diverged: the loss or "
-                           "gradient norm became non-finite at step 2; "), last
+    assert last.startswith("dualcse-jax train: error: training diverged: the loss, "
+                           "gradient norm or parameters became non-finite at step 2; "), last
     assert f"the latest checkpoint, step 1 in {workdir / 'checkpoints'}, holds finite" in last
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1"]
