@@ -1,0 +1,270 @@
+"""Resumable ``(system, seed)`` grids and paired-bootstrap result tables.
+
+Each experiment script (``experiments/<paper>.py``) lists its runs as :class:`RunSpec`
+objects. :func:`run_grid` gives every run its own workdir under ``--root`` and skips a run
+whose ``scores.npz`` (its per-item test scores) already exists, so a grid can be stopped at
+any time and resumed by running the same command again; an unfinished run resumes from its
+own checkpoints (the training CLI/API does that). :func:`results_table` turns the per-item
+scores into a Markdown table with paired-bootstrap 95% intervals
+(:func:`embedding_core.stats.paired_bootstrap`: the same resampled test items for both
+systems) and :func:`write_results` writes ``experiments/results/<paper>.md`` with the raw
+per-item scores beside it as ``<paper>.npz``.
+
+Seeds: a system trained with several seeds is reported as the mean over seeds (and the
+standard deviation across seeds); its interval against the reference is computed on the
+seed-averaged per-item scores, so it covers test-set sampling, not seed variance — the
+seed spread is the separate ``sd`` column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from embedding_core import storage
+from embedding_core.files import write_bytes_atomic, write_text_atomic
+from embedding_core.stats import format_interval, paired_bootstrap
+
+Scores = dict[str, np.ndarray]
+"""``{metric: [n_items] float64}`` per-item test scores of one run (e.g. 0/1 correctness,
+average precision per query, recall@k hit per question)."""
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SCORES_FILE = "scores.npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One cell of a grid.
+
+    Attributes:
+      system: the table row it belongs to (runs of one system differ by ``seed``).
+      key: folder name of its workdir under the grid root (unique in the grid).
+      run: ``workdir -> Scores``: trains into ``workdir`` (resuming what is there) and
+        scores the test items; called only when ``workdir/scores.npz`` is missing.
+      seed: training seed, or ``None`` for a system with nothing to train (a baseline).
+    """
+
+    system: str
+    key: str
+    run: Callable[[Path], Scores]
+    seed: int | None = None
+
+
+def parser(paper: str, description: str) -> argparse.ArgumentParser:
+    """The arguments every experiment script shares (``--preset``, ``--root``, ...)."""
+    p = argparse.ArgumentParser(
+        prog=f"python -m experiments.{paper}", description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu",
+                   help="cpu: a grid sized for 2 CPU cores (MiniLM, short runs); gpu: the "
+                        "paper-sized grid (full epoch, paper batch sizes) for an accelerator")
+    p.add_argument("--root", default=None,
+                   help="folder of the runs' workdirs (local or gs://); default "
+                        f"workdirs/experiments/{paper}-<preset>. Re-running the same command "
+                        "skips finished runs and resumes unfinished ones")
+    p.add_argument("--results", default=str(RESULTS_DIR),
+                   help="where <paper>.md and <paper>.npz are written (default "
+                        "experiments/results)")
+    p.add_argument("--only", action="append", default=[],
+                   help="run only the grid cells whose key contains this text (repeatable); "
+                        "the table is still written from every finished cell")
+    p.add_argument("--num-samples", type=int, default=10_000,
+                   help="bootstrap resamples per interval (default 10000)")
+    p.add_argument("--list", action="store_true", help="print the grid's cells and exit")
+    return p
+
+
+def grid_root(args: argparse.Namespace, paper: str) -> Path:
+    """``--root`` or ``workdirs/experiments/<paper>-<preset>``."""
+    return storage.as_path(args.root or f"workdirs/experiments/{paper}-{args.preset}")
+
+
+def command_line() -> str:
+    """The command that ran this script, for the results file's header."""
+    return "python -m " + " ".join(
+        [shlex.quote(_module_name())] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def _module_name() -> str:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return spec.name if spec is not None else Path(sys.argv[0]).stem
+
+
+def save_scores(path, scores: Mapping[str, np.ndarray]) -> None:
+    """Writes ``{metric: [n] array}`` as one ``.npz`` atomically (never a partial file)."""
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v, np.float64) for k, v in scores.items()})
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def load_scores(path) -> Scores:
+    """Reads a :func:`save_scores` file."""
+    with storage.as_path(path).open("rb") as f:
+        with np.load(io.BytesIO(f.read())) as z:
+            return {k: np.asarray(z[k], np.float64) for k in z.files}
+
+
+def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = ()
+             ) -> dict[str, list[tuple[int | None, Scores]]]:
+    """Runs (or skips) every cell and collects the finished ones.
+
+    Args:
+      specs: the grid; keys must be unique.
+      root: folder holding one workdir per cell (``root/<key>``).
+      only: if given, cells whose key contains none of these strings are not run (their
+        scores are still collected when already finished).
+
+    Returns:
+      ``{system: [(seed, scores), ...]}`` for the finished cells, in grid order.
+
+    Raises:
+      ValueError: duplicate keys.
+    """
+    keys = [s.key for s in specs]
+    if len(set(keys)) != len(keys):
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"grid keys must be unique; repeated: {dup}")
+    root = storage.as_path(root)
+    out: dict[str, list[tuple[int | None, Scores]]] = {}
+    for i, spec in enumerate(specs, 1):
+        workdir = root / spec.key
+        done = workdir / SCORES_FILE
+        tag = f"[{i}/{len(specs)}] {spec.key}"
+        if done.exists():
+            print(f"{tag}: finished earlier, scores read from {storage.display(done)}",
+                  flush=True)
+        elif only and not any(o in spec.key for o in only):
+            print(f"{tag}: not selected (--only)", flush=True)
+            continue
+        else:
+            print(f"{tag}: running in {storage.display(workdir)}", flush=True)
+            t0 = time.time()
+            scores = spec.run(Path(str(workdir)) if not storage.is_remote(workdir)
+                              else workdir)
+            save_scores(done, scores)
+            print(f"{tag}: done in {time.time() - t0:.0f} s", flush=True)
+        out.setdefault(spec.system, []).append((spec.seed, load_scores(done)))
+    return out
+
+
+def macro_average_items(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenates per-item scores of several test sets, weighted so that their plain mean
+    is the unweighted average of the sets' means (the papers' "Avg." column).
+
+    Item ``i`` of set ``s`` (``n_s`` items, ``k`` sets, ``N`` items in all) becomes
+    ``x_i * N / (k * n_s)``; resampling the concatenation then bootstraps the macro average.
+
+    Raises:
+      ValueError: no sets, or an empty set.
+    """
+    if not parts or any(len(p) == 0 for p in parts):
+        raise ValueError("macro_average_items needs at least one non-empty set")
+    total = sum(len(p) for p in parts)
+    return np.concatenate([np.asarray(p, np.float64) * total / (len(parts) * len(p))
+                           for p in parts])
+
+
+def seed_mean(runs: Sequence[tuple[int | None, Scores]]) -> Scores:
+    """Per-item mean over a system's seeds.
+
+    Raises:
+      ValueError: runs disagree on metrics or item counts.
+    """
+    metrics = set(runs[0][1])
+    for _, s in runs:
+        if set(s) != metrics:
+            raise ValueError(f"runs of one system report different metrics: {sorted(metrics)} "
+                             f"vs {sorted(s)}")
+    return {m: np.mean(np.stack([s[m] for _, s in runs]), axis=0) for m in runs[0][1]}
+
+
+def results_table(grid: Mapping[str, Sequence[tuple[int | None, Scores]]],
+                  metrics: Sequence[str], *, reference: str | None, primary: str,
+                  scale: float = 100.0, digits: int = 2, num_samples: int = 10_000,
+                  paper: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """A Markdown table: one row per system, each metric's mean over items (and seeds),
+    the seeds' standard deviation of ``primary``, and the paired-bootstrap 95% interval of
+    ``primary`` minus the reference system's.
+
+    Args:
+      grid: from :func:`run_grid`.
+      metrics: columns (keys of the scores), each shown as ``scale * mean``.
+      reference: the system every interval is taken against (``None``: no intervals).
+      primary: the metric of the interval and of the sd column.
+      paper: optional ``{system: {metric: value}}`` of published numbers (already scaled),
+        shown in an extra "paper" column for ``primary``.
+
+    Raises:
+      ValueError: the reference is missing, or a system's items differ in number from the
+        reference's (not paired).
+    """
+    if reference is not None and reference not in grid:
+        raise ValueError(f"reference system {reference!r} has no finished run")
+    ref = seed_mean(grid[reference]) if reference is not None else None
+    head = ["system", "seeds", *metrics, f"sd({primary}) over seeds"]
+    if reference is not None:
+        head.append(f"{primary} − {reference} [95% CI]")
+    if paper:
+        head.append(f"paper {primary}")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for system, runs in grid.items():
+        mean = seed_mean(runs)
+        seeds = [s for s, _ in runs if s is not None]
+        cells = [system, str(len(seeds)) if seeds else "—"]
+        cells += [f"{scale * mean[m].mean():.{digits}f}" for m in metrics]
+        per_seed = [scale * s[primary].mean() for _, s in runs]
+        cells.append(f"{np.std(per_seed, ddof=1):.{digits}f}" if len(per_seed) > 1 else "—")
+        if reference is not None:
+            if system == reference:
+                cells.append("—")
+            else:
+                if mean[primary].shape != ref[primary].shape:
+                    raise ValueError(f"{system}: {mean[primary].size} items vs "
+                                     f"{ref[primary].size} for {reference}; not paired")
+                cells.append(format_interval(
+                    paired_bootstrap(mean[primary], ref[primary], num_samples=num_samples),
+                    scale=scale, digits=digits))
+        if paper:
+            value = paper.get(system, {}).get(primary)
+            cells.append("—" if value is None else f"{value:.{digits}f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_results(paper: str, text: str,
+                  grid: Mapping[str, Sequence[tuple[int | None, Scores]]],
+                  results_dir=RESULTS_DIR) -> Path:
+    """Writes ``<results_dir>/<paper>.md`` (``text``) and ``<paper>.npz`` (every finished
+    run's per-item scores, keys ``"<system>|seed=<seed>|<metric>"``), each atomically.
+
+    Returns:
+      The Markdown file's path.
+    """
+    results_dir = storage.as_path(results_dir)
+    arrays = {f"{system}|seed={seed}|{metric}": values
+              for system, runs in grid.items() for seed, scores in runs
+              for metric, values in scores.items()}
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_bytes_atomic(results_dir / f"{paper}.npz", buf.getvalue())
+    md = results_dir / f"{paper}.md"
+    write_text_atomic(md, text.rstrip() + "\n")
+    print(f"wrote {storage.display(md)} and {paper}.npz")
+    return Path(str(md))
+
+
+MINILM_NOTE = (
+    "**Starting checkpoint.** Every trained row starts from all-MiniLM-L6-v2, the only "
+    "checkpoint available offline, which was itself trained on NLI and SQuAD pairs (among "
+    "~1B sentence pairs): the off-the-shelf row is a strong, partly in-domain baseline, not "
+    "an untrained model.")
