@@ -61,28 +61,54 @@ def read_impscore(path: str | os.PathLike[str]) -> list[ImpScoreRow]:
     ]
 
 
-def split_impscore(rows: Sequence[T], seed: int = 42) -> tuple[list[T], list[T], list[T]]:
-    """Splits rows into train / valid / test the way ImpScore's protocol does (our reading).
+def impscore_split_indices(n: int, seed: int = 42) -> tuple[list[int], list[int], list[int]]:
+    """Row indices of ImpScore's train / valid / test split of ``n`` rows.
 
-    Our reading of the paper's protocol: Python ``random.seed(42)``; ``random.shuffle(rows)``;
-    train = the first ``int(0.9 * N)`` rows, valid = the next ``int(0.05 * N)``, test = the rest.
-    A private ``random.Random(seed)`` gives the same order as seeding the global generator
-    (same Mersenne Twister seeding), without touching the caller's global random state. The
-    input is not modified.
+    ImpScore's own code (``docs/dualcse.md``, "EIS protocol") seeds Python's global
+    generator with ``random.seed(42)`` and then draws, with nothing else drawn first::
+
+        train = random.sample(range(n), int(n * 0.9))
+        valid = random.sample(list(set(range(n)) - set(train)), int(n * 0.05))
+        test  = list(set(range(n)) - set(train) - set(valid))
+
+    A private ``random.Random(seed)`` gives the same draws as seeding the global generator
+    (same Mersenne Twister seeding) without touching the caller's random state. The valid
+    draw samples from a list in ``set`` iteration order, as the original does: for ints
+    that order is fixed by CPython's set layout (an int hashes to itself; no hash
+    randomisation), not sorted, so sorting first would pick other rows.
 
     Args:
-      rows: the rows in file order (any element type).
-      seed: the shuffle seed; 42 in the protocol.
+      n: number of rows (the CSV's data rows, header excluded).
+      seed: 42 in ImpScore.
 
     Returns:
-      (train, valid, test) lists.
+      ``(train, valid, test)`` index lists, in ImpScore's order; sizes ``int(n * 0.9)``,
+      ``int(n * 0.05)`` and the rest.
+
+    Raises:
+      ValueError: ``n`` negative.
     """
-    shuffled = list(rows)
-    random.Random(seed).shuffle(shuffled)
-    n = len(shuffled)
-    n_train, n_valid = int(0.9 * n), int(0.05 * n)
-    return (
-        shuffled[:n_train],
-        shuffled[n_train : n_train + n_valid],
-        shuffled[n_train + n_valid :],
-    )
+    if n < 0:
+        raise ValueError(f"impscore_split_indices: n must be >= 0, got {n}")
+    rng = random.Random(seed)
+    # int(n * (1 - 0.05 * 2)) in the original: the same float as 0.9.
+    n_train, n_valid = int(n * 0.9), int(n * 0.05)
+    train = rng.sample(range(n), n_train)
+    valid = rng.sample(list(set(range(n)) - set(train)), n_valid)
+    test = list(set(range(n)) - set(train) - set(valid))
+    return train, valid, test
+
+
+def split_impscore(rows: Sequence[T], seed: int = 42) -> tuple[list[T], list[T], list[T]]:
+    """Splits rows into train / valid / test as ImpScore's own code does
+    (:func:`impscore_split_indices`; ``docs/dualcse.md``, "EIS protocol").
+
+    Args:
+      rows: the rows in file order (any element type); not modified.
+      seed: 42 in ImpScore.
+
+    Returns:
+      (train, valid, test) lists of rows, each in ImpScore's order.
+    """
+    train, valid, test = impscore_split_indices(len(rows), seed)
+    return ([rows[i] for i in train], [rows[i] for i in valid], [rows[i] for i in test])

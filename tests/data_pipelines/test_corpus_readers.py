@@ -1,13 +1,11 @@
-"""The shipped INLI and SNLI files, the ImpScore format and its split, the data paths."""
+"""The shipped INLI and SNLI files, the ImpScore format and the data paths."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 
 from data_pipelines import paths
-from data_pipelines.impscore import read_impscore, split_impscore
+from data_pipelines.impscore import read_impscore
 from data_pipelines.inli import inli_split_path, read_inli
 from data_pipelines.snli import read_snli_triplets, snli_triplets_path
 
@@ -100,20 +98,3 @@ def test_impscore_read_and_pairs(tmp_path):
         ("implicit 2, a hint", "explicit 2"),
         ("other implicit 2", "other explicit 2"),
     )
-
-
-def test_impscore_split_matches_global_random_protocol(tmp_path):
-    rows = read_impscore(_impscore_fixture(tmp_path, 30))
-    train, valid, test = split_impscore(rows)
-    # 30 rows: int(27.0) train, int(1.5) = 1 valid, the remaining 2 test.
-    assert (len(train), len(valid), len(test)) == (27, 1, 2)
-    reference = list(rows)
-    state = random.getstate()
-    try:
-        random.seed(42)
-        random.shuffle(reference)
-    finally:
-        random.setstate(state)
-    assert train + valid + test == reference
-    assert reference != rows  # the shuffle did change the order
-    assert [r.line for r in rows] == list(range(2, 32))  # the input is left unchanged
