@@ -86,7 +86,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         run_files={docent_data.ENTITY_IDS_FILE: lambda path: docent_data.keep_entity_ids(
             path, data.entity_ids), **encoder_run_files(pretrained.model_dir)},
         make_optimizer=make_optimizer,
-        summary=f"{data.num_entities} entities; {data.description}")
+        summary=f"{data.num_entities} entities; {data.description}",
+        logical_axis_sizes={"heads": pretrained.config.num_heads})
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,

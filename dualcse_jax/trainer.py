@@ -90,7 +90,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
         evaluate=rte_evaluator(model, tokenizer, config, val) if config.eval_every > 0 else None,
         run_files=encoder_run_files(pretrained.model_dir),
-        summary=f"data: {data.train_source(config)}, pooling {config.pooling}")
+        summary=f"data: {data.train_source(config)}, pooling {config.pooling}",
+        logical_axis_sizes={"heads": pretrained.config.num_heads})
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,

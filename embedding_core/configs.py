@@ -35,6 +35,9 @@ RESUMABLE_FIELDS = frozenset({
 })
 
 
+DEFAULT_AXIS_RULES = tuple((name, axis or "") for name, axis in parallel.LOGICAL_AXIS_RULES)
+"""``parallel.LOGICAL_AXIS_RULES`` as the config stores them (``""`` = replicated)."""
+
 RESUMABLE_PREFIXES = ("eval_", "tag_")
 """Evaluation-only fields (``eval_*``, DocEnt's ``tag_*``) may change on resume as well."""
 
@@ -68,17 +71,44 @@ def base() -> ml_collections.ConfigDict:
     c.coordinator_address = ""  # "host:port" or "auto" for jax.distributed.initialize
     c.num_processes = 0
     c.process_id = -1
-    # Logical axis name -> mesh axis ("" = replicated); see embedding_core/parallel.py.
-    c.logical_axis_rules = tuple((name, axis or "")
-                                 for name, axis in parallel.LOGICAL_AXIS_RULES)
+    c.logical_axis_rules = DEFAULT_AXIS_RULES  # logical axis -> "data" | "model" | ""
+    #   (replicated). Names given override these defaults, the others stay, e.g.
+    #   --config.logical_axis_rules="(('heads', ''),)". "entities" (DocEnt's table rows) is
+    #   split over model, "vocab" (word pieces) replicated; an axis the mesh size does not
+    #   divide (12 heads, model=8) is replicated with a warning (docs/architecture.md)
     return c
 
 
 def axis_rules(config: ml_collections.ConfigDict) -> parallel.LogicalRules:
-    """The config's ``logical_axis_rules`` as flax expects them (``""`` -> ``None``)."""
-    rules = config.get("logical_axis_rules") or ()
-    return tuple((str(name), str(axis) or None) for name, axis in rules) or \
-        parallel.LOGICAL_AXIS_RULES
+    """The rules in force: ``parallel.LOGICAL_AXIS_RULES`` with the config's
+    ``logical_axis_rules`` entries replacing those of the same name (others appended), as
+    flax expects them (``""`` -> ``None``)."""
+    given = {str(name): (str(axis) if axis else None) for name, axis in
+             (config.get("logical_axis_rules") or ())}
+    rules = [(name, given.pop(name, axis)) for name, axis in parallel.LOGICAL_AXIS_RULES]
+    return tuple(rules + list(given.items()))
+
+
+def _check_axis_rules(rules) -> None:
+    if isinstance(rules, str) or not isinstance(rules, (tuple, list)):
+        raise ValueError(f"config.logical_axis_rules must be a tuple of (name, mesh axis) "
+                         f"pairs, got {rules!r}")
+    seen = set()
+    for entry in rules:
+        if isinstance(entry, str) or not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise ValueError(f"config.logical_axis_rules: {entry!r} is not (name, mesh axis)")
+        name, axis = entry
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"config.logical_axis_rules: {entry!r}: the logical name must "
+                             "be a non-empty string")
+        if axis is None:
+            axis = ""
+        if axis not in ("", *parallel.MESH_AXES):
+            raise ValueError(f"config.logical_axis_rules: {entry!r}: the mesh axis must be "
+                             f"one of {parallel.MESH_AXES} or '' (replicated)")
+        if name in seen:
+            raise ValueError(f"config.logical_axis_rules names {name!r} twice")
+        seen.add(name)
 
 
 def validate_base(config: ml_collections.ConfigDict) -> None:
@@ -109,9 +139,7 @@ def validate_base(config: ml_collections.ConfigDict) -> None:
     if config.mesh_model < 1 or (config.mesh_data < 1 and config.mesh_data != -1):
         raise ValueError(f"config.mesh_data={config.mesh_data}, mesh_model="
                          f"{config.mesh_model}: sizes >= 1 (mesh_data may be -1 = the rest)")
-    for entry in config.get("logical_axis_rules") or ():
-        if len(entry) != 2:
-            raise ValueError(f"config.logical_axis_rules: {entry!r} is not (name, mesh axis)")
+    _check_axis_rules(config.get("logical_axis_rules") or ())
 
 
 def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:

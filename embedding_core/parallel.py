@@ -1,8 +1,10 @@
 """Device mesh, logical-axis rules, host-to-global batches and multi-host start-up.
 
 The one way (docs/architecture.md): a 2-D mesh ``("data", "model")`` with Auto axis
-types; parameters carry logical axis names and ``LOGICAL_AXIS_RULES`` map them onto mesh
-axes; host batches enter as global ``jax.Array`` through ``jax.make_array_from_process_local_data``.
+types; parameters carry logical axis names and rules (``config.logical_axis_rules``, by
+default ``LOGICAL_AXIS_RULES``) map them onto mesh axes, fitted to the mesh
+(:func:`fit_rules`); host batches enter as global ``jax.Array`` through
+``jax.make_array_from_process_local_data``.
 """
 
 from __future__ import annotations
@@ -19,17 +21,101 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 LogicalRules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
-# Logical names used by the encoders and heads -> mesh axes. Tensor parallelism shards the
-# vocabulary, the attention heads and the MLP width over "model"; batch goes over "data".
+MESH_AXES = ("data", "model")
+"""The mesh axes every run has (:func:`make_mesh`); rules may name only these."""
+
+# Logical names used by the encoders and heads -> mesh axes (the defaults of
+# ``config.logical_axis_rules``, docs/architecture.md "Mesh and logical axes"). Batch goes
+# over "data". Entity tables ("entities") are split over "model" by rows: their row count
+# is padded to a multiple of the model size (DocEnt's table_multiple). Word-piece tables
+# ("vocab": BERT's 30,522 rows divide few mesh sizes) stay replicated; attention heads and
+# the MLP width are split over "model" where the model size divides them.
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", "data"),
-    ("vocab", "model"),
+    ("vocab", None),
     ("entities", "model"),
     ("heads", "model"),
     ("mlp", "model"),
     ("embed", None),
     ("length", None),
 )
+
+_REPORTED: set[str] = set()
+
+
+def _axis_size(mesh: Mesh, axes: str | tuple[str, ...]) -> int:
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    unknown = [a for a in names if a not in mesh.shape]
+    if unknown:
+        raise ValueError(f"config.logical_axis_rules maps to mesh axis {unknown[0]!r}; the "
+                         f"mesh has {tuple(mesh.shape)}")
+    return int(np.prod([mesh.shape[a] for a in names]))
+
+
+def logical_dims(abstract_tree: Any) -> dict[str, set[int]]:
+    """``{logical axis name: sizes of the array dimensions that carry it}`` over the
+    ``nn.LogicallyPartitioned`` leaves of ``abstract_tree`` (params or a train state)."""
+    dims: dict[str, set[int]] = {}
+    boxes = jax.tree.leaves(abstract_tree,
+                            is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    for box in boxes:
+        if not isinstance(box, nn.LogicallyPartitioned):
+            continue
+        for name, size in zip(box.names, np.shape(box.value), strict=True):
+            if isinstance(name, str):
+                dims.setdefault(name, set()).add(int(size))
+    return dims
+
+
+def fit_rules(rules: LogicalRules, mesh: Mesh, abstract_tree: Any = None,
+              sizes: Mapping[str, int] | None = None) -> tuple[tuple[str, Any], ...]:
+    """The rules with every logical axis the mesh cannot split evenly replicated instead.
+
+    A rule ``(name, mesh axis)`` is kept when the mesh axis size divides every dimension
+    named ``name`` in ``abstract_tree`` and ``sizes[name]`` (a count the shapes do not
+    show, e.g. ``{"heads": 12}``: the ``"heads"`` columns hold 12 attention heads, which
+    are never cut). Otherwise the whole logical axis is replicated (``(name, None)``,
+    the same for every array carrying it) and one warning names the axis, its sizes, the
+    mesh axis and the fields to change; the run goes on. DocEnt's entity table is never
+    replicated this way: its padding is checked against ``mesh_model`` first
+    (``docent_jax.configs.validate_config``).
+
+    Args:
+      rules: ``(logical name, mesh axis | tuple of mesh axes | None)`` pairs.
+      mesh: the mesh the arrays go to.
+      abstract_tree: a tree whose leaves may be ``nn.LogicallyPartitioned`` boxes
+        (``jax.eval_shape`` of an initialiser); None checks ``sizes`` alone.
+      sizes: extra ``{logical name: count}`` the mesh axis must also divide.
+
+    Returns:
+      The rules, same order, with non-dividing entries set to ``None``.
+
+    Raises:
+      ValueError: a rule names a mesh axis the mesh lacks.
+    """
+    dims = logical_dims(abstract_tree) if abstract_tree is not None else {}
+    for name, count in (sizes or {}).items():
+        dims.setdefault(name, set()).add(int(count))
+    fitted = []
+    for name, axes in rules:
+        if axes is None or axes == "":
+            fitted.append((name, None))
+            continue
+        n = _axis_size(mesh, axes)
+        bad = sorted(d for d in dims.get(name, ()) if d % n)
+        if bad:
+            sizes_text = ", ".join(map(str, bad))
+            message = (f"logical axis {name!r} (size {sizes_text}) does not split evenly "
+                       f"over mesh axis {axes!r} = {n}: replicated instead (use a mesh size "
+                       f"dividing {sizes_text}, or --config.logical_axis_rules="
+                       f"\"(('{name}', ''),)\" to replicate it without this warning)")
+            if message not in _REPORTED:
+                _REPORTED.add(message)
+                logging.warning(message)
+            fitted.append((name, None))
+        else:
+            fitted.append((name, axes))
+    return tuple(fitted)
 
 
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -60,11 +146,15 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | No
                 axis_types=(AxisType.Auto,) * 2)
 
 
-def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES):
+def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES,
+                      sizes: Mapping[str, int] | None = None):
     """NamedShardings for a tree whose leaves may be ``nn.LogicallyPartitioned`` boxes.
 
-    Unboxed leaves (optimizer counters, scalars) are replicated.
+    The rules are first fitted to the mesh (:func:`fit_rules`: a logical axis the mesh
+    axis does not divide is replicated, with one warning). Unboxed leaves (optimizer
+    counters, scalars) are replicated.
     """
+    rules = fit_rules(rules, mesh, abstract_tree, sizes)
     specs = nn.get_partition_spec(abstract_tree)
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 

@@ -127,7 +127,11 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
         configs.save_config(config, workdir)
         for name, write in task.run_files.items():
             write(workdir / name)
-    rules = configs.axis_rules(config)
+    # Rules fitted to this mesh once (an axis it cannot split is replicated, one warning),
+    # so that the state and the step's activation constraints agree.
+    rules = parallel.fit_rules(configs.axis_rules(config), mesh,
+                               jax.eval_shape(task.init_params, jax.random.key(0)),
+                               task.logical_axis_sizes)
     tx, schedule = (task.make_optimizer or default_optimizer)(config, num_steps)
     init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
     state, shardings = training.create_sharded_state(

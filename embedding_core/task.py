@@ -51,6 +51,10 @@ class Task:
       make_optimizer: a package-specific optimizer; default AdamW from the config's
         shared fields (``embedding_core.run.default_optimizer``).
       summary: one line for the log (data, sizes).
+      logical_axis_sizes: counts of logical axes that parameter shapes do not show, which a
+        mesh axis must divide to split them (``embedding_core.parallel.fit_rules``), e.g.
+        ``{"heads": 12}``: the ``"heads"`` columns of a 12-head encoder are split over
+        ``model`` only when its size divides 12 (whole heads per device).
     """
 
     name: str
@@ -65,3 +69,4 @@ class Task:
     run_files: Mapping[str, Callable[[Any], None]] = dataclasses.field(default_factory=dict)
     make_optimizer: OptimizerFactory | None = None
     summary: str = ""
+    logical_axis_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)

@@ -204,12 +204,16 @@ def restore_params(
     *,
     step: int | None = None,
     rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
+    sizes: Mapping[str, int] | None = None,
 ) -> tuple[int, Any]:
     """Restores the params of checkpoint ``step`` (default: latest) onto ``mesh``.
 
     Only the checkpoint's ``params`` item is read: no optimizer is built and no Adam
     moments are loaded. ``init_params`` (``rng -> boxed params``) fixes the structure and
-    the logical axis names, hence the shardings; it is only traced, never run.
+    the logical axis names, hence the shardings (``rules`` fitted to ``mesh`` with
+    ``sizes``, ``parallel.fit_rules``); it is only traced, never run. Any mesh works,
+    whatever mesh wrote the checkpoint: orbax reads each device's slice (a DocEnt entity
+    table restored onto ``model=8`` holds an eighth of its rows per device).
 
     Returns:
       ``(step, params)`` with params as plain sharded ``jax.Array`` leaves.
@@ -218,8 +222,9 @@ def restore_params(
       FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
       checkpoints.IncompatibleCheckpointError: a checkpoint of an older layout.
     """
-    shardings = params_shardings(init_params, mesh, rules)
-    abstract = nn.unbox(jax.eval_shape(init_params, jax.random.key(0)))
+    boxed = jax.eval_shape(init_params, jax.random.key(0))
+    shardings = parallel.logical_shardings(boxed, mesh, rules, sizes)
+    abstract = nn.unbox(boxed)
     return checkpoints.restore_params(directory, checkpoints.abstract_like(abstract, shardings),
                                       step)
 
