@@ -117,9 +117,16 @@ def simcse_loss(
     is no negative: it is left out of every row's sum (how a row without a hard negative is
     stored, ``dualcse_jax.data``), so such rows add in-batch negatives only.
 
+    Rows whose anchors share a text identity (SimCSE(INLI) writes two rows per premise,
+    its explicit and its implied entailment as positives) are siblings: a sibling's
+    positive is a positive of this anchor too, so it is left out of this row's sum rather
+    than pushed away (``docs/dualcse.md``, "Baselines"). The siblings' shared hard
+    negative stays a negative.
+
     Args:
       e: ``[batch, 3, dim]`` float vectors of (anchor, positive, hard negative).
-      text_ids: ``[batch, 3]`` int32 text identities (duplicates of the positive masked).
+      text_ids: ``[batch, 3]`` int32 text identities (duplicates of the positive masked;
+        equal anchor ids mark sibling rows).
 
     Returns:
       ``(loss, {})``: float32 batch mean.
@@ -131,6 +138,13 @@ def simcse_loss(
     ids = jnp.concatenate([text_ids[:, POSITIVE], text_ids[:, HARD_NEGATIVE]], axis=0)
     has_negative = text_ids[:, HARD_NEGATIVE] != text_ids[:, POSITIVE]
     valid = jnp.concatenate([jnp.ones(n, bool), has_negative])
-    per = info_nce(e[:, ANCHOR], keys, jnp.arange(n, dtype=jnp.int32), temperature=temperature,
-                   key_ids=ids, key_valid=valid)
+    anchor = text_ids[:, ANCHOR]
+    sibling = (anchor[:, None] == anchor[None, :]) & ~jnp.eye(n, dtype=bool)  # [n, n]
+    valid_rows = valid[None, :] & ~jnp.concatenate([sibling, jnp.zeros((n, n), bool)], axis=1)
+
+    def row(query, positive, row_valid):  # info_nce's key_valid is per key: one row each
+        return info_nce(query[None], keys, positive[None], temperature=temperature,
+                        key_ids=ids, key_valid=row_valid)[0]
+
+    per = jax.vmap(row)(e[:, ANCHOR], jnp.arange(n, dtype=jnp.int32), valid_rows)
     return jnp.mean(per), {}
