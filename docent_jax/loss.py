@@ -41,6 +41,7 @@ from docent_jax.masking import (
     maskable_word_pieces,
 )
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, word_table
+from embedding_core.contrastive import ContrastiveLoss, per_example
 from embedding_core.losses import (
     cosine_similarity_matrix,
     info_nce,
@@ -87,6 +88,7 @@ def full_vocab_entity_loss(
     scale: jax.Array | float,
     mesh: Mesh,
     num_entities: int,
+    block_size: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Softmax over the whole entity table, vocabulary-parallel over the ``"model"`` axis.
 
@@ -100,37 +102,58 @@ def full_vocab_entity_loss(
       scale: the scale a.
       mesh: the training mesh.
       num_entities: real rows of the table.
+      block_size: rows per block of the tiled scan inside each table shard
+        (``config.vocab_block_size``; 0 = untiled).
 
     Returns:
       ``(loss, metrics)``: the batch mean (float32 scalar) and ``{"scale"}``.
     """
     per = vocab_parallel_softmax_cross_entropy(sentences, table, entity_ids, mesh, scale,
-                                               num_classes=num_entities)
+                                               num_classes=num_entities,
+                                               block_size=block_size)
     return jnp.mean(per), {"scale": jnp.asarray(scale, jnp.float32)}
 
 
 def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
-                      mesh: Mesh) -> LossFn:
-    """DocEnt-Dual's ``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch.
+                      mesh: Mesh) -> ContrastiveLoss:
+    """DocEnt-Dual's ``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch,
+    split at the sentence vectors ``f(s)`` (``embedding_core.contrastive.ContrastiveLoss``:
+    ``config.contrastive_chunk_size`` chunks the encoder; the table and the scale enter
+    the loss directly).
 
     The batch holds ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[b, 1, L]`` and
     ``entity_ids`` ``[b]`` int32 (``docent_jax.data.make_batches``); ``config.softmax``
-    picks :func:`in_batch_entity_loss` or :func:`full_vocab_entity_loss`.
+    picks :func:`in_batch_entity_loss` or :func:`full_vocab_entity_loss`
+    (``config.vocab_block_size`` tiles the latter). With dropout, sentence i is encoded
+    with the key ``fold_in(step key, i)`` (``contrastive.per_example``).
     """
+    block_size = int(config.get("vocab_block_size", 0))
 
-    def loss_fn(params, batch, rng):
-        sentences, table, scale = model.apply(
-            {"params": params}, batch["input_ids"], batch["attention_mask"],
-            batch["token_type_ids"], deterministic=not config.dropout, rngs={"dropout": rng})
+    def embed(params, batch, rows, rng):
+        def apply(inputs, key):
+            b, f, seq = inputs[0].shape
+            flat = [x.reshape(b * f, seq) for x in inputs]
+            return model.apply({"params": params}, *flat, deterministic=key is None,
+                               rngs={} if key is None else {"dropout": key},
+                               method=DocEntDual.encode_sentences)
+
+        inputs = tuple(batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
+        sentences = per_example(apply, bool(config.dropout))(inputs, rows, rng)
+        return sentences.reshape(-1, sentences.shape[-1])
+
+    def loss(params, sentences, batch, rng):
+        table, scale = model.apply({"params": params},
+                                   method=lambda m: (m.entity_table(), m.scale()))
         return entity_softmax_loss(config.softmax, sentences, table, batch["entity_ids"],
-                                   scale, mesh, model.num_entities)
+                                   scale, mesh, model.num_entities, block_size)
 
-    return loss_fn
+    return ContrastiveLoss(embed, loss)
 
 
 def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,
                         entity_ids: jax.Array, scale: jax.Array | float, mesh: Mesh,
-                        num_entities: int) -> tuple[jax.Array, dict[str, jax.Array]]:
+                        num_entities: int,
+                        block_size: int = 0) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DocEnt-Dual's objective ``-log P(e | s)`` with the denominator ``softmax`` names
     (``"in_batch"``: :func:`in_batch_entity_loss`; ``"full_vocab"``:
     :func:`full_vocab_entity_loss`). Dual and Hybrid's dual term both call this: one
@@ -139,10 +162,12 @@ def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,
     Args:
       sentences: ``[b, dim]`` float ``f(s)``; table: ``[rows, dim]`` float ``g``;
       entity_ids: ``[b]`` int32; scale: the scale a; mesh: the training mesh;
-      num_entities: real rows of the table.
+      num_entities: real rows of the table; block_size: the full softmax's tiling
+      (:func:`full_vocab_entity_loss`).
     """
     if softmax == "full_vocab":
-        return full_vocab_entity_loss(sentences, table, entity_ids, scale, mesh, num_entities)
+        return full_vocab_entity_loss(sentences, table, entity_ids, scale, mesh, num_entities,
+                                      block_size)
     return in_batch_entity_loss(sentences, table[entity_ids], entity_ids, scale)
 
 
@@ -179,6 +204,7 @@ def union_cross_entropy(
     entity_bias: jax.Array,
     mesh: Mesh,
     num_entities: int,
+    block_size: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """Cross-entropy of a softmax over the union vocabulary ``[word pieces; entities]``.
 
@@ -194,6 +220,7 @@ def union_cross_entropy(
       word_table: ``[vocab, hidden]``; word_bias: ``[vocab]``.
       entity_table: ``[rows, hidden]``; entity_bias: ``[rows]``; rows divisible by the
         mesh's model size, rows ``>= num_entities`` are padding.
+      block_size: rows per block of the entity part's tiled scan (0 = untiled).
 
     Returns:
       ``(ce, correct)``: ``[n]`` float32 cross-entropy and ``[n]`` float32 1.0 where the
@@ -207,7 +234,8 @@ def union_cross_entropy(
     word_target = jnp.take_along_axis(words, jnp.clip(labels, 0, vocab - 1)[:, None],
                                       axis=1)[:, 0]
     ent = vocab_parallel_logsumexp(t, entity_table, labels - vocab, mesh, 1.0,
-                                   bias=entity_bias, cosine=False, num_classes=num_entities)
+                                   bias=entity_bias, cosine=False, num_classes=num_entities,
+                                   block_size=block_size)
     is_entity = labels >= vocab
     target = jnp.where(is_entity, ent.target_logit, word_target)
     best = jnp.maximum(jax.lax.stop_gradient(jnp.max(words, axis=-1)), ent.max_logit)
@@ -226,6 +254,7 @@ def full_loss(
     entity_loss_weight: float = 1.0,
     single_cross_entropy: bool = False,
     dropout: bool = False,
+    vocab_block_size: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DocEnt-Full loss ``L_MLM + lambda * L_E`` (paper sec. 3, "DocEnt-Full").
 
@@ -244,6 +273,7 @@ def full_loss(
       masking: rates and ids; ``entity_loss_weight`` is lambda.
       mesh: the training mesh (the entity rows are split over its ``"model"`` axis).
       dropout: apply the encoder's dropout.
+      vocab_block_size: tiling of the entity softmax (:func:`union_cross_entropy`).
 
     Returns:
       ``(loss, metrics)``: float32 scalar and ``mlm_loss``, ``entity_loss``, ``mlm_accuracy``,
@@ -265,7 +295,7 @@ def full_loss(
     ce, correct = union_cross_entropy(
         t.reshape(b * (slots + 1), -1), labels.reshape(-1), word_table(params),
         params["word_bias"], params["entity_embeddings"], params["entity_bias"], mesh,
-        model.num_entities)
+        model.num_entities, vocab_block_size)
     ce, correct = ce.reshape(b, slots + 1), correct.reshape(b, slots + 1)
     w_loss, w_count = jnp.sum(ce[:, :-1] * words.weights), jnp.sum(words.weights)
     e_loss, e_count = jnp.sum(ce[:, -1] * entity_weights), jnp.sum(entity_weights)
@@ -294,6 +324,7 @@ def hybrid_loss(
     mlm_weight: float = 1.0,
     clean_dual: bool = True,
     dropout: bool = False,
+    vocab_block_size: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DocEnt-Hybrid loss: DocEnt-Dual's objective + entity-conditioned MLM.
 
@@ -312,6 +343,7 @@ def hybrid_loss(
         (the sentence alone) and ``entity_ids`` ``[batch]`` int32.
       rng: the step key; split into masking and dropout keys.
       mesh: the training mesh (for ``softmax="full_vocab"``).
+      vocab_block_size: tiling of the ``full_vocab`` softmax (:func:`full_vocab_entity_loss`).
 
     Returns:
       ``(loss, metrics)``: ``dual_loss``, ``dual_accuracy`` (the sentence's own entity scores
@@ -328,7 +360,7 @@ def hybrid_loss(
         clean_ids=ids if clean_dual else None, deterministic=not dropout,
         rngs={"dropout": dropout_rng})
     dual, dual_metrics = entity_softmax_loss(softmax, sentence, table, entity_ids, scale, mesh,
-                                             model.num_entities)
+                                             model.num_entities, vocab_block_size)
     cos = cosine_similarity_matrix(sentence, table[entity_ids])
     index = jnp.arange(sentence.shape[0], dtype=jnp.int32)
     others = entity_ids[None, :] != entity_ids[:, None]
@@ -363,14 +395,16 @@ def make_loss_fn(model: DocEntDual | DocEntFull | DocEntHybrid,
     if variant == "full":
         options = dict(entity_loss_weight=float(config.entity_loss_weight),
                        single_cross_entropy=bool(config.single_cross_entropy),
-                       dropout=bool(config.dropout))
+                       dropout=bool(config.dropout),
+                       vocab_block_size=int(config.get("vocab_block_size", 0)))
 
         def loss_fn(params, batch, rng):
             return full_loss(model, params, batch, rng, masking, mesh, **options)
     else:
         options = dict(softmax=config.softmax, mlm_weight=float(config.mlm_loss_weight),
                        clean_dual=config.hybrid_dual_input == "clean",
-                       dropout=bool(config.dropout))
+                       dropout=bool(config.dropout),
+                       vocab_block_size=int(config.get("vocab_block_size", 0)))
 
         def loss_fn(params, batch, rng):
             return hybrid_loss(model, params, batch, rng, masking, mesh, **options)

@@ -8,6 +8,7 @@ gradient of the global mean (no per-device loss, no missing gradient averaging).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -254,6 +255,166 @@ class VocabParallelStats(NamedTuple):
     max_logit: jax.Array
 
 
+def _varying_axes(x: jax.Array) -> tuple[str, ...]:
+    """The ``shard_map`` mesh axes along which ``x``'s value varies (its type's record)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)  # jax >= 0.10; older releases call it ``vma``
+    return tuple(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """``x`` typed as varying over ``axes`` inside ``shard_map`` (a no-op on the value)."""
+    have = _varying_axes(x)
+    missing = tuple(a for a in axes if a not in have)
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _block_logits(q: jax.Array, w_block: jax.Array, bias_block: jax.Array, s: jax.Array,
+                  cosine: bool) -> jax.Array:
+    """``s * q . norm(w_j) + bias_j`` for one block of rows: ``[b, block]`` float32."""
+    w_block = w_block.astype(jnp.float32)
+    if cosine:
+        w_block = l2_normalize(w_block)
+    logits = jnp.einsum("bd,vd->bv", q, w_block, precision=jax.lax.Precision.HIGHEST)
+    return s * logits + bias_block.astype(jnp.float32)[None, :]
+
+
+def _block_rows(k: jax.Array, block: int, rows: int,
+                limit: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Block ``k``'s first row, its rows ``[block]`` and which of them it counts.
+
+    The last block of a shard whose rows ``block`` does not divide is shifted back to end
+    at the last row (no padded copy of the table); rows it shares with the block before
+    are not counted again, nor are rows at or beyond ``limit`` (padding classes).
+    """
+    start = jnp.minimum(k * block, rows - block)
+    row = start + jnp.arange(block)
+    return start, row, (row >= k * block) & (row < limit)
+
+
+def _finite_or_zero(x: jax.Array) -> jax.Array:
+    return jnp.where(jnp.isfinite(x), x, 0.0)
+
+
+def _all_varying_axes(*xs: jax.Array) -> tuple[str, ...]:
+    return tuple(sorted({a for x in xs for a in _varying_axes(x)}))
+
+
+def _sum_to_type_of(g: jax.Array, primal: jax.Array) -> jax.Array:
+    """``psum`` of a cotangent over the ``shard_map`` axes it varies on and its primal does
+    not (e.g. a table block's gradient, summed over the data shards' queries)."""
+    have = _varying_axes(primal)
+    extra = tuple(a for a in _varying_axes(g) if a not in have)
+    return jax.lax.psum(g, extra) if extra else g
+
+
+def _tiled_forward(q, w, bias, s, limit, local_t, block, cosine):
+    rows, b = w.shape[0], q.shape[0]
+
+    def body(k, carry):
+        top, total, target = carry
+        start, row, counted = _block_rows(k, block, rows, limit)
+        logits = _block_logits(q, jax.lax.dynamic_slice_in_dim(w, start, block),
+                               jax.lax.dynamic_slice_in_dim(bias, start, block), s, cosine)
+        logits = jnp.where(counted[None, :], logits, -jnp.inf)
+        new_top = jnp.maximum(top, jnp.max(logits, axis=1))
+        # A -inf running max (no counted row yet) shifts by 0: exp(-inf - 0) = 0, not NaN.
+        shift = _finite_or_zero(new_top)
+        total = (total * jnp.exp(top - shift)
+                 + jnp.sum(jnp.exp(logits - shift[:, None]), axis=1))
+        hit = (row[None, :] == local_t[:, None]) & counted[None, :]
+        target = target + jnp.sum(jnp.where(hit, logits, 0.0), axis=1)
+        return new_top, total, target
+
+    zeros = _vary(jnp.zeros((b,), jnp.float32),
+                  _all_varying_axes(q, w, bias, s, limit, local_t))
+    top, total, target = jax.lax.fori_loop(
+        0, -(-rows // block), body, (zeros - jnp.inf, zeros, zeros))
+    # log(0) = -inf: a shard without a counted row adds nothing in the cross-shard join.
+    return jnp.log(total) + _finite_or_zero(top), target, top
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _tiled_shard_logsumexp(q: jax.Array, w: jax.Array, bias: jax.Array, s: jax.Array,
+                           limit: jax.Array, local_t: jax.Array, block: int,
+                           cosine: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Shard-local log-sum-exp, target logit and max of ``z = s * q . norm(w) + bias``.
+
+    Scans ``w``'s rows in blocks of ``block`` with an online max (Milakov & Gimelshein
+    2018, "Online normalizer calculation for softmax"), so at most ``[b, block]`` logits
+    exist at a time. The backward recomputes each block's logits and pulls
+    ``g_lse * softmax + g_target * onehot`` back through that block alone (the same
+    recompute-per-tile trade as MaxText's vocabulary tiling), accumulating the table's
+    gradient into one ``[rows, d]`` buffer. Under ``shard_map`` each block's table gradient
+    is summed over the axes the queries vary on and the table does not (``data``) as it is
+    made, so the step needs no second table-sized buffer for one large all-reduce.
+
+    Args:
+      q: ``[b, d]`` float32 queries, already normalised for the cosine form.
+      w: ``[rows, d]`` float rows of this shard (normalised per block when ``cosine``).
+      bias: ``[rows]`` float per-row logit bias.
+      s: float32 scalar logit scale.
+      limit: int32 scalar; rows at or beyond it are padding (not in the softmax).
+      local_t: ``[b]`` int32 local row of each query's target, -1 when not in this shard.
+      block: rows per block, ``1 <= block <= rows``.
+      cosine: normalise each row of ``w``.
+
+    Returns:
+      ``(lse, target, top)``, each ``[b]`` float32: the log-sum-exp over the counted rows
+      (-inf when none), the target's logit (0 when not here) and the max logit (no
+      gradient flows through it).
+    """
+    return _tiled_forward(q, w, bias, s, limit, local_t, block, cosine)
+
+
+def _tiled_fwd(q, w, bias, s, limit, local_t, block, cosine):
+    out = _tiled_forward(q, w, bias, s, limit, local_t, block, cosine)
+    return out, (q, w, bias, s, limit, local_t, out[0])
+
+
+def _tiled_bwd(block, cosine, residuals, cotangents):
+    q, w, bias, s, limit, local_t, lse = residuals
+    g_lse, g_target, _ = cotangents  # the max is used under stop_gradient only
+    rows = w.shape[0]
+    lse = _finite_or_zero(lse)
+    # Under shard_map: q and s typed as varying over every axis, so their per-block
+    # cotangents stay local and are summed once after the loop; w and bias are left as
+    # they are, so each block's pullback sums its table gradient over the data axis at once
+    # (the transpose of the implicit cast) and no second table-sized buffer is needed for
+    # one large all-reduce at the end.
+    axes = _all_varying_axes(q, w, bias, s, limit, local_t)
+    q_all, s_all = _vary(q, axes), _vary(s, axes)
+
+    def body(k, carry):
+        dq, dw, dbias, ds = carry
+        start, row, counted = _block_rows(k, block, rows, limit)
+        w_block = jax.lax.dynamic_slice_in_dim(w, start, block)
+        bias_block = jax.lax.dynamic_slice_in_dim(bias, start, block)
+        logits, pullback = jax.vjp(lambda *a: _block_logits(*a, cosine), q_all, w_block,
+                                   bias_block, s_all)
+        # Uncounted entries get exactly 0 (a where, not a product with a masked exp).
+        prob = jnp.where(counted[None, :], jnp.exp(logits - lse[:, None]), 0.0)
+        hit = (row[None, :] == local_t[:, None]) & counted[None, :]
+        g_logits = g_lse[:, None] * prob + jnp.where(hit, g_target[:, None], 0.0)
+        g_q, g_w, g_bias, g_s = pullback(g_logits)
+        dw = jax.lax.dynamic_update_slice_in_dim(
+            dw, jax.lax.dynamic_slice_in_dim(dw, start, block) + g_w, start, axis=0)
+        dbias = jax.lax.dynamic_update_slice_in_dim(
+            dbias, jax.lax.dynamic_slice_in_dim(dbias, start, block) + g_bias, start, axis=0)
+        return dq + g_q, dw, dbias, ds + g_s
+
+    init = (_vary(jnp.zeros(q.shape, jnp.float32), axes),
+            _vary(jnp.zeros(w.shape, jnp.float32), _varying_axes(w)),
+            _vary(jnp.zeros(bias.shape, jnp.float32), _varying_axes(bias)),
+            _vary(jnp.zeros(s.shape, jnp.float32), axes))
+    dq, dw, dbias, ds = jax.lax.fori_loop(0, -(-rows // block), body, init)
+    return (_sum_to_type_of(dq, q).astype(q.dtype), dw.astype(w.dtype),
+            dbias.astype(bias.dtype), _sum_to_type_of(ds, s).astype(s.dtype), None, None)
+
+
+_tiled_shard_logsumexp.defvjp(_tiled_fwd, _tiled_bwd)
+
+
 def vocab_parallel_logsumexp(
     queries: jax.Array,
     table: jax.Array,
@@ -266,6 +427,7 @@ def vocab_parallel_logsumexp(
     num_classes: int | None = None,
     data_axis: str = "data",
     model_axis: str = "model",
+    block_size: int = 0,
 ) -> VocabParallelStats:
     """Log-partition, target logit and max logit of a softmax over a row-sharded table.
 
@@ -288,6 +450,15 @@ def vocab_parallel_logsumexp(
 
     Cosine normalisation of the table happens shard-locally, row by row.
 
+    **Tiling** (``block_size > 0``; MaxText's vocabulary tiling, ``docs/docent.md``): the
+    local logits are never built whole either. Each device scans its rows in blocks of
+    ``block_size`` with an online max / log-sum-exp (:func:`_tiled_shard_logsumexp`, a
+    ``jax.custom_vjp`` whose backward recomputes each block's logits), so a device holds at
+    most ``[b / data, block_size]`` logits at a time, plus gradient buffers the size of its
+    table shard. Only the shard-local log-sum-exp is hand-differentiated; the cross-shard
+    join ``m = pmax(stop_gradient(lse_local))``, ``lse = m + log(psum(exp(lse_local - m)))``
+    is ordinary differentiable code. Equal to the untiled form up to float rounding.
+
     Args:
       queries: ``[b, d]`` float; cast to float32. ``b`` must be divisible by the mesh's
         ``data_axis`` size.
@@ -303,12 +474,17 @@ def vocab_parallel_logsumexp(
       num_classes: rows at or beyond this index are padding and excluded from the softmax;
         default ``V``.
       data_axis, model_axis: mesh axis names of the batch and of the table rows.
+      block_size: rows per block of the tiled scan inside each shard; 0 = untiled (the
+        whole ``[b / data, V / model]`` block at once). A block size at or above the rows
+        per shard means one block; one that does not divide them is handled (the last
+        block is shifted back and its overlap masked).
 
     Returns:
       :class:`VocabParallelStats`, each ``[b]`` float32, sharded over ``data_axis``.
 
     Raises:
-      ValueError: shapes disagree, or ``b`` / ``V`` are not divisible by the axis sizes.
+      ValueError: shapes disagree, ``b`` / ``V`` are not divisible by the axis sizes, or
+        ``block_size < 0``.
     """
     if queries.ndim != 2 or table.ndim != 2 or queries.shape[1] != table.shape[1]:
         raise ValueError(f"queries must be [b, d] and table [V, d]; got {queries.shape} and "
@@ -327,8 +503,26 @@ def vocab_parallel_logsumexp(
     num_classes = vocab if num_classes is None else int(num_classes)
     if not 0 < num_classes <= vocab:
         raise ValueError(f"num_classes={num_classes} must lie in [1, {vocab}]")
+    if int(block_size) < 0:
+        raise ValueError(f"block_size must be >= 0 (0 = untiled), got {block_size}")
     rows_per_shard = vocab // n_model
     P = jax.sharding.PartitionSpec
+
+    def tiled(q, w, bias, t, s):
+        q = q.astype(jnp.float32)
+        if cosine:
+            q = l2_normalize(q)
+        offset = jax.lax.axis_index(model_axis) * rows_per_shard
+        limit = jnp.clip(num_classes - offset, 0, rows_per_shard).astype(jnp.int32)
+        local_t = t - offset
+        local_t = jnp.where((local_t >= 0) & (local_t < limit), local_t, -1)
+        lse, target, top = _tiled_shard_logsumexp(
+            q, w, bias, s, limit, local_t, min(int(block_size), rows_per_shard), cosine)
+        shift = jax.lax.pmax(jax.lax.stop_gradient(lse), model_axis)
+        shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
+        lse = shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), model_axis))
+        return VocabParallelStats(lse, jax.lax.psum(target, model_axis),
+                                  jax.lax.pmax(jax.lax.stop_gradient(top), model_axis))
 
     def local(q, w, bias, t, s):
         q = q.astype(jnp.float32)
@@ -353,7 +547,7 @@ def vocab_parallel_logsumexp(
         return VocabParallelStats(jnp.log(sum_exp) + shift, target_logit, shift)
 
     sharded = jax.shard_map(
-        local, mesh=mesh,
+        tiled if block_size else local, mesh=mesh,
         in_specs=(P(data_axis, None), P(model_axis, None), P(model_axis), P(data_axis), P()),
         out_specs=VocabParallelStats(P(data_axis), P(data_axis), P(data_axis)))
     bias = jnp.zeros((vocab,), jnp.float32) if bias is None else bias
@@ -372,6 +566,7 @@ def vocab_parallel_softmax_cross_entropy(
     num_classes: int | None = None,
     data_axis: str = "data",
     model_axis: str = "model",
+    block_size: int = 0,
 ) -> jax.Array:
     """Full-softmax cross-entropy over a class table sharded by rows over ``model_axis``.
 
@@ -384,7 +579,7 @@ def vocab_parallel_softmax_cross_entropy(
       queries: ``[b, d]`` float, ``b`` divisible by the mesh's ``data_axis`` size.
       table: ``[V, d]`` float, ``V`` divisible by the mesh's ``model_axis`` size.
       targets: ``[b]`` int32 in ``[0, num_classes)`` (not checked on device).
-      mesh, scale, cosine, num_classes, data_axis, model_axis: see
+      mesh, scale, cosine, num_classes, data_axis, model_axis, block_size: see
         :func:`vocab_parallel_logsumexp`.
 
     Returns:
@@ -395,5 +590,5 @@ def vocab_parallel_softmax_cross_entropy(
     """
     stats = vocab_parallel_logsumexp(queries, table, targets, mesh, scale, cosine=cosine,
                                      num_classes=num_classes, data_axis=data_axis,
-                                     model_axis=model_axis)
+                                     model_axis=model_axis, block_size=block_size)
     return stats.logsumexp - stats.target_logit

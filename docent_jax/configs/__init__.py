@@ -81,6 +81,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for name in ("batch_size", "max_length", "pad_multiple", "table_multiple"):
         if int(config[name]) <= 0:
             raise ValueError(f"config.{name} must be positive, got {config[name]}")
+    block = config.get("vocab_block_size", 0)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise ValueError(f"config.vocab_block_size must be an integer >= 0 (entity rows per "
+                         f"block of the tiled softmax; 0 = untiled), got {block!r}")
     if config.projection_dim < 0:
         raise ValueError(f"config.projection_dim must be >= 0, got {config.projection_dim}")
     if config.mesh_model > 0 and config.table_multiple % config.mesh_model:

@@ -1,0 +1,138 @@
+"""Compile-only memory cases: per-device bytes of one train step, from abstract inputs.
+
+Each case builds its step on ``ShapeDtypeStruct`` inputs carrying ``NamedSharding``s,
+compiles it (``jax.jit(step).lower(...).compile()``) without allocating anything, and reads
+XLA's per-device ``memory_analysis()``: ``temp_bytes`` (temporaries) and ``arg_bytes``
+(arguments: the sharded state and batch). ``benchmarks/memory_report.py`` gathers the cases;
+``docs/docent.md`` holds the figures.
+
+The mesh needs ``mesh_data * mesh_model`` devices: import this module before JAX starts (it
+then asks for 8 fake CPU devices), or set
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` yourself. Run as a script to print
+the DocEnt cases as JSON::
+
+  python benchmarks/memory_cases.py --num_entities=10000000 --dim=256 --batch=1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from docent_jax.loss import full_vocab_entity_loss  # noqa: E402
+from docent_jax.model import table_rows  # noqa: E402
+from embedding_core import parallel  # noqa: E402
+
+
+def compiled_bytes(compiled) -> dict[str, int]:
+    """``{"temp_bytes", "arg_bytes"}`` per device of a compiled program."""
+    analysis = compiled.memory_analysis()
+    return {"temp_bytes": int(analysis.temp_size_in_bytes),
+            "arg_bytes": int(analysis.argument_size_in_bytes)}
+
+
+def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data: int,
+                             mesh_model: int, block_size: int) -> dict[str, int]:
+    """Per-device bytes of one DocEnt-Dual full-softmax step: loss + gradients + Adam.
+
+    The step is ``docent_jax.loss.full_vocab_entity_loss`` (cosine logits with the learned
+    scale ``a = exp(log_scale)``, softmax over every entity) on given sentence vectors
+    ``[batch, dim]`` (the encoder is left out: its memory does not depend on the table),
+    gradients for the table, the scale and the sentence vectors (which the encoder would
+    back-propagate), and an ``optax.adam`` update of table and scale with donated state.
+    The table (rows padded to a multiple of ``128 * mesh_model``) and its two Adam moments
+    are split by rows over ``model`` and replicated over ``data``; the batch is split over
+    ``data``. Nothing is allocated: the inputs are ``ShapeDtypeStruct``s.
+
+    Args:
+      num_entities: real table rows. dim: vector width. batch: global batch.
+      mesh_data, mesh_model: the mesh (``mesh_data * mesh_model`` devices must exist).
+      block_size: ``config.vocab_block_size`` (0 = untiled).
+
+    Returns:
+      ``{"temp_bytes": int, "arg_bytes": int}``: XLA's temporaries and arguments per device.
+
+    Raises:
+      ValueError: ``batch`` not divisible by ``mesh_data``, or too few devices.
+    """
+    if batch % mesh_data:
+        raise ValueError(f"batch {batch} is not divisible by mesh_data={mesh_data}")
+    mesh = parallel.make_mesh(mesh_data, mesh_model)
+    rows = table_rows(num_entities, 128 * mesh_model)
+    tx = optax.adam(1e-3)
+    table_sharding = NamedSharding(mesh, P("model", None))
+    replicated = NamedSharding(mesh, P())
+    batch_sharding = NamedSharding(mesh, P("data"))
+    params = {"entity_embeddings": jax.ShapeDtypeStruct((rows, dim), jnp.float32,
+                                                        sharding=table_sharding),
+              "log_scale": jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)}
+    param_shardings = jax.tree.map(lambda x: x.sharding, params)
+    opt_state = jax.eval_shape(tx.init, params)
+    opt_shardings = jax.tree.map(
+        lambda leaf: table_sharding if leaf.ndim == 2 else replicated, opt_state)
+    opt_state = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                                  sharding=s),
+                             opt_state, opt_shardings)
+    sentences = jax.ShapeDtypeStruct((batch, dim), jnp.float32,
+                                     sharding=NamedSharding(mesh, P("data", None)))
+    entity_ids = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=batch_sharding)
+
+    def loss_fn(params, sentences, entity_ids):
+        loss, _ = full_vocab_entity_loss(
+            sentences, params["entity_embeddings"], entity_ids, jnp.exp(params["log_scale"]),
+            mesh, num_entities, block_size)
+        return loss
+
+    def step(params, opt_state, sentences, entity_ids):
+        loss, (g_params, g_sentences) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+            params, sentences, entity_ids)
+        updates, opt_state = tx.update(g_params, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, g_sentences
+
+    jitted = jax.jit(step, donate_argnums=(0, 1),
+                     out_shardings=(param_shardings, opt_shardings, replicated,
+                                    sentences.sharding))
+    with jax.set_mesh(mesh):
+        compiled = jitted.lower(params, opt_state, sentences, entity_ids).compile()
+    return compiled_bytes(compiled)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num_entities", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--block_size", type=int, default=8192)
+    parser.add_argument("--meshes", default="2x4,1x8", help="data x model, comma-separated")
+    parser.add_argument("--untiled", default="2x4", help="meshes also measured untiled")
+    args = parser.parse_args(argv)
+    out = {}
+    untiled = {m for m in args.untiled.split(",") if m}
+    for mesh in (m for m in args.meshes.split(",") if m):
+        data, model = (int(x) for x in mesh.split("x"))
+        for block in ((args.block_size, 0) if mesh in untiled else (args.block_size,)):
+            name = f"docent_{mesh}_{'tiled' if block else 'untiled'}"
+            out[name] = docent_full_softmax_case(args.num_entities, args.dim, args.batch,
+                                                 data, model, block)
+            print(name, out[name], flush=True)
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
