@@ -3,30 +3,42 @@
 Protocols are our reading of Oda et al. 2025 (``docs/dualcse.md``):
 
 * RTE: a (premise, hypothesis) pair is called entailed when its score exceeds a threshold
-  tuned on INLI val for accuracy; DualCSE's score is
-  ``max(cos(r_p, r_h), cos(u_p, r_h))`` (for one-vector models r = u, so it is
-  ``cos(e_p, e_h)``). Accuracy is reported per hypothesis class on the test split
-  (explicit and implied should be entailed, neutral and contradiction should not) and as
-  the mean of the four.
+  tuned on INLI val for accuracy. The score rule is ``config.eval_rte_score_rule``
+  (:data:`~dualcse_jax.configs.RTE_SCORE_RULES`): ``max(cos(r_p, r_h), cos(u_p, r_h))``
+  (default), ``cos(r_p, r_h)`` or ``cos(u_p, r_h)`` with one threshold, or ``pair``: two
+  thresholds, entailed if either cosine exceeds its own. For one-vector models r = u, so
+  every rule is ``cos(e_p, e_h)``. Accuracy is reported per hypothesis class on the test
+  split (explicit and implied should be entailed, neutral and contradiction should not)
+  and as the mean of the four.
 * EIS: ``implicitness(s) = 1 - cos(r_s, u_s)``; accuracy is the share of (implicit,
   explicit) sentence pairs where the implicit one scores higher.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from data_pipelines.inli import INLIExample
+from dualcse_jax.configs import RTE_SCORE_RULES
 from dualcse_jax.inference import Embedder
 from embedding_core import multihost
-from embedding_core.metrics import accuracy_at_threshold, best_threshold_accuracy
+from embedding_core.metrics import best_threshold_accuracy
 
 CLASSES = ("explicit", "implied", "neutral", "contradiction")
 _FIELDS = {"explicit": "explicit_entailment", "implied": "implied_entailment",
            "neutral": "neutral", "contradiction": "contradiction"}
 ENTAILED = {"explicit": True, "implied": True, "neutral": False, "contradiction": False}
+RULE_TEXT = {
+    "max": "max(cos(r_p, r_h), cos(u_p, r_h)) > t",
+    "explicit": "cos(r_p, r_h) > t",
+    "implicit": "cos(u_p, r_h) > t",
+    "pair": "cos(r_p, r_h) > t_r or cos(u_p, r_h) > t_u",
+}
+"""Each score rule's decision, for printed and written tables (thresholds tuned on val)."""
+SIMILARITIES = ("explicit", "implicit")
+"""Columns of :func:`rte_similarities`: ``cos(r_p, r_h)`` and ``cos(u_p, r_h)``."""
 
 
 def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -35,15 +47,42 @@ def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=-1)
 
 
-def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
-               progress: bool = False) -> dict[str, np.ndarray]:
-    """Entailment scores per hypothesis class.
+def check_rule(rule: str) -> str:
+    """``rule`` if it is one of :data:`~dualcse_jax.configs.RTE_SCORE_RULES`.
 
-    Several processes each encode a slice of the sentences
-    (``embedding_core.multihost.encode``); every process gets all scores.
+    Raises:
+      ValueError: naming the rule and the choices.
+    """
+    if rule not in RTE_SCORE_RULES:
+        raise ValueError(f"RTE score rule {rule!r}: use one of {', '.join(RTE_SCORE_RULES)}")
+    return rule
+
+
+def parse_rules(text: str | None) -> list[str] | None:
+    """``--rte_score_rules``: ``"all"``, or rules separated by commas; ``None`` or blank:
+    ``None`` (the run's own rule).
+
+    Raises:
+      ValueError: an unknown rule.
+    """
+    if text is None or not text.strip():
+        return None
+    if text.strip() == "all":
+        return list(RTE_SCORE_RULES)
+    return [check_rule(r.strip()) for r in text.split(",") if r.strip()]
+
+
+def rte_similarities(embedder: Embedder, examples: Sequence[INLIExample],
+                     progress: bool = False) -> dict[str, np.ndarray]:
+    """Both cosines of every (premise, hypothesis) pair, per hypothesis class.
+
+    Each premise is encoded as r and u, each distinct hypothesis as r (terms 3-5 of the
+    loss train r_h = u_h). Several processes each encode a slice of the sentences
+    (``embedding_core.multihost.encode``); every process gets all of them.
 
     Returns:
-      ``{class: [n_premises] float32}`` with ``max(cos(r_p, r_h), cos(u_p, r_h))``.
+      ``{class: [n_premises, 2] float32}``: column 0 ``cos(r_p, r_h)``, column 1
+      ``cos(u_p, r_h)`` (equal for a one-vector model, whose r = u).
     """
     premises = [ex.premise for ex in examples]
     hyps = {c: [getattr(ex, _FIELDS[c]) for ex in examples] for c in CLASSES}
@@ -56,35 +95,214 @@ def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
     out = {}
     for c, hs in hyps.items():
         rh = r_h[[index[h] for h in hs]]
-        out[c] = np.maximum(_cos_rows(r_p, rh), _cos_rows(u_p, rh)).astype(np.float32)
+        out[c] = np.stack([_cos_rows(r_p, rh), _cos_rows(u_p, rh)], axis=1).astype(np.float32)
     return out
 
 
-def _flatten(scores: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    s = np.concatenate([scores[c] for c in CLASSES])
-    y = np.concatenate([np.full(len(scores[c]), ENTAILED[c]) for c in CLASSES])
-    return s, y
+def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
+               progress: bool = False, rule: str = "max") -> dict[str, np.ndarray]:
+    """Entailment scores per hypothesis class under a one-threshold rule.
+
+    Returns:
+      ``{class: [n_premises] float32}``: ``max(cos(r_p, r_h), cos(u_p, r_h))`` for
+      ``rule="max"``, one of the two cosines for ``"explicit"`` / ``"implicit"``.
+
+    Raises:
+      ValueError: ``rule="pair"`` (two scores, two thresholds: use
+        :func:`rte_similarities`) or an unknown rule.
+    """
+    sims = rte_similarities(embedder, examples, progress)
+    return {c: _one_score(s, rule) for c, s in sims.items()}
+
+
+def _one_score(sims: np.ndarray, rule: str) -> np.ndarray:
+    if check_rule(rule) == "pair":
+        raise ValueError("rule 'pair' has two scores per pair; use rte_similarities")
+    if rule == "max":
+        return sims.max(axis=1)
+    return sims[:, SIMILARITIES.index(rule)]
+
+
+def _cut(unique: np.ndarray, k: int) -> float:
+    """The threshold putting ``unique[:k]`` below and ``unique[k:]`` above (``>``): -inf,
+    +inf, or a midpoint kept strictly below ``unique[k]`` (as
+    ``embedding_core.metrics.best_threshold_accuracy`` picks it)."""
+    if k == 0:
+        return -np.inf
+    if k == len(unique):
+        return np.inf
+    lo, hi = unique[k - 1], unique[k]
+    with np.errstate(over="ignore"):
+        mid = lo + (hi - lo) / 2
+    if not np.isfinite(mid):
+        mid = lo / 2 + hi / 2
+    return float(lo if (mid >= hi or mid < lo) else mid)
+
+
+def best_threshold_pair_accuracy(explicit, implicit, labels, *, chunk: int = 256
+                                 ) -> tuple[float, float, float]:
+    """Thresholds ``(t_r, t_u)`` that maximise the accuracy of the rule "positive iff
+    ``explicit > t_r`` or ``implicit > t_u``", and that accuracy.
+
+    Every distinct classification is reached: each threshold runs over -inf, the midpoints
+    between consecutive distinct scores and +inf (``t_r = +inf`` is the implicit-only
+    rule, ``t_u = +inf`` the explicit-only one, ``t_r = t_u`` the ``max`` rule, so the
+    tuned accuracy is at least theirs). Among equally accurate pairs the smallest ``t_r``,
+    then the smallest ``t_u``, is returned. For each ``t_r`` the pairs above it are
+    positive and the best ``t_u`` on the rest comes from cumulative counts in ``implicit``
+    order: O(n^2) time in blocks of ``chunk`` candidates (4,000 val pairs: well under a
+    second).
+
+    Args:
+      explicit, implicit: ``[n]`` float scores (``cos(r_p, r_h)``, ``cos(u_p, r_h)``).
+      labels: ``[n]`` bool (or 0/1) gold labels.
+
+    Returns:
+      ``(t_r, t_u, accuracy)``: Python floats; accuracy in [0, 1].
+
+    Raises:
+      ValueError: empty or NaN input, shapes that differ, non-binary labels.
+    """
+    s_r = np.asarray(explicit, np.float64)
+    s_u = np.asarray(implicit, np.float64)
+    y = np.asarray(labels)
+    if s_r.ndim != 1 or s_r.shape != s_u.shape or y.shape != s_r.shape:
+        raise ValueError(f"explicit, implicit and labels must be [n] alike; got {s_r.shape}, "
+                         f"{s_u.shape}, {y.shape}")
+    if s_r.size == 0:
+        raise ValueError("best_threshold_pair_accuracy needs at least one example")
+    if np.isnan(s_r).any() or np.isnan(s_u).any():
+        raise ValueError("best_threshold_pair_accuracy: NaN scores")
+    if y.dtype != np.bool_:
+        if not np.isin(y, (0, 1)).all():
+            raise ValueError("labels must be bool or 0/1")
+        y = y.astype(bool)
+    unique_r = np.unique(s_r)
+    order = np.argsort(s_u, kind="stable")
+    u_sorted, y_sorted, r_by_u = s_u[order], y[order], s_r[order]
+    run_end = np.flatnonzero(np.append(u_sorted[1:] != u_sorted[:-1], True))
+    unique_u = u_sorted[run_end]
+    n_pos = int(y.sum())
+    cuts = [_cut(unique_r, k) for k in range(len(unique_r) + 1)]
+    best = (-1, 0, 0)  # (correct, k, j)
+    for lo in range(0, len(cuts), chunk):
+        t_r = np.asarray(cuts[lo:lo + chunk])
+        rest = r_by_u[None, :] <= t_r[:, None]  # [c, n] not called positive by r
+        pos_rest = rest & y_sorted[None, :]
+        neg_rest = rest & ~y_sorted[None, :]
+        n_pos_rest = pos_rest.sum(axis=1)
+        pos_le = np.cumsum(pos_rest, axis=1)[:, run_end]
+        neg_le = np.cumsum(neg_rest, axis=1)[:, run_end]
+        # Column 0: t_u = -inf (the rest all positive); column j: t_u after unique_u[j-1].
+        correct = np.concatenate(
+            [n_pos_rest[:, None], neg_le + (n_pos_rest[:, None] - pos_le)], axis=1)
+        correct += (n_pos - n_pos_rest)[:, None]  # true positives called by r
+        flat = int(np.argmax(correct))  # first maximum: smallest t_r, then t_u
+        k, j = divmod(flat, correct.shape[1])
+        if correct[k, j] > best[0]:
+            best = (int(correct[k, j]), lo + k, j)
+    correct, k, j = best
+    return cuts[k], _cut(unique_u, j), correct / s_r.size
+
+
+def _predict(sims: np.ndarray, rule: str, thresholds: tuple[float, ...]) -> np.ndarray:
+    if rule == "pair":
+        return (sims[:, 0] > thresholds[0]) | (sims[:, 1] > thresholds[1])
+    return _one_score(sims, rule) > thresholds[0]
+
+
+def tune_rule(val_sims: Mapping[str, np.ndarray], rule: str) -> tuple[float, ...]:
+    """The rule's threshold(s), tuned for accuracy on the pooled val pairs of all classes.
+
+    Args:
+      val_sims: :func:`rte_similarities` of the val set.
+
+    Returns:
+      ``(t,)`` for a one-threshold rule, ``(t_r, t_u)`` for ``pair``.
+
+    Raises:
+      ValueError: an unknown rule.
+    """
+    check_rule(rule)
+    sims = np.concatenate([val_sims[c] for c in CLASSES])
+    y = np.concatenate([np.full(len(val_sims[c]), ENTAILED[c]) for c in CLASSES])
+    if rule == "pair":
+        t_r, t_u, _ = best_threshold_pair_accuracy(sims[:, 0], sims[:, 1], y)
+        return t_r, t_u
+    return (best_threshold_accuracy(_one_score(sims, rule), y)[0],)
+
+
+def rte_correct(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.ndarray],
+                rule: str) -> tuple[dict[str, np.ndarray], tuple[float, ...]]:
+    """Per-pair correctness on test with the threshold(s) tuned on val.
+
+    Args:
+      val_sims, test_sims: :func:`rte_similarities` of the val and test sets.
+      rule: one of :data:`~dualcse_jax.configs.RTE_SCORE_RULES`.
+
+    Returns:
+      ``({class: [n_test] bool}, thresholds)``: True where the test pair is classified
+      right (entailed for explicit/implied, not entailed for neutral/contradiction), and
+      :func:`tune_rule`'s thresholds.
+
+    Raises:
+      ValueError: an unknown rule.
+    """
+    thresholds = tune_rule(val_sims, rule)
+    return ({c: _predict(test_sims[c], rule, thresholds) == ENTAILED[c] for c in CLASSES},
+            thresholds)
+
+
+def rte_result(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.ndarray],
+               rule: str) -> dict[str, float]:
+    """Class accuracies, their mean and the threshold(s) of one rule (no encoding).
+
+    Returns:
+      ``{"explicit", "implied", "neutral", "contradiction", "average"}`` in [0, 1], plus
+      ``"threshold"`` (one-threshold rules) or ``"threshold_explicit"`` and
+      ``"threshold_implicit"`` (``pair``).
+    """
+    correct, thresholds = rte_correct(val_sims, test_sims, rule)
+    result = {c: float(np.mean(correct[c])) for c in CLASSES}
+    result["average"] = float(np.mean([result[c] for c in CLASSES]))
+    if rule == "pair":
+        result["threshold_explicit"], result["threshold_implicit"] = thresholds
+    else:
+        result["threshold"] = thresholds[0]
+    return result
+
+
+def evaluate_rte_rules(embedder: Embedder, val: Sequence[INLIExample],
+                       test: Sequence[INLIExample], rules: Sequence[str],
+                       progress: bool = False) -> dict[str, dict[str, float]]:
+    """:func:`rte_result` of several rules from one encoding of val and test.
+
+    Raises:
+      ValueError: an unknown rule (before anything is encoded).
+    """
+    for rule in rules:
+        check_rule(rule)
+    val_sims = rte_similarities(embedder, val, progress)
+    # Training-time evaluation passes one list as both: encode it once (half the cost).
+    test_sims = val_sims if test is val else rte_similarities(embedder, test, progress)
+    return {rule: rte_result(val_sims, test_sims, rule) for rule in rules}
 
 
 def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[INLIExample],
-                 progress: bool = False) -> dict[str, float]:
-    """Threshold tuned on ``val`` pairs, accuracies on ``test`` pairs.
+                 progress: bool = False, rule: str | None = None) -> dict[str, float]:
+    """Threshold(s) tuned on ``val`` pairs, accuracies on ``test`` pairs.
+
+    Args:
+      rule: the score rule; ``None`` = the embedder's ``config.eval_rte_score_rule``
+        (``"max"`` for runs saved before the field existed).
 
     Returns:
-      ``{"explicit", "implied", "neutral", "contradiction", "average", "threshold"}``;
-      accuracies in [0, 1], ``average`` the mean of the four class accuracies.
+      :func:`rte_result`: accuracies in [0, 1] (``average`` the mean of the four class
+      accuracies) and the threshold(s).
     """
-    val_scores = rte_scores(embedder, val, progress)
-    threshold, _ = best_threshold_accuracy(*_flatten(val_scores))
-    # Training-time evaluation passes one list as both: encode it once (half the cost).
-    test_scores = val_scores if test is val else rte_scores(embedder, test, progress)
-    result = {}
-    for c in CLASSES:
-        labels = np.full(len(test_scores[c]), ENTAILED[c])
-        result[c] = float(accuracy_at_threshold(test_scores[c], labels, threshold))
-    result["average"] = float(np.mean([result[c] for c in CLASSES]))
-    result["threshold"] = float(threshold)
-    return result
+    if rule is None:
+        rule = str(embedder.config.get("eval_rte_score_rule", "max"))
+    return evaluate_rte_rules(embedder, val, test, (rule,), progress)[rule]
 
 
 def label_conflicts(examples: Sequence[INLIExample]) -> dict:
@@ -136,25 +354,40 @@ def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
     return (1.0 - _cos_rows(r, u)).astype(np.float32)
 
 
-def evaluate_eis(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> float:
-    """Share of ``(implicit, explicit)`` pairs whose implicit sentence scores higher.
+def eis_correct(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+    """Per pair: whether the implicit sentence scores higher, ``[n]`` bool.
 
-    Ties count as failures (no tie is resolved in the model's favour).
+    Ties count as failures (no tie is resolved in the model's favour), so a one-vector
+    model (r = u: implicitness 0 for every sentence) gets every pair wrong.
+
+    Raises:
+      ValueError: no pairs.
     """
     if not pairs:
         raise ValueError("evaluate_eis needs at least one (implicit, explicit) pair")
     imp = implicitness(embedder, [p[0] for p in pairs])
     exp = implicitness(embedder, [p[1] for p in pairs])
-    return float(np.mean(imp > exp))
+    return imp > exp
+
+
+def evaluate_eis(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> float:
+    """Share of ``(implicit, explicit)`` pairs whose implicit sentence scores higher
+    (:func:`eis_correct`'s mean).
+
+    Raises:
+      ValueError: no pairs.
+    """
+    return float(np.mean(eis_correct(embedder, pairs)))
 
 
 def inli_eis_proxy_pairs(examples: Sequence[INLIExample]) -> list[tuple[str, str]]:
-    """PROXY for EIS on INLI: (premise, its explicit-entailment hypothesis) pairs.
+    """PROXY for EIS on INLI: (premise, its implied-entailment hypothesis) pairs.
 
-    ImpScore's data is not shipped; this proxy treats an INLI premise as the implicit
-    sentence and its explicit entailment as the explicit one. Reports must call it a proxy.
+    ImpScore's data is not shipped. Its pairs put an implicit sentence next to an explicit
+    statement of what it implies; an INLI premise and its implied entailment are the
+    closest analogue (``docs/dualcse.md``, "EIS protocol"). Reports must call it a proxy.
     """
-    return [(ex.premise, ex.explicit_entailment) for ex in examples]
+    return [(ex.premise, ex.implied_entailment) for ex in examples]
 
 
 def impscore_pairs(rows) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ Usage:
   dualcse-jax train    --config=CONFIG.py --workdir=DIR [--config.FIELD=VALUE ...]
   dualcse-jax evaluate --workdir=DIR [--baseline] [--eis_data=ImpScore.csv]
                        [--config.val_file=V.csv] [--config.test_file=T.csv]
+                       [--rte_score_rules=max,explicit,implicit,pair | all]
   dualcse-jax export   --workdir=DIR --input=SENTENCES.txt --output=OUT_DIR [--normalize]
   dualcse-jax export-hf --workdir=DIR --output=OUT_DIR
   dualcse-jax demo     --workdir=DIR [--config=PRESET.py] [--config.FIELD=VALUE ...]
@@ -23,6 +24,10 @@ evaluate  RTE on INLI test with the threshold tuned on INLI val; prints the tabl
           random.seed(42)) or, without it, on the INLI proxy (labelled as a proxy).
           The run's --config.val_file / test_file replace INLI val / test; given on the
           evaluate line, they change the sets for this evaluation only.
+          RTE score rule: the run's config.eval_rte_score_rule (max: max(cos(r_p, r_h),
+          cos(u_p, r_h)); explicit: cos(r_p, r_h); implicit: cos(u_p, r_h); pair: either
+          cosine above its own val-tuned threshold); --rte_score_rules=all prints a table
+          per rule from one encoding (rte.json: "rules"), without retraining.
 demo      the README's main job: train DualCSE-Cross from MiniLM on INLI with the CPU
           preset (configs/cross_cpu.py, or --config), evaluate next to the untrained
           MiniLM, export the INLI test premises' embeddings, print where everything is.
@@ -58,6 +63,9 @@ flags.DEFINE_string("input", None, "export: text file, one sentence per line (UT
 flags.DEFINE_string("output", None, "export, export-hf, preprocess: output directory.")
 flags.DEFINE_bool("baseline", False, "evaluate: also score the untrained model.")
 flags.DEFINE_string("eis_data", None, "evaluate: ImpScore-format CSV for EIS.")
+flags.DEFINE_string("rte_score_rules", None, "evaluate: comma-separated RTE score rules "
+                    "(max, explicit, implicit, pair) or 'all', one table each from one "
+                    "encoding (default: the run's config.eval_rte_score_rule).")
 flags.DEFINE_bool("normalize", None, "export: unit-length rows (default: the run's "
                   "config.normalize, False unless set).")
 preprocess.define_flags()
@@ -87,8 +95,11 @@ def main(argv: list[str]) -> None:
         elif command == "evaluate":
             given = {arg[len("--config."):].split("=", 1)[0] for arg in sys.argv
                      if arg.startswith("--config.")}
+            from dualcse_jax.evaluate import parse_rules
+
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step, baseline=FLAGS.baseline,
                                        eis_data=FLAGS.eis_data,
+                                       rules=parse_rules(FLAGS.rte_score_rules),
                                        overrides={k: FLAGS.config[k] for k in sorted(given)
                                                   if k in FLAGS.config})
         elif command == "export-hf":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 
 from etils import epath
 
@@ -27,15 +28,22 @@ def train(config, workdir: str | os.PathLike, *, stop_after: int | None = None):
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baseline: bool = False, eis_data: str | None = None,
-                     progress: bool = True, overrides: dict | None = None) -> dict:
+                     progress: bool = True, overrides: dict | None = None,
+                     rules: Sequence[str] | None = None) -> dict:
     """RTE (+ EIS) of a workdir's checkpoint; writes ``workdir/eval/rte.json`` and prints.
 
-    ``rte.json`` holds the accuracies and ``label_conflicts`` (``{"val", "test"}``: the
-    rows that give one sentence under an entailed and a non-entailed class, see
-    ``evaluate.label_conflicts``).
+    ``rte.json`` holds the accuracies of the first rule, its name (``rule``) and
+    ``label_conflicts`` (``{"val", "test"}``: the rows that give one sentence under an
+    entailed and a non-entailed class, see ``evaluate.label_conflicts``); with several
+    rules, ``rules`` maps each rule to its accuracies as well.
 
-    ``overrides`` (``val_file``, ``test_file``) replace the run's evaluation sets for this
-    call.
+    ``overrides`` (``val_file``, ``test_file``, ``eval_rte_score_rule``) replace the run's
+    evaluation settings for this call. ``rules``: the RTE score rules to report, each as
+    its own table from one encoding (``None``: the run's ``eval_rte_score_rule``); the
+    model is not retrained.
+
+    Raises:
+      ValueError: an unknown rule or override field (before the model loads).
     """
     from data_pipelines import impscore
     from dualcse_jax import data, evaluate
@@ -49,10 +57,14 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         eis_pairs = evaluate.impscore_pairs(test_rows)  # >= 1 row: the reader checks
     config = read_config(workdir)  # the run's val_file / test_file, before the model loads
     for key, value in (overrides or {}).items():
-        if key not in ("val_file", "test_file"):
-            raise ValueError(f"evaluate may change only config.val_file and config.test_file, "
-                             f"not {key!r} (the others describe the trained run)")
+        if key not in ("val_file", "test_file", "eval_rte_score_rule"):
+            raise ValueError(f"evaluate may change only config.val_file, config.test_file and "
+                             f"config.eval_rte_score_rule, not {key!r} (the others describe "
+                             f"the trained run)")
         config[key] = value
+    rules = list(rules or [config.eval_rte_score_rule])
+    for rule in rules:
+        evaluate.check_rule(rule)
     val, test = data.val_examples(config), data.test_examples(config)
     embedder = load(workdir, step=step)
     name = f"DualCSE-{embedder.config.architecture} (step {embedder.step})"
@@ -61,35 +73,48 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         source = (os.path.basename(str(embedder.config.get("train_file", "") or ""))
                   or embedder.config.train_data)
         name = f"SimCSE-{source} (step {embedder.step})"
-    rows = {name: evaluate.evaluate_rte(embedder, val, test, progress=progress)}
+    by_rule = evaluate.evaluate_rte_rules(embedder, val, test, rules, progress=progress)
+    base_rule: dict = {}
     if baseline:
         base = make_baseline(embedder.config.model, max_length=embedder.config.max_length)
-        rows["untrained MiniLM (mean)"] = evaluate.evaluate_rte(base, val, test,
-                                                                progress=progress)
+        base_rule = evaluate.evaluate_rte_rules(base, val, test, rules, progress=progress)
+    rows = {name: by_rule[rules[0]]}
+    if baseline:
+        rows["untrained MiniLM (mean)"] = base_rule[rules[0]]
     if eis_data:
         eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, eis_pairs),
                "eis_data": eis_data, "proxy": False}
     else:
         pairs = evaluate.inli_eis_proxy_pairs(test)
         eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "proxy": True,
-               "eis_data": "INLI test: premise (implicit) vs explicit entailment — a PROXY"}
+               "eis_data": "INLI test: premise (implicit) vs its implied entailment "
+                           "(explicit) — a PROXY"}
     out_dir = storage.as_path(workdir) / "eval"
     # Rows that score one pair under two opposite labels: counted next to the accuracies.
     conflicts = {"val": evaluate.label_conflicts(val), "test": evaluate.label_conflicts(test)}
+    extra = {"rules": by_rule} if len(rules) > 1 else {}
     if multihost.is_primary():  # every process holds the same results; one writes them
-        write_json(out_dir / "rte.json", dict(rows[name], label_conflicts=conflicts))
+        write_json(out_dir / "rte.json", dict(rows[name], rule=rules[0], **extra,
+                                              label_conflicts=conflicts))
         write_json(out_dir / "eis.json", eis)
         if baseline:
             write_json(out_dir / "rte_baseline.json",
-                       dict(rows["untrained MiniLM (mean)"], label_conflicts=conflicts))
-    print(f"\nRTE accuracy (%) on {data.rte_sets_label(config)}")
-    print(evaluate.format_rte_table(rows))
+                       dict(rows["untrained MiniLM (mean)"], rule=rules[0],
+                            **({"rules": base_rule} if len(rules) > 1 else {}),
+                            label_conflicts=conflicts))
+    for rule in rules:
+        table = {name: by_rule[rule]}
+        if baseline:
+            table["untrained MiniLM (mean)"] = base_rule[rule]
+        print(f"\nRTE accuracy (%) on {data.rte_sets_label(config)}; score rule {rule}: "
+              f"{evaluate.RULE_TEXT[rule]}")
+        print(evaluate.format_rte_table(table))
     if note := evaluate.format_label_conflicts(conflicts):
         print(note)
     label = "EIS accuracy (INLI PROXY)" if eis["proxy"] else "EIS accuracy (ImpScore test)"
     print(f"{label}: {100 * eis['eis_accuracy']:.2f}%")
     print(f"wrote {out_dir / 'rte.json'}")
-    return {"rte": rows, "eis": eis, "label_conflicts": conflicts}
+    return {"rte": rows, "rte_rules": by_rule, "eis": eis, "label_conflicts": conflicts}
 
 
 def read_sentences(path: str | os.PathLike) -> list[str]:

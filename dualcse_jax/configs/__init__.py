@@ -12,6 +12,10 @@ import ml_collections
 ARCHITECTURES = ("cross", "bi", "simcse")
 POOLINGS = ("cls", "cls_mlp", "mean")
 TRAIN_DATA = ("inli", "snli")
+RTE_SCORE_RULES = ("max", "explicit", "implicit", "pair")
+"""How RTE scores a (premise p, hypothesis h) pair (``docs/dualcse.md``, "RTE protocol"):
+``max(cos(r_p, r_h), cos(u_p, r_h))``, ``cos(r_p, r_h)``, ``cos(u_p, r_h)`` against one
+threshold, or ``pair``: entailed if ``cos(r_p, r_h) > t_r`` or ``cos(u_p, r_h) > t_u``."""
 DATA_FILES = ("train_file", "val_file", "test_file")
 """The user's data files (``docs/data.md``); ``train_file`` replaces ``train_data``."""
 
@@ -26,6 +30,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.architecture={config.architecture!r}: use cross, bi or simcse")
     if config.pooling not in POOLINGS:
         raise ValueError(f"config.pooling={config.pooling!r}: use cls, cls_mlp or mean")
+    rule = config.get("eval_rte_score_rule", "max")
+    if rule not in RTE_SCORE_RULES:
+        raise ValueError(f"config.eval_rte_score_rule={rule!r}: use one of "
+                         f"{', '.join(RTE_SCORE_RULES)}")
     if config.train_data not in TRAIN_DATA:
         raise ValueError(f"config.train_data={config.train_data!r}: use inli or snli")
     for name in DATA_FILES:

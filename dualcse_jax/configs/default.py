@@ -45,4 +45,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval_every = 0  # >0: RTE accuracy on eval_examples val premises every N steps
     c.eval_examples = 200
     c.eval_batch_size = 64  # sentences per encoder call at evaluation and export
+    # RTE score of (premise p, hypothesis h), our reading (docs/dualcse.md): max =
+    # max(cos(r_p, r_h), cos(u_p, r_h)); explicit = cos(r_p, r_h); implicit = cos(u_p, r_h)
+    # (each with one threshold tuned on val); pair = entailed if cos(r_p, r_h) > t_r or
+    # cos(u_p, r_h) > t_u, both tuned on val. Evaluation only: may change on resume.
+    c.eval_rte_score_rule = "max"
     return c
