@@ -20,13 +20,14 @@ object write is atomic), ``meta.json`` last; readers load ``gs://`` exports into
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -359,6 +360,76 @@ class _CheckingWriter(EmbeddingWriter):
     def _cleanup(self) -> None:
         if self._state != "done":
             self._state = "failed"
+
+
+def iter_row_blocks(array: Any, num_rows: int | None = None, block_rows: int = 8192
+                    ) -> Iterator[tuple[int, np.ndarray]]:
+    """Rows ``[0, num_rows)`` of a ``[rows, ...]`` array as host blocks, in row order.
+
+    A ``jax.Array`` split by rows over devices (an entity table over ``"model"``) is read
+    shard by shard: each block is cut on the device that holds it (one compiled slice
+    per shard shape and device) and copied to the host, so the host holds one block and
+    no device ever gathers the table. Blocks end every ``block_rows`` rows and at shard
+    boundaries; replicated copies are read once. Numpy arrays are sliced.
+
+    Args:
+      array: ``[rows, ...]`` numpy or ``jax.Array``.
+      num_rows: rows to read (default all; padding rows beyond it are skipped).
+      block_rows: rows per block at most, >= 1.
+
+    Yields:
+      ``(start, block)``: ``block`` is a numpy ``[b, ...]`` copy of rows
+      ``start .. start + b - 1``.
+
+    Raises:
+      ValueError: ``block_rows < 1``, ``num_rows`` out of range, or rows held by another
+        process's devices only (a table split across hosts).
+    """
+    import jax
+
+    total = int(array.shape[0])
+    num_rows = total if num_rows is None else int(num_rows)
+    if isinstance(block_rows, bool) or int(block_rows) != block_rows or block_rows < 1:
+        raise ValueError(f"block_rows must be a positive integer, got {block_rows!r}")
+    if not 0 <= num_rows <= total:
+        raise ValueError(f"num_rows={num_rows} must lie in [0, {total}]")
+    if not isinstance(array, jax.Array):
+        for start in range(0, num_rows, block_rows):
+            yield start, np.asarray(array[start:min(start + block_rows, num_rows)])
+        return
+    pieces: dict[int, tuple[int, Any]] = {}
+    for shard in array.addressable_shards:
+        rows = shard.index[0] if shard.index else slice(None)
+        start = rows.start or 0
+        stop = total if rows.stop is None else rows.stop
+        pieces.setdefault(start, (stop, shard.data))
+    position = 0
+    while position < num_rows:
+        if position not in pieces:
+            raise ValueError(f"rows from {position} of a [{total}, ...] array lie on another "
+                             "process's devices; read the array where it is whole (e.g. a "
+                             "model axis within one host)")
+        stop, data = pieces[position]
+        stop = min(stop, num_rows)
+        rows_here = int(data.shape[0])
+        size = min(int(block_rows), rows_here)
+        for begin in range(0, stop - position, size):
+            n = min(size, stop - position - begin)
+            if size == rows_here:
+                block = np.asarray(data)[begin:begin + n]
+            else:  # the slice is taken on the shard's device; only it is copied
+                first = min(begin, rows_here - size)
+                block = np.asarray(_device_rows(size)(data, first))[begin - first:
+                                                                   begin - first + n]
+            yield position + begin, block
+        position = stop
+
+
+@functools.lru_cache(maxsize=8)
+def _device_rows(size: int):
+    import jax
+
+    return jax.jit(lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, size, axis=0))
 
 
 def export_embeddings(

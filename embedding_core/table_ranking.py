@@ -1,0 +1,254 @@
+"""Ranking the rows of a row-sharded table on device: merged top-k and exact ranks.
+
+A table of millions of rows (DocEnt's entity table) lies split by rows over the ``"model"``
+mesh axis; queries are scored against it where it lies, and only small results leave the
+devices (docs/architecture.md, "Scale patterns"):
+
+* :func:`top_k`: each device takes the top k of its own rows, the candidates are gathered
+  over ``"model"`` (``[queries, model * k]``) and the top k of them is the answer;
+* :func:`relevant_counts`: for each relevant row of a query, its score and the number of
+  rows scoring at least as high, counted per shard and summed over ``"model"``; from
+  these :func:`ranks_from_counts` gives exactly the ranks of
+  ``embedding_core.metrics.ranks_of_relevant`` (a relevant row ranks behind every
+  non-relevant row it ties with), so MAP, MRR and recall@k need no ``[queries, rows]``
+  matrix on the host.
+
+Rows at or beyond ``num_rows`` (padding of the table) never rank. Queries are split over
+``"data"`` (padded to a multiple of its size). The score of a query and a row is a
+caller's function (:data:`ScoreFn`), the same one a host path uses, so both give the same
+values.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+ScoreFn = Callable[[jax.Array, jax.Array, tuple, tuple], jax.Array]
+"""``(queries [n, d], rows [r, d], row_args, consts) -> [n, r]`` float32 scores, higher =
+better: ``row_args`` are arrays with one entry per row (a bias), sliced like the rows;
+``consts`` are replicated values (a scale)."""
+
+P = PartitionSpec
+
+
+def table_mesh(table: Any, data_axis: str = "data", model_axis: str = "model") -> Mesh:
+    """The mesh a table lies on: its ``NamedSharding``'s mesh, else a 1 x 1 mesh of its
+    (first) device (numpy tables: the default device).
+
+    Raises:
+      ValueError: a mesh without ``data_axis`` and ``model_axis``.
+    """
+    sharding = getattr(table, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        mesh = sharding.mesh
+        if not isinstance(mesh, Mesh) or {data_axis, model_axis} - set(mesh.axis_names):
+            raise ValueError(f"table on mesh axes {mesh.axis_names}; ranking needs "
+                             f"{(data_axis, model_axis)}")
+        return mesh
+    devices = sorted(sharding.device_set, key=lambda d: d.id) if sharding is not None \
+        else jax.devices()[:1]
+    return Mesh(np.asarray(devices[:1]).reshape(1, 1), (data_axis, model_axis))
+
+
+def _check(queries, table, num_rows: int, mesh: Mesh, model_axis: str) -> tuple[int, int]:
+    if queries.ndim != 2 or table.ndim != 2 or queries.shape[1] != table.shape[1]:
+        raise ValueError(f"queries must be [n, d] and table [rows, d]; got {queries.shape} "
+                         f"and {table.shape}")
+    rows, shards = table.shape[0], mesh.shape[model_axis]
+    if rows % shards:
+        raise ValueError(f"table rows {rows} are not divisible by mesh axis {model_axis!r} = "
+                         f"{shards}; pad the table to a multiple")
+    if not 0 < num_rows <= rows:
+        raise ValueError(f"num_rows={num_rows} must lie in [1, {rows}]")
+    return rows // shards, shards
+
+
+def _pad_queries(queries, mesh: Mesh, data_axis: str, extra: Sequence = ()) -> tuple:
+    # Host inputs stay numpy (a jitted call on a multi-process mesh takes them as
+    # replicated); padded query rows list no relevant row (-1).
+    xp = jnp if isinstance(queries, jax.Array) else np
+    queries = xp.asarray(queries, xp.float32)
+    extra = [xp.asarray(x, xp.int32) for x in extra]
+    pad = -queries.shape[0] % mesh.shape[data_axis]
+    if not pad:
+        return (queries, *extra)
+    return (xp.pad(queries, ((0, pad), (0, 0))),
+            *(xp.pad(x, ((0, pad), (0, 0)), constant_values=-1) for x in extra))
+
+
+def _local_scores(score_fn, q, w, row_args, consts, num_rows, rows_per_shard, model_axis):
+    s = score_fn(q, w, row_args, consts).astype(jnp.float32)
+    offset = jax.lax.axis_index(model_axis) * rows_per_shard
+    column = offset + jnp.arange(rows_per_shard)
+    return jnp.where(column[None, :] < num_rows, s, -jnp.inf), offset
+
+
+def top_k(score_fn: ScoreFn, queries: jax.Array, table: jax.Array, k: int, *,
+          num_rows: int | None = None, row_args: tuple = (), consts: tuple = (),
+          mesh: Mesh | None = None, data_axis: str = "data",
+          model_axis: str = "model") -> tuple[jax.Array, jax.Array]:
+    """The ``k`` best rows of the table for each query, computed shard by shard.
+
+    Each device scores its ``rows / model`` rows (``[n / data, rows / model]`` float32 at
+    most), keeps its best ``min(k, rows / model)``, and the candidates of all shards are
+    gathered over ``model_axis`` and reduced to the best ``k``: the same rows and scores
+    as ``lax.top_k`` of the whole score matrix (ties: the lower row index first).
+
+    Args:
+      score_fn: see :data:`ScoreFn`.
+      queries: ``[n, d]`` float.
+      table: ``[rows, d]``; rows divisible by the mesh's ``model_axis`` size.
+      k: ``1 <= k <= num_rows``.
+      num_rows: real rows; rows at or beyond it are padding and never returned
+        (default: all).
+      row_args: ``[rows, ...]`` arrays sliced like the table (e.g. a per-row bias).
+      consts: replicated arrays or scalars (e.g. a learned scale).
+      mesh: default: the table's (:func:`table_mesh`).
+
+    Returns:
+      ``(scores [n, k] float32, rows [n, k] int32)``, best first.
+
+    Raises:
+      ValueError: shapes, ``k`` or ``num_rows`` out of range, rows not divisible.
+    """
+    mesh = mesh or table_mesh(table, data_axis, model_axis)
+    num_rows = int(table.shape[0] if num_rows is None else num_rows)
+    per_shard, _ = _check(queries, table, num_rows, mesh, model_axis)
+    if isinstance(k, bool) or int(k) != k or not 1 <= k <= num_rows:
+        raise ValueError(f"k must be an int in [1, {num_rows}], got {k!r}")
+    n = queries.shape[0]
+    (q,) = _pad_queries(queries, mesh, data_axis)
+    fn = _top_k_fn(score_fn, int(k), num_rows, per_shard, mesh, data_axis, model_axis,
+                   len(row_args), len(consts))
+    scores, rows = fn(q, table, tuple(row_args), tuple(jnp.asarray(c) for c in consts))
+    return scores[:n], rows[:n]
+
+
+@functools.lru_cache(maxsize=32)
+def _top_k_fn(score_fn, k, num_rows, per_shard, mesh, data_axis, model_axis, n_args,
+              n_consts):
+    local_k = min(k, per_shard)
+
+    def local(q, w, row_args, consts):
+        s, offset = _local_scores(score_fn, q, w, row_args, consts, num_rows, per_shard,
+                                  model_axis)
+        values, index = jax.lax.top_k(s, local_k)
+        # Shards in mesh order: at equal scores the lower row comes first after the merge.
+        values = jax.lax.all_gather(values, model_axis, axis=1, tiled=True)
+        index = jax.lax.all_gather(index + offset, model_axis, axis=1, tiled=True)
+        best, where = jax.lax.top_k(values, k)
+        return best, jnp.take_along_axis(index, where, axis=1).astype(jnp.int32)
+
+    sharded = jax.shard_map(
+        local, mesh=mesh,
+        in_specs=(P(data_axis, None), P(model_axis, None), (P(model_axis),) * n_args,
+                  (P(),) * n_consts),
+        out_specs=(P(data_axis, None), P(data_axis, None)), check_vma=False)
+    return jax.jit(sharded)
+
+
+def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
+                    relevant: np.ndarray, *, num_rows: int | None = None,
+                    row_args: tuple = (), consts: tuple = (), mesh: Mesh | None = None,
+                    data_axis: str = "data", model_axis: str = "model"
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Each relevant row's score and how many real rows score at least as high.
+
+    Per shard: the scores of its rows, a masked lookup of the relevant rows it holds and,
+    one relevant column at a time (``[n / data, rows / model]`` at most), the count of its
+    real rows ``>=`` that score; lookups and counts are summed over ``model_axis``.
+
+    Args:
+      score_fn, queries, table, num_rows, row_args, consts, mesh: as in :func:`top_k`.
+      relevant: ``[n, R]`` int, each query's relevant rows, ``-1`` = no entry; each row
+        at most once per query and below ``num_rows``.
+
+    Returns:
+      ``(scores [n, R] float32, at_least [n, R] int64)`` on the host; entries of ``-1``
+      columns are meaningless. ``at_least`` counts the relevant row itself.
+
+    Raises:
+      ValueError: shapes, a relevant row out of range or repeated in a query.
+    """
+    mesh = mesh or table_mesh(table, data_axis, model_axis)
+    num_rows = int(table.shape[0] if num_rows is None else num_rows)
+    per_shard, _ = _check(queries, table, num_rows, mesh, model_axis)
+    relevant = np.asarray(relevant)
+    if relevant.ndim != 2 or relevant.shape[0] != queries.shape[0] or relevant.shape[1] < 1:
+        raise ValueError(f"relevant must be [{queries.shape[0]}, R >= 1], got "
+                         f"{relevant.shape}")
+    if ((relevant < -1) | (relevant >= num_rows)).any():
+        raise ValueError(f"relevant rows must lie in [0, {num_rows}) (or -1 = none)")
+    ordered = np.sort(relevant, axis=1)
+    if ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any():
+        raise ValueError("a query lists the same relevant row twice")
+    n = queries.shape[0]
+    q, rel = _pad_queries(queries, mesh, data_axis, (relevant,))
+    fn = _counts_fn(score_fn, num_rows, per_shard, mesh, data_axis, model_axis,
+                    len(row_args), len(consts))
+    scores, at_least = fn(q, table, rel, tuple(row_args), tuple(jnp.asarray(c) for c in consts))
+    return (np.asarray(scores, np.float32)[:n], np.asarray(at_least, np.int64)[:n])
+
+
+@functools.lru_cache(maxsize=32)
+def _counts_fn(score_fn, num_rows, per_shard, mesh, data_axis, model_axis, n_args, n_consts):
+    def local(q, w, rel, row_args, consts):
+        s, offset = _local_scores(score_fn, q, w, row_args, consts, num_rows, per_shard,
+                                  model_axis)
+        here = rel - offset
+        mine = (rel >= 0) & (here >= 0) & (here < per_shard)
+        picked = jnp.take_along_axis(s, jnp.clip(here, 0, per_shard - 1), axis=1)
+        target = jax.lax.psum(jnp.where(mine, picked, 0.0), model_axis)  # [n, R]
+        # One relevant column at a time: [n, rows / model] compared, never [n, R, rows].
+        counts = jax.lax.map(lambda t: jnp.sum(s >= t[:, None], axis=1, dtype=jnp.int32),
+                             target.T).T
+        return target, jax.lax.psum(counts, model_axis)
+
+    sharded = jax.shard_map(
+        local, mesh=mesh,
+        in_specs=(P(data_axis, None), P(model_axis, None), P(data_axis, None),
+                  (P(model_axis),) * n_args, (P(),) * n_consts),
+        out_specs=(P(data_axis, None), P(data_axis, None)), check_vma=False)
+    return jax.jit(sharded)
+
+
+def ranks_from_counts(relevant: np.ndarray, scores: np.ndarray, at_least: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``embedding_core.metrics.ranks_of_relevant`` from :func:`relevant_counts`' output.
+
+    The ``j``-th relevant row of a query (by descending score) ranks
+    ``j + 1 + #{non-relevant rows scoring >= it}``, where that count is ``at_least``
+    minus the query's relevant rows scoring ``>=`` it.
+
+    Args:
+      relevant: ``[n, R]`` int, ``-1`` = no entry.
+      scores, at_least: ``[n, R]`` from :func:`relevant_counts`.
+
+    Returns:
+      ``(query, rank)``: ``[n_pairs]`` int64 arrays sorted by query, then rank (the format
+      of ``ranks_of_relevant``).
+    """
+    relevant = np.asarray(relevant)
+    valid = relevant >= 0
+    query, col = np.nonzero(valid)
+    s = np.where(valid, scores, -np.inf)
+    pair = s[query, col]
+    # Relevant rows of the same query scoring at least as high (itself included).
+    higher = np.sum(s[query] >= pair[:, None], axis=1)
+    ahead = at_least[query, col] - higher
+    # j: position among the query's relevant rows by descending score (ties in any order).
+    by_score = np.lexsort((-pair, query))
+    per_query = np.bincount(query, minlength=relevant.shape[0])
+    first = np.cumsum(per_query) - per_query
+    j = np.empty(query.size, dtype=np.int64)
+    j[by_score] = np.arange(query.size) - first[query[by_score]]
+    rank = j + 1 + ahead
+    order = np.lexsort((rank, query))
+    return query[order].astype(np.int64), rank[order].astype(np.int64)
