@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--block_size", type=int, default=8192)
     parser.add_argument("--meshes", default="2x4,1x8", help="data x model, comma-separated")
-    parser.add_argument("--untiled", default="2x4", help="meshes also measured untiled")
+    parser.add_argument("--untiled", default="2x4,1x8", help="meshes also measured untiled")
     args = parser.parse_args(argv)
     out = {}
     untiled = {m for m in args.untiled.split(",") if m}

@@ -29,10 +29,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.dropout_impl = "flax"  # flax | hash (integer-hash mask: cheaper on CPU, same rate)
     # Loss: which entities form the softmax's denominator (Dual, and Hybrid's dual term).
     c.softmax = "in_batch"  # in_batch (paper) | full_vocab (the whole table, vocab-parallel)
-    # Entity rows per block of the tiled full softmax (Dual/Hybrid full_vocab, Full's entity
-    # softmax): each device scans its table shard in blocks, holding [batch/data, block]
-    # logits at a time instead of [batch/data, rows/mesh_model]. 0 = untiled.
-    c.vocab_block_size = 0
+    c.vocab_block_size = 0  # tiled full_vocab / Full entity softmax: entity rows per block;
+    #                         a device holds [batch/data, block] logits, not [batch/data,
+    #                         rows/mesh_model]. 0 = untiled (docs/docent.md)
     # Masked LM (Full and Hybrid). BERT's 80/10/10 rule for word pieces.
     c.word_mask_rate = 0.15  # expected share of a sentence's word pieces predicted
     c.entity_mask_rate = 0.15  # Full: P(the entity token is masked and predicted)

@@ -30,7 +30,7 @@ def get_config():
     c.batch_size = 1024  # global sentences per step (in-batch negatives)
     c.table_multiple = 1024  # 81,057 movies -> 81,920 rows: any model-axis size <= 1024
     c.softmax = "in_batch"
-    c.vocab_block_size = 8192  # tiled entity softmax (with softmax=full_vocab): see default.py
+    c.vocab_block_size = 8192  # entity rows per block of the tiled full_vocab / Full softmax
     c.dtype = "bfloat16"
     c.dropout_impl = "hash"
     c.learning_rate = 5e-5
