@@ -1,0 +1,70 @@
+"""The accelerator benchmark keeps working on CPU (`--smoke`), and its PyTorch peer computes
+the loss our step computes."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "accelerator.py"
+
+
+def _accelerator():
+    spec = importlib.util.spec_from_file_location("accelerator_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_analytic_flops_hand_worked():
+    acc = _accelerator()
+    # BERT-base, one sequence of 128: K = 12 (4·768² + 2·768·3072) = 84,934,656 weights.
+    shape = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12}
+    forward = 2 * 84_934_656 * 128 + 4 * 12 * 128 * 768 * 128
+    assert acc.analytic_flops(shape, 128, 128, train=False) == forward
+    assert acc.analytic_flops(shape, 128, 128, train=True) == 3 * forward
+    assert acc.peak_tflops("NVIDIA H200")[0] == pytest.approx(989.4)
+    assert acc.peak_tflops("NVIDIA H100 PCIe")[0] == pytest.approx(756.5)
+    assert acc.peak_tflops("cpu")[0] is None
+
+
+def test_torch_peer_loss_equals_dualcse_loss():
+    torch = pytest.importorskip("torch")
+    from dualcse_jax.loss import dualcse_loss
+
+    rng = np.random.default_rng(0)
+    r, u = rng.normal(size=(2, 5, 4, 8)).astype(np.float32)
+    text_ids = np.arange(20, dtype=np.int32).reshape(5, 4)
+    text_ids[3, 1] = text_ids[0, 1]  # a duplicate positive: masked out of denominators
+    text_ids[4, 3] = text_ids[2, 3]
+    ours, _ = dualcse_loss(r, u, text_ids, temperature=0.05)
+    peer = _accelerator().torch_dualcse_loss(torch.from_numpy(r), torch.from_numpy(u),
+                                             torch.from_numpy(text_ids).long(), 0.05)
+    np.testing.assert_allclose(float(peer), float(ours), rtol=1e-5)
+
+
+def test_accelerator_smoke_runs_on_cpu():
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # one CPU device, not the suite's eight
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    train, encode = report["jax"]["train"]["4"], report["jax"]["encode"]
+    # The smoke model: 1 layer, d 64, FFN 128, length 16; 4 examples x 8 fields x 16 tokens.
+    tokens = 4 * 8 * 16
+    forward = 2 * (4 * 64 * 64 + 2 * 64 * 128) * tokens + 4 * 16 * 64 * tokens
+    assert train["flops"] == 3 * forward
+    # XLA counts the same matmuls plus elementwise ops and AdamW: at least ours, not far above.
+    assert 1.0 <= train["xla_over_analytic"] < 1.5
+    assert 1.0 <= encode["xla_over_analytic"] < 1.5
+    for workload in ("train_b4", "encode"):
+        row = report["summary"][workload]
+        assert row["jax_tflops"] > 0 and row["torch_tflops"] > 0 and row["jax_over_torch"] > 0
