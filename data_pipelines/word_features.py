@@ -295,8 +295,10 @@ def _hash_texts(digest, texts: Sequence[str]) -> None:
 
 
 def idf_fingerprint(table: IdfTable) -> str:
-    """sha256 of an IDF table (its words, values and corpus size)."""
-    digest = hashlib.sha256(f"N={table.num_documents}".encode())
+    """sha256 of an IDF table (its words, values and corpus size; a unit table is marked, so
+    its features never share a cache entry with IDF-weighted ones)."""
+    prefix = "unit|" if table.unit else ""  # "" keeps the keys of IDF entries as they were
+    digest = hashlib.sha256(f"{prefix}N={table.num_documents}".encode())
     for word in sorted(table):
         digest.update(f"{word}\x00{table[word]!r}\x01".encode())
     return digest.hexdigest()
@@ -495,6 +497,30 @@ def resolve_source_weights(value: str, names: Sequence[str],
     return normalized_weights(weights, "config.source_weights")
 
 
+WORD_WEIGHTS = ("idf", "unit")
+
+
+def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
+    """The per-word weights of ``f_mixture`` that ``config.word_weights`` names.
+
+    - ``"idf"`` (default; the paper): ``ln(N / df(w))`` over the paragraphs
+      (:func:`data_pipelines.word_sources.idf`);
+    - ``"unit"``: every word weighs 1 (IDF weighting off; ``IdfTable.unit_weights``), so a
+      word's vector is its plain layer mixture.
+
+    A config without the field (older runs) means ``"idf"``.
+
+    Raises:
+      ValueError: another value.
+    """
+    value = config.get("word_weights", "idf") if hasattr(config, "get") else "idf"
+    if value not in WORD_WEIGHTS:
+        raise ValueError(f"config.word_weights={value!r}: use one of {WORD_WEIGHTS}")
+    if value == "unit":
+        return IdfTable.unit_weights(len(paragraph_texts))
+    return idf(paragraph_texts)
+
+
 def build_features(
     config: Any, corpus: RetrievalCorpus, *, mixture: Mixture, use_cache: bool = True,
     specs: Sequence[SourceSpec] | None = None,
@@ -502,7 +528,8 @@ def build_features(
     """Features of every question and paragraph of ``corpus`` for the configured sources.
 
     IDF: ``ln(N / df(w))`` over all paragraphs of the corpus (the knowledge base; no
-    labels are used), for questions and paragraphs alike.
+    labels are used), for questions and paragraphs alike; ``config.word_weights="unit"``
+    weighs every word 1 instead (:func:`word_weight_table`).
 
     Args:
       config: fields ``sources`` and the source fields (:func:`source_specs`),
@@ -514,7 +541,7 @@ def build_features(
       :class:`FeatureSet`.
     """
     specs = list(specs) if specs is not None else source_specs(config)
-    idf_table = idf(corpus.paragraph_texts)
+    idf_table = word_weight_table(config, corpus.paragraph_texts)
     built: dict[str, WordSource] = {}
     questions, paragraphs = {}, {}
     for spec in specs:

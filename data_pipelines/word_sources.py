@@ -61,36 +61,58 @@ IDF_FORMAT = "mrwe idf v1"
 class IdfTable(dict):
     """``dict[word, idf]`` plus the corpus size, so out-of-vocabulary words get a value.
 
+    A *unit* table (:meth:`unit_weights`, ``config.word_weights = "unit"``) gives every
+    word the weight 1: the mixture without IDF weighting, for the with/without-IDF
+    comparison (``docs/mrwe.md``).
+
     Attributes:
       num_documents: N, the number of documents the table was computed on.
+      unit: every word weighs 1 (the table holds no words).
     """
 
-    def __init__(self, values: dict[str, float], num_documents: int) -> None:
+    def __init__(self, values: dict[str, float], num_documents: int, *,
+                 unit: bool = False) -> None:
+        if unit and values:
+            raise ValueError("a unit-weight table holds no per-word values")
         super().__init__(values)
         self.num_documents = num_documents
+        self.unit = bool(unit)
+
+    @classmethod
+    def unit_weights(cls, num_documents: int = 0) -> IdfTable:
+        """The table that weighs every word 1 (IDF weighting off)."""
+        return cls({}, num_documents, unit=True)
 
     @property
     def oov_idf(self) -> float:
         """IDF of a word not in the corpus: that of a word seen in one document, ``ln(N/1)``.
 
         Our choice (the paper is silent): an unseen word is at least as rare as the rarest
-        seen word, and ``ln(N/0)`` is infinite.
+        seen word, and ``ln(N/0)`` is infinite. A unit table gives 1.
         """
+        if self.unit:
+            return 1.0
         return math.log(self.num_documents) if self.num_documents > 0 else 0.0
 
     def weights(self, words: Sequence[str]) -> np.ndarray:
-        """``[len(words)]`` float32 IDF of each word (OOV: :attr:`oov_idf`)."""
+        """``[len(words)]`` float32 IDF of each word (OOV: :attr:`oov_idf`; unit: ones)."""
+        if self.unit:
+            return np.ones(len(words), np.float32)
         oov = self.oov_idf
         return np.array([self.get(w, oov) for w in words], dtype=np.float32)
 
     def to_json(self) -> dict[str, Any]:
-        """The table as a JSON object: ``{"format", "num_documents", "idf": {word: idf}}``.
+        """The table as a JSON object: ``{"format", "num_documents", "idf": {word: idf}}``
+        (a unit table adds ``"unit": true``).
 
         Floats are written by ``json`` with ``repr``, so :meth:`from_json` gives back the
         same float64 values (and so the same float32 weights).
         """
-        return {"format": IDF_FORMAT, "num_documents": int(self.num_documents),
-                "idf": {w: float(v) for w, v in self.items()}}
+        out = {"format": IDF_FORMAT, "num_documents": int(self.num_documents),
+               "idf": {w: float(v) for w, v in self.items()}}
+        if self.unit:
+            out["unit"] = True
+        return out
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "IDF table") -> IdfTable:
@@ -104,12 +126,16 @@ class IdfTable(dict):
                 raise ValueError(f"format {obj.get('format')!r}, expected {IDF_FORMAT!r}")
             n = obj["num_documents"]
             values = obj["idf"]
+            unit = obj.get("unit", False)
             if not isinstance(n, int) or n < 0 or not isinstance(values, dict):
                 raise ValueError("num_documents must be an integer >= 0 and idf an object")
+            if not isinstance(unit, bool) or (unit and values):
+                raise ValueError("unit must be true or false, and a unit table has no idf "
+                                 "values")
             table = {str(w): float(v) for w, v in values.items()}
         except (AttributeError, KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{where} is not an IDF table: {err}") from None
-        return cls(table, n)
+        return cls(table, n, unit=unit)
 
 
 def idf(corpus_docs: Iterable[str]) -> IdfTable:

@@ -7,10 +7,11 @@ share of questions whose paragraph is among the first k. Ties are pessimistic
 (``embedding_core.metrics.ranks_of_targets``: every other paragraph scoring at least as
 high counts ahead), so rank k counts and rank k+1 does not.
 
-Pools: ``"test"``: all paragraphs of the test articles (article split: unseen in training);
-``"all"``: every paragraph of the corpus (the paper's "all paragraphs"; with the article
-split the training paragraphs are extra distractors). With the seen-paragraph split both
-pools are every paragraph.
+Pools: ``"all"`` (the default): every paragraph of the corpus (the paper's "recall@k out
+of all possible documents"; with the article split the training paragraphs are extra
+distractors, never answers); ``"test"``: only the paragraphs of the test articles
+(article split: unseen in training). With the seen-paragraph split both pools are every
+paragraph.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def evaluate_retrieval(
     features: FeatureSet,
     towers: Sequence[Retriever] = (),
     *,
-    pool: str = "test",
+    pool: str = "all",
     ks: Sequence[int] = (1, 2, 3, 5, 10, 20, 50),
     lexical: bool = True,
     ensemble_variants: Sequence[str] = (),
@@ -184,7 +185,7 @@ def evaluate_retrieval(
     return rows
 
 
-def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "test", *,
+def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "all", *,
                 split: bool = False) -> np.ndarray:
     """``[n_test_questions]`` ranks of each test question's paragraph among the pool.
 
@@ -206,7 +207,7 @@ def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "t
     return cosine_ranks(encode("questions", q_idx), encode("paragraphs", p_idx), targets)
 
 
-def tower_recall(encode_rows: EncodeRows, corpus: RetrievalCorpus, *, pool: str = "test",
+def tower_recall(encode_rows: EncodeRows, corpus: RetrievalCorpus, *, pool: str = "all",
                  ks: Sequence[int] = (1, 2, 3, 5, 10, 20, 50)) -> dict[str, float]:
     """``{"<pool>_recall@k": recall}`` of a tower (the training loop's evaluation)."""
     recall = recall_at_k_from_ranks(tower_ranks(encode_rows, corpus, pool), ks)

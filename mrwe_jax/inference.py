@@ -24,7 +24,7 @@ import numpy as np
 from data_pipelines import word_features
 from data_pipelines.squad import squad_dev_path
 from data_pipelines.word_features import FeatureSet
-from data_pipelines.word_sources import IdfTable, WordSource, idf, tokenize_words
+from data_pipelines.word_sources import IdfTable, WordSource, tokenize_words
 from embedding_core import configs, multihost, parallel, storage, training
 from embedding_core.files import read_json_object
 from embedding_core.inference import Encoder, encode_in_batches
@@ -86,7 +86,7 @@ def read_idf(workdir: str | os.PathLike,
     logging.warning("%s has no %s (trained before runs kept their IDF table): rebuilding it "
                     "from %s; the vectors equal the training ones only if that file is "
                     "unchanged", workdir, IDF_FILE, shown)
-    return idf(corpus.paragraph_texts)
+    return word_features.word_weight_table(config, corpus.paragraph_texts)
 
 
 def tower_label(config: ml_collections.ConfigDict, step: int | None) -> str:

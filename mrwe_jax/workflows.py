@@ -27,7 +27,7 @@ DATA_FIELDS = ("squad_path", "split", "test_fraction", "split_seed", "skip_inval
                "sources", "glove_dir", "contextual_model", "contextual_layers",
                "contextual_layer_weights", "contextual_max_length", "tfidf_dim",
                "tfidf_seed", "layer_aggregate", "source_aggregate", "source_weights",
-               "word_aggregate")
+               "word_aggregate", "word_weights")
 EXPORT_SPLITS = ("all", "test")
 
 

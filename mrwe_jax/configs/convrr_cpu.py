@@ -19,7 +19,7 @@ def get_config():
     c.num_train_steps = 300
     c.log_every = 25
     c.checkpoint_every = 300
-    # test_recall@k on the test pool at steps 100, 200, 300 (curves in plots/training.png):
-    # about a tenth of the training time, a few percent of the demo's.
+    # all_recall@k over every paragraph (config.eval_pool) at steps 100, 200, 300 (curves
+    # in plots/training.png).
     c.eval_every = 100
     return c

@@ -38,6 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.source_aggregate = "concatenate"  # f_ensemble: concatenate | sum | average
     c.source_weights = "uniform"  # u: uniform | balanced | "a,b,c"
     c.word_aggregate = "average"  # text vector from word vectors: average | sum
+    # Per-word weight in f_mixture: idf = ln(N/df) over the paragraphs (the paper) | unit =
+    # 1 for every word (IDF weighting off, for the with/without-IDF comparison).
+    c.word_weights = "idf"
     # Model.
     c.tower = "convrr"  # convrr | fcrr
     c.question_only = False  # True: the authors' code (paragraph vectors stay fixed)
@@ -65,7 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.log_every = 20
     c.keep_checkpoints = 2
     # Evaluation (eval_every > 0: recall@k on the test pool during training).
-    c.eval_pool = "test"  # test: paragraphs of the test articles | all: every paragraph
+    # all: every paragraph of the corpus (the paper's "all possible documents"; SQuAD dev:
+    # 2,067) | test: only the test articles' paragraphs (390 with the default split).
+    c.eval_pool = "all"
     c.recall_ks = "1,2,3,5,10,20,50"
     c.tsne_paragraphs = 15  # t-SNE: questions of the test paragraphs with most questions
     return c
@@ -83,7 +88,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         "tower": TOWERS, "split": SPLITS, "eval_pool": ("test", "all"),
         "layer_aggregate": ("sum", "average", "concatenate"),
         "source_aggregate": ("sum", "average", "concatenate"),
-        "word_aggregate": ("sum", "average"), "distance": ("euclidean", "squared", "cosine"),
+        "word_aggregate": ("sum", "average"), "word_weights": ("idf", "unit"),
+        "distance": ("euclidean", "squared", "cosine"),
         "small_groups": ("replace", "skip"), "lr_decay": ("constant", "linear", "cosine"),
     }
     for name, allowed in choices.items():

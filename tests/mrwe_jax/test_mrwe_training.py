@@ -218,8 +218,8 @@ def test_resume_equals_the_uninterrupted_run(trained):
     initial = jax.device_get(trained["first"].params)
     assert any(np.abs(np.asarray(v) - resumed[jax.tree_util.keystr(k)]).max() > 1e-6
                for k, v in jax.tree_util.tree_leaves_with_path(initial))  # step 2 moved them
-    # The periodic evaluation ran (recall@k of the test pool, in the log).
-    assert "test_recall@1" in trained["cli_log"]
+    # The periodic evaluation ran (recall@k of the default pool, every paragraph, in the log).
+    assert "all_recall@1" in trained["cli_log"]
 
 
 def test_encode_after_two_steps(trained):
@@ -244,13 +244,14 @@ def test_evaluate_table_and_export_equal_encode(trained, tmp_path):
     from mrwe_jax.workflows import evaluate_workdirs, export_workdir
 
     workdir = trained["workdir"]
-    result = evaluate_workdirs([workdir], pool="test", progress=False)
+    # Default pool: config.eval_pool, every paragraph (the test articles' own via pool="test").
+    result = evaluate_workdirs([workdir], progress=False)
     rows = result["rows"]
     assert list(rows)[:2] == ["TF-IDF (lexical, sklearn)", "BM25 (lexical, bm25s)"]
     tower_row = [k for k in rows if "ConvRR" in k]
     assert len(tower_row) == 1 and f"step {NUM_STEPS}" in tower_row[0]
     assert result["tsne"].is_file() and result["tsne"].read_bytes()[:4] == b"\x89PNG"
-    saved = json.loads((workdir / "eval" / "recall_test.json").read_text())
+    saved = json.loads((workdir / "eval" / "recall_all.json").read_text())
     assert saved["rows"][tower_row[0]]["1"] == rows[tower_row[0]][1]
 
     out = export_workdir(workdir, tmp_path / "export", split="test")
@@ -260,7 +261,8 @@ def test_evaluate_table_and_export_equal_encode(trained, tmp_path):
     paragraphs, p_ids, _ = views["paragraphs"]
     corpus, _ = data.load_data(trained["config"])
     test_q = np.flatnonzero(corpus.test_questions)
-    pool = evaluate.pool_indices(corpus, "test")
+    pool = evaluate.pool_indices(corpus, "all")
+    assert len(pool) == len(corpus.paragraph_ids) > corpus.test_pool.sum()
     assert q_ids == [corpus.question_ids[i] for i in test_q]
     assert p_ids == [corpus.paragraph_ids[i] for i in pool]
     assert q_meta["step"] == NUM_STEPS and q_meta["normalized"] is True
