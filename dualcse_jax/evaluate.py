@@ -16,6 +16,7 @@ Protocols are our reading of Oda et al. 2025 (``docs/dualcse.md``):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -72,31 +73,64 @@ def parse_rules(text: str | None) -> list[str] | None:
     return [check_rule(r.strip()) for r in text.split(",") if r.strip()]
 
 
+@dataclasses.dataclass(frozen=True)
+class RTEVectors:
+    """One RTE set encoded once: every premise as r and u, each distinct hypothesis as r.
+
+    Attributes:
+      premise_r, premise_u: ``[n_premises, dim]`` float32 (the same array for a one-vector
+        model).
+      hypotheses: the distinct hypothesis sentences, sorted.
+      hypothesis_r: ``[len(hypotheses), dim]`` float32, row i = ``hypotheses[i]``.
+    """
+
+    premise_r: np.ndarray
+    premise_u: np.ndarray
+    hypotheses: tuple[str, ...]
+    hypothesis_r: np.ndarray
+
+    def hypothesis_rows(self, texts: Sequence[str]) -> np.ndarray:
+        """r of each of ``texts`` (each one of :attr:`hypotheses`), ``[len(texts), dim]``."""
+        index = {h: i for i, h in enumerate(self.hypotheses)}
+        return self.hypothesis_r[[index[h] for h in texts]]
+
+
+def encode_rte(embedder: Embedder, examples: Sequence[INLIExample],
+               progress: bool = False) -> RTEVectors:
+    """Encodes an RTE set once (:class:`RTEVectors`). Several processes each encode a
+    slice of the sentences (``embedding_core.multihost.encode``); every process gets all."""
+    premises = [ex.premise for ex in examples]
+    unique = sorted({getattr(ex, _FIELDS[c]) for ex in examples for c in CLASSES})
+    r_p = multihost.encode(embedder, premises, kind="explicit", show_progress_bar=progress)
+    u_p = r_p if embedder.model.architecture == "simcse" else multihost.encode(
+        embedder, premises, kind="implicit", show_progress_bar=progress)  # r = u
+    r_h = multihost.encode(embedder, unique, kind="explicit", show_progress_bar=progress)
+    return RTEVectors(r_p, u_p, tuple(unique), r_h)
+
+
+def similarities_of(vectors: RTEVectors, examples: Sequence[INLIExample]
+                    ) -> dict[str, np.ndarray]:
+    """:func:`rte_similarities` from vectors already encoded by :func:`encode_rte`."""
+    out = {}
+    for c in CLASSES:
+        rh = vectors.hypothesis_rows([getattr(ex, _FIELDS[c]) for ex in examples])
+        out[c] = np.stack([_cos_rows(vectors.premise_r, rh), _cos_rows(vectors.premise_u, rh)],
+                          axis=1).astype(np.float32)
+    return out
+
+
 def rte_similarities(embedder: Embedder, examples: Sequence[INLIExample],
                      progress: bool = False) -> dict[str, np.ndarray]:
     """Both cosines of every (premise, hypothesis) pair, per hypothesis class.
 
     Each premise is encoded as r and u, each distinct hypothesis as r (terms 3-5 of the
-    loss train r_h = u_h). Several processes each encode a slice of the sentences
-    (``embedding_core.multihost.encode``); every process gets all of them.
+    loss train r_h = u_h; :func:`encode_rte`).
 
     Returns:
       ``{class: [n_premises, 2] float32}``: column 0 ``cos(r_p, r_h)``, column 1
       ``cos(u_p, r_h)`` (equal for a one-vector model, whose r = u).
     """
-    premises = [ex.premise for ex in examples]
-    hyps = {c: [getattr(ex, _FIELDS[c]) for ex in examples] for c in CLASSES}
-    unique = sorted({h for hs in hyps.values() for h in hs})
-    index = {h: i for i, h in enumerate(unique)}
-    r_p = multihost.encode(embedder, premises, kind="explicit", show_progress_bar=progress)
-    u_p = r_p if embedder.model.architecture == "simcse" else multihost.encode(
-        embedder, premises, kind="implicit", show_progress_bar=progress)  # r = u
-    r_h = multihost.encode(embedder, unique, kind="explicit", show_progress_bar=progress)
-    out = {}
-    for c, hs in hyps.items():
-        rh = r_h[[index[h] for h in hs]]
-        out[c] = np.stack([_cos_rows(r_p, rh), _cos_rows(u_p, rh)], axis=1).astype(np.float32)
-    return out
+    return similarities_of(encode_rte(embedder, examples, progress), examples)
 
 
 def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
@@ -378,6 +412,24 @@ def evaluate_eis(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> float:
       ValueError: no pairs.
     """
     return float(np.mean(eis_correct(embedder, pairs)))
+
+
+def inli_eis_proxy_correct(embedder: Embedder, examples: Sequence[INLIExample],
+                           vectors: RTEVectors) -> np.ndarray:
+    """:func:`eis_correct` of :func:`inli_eis_proxy_pairs`, reusing ``examples``' RTE
+    vectors (:func:`encode_rte`): only the implied entailments' u is encoded anew (equal
+    up to the float rounding of other batch shapes).
+
+    Returns:
+      ``[n_premises]`` bool, True where the premise is scored more implicit than its
+      implied entailment (ties count as failures).
+    """
+    implied = [ex.implied_entailment for ex in examples]
+    r_h = vectors.hypothesis_rows(implied)
+    u_h = multihost.encode(embedder, implied, kind="implicit")
+    premise = (1.0 - _cos_rows(vectors.premise_r, vectors.premise_u)).astype(np.float32)
+    hypothesis = (1.0 - _cos_rows(r_h, u_h)).astype(np.float32)
+    return premise > hypothesis
 
 
 def inli_eis_proxy_pairs(examples: Sequence[INLIExample]) -> list[tuple[str, str]]:

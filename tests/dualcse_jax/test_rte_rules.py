@@ -138,6 +138,17 @@ def test_similarities_read_r_and_u_of_the_premise_and_r_of_the_hypothesis():
     assert one["neutral"][0, 0] == one["neutral"][0, 1]  # r = u: both columns equal
 
 
+def test_eis_proxy_from_rte_vectors_equals_encoding_the_pairs():
+    examples = [_example(i) for i in range(6)]
+    fake = FakeEmbedder(_vectors(6, 3))
+    vectors = evaluate.encode_rte(fake, examples)
+    got = evaluate.inli_eis_proxy_correct(fake, examples, vectors)
+    want = evaluate.eis_correct(fake, evaluate.inli_eis_proxy_pairs(examples))
+    np.testing.assert_array_equal(got, want)
+    assert 0 < want.sum() < 6  # both outcomes occur
+    assert evaluate.inli_eis_proxy_pairs(examples)[2] == ("p2", "i2")  # implied entailment
+
+
 def test_evaluate_rte_follows_the_config_rule_and_workdir_reports_every_rule(
         tmp_path, monkeypatch):
     from dualcse_jax import data, inference, workflows

@@ -1,0 +1,411 @@
+"""DualCSE: RTE on INLI test for SimCSE(INLI), DualCSE-Cross/Bi and two ablations, with
+intervals, under every RTE score rule.
+
+The paper's comparison (docs/dualcse.md): DualCSE-Cross and DualCSE-Bi against supervised
+SimCSE trained on the same INLI data, as RTE accuracy per hypothesis class and their
+average. Rows here:
+
+- all-MiniLM-L6-v2 off the shelf (mean pooling, one vector: r = u), itself NLI-trained;
+- SimCSE(INLI): two rows per premise (explicit and implied entailment as positives, the
+  contradiction as hard negative), siblings masked (``dualcse_jax.loss.simcse_loss``);
+- DualCSE-Cross and DualCSE-Bi (the 5-term loss);
+- DualCSE-Cross without contradictions (``use_contradiction=False``) and without the
+  intra-sentence terms (``use_intra=False``).
+
+Every trained row starts from MiniLM with mean pooling, the same optimiser (AdamW, linear
+decay), learning rate, dropout, maximum length and step count, and sees the same premises
+per step (SimCSE's batch holds two rows per premise). Each trained run is scored once;
+its per-pair 0/1 correctness on the 4,000 INLI test pairs is kept for each RTE score rule
+(``config.eval_rte_score_rule``: max, explicit, implicit, pair; thresholds tuned on INLI
+val), and the primary metric is the macro average of the four classes
+(``grid.macro_average_items``). The EIS column is the INLI PROXY (premise vs its implied
+entailment; ImpScore's data is not shipped).
+
+Run from the repository root; re-running the same command skips finished runs::
+
+  python -m experiments.dualcse --preset=cpu
+
+``--preset=cpu``: ``dualcse_jax/configs/cross_cpu.py`` (batch 16 premises, lr 1e-4,
+max length 64, hash dropout) for CPU_STEPS steps per run; SimCSE, Cross and Bi with three
+seeds, the ablations with one. ``--preset=gpu``: the paper's batch sizes and learning
+rates (Cross 64 / 5e-5, Bi 32 / 3e-5, SimCSE 64 premises = 128 rows / 5e-5), one full
+epoch of INLI train, max length 128, three seeds for every trained row, still MiniLM (no
+BERT/RoBERTa-base offline). ``--steps=N`` overrides the step count (a smoke test; its
+default root and header say so).
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from experiments import grid
+
+RULES = ("max", "explicit", "implicit", "pair")
+CLASSES = ("explicit", "implied", "neutral", "contradiction")
+COLUMNS = (*CLASSES, "average")
+SEEDS = (0, 1, 2)
+CPU_STEPS = 50
+"""Steps per trained run on ``--preset=cpu`` (800 premises of INLI train's 8,000): sized so
+the eleven trained runs and the baseline finish in about 45 minutes on 2 quiet cores (about
+1.5 minutes of each cell is start-up and scoring, whatever the step count)."""
+
+BASELINE = "MiniLM off the shelf (NLI-trained)"
+SIMCSE = "SimCSE(INLI)"
+CROSS = "DualCSE-Cross"
+BI = "DualCSE-Bi"
+NO_CONTRA = "Cross w/o contradiction"
+NO_INTRA = "Cross w/o intra-sentence"
+SYSTEMS = {  # key -> (row name, architecture, config overrides)
+    "simcse": (SIMCSE, "simcse", {}),
+    "cross": (CROSS, "cross", {}),
+    "bi": (BI, "bi", {}),
+    "cross-nocontra": (NO_CONTRA, "cross", {"use_contradiction": False}),
+    "cross-nointra": (NO_INTRA, "cross", {"use_intra": False}),
+}
+MAIN = ("simcse", "cross", "bi")
+ABLATIONS = ("cross-nocontra", "cross-nointra")
+
+PAPER = {  # seed text's RTE table (docs/dualcse.md), BERT/RoBERTa-base, decision rule unknown
+    "SimCSE (SNLI+MNLI)": (79.80, 49.00, 74.30, 67.60, 67.68),
+    SIMCSE: (90.60, 69.10, 66.90, 91.00, 79.40),
+    CROSS: (90.20, 73.40, 68.40, 88.70, 80.18),
+    BI: (91.90, 69.90, 72.10, 87.60, 80.38),
+}
+COMPARISONS = (  # (system, reference, metric): the paper's signs
+    (CROSS, SIMCSE, "average"), (BI, SIMCSE, "average"),
+    (CROSS, SIMCSE, "implied"), (BI, SIMCSE, "implied"), (BI, CROSS, "average"),
+)
+
+
+def run_config(key: str, preset: str, seed: int, steps: int | None = None):
+    """The training config of grid row ``key`` (a :data:`SYSTEMS` key) with ``seed``.
+
+    Raises:
+      KeyError: an unknown key. ValueError: an unknown preset.
+    """
+    from dualcse_jax.configs import cross_cpu, default, validate_config
+
+    _, architecture, overrides = SYSTEMS[key]
+    if preset == "cpu":
+        c = cross_cpu.get_config()
+        c.num_train_steps = CPU_STEPS
+        c.checkpoint_every = 100  # the runs are short: one checkpoint, at the end
+    elif preset == "gpu":
+        c = default.get_config()
+        c.num_train_steps = 0  # one epoch (num_epochs=1)
+        c.pooling = "mean"
+        if architecture == "bi":
+            c.batch_size, c.learning_rate = 32, 3e-5
+        c.checkpoint_every = 1000
+    else:
+        raise ValueError(f"preset {preset!r}: use cpu or gpu")
+    premises = int(c.batch_size)
+    c.architecture = architecture
+    c.train_data = "inli"
+    if architecture == "simcse":
+        c.batch_size = 2 * premises  # two rows per premise: the same premises per step
+    c.update(overrides)
+    if steps:
+        c.num_train_steps = steps
+    c.seed = seed
+    c.eval_every = 0  # scored once at the end, on every rule
+    c.keep_checkpoints = 1
+    validate_config(c)
+    return c
+
+
+def scores_of(embedder, val, test) -> tuple[grid.Scores, dict]:
+    """Per-pair test correctness for every rule (``"<rule>/<class>"``, ``"<rule>/average"``
+    = the macro items), the EIS proxy per pair (``"eis_proxy"``), and the thresholds."""
+    from dualcse_jax import evaluate
+
+    val_sims = evaluate.rte_similarities(embedder, val)
+    test_vectors = evaluate.encode_rte(embedder, test)  # reused by the EIS proxy
+    test_sims = evaluate.similarities_of(test_vectors, test)
+    scores: grid.Scores = {}
+    thresholds = {}
+    for rule in RULES:
+        correct, thresholds[rule] = evaluate.rte_correct(val_sims, test_sims, rule)
+        for c in CLASSES:
+            scores[f"{rule}/{c}"] = correct[c].astype(np.float64)
+        scores[f"{rule}/average"] = grid.macro_average_items([correct[c] for c in CLASSES])
+    scores["eis_proxy"] = evaluate.inli_eis_proxy_correct(
+        embedder, test, test_vectors).astype(np.float64)
+    return scores, thresholds
+
+
+def _rte_sets():
+    from data_pipelines import inli
+
+    return (inli.read_inli(inli.inli_split_path("val")),
+            inli.read_inli(inli.inli_split_path("test")))
+
+
+def _save_thresholds(workdir: Path, thresholds: dict) -> None:
+    from embedding_core import storage
+    from embedding_core.files import write_json
+
+    write_json(storage.as_path(workdir) / "eval" / "rte_thresholds.json",
+               {rule: list(t) for rule, t in thresholds.items()})
+
+
+def train_and_score(key: str, preset: str, seed: int, steps: int | None):
+    def run(workdir: Path) -> grid.Scores:
+        from dualcse_jax.inference import load
+        from dualcse_jax.trainer import train
+
+        t0 = time.time()
+        train(run_config(key, preset, seed, steps), workdir)
+        t1 = time.time()
+        val, test = _rte_sets()
+        scores, thresholds = scores_of(load(workdir), val, test)
+        _save_thresholds(workdir, thresholds)
+        print(f"{key}-seed{seed}: train {t1 - t0:.0f} s, score {time.time() - t1:.0f} s",
+              flush=True)
+        return scores
+    return run
+
+
+def baseline(preset: str):
+    def run(workdir: Path) -> grid.Scores:
+        from dualcse_jax.baselines import baseline as off_the_shelf
+
+        config = run_config("cross", preset, 0)
+        val, test = _rte_sets()
+        scores, thresholds = scores_of(
+            off_the_shelf(config.model, pooling="mean", max_length=int(config.max_length)),
+            val, test)
+        _save_thresholds(workdir, thresholds)
+        return scores
+    return run
+
+
+def seeds_of(key: str, preset: str) -> Sequence[int]:
+    return SEEDS if key in MAIN or preset == "gpu" else SEEDS[:1]
+
+
+def grid_specs(preset: str, steps: int | None = None) -> list[grid.RunSpec]:
+    specs = [grid.RunSpec(BASELINE, "baseline-minilm", baseline(preset))]
+    for key in (*MAIN, *ABLATIONS):
+        for seed in seeds_of(key, preset):
+            specs.append(grid.RunSpec(SYSTEMS[key][0], f"{key}-seed{seed}",
+                                      train_and_score(key, preset, seed, steps), seed=seed))
+    return specs
+
+
+def sibling_meetings(num_premises: int, batch_rows: int, seed: int, steps: int
+                     ) -> tuple[int, int]:
+    """How often SimCSE(INLI)'s two rows of one premise (table rows 2i, 2i+1) share a
+    global batch over ``steps`` steps, in the pipeline's order (``data_pipelines.pipeline``:
+    epoch e visits ``default_rng([seed, e]).permutation(n)``, remainder dropped).
+
+    Returns:
+      ``(steps with at least one sibling pair, sibling pairs in all)``.
+    """
+    n = 2 * num_premises
+    per_epoch = n // batch_rows
+    batches, pairs = 0, 0
+    perm, epoch = None, -1
+    for step in range(steps):
+        e, b = divmod(step, per_epoch)
+        if e != epoch:
+            perm, epoch = np.random.default_rng([seed, e]).permutation(n), e
+        premise = perm[b * batch_rows:(b + 1) * batch_rows] // 2
+        k = batch_rows - len(np.unique(premise))
+        batches += k > 0
+        pairs += k
+    return batches, pairs
+
+
+def _view(results: Mapping, rule: str, systems: Sequence[str]) -> dict:
+    """The grid restricted to ``systems``, with one rule's metrics under plain names."""
+    return {s: [(seed, {c: sc[f"{rule}/{c}"] for c in COLUMNS}) for seed, sc in results[s]]
+            for s in systems if s in results}
+
+
+def comparisons(results: Mapping, rule: str, num_samples: int) -> str:
+    """The paper's signs against ours: one line per comparison with the paired interval."""
+    from embedding_core.stats import format_interval, paired_bootstrap
+
+    lines = ["| comparison | paper | here [95% CI] | sign |", "|---|---|---|---|"]
+    for system, ref, metric in COMPARISONS:
+        if system not in results or ref not in results:
+            continue
+        col = COLUMNS.index(metric)
+        paper = PAPER[system][col] - PAPER[ref][col]
+        a = grid.seed_mean(results[system])[f"{rule}/{metric}"]
+        b = grid.seed_mean(results[ref])[f"{rule}/{metric}"]
+        iv = paired_bootstrap(a, b, num_samples=num_samples)
+        if iv.low > 0 or iv.high < 0:
+            same = (iv.mean_difference > 0) == (paper > 0)
+            verdict = "holds" if same else "reversed"
+        else:
+            verdict = "not resolved (interval covers 0)"
+        lines.append(f"| {system} − {ref}, {metric} | {paper:+.2f} | "
+                     f"{format_interval(iv)} | {verdict} |")
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _paper_table() -> str:
+    lines = ["| model (paper, BERT/RoBERTa-base) | " + " | ".join(COLUMNS) + " |",
+             "|" + "---|" * (len(COLUMNS) + 1)]
+    lines += [f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |"
+              for name, values in PAPER.items()]
+    return "\n".join(lines)
+
+
+def setting(preset: str, steps: int | None) -> str:
+    """The training budget in words, from the configs themselves."""
+    cross = run_config("cross", preset, 0, steps)
+    simcse = run_config("simcse", preset, 0, steps)
+    bi = run_config("bi", preset, 0, steps)
+    if preset == "cpu":
+        budget = (f"{cross.num_train_steps} steps of {cross.batch_size} premises for every "
+                  f"trained row ({cross.num_train_steps * cross.batch_size:,} of INLI train's "
+                  f"8,000 premises; SimCSE's batch is {simcse.batch_size} rows, two per "
+                  f"premise), lr {cross.learning_rate:g} with {cross.warmup_steps} warm-up "
+                  "steps and linear decay")
+    else:
+        budget = (f"one epoch of INLI train for every trained row (8,000 premises): Cross "
+                  f"and its ablations batch {cross.batch_size} / lr {cross.learning_rate:g}, "
+                  f"Bi {bi.batch_size} / {bi.learning_rate:g}, SimCSE {simcse.batch_size} rows "
+                  f"({simcse.batch_size // 2} premises) / {simcse.learning_rate:g}")
+    return (f"{budget}; AdamW, pooling {cross.pooling}, max length {cross.max_length}, "
+            f"dropout {'on' if cross.dropout else 'off'} ({cross.dropout_impl}), "
+            f"τ {cross.temperature}")
+
+
+def _budget_note(preset: str) -> str:
+    if preset == "cpu":
+        return ("a fraction of one epoch; every trained row has the same optimiser, learning "
+                "rate, pooling and premises per step (the paper trains Cross with batch 64 / "
+                "lr 5e-5 and Bi with 32 / 3e-5, as --preset=gpu does)")
+    return ("one epoch (the paper's epoch count is not in our sources), the paper's batch "
+            "sizes and learning rates; SimCSE(INLI) at Cross's 64 premises / 5e-5 (not in "
+            "our sources)")
+
+
+def report(results: Mapping, args) -> str:
+    order = [BASELINE] + [SYSTEMS[k][0] for k in (*MAIN, *ABLATIONS)]
+    present = [s for s in order if s in results]
+    seeds = {s: len(results[s]) for s in present if s != BASELINE}
+    sib = run_config("simcse", args.preset, 0, args.steps)
+    sib_steps = int(sib.num_train_steps) or 16_000 // int(sib.batch_size)  # 0: one epoch
+    meet = [sibling_meetings(8000, int(sib.batch_size), s, sib_steps)
+            for s in seeds_of("simcse", args.preset)]
+    steps_note = (f"\n\n**SMOKE TEST: `--steps={args.steps}` overrides the preset's step "
+                  "count; these numbers are not results.**" if args.steps else "")
+    parts = [f"""# DualCSE: RTE on INLI test, per score rule, with intervals
+
+Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{_commit()}`
+(preset `{args.preset}`; raw per-pair scores in `dualcse.npz`, keys
+`"<system>|seed=<seed>|<rule>/<class>"`, `"…|<rule>/average"` and `"…|eis_proxy"`).
+Re-running the command skips finished runs.{steps_note}
+
+{grid.MINILM_NOTE}
+
+**Setting.** {setting(args.preset, args.steps)}. Trained rows: mean over seeds
+{seeds}. RTE: 4,000 INLI test pairs (1,000 per class), each pair 0/1 correct; "average"
+is the macro average of the four classes (equal class sizes, so it is the accuracy over
+all pairs). Thresholds tuned on the 4,000 INLI val pairs. Intervals: paired bootstrap
+({args.num_samples:,} resamples of the test pairs) of the seed-averaged per-pair scores;
+they cover the choice of test pairs, not of seeds (the sd column). One test row (571)
+gives one sentence as implied entailment and contradiction, so one of its two pairs is
+wrong for every model (docs/dualcse.md).
+
+**Departures from the paper.**
+1. all-MiniLM-L6-v2 (6 layers, 384 wide, NLI/SQuAD-trained), not BERT/RoBERTa-base.
+2. Budget: {_budget_note(args.preset)}.
+3. Pooling: mean over tokens (MiniLM's own; the paper does not say).
+4. The RTE decision rule is not in our sources: every rule is reported below; the paper's
+   numbers belong to an unknown one.
+5. SimCSE(INLI) masks the sibling row's entailment (the other positive of the same premise)
+   out of the denominator; measured sibling meetings over the run's steps, per seed
+   (steps with a pair, pairs): {meet}.
+6. EIS: INLI proxy (premise vs its implied entailment), not ImpScore's data; not
+   comparable with the paper's EIS numbers. One-vector rows (r = u) score 0 by
+   construction (equal implicitness counts as a failure).
+7. No SimCSE(SNLI+MNLI) row (not shipped; only a 27k-triplet SNLI reduction is).
+
+**Paper (seed text's RTE table, accuracy %).**
+
+{_paper_table()}
+"""]
+    for rule in RULES:
+        from dualcse_jax.evaluate import RULE_TEXT
+
+        parts.append(f"## Score rule `{rule}`: {RULE_TEXT[rule]}\n")
+        if SIMCSE in results:
+            parts.append("RTE accuracy (%); interval: average − SimCSE(INLI).\n")
+            parts.append(grid.results_table(_view(results, rule, present), COLUMNS,
+                                            reference=SIMCSE, primary="average",
+                                            num_samples=args.num_samples))
+            parts.append("\nImplied-entailment accuracy − SimCSE(INLI) (the class DualCSE "
+                         "targets).\n")
+            parts.append(grid.results_table(_view(results, rule, present), ("implied",),
+                                            reference=SIMCSE, primary="implied",
+                                            num_samples=args.num_samples))
+            parts.append("\nThe paper's comparisons under this rule.\n")
+            parts.append(comparisons(results, rule, args.num_samples))
+        else:
+            parts.append(grid.results_table(_view(results, rule, present), COLUMNS,
+                                            reference=None, primary="average"))
+        ablation = [s for s in (CROSS, NO_CONTRA, NO_INTRA) if s in results]
+        if CROSS in results and len(ablation) > 1:
+            parts.append("\nAblations: average − DualCSE-Cross.\n")
+            parts.append(grid.results_table(_view(results, rule, ablation), COLUMNS,
+                                            reference=CROSS, primary="average",
+                                            num_samples=args.num_samples))
+        parts.append("")
+    eis = {s: [(seed, {"EIS proxy": sc["eis_proxy"]}) for seed, sc in results[s]]
+           for s in present}
+    parts.append("## EIS (INLI PROXY: premise vs its implied entailment, 1,000 test pairs)\n")
+    parts.append(grid.results_table(eis, ("EIS proxy",),
+                                    reference=CROSS if CROSS in eis else None,
+                                    primary="EIS proxy", num_samples=args.num_samples))
+    return "\n".join(parts) + "\n"
+
+
+def main(argv=None) -> None:
+    p = grid.parser("dualcse", __doc__)
+    p.add_argument("--steps", type=int, default=None,
+                   help="override every trained run's step count (smoke test); the default "
+                        "root becomes workdirs/experiments/dualcse-<preset>-steps<N>")
+    args = p.parse_args(argv)
+    from embedding_core.cli import enable_compilation_cache, quiet_library_logs
+
+    enable_compilation_cache()  # seeds 1 and 2 reuse seed 0's compiled steps
+    quiet_library_logs()
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be positive, got {args.steps}")
+    specs = grid_specs(args.preset, args.steps)
+    if args.list:
+        for s in specs:
+            print(s.key)
+        return
+    root = grid.grid_root(args, "dualcse")
+    if args.steps and not args.root:
+        root = root.parent / f"{root.name}-steps{args.steps}"
+    results = grid.run_grid(specs, root, only=args.only)
+    if not results:
+        print("no finished run yet; no table written")
+        return
+    grid.write_results("dualcse", report(results, args), results, args.results)
+
+
+if __name__ == "__main__":
+    main()
