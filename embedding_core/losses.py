@@ -334,10 +334,11 @@ def _tiled_forward(q, w, bias, s, limit, local_t, block, cosine):
     return jnp.log(total) + _finite_or_zero(top), target, top
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
 def _tiled_shard_logsumexp(q: jax.Array, w: jax.Array, bias: jax.Array, s: jax.Array,
                            limit: jax.Array, local_t: jax.Array, block: int,
-                           cosine: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+                           cosine: bool, table_grad: bool
+                           ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Shard-local log-sum-exp, target logit and max of ``z = s * q . norm(w) + bias``.
 
     Scans ``w``'s rows in blocks of ``block`` with an online max (Milakov & Gimelshein
@@ -358,6 +359,8 @@ def _tiled_shard_logsumexp(q: jax.Array, w: jax.Array, bias: jax.Array, s: jax.A
       local_t: ``[b]`` int32 local row of each query's target, -1 when not in this shard.
       block: rows per block, ``1 <= block <= rows``.
       cosine: normalise each row of ``w``.
+      table_grad: ``False``: the backward leaves ``w`` out (zero cotangent, no ``[rows,
+        d]`` buffer); for a table updated block by block (``embedding_core.table_update``).
 
     Returns:
       ``(lse, target, top)``, each ``[b]`` float32: the log-sum-exp over the counted rows
@@ -367,12 +370,12 @@ def _tiled_shard_logsumexp(q: jax.Array, w: jax.Array, bias: jax.Array, s: jax.A
     return _tiled_forward(q, w, bias, s, limit, local_t, block, cosine)
 
 
-def _tiled_fwd(q, w, bias, s, limit, local_t, block, cosine):
+def _tiled_fwd(q, w, bias, s, limit, local_t, block, cosine, table_grad):
     out = _tiled_forward(q, w, bias, s, limit, local_t, block, cosine)
     return out, (q, w, bias, s, limit, local_t, out[0])
 
 
-def _tiled_bwd(block, cosine, residuals, cotangents):
+def _tiled_bwd(block, cosine, table_grad, residuals, cotangents):
     q, w, bias, s, limit, local_t, lse = residuals
     g_lse, g_target, _ = cotangents  # the max is used under stop_gradient only
     rows = w.shape[0]
@@ -390,25 +393,35 @@ def _tiled_bwd(block, cosine, residuals, cotangents):
         start, row, counted = _block_rows(k, block, rows, limit)
         w_block = jax.lax.dynamic_slice_in_dim(w, start, block)
         bias_block = jax.lax.dynamic_slice_in_dim(bias, start, block)
-        logits, pullback = jax.vjp(lambda *a: _block_logits(*a, cosine), q_all, w_block,
-                                   bias_block, s_all)
+        if table_grad:
+            logits, pullback = jax.vjp(lambda *a: _block_logits(*a, cosine), q_all, w_block,
+                                       bias_block, s_all)
+        else:  # the table as a constant: no table pullback, nor its sum over data
+            logits, pullback = jax.vjp(
+                lambda q_, b_, s_: _block_logits(q_, w_block, b_, s_, cosine), q_all,
+                bias_block, s_all)
         # Uncounted entries get exactly 0 (a where, not a product with a masked exp).
         prob = jnp.where(counted[None, :], jnp.exp(logits - lse[:, None]), 0.0)
         hit = (row[None, :] == local_t[:, None]) & counted[None, :]
         g_logits = g_lse[:, None] * prob + jnp.where(hit, g_target[:, None], 0.0)
-        g_q, g_w, g_bias, g_s = pullback(g_logits)
-        dw = jax.lax.dynamic_update_slice_in_dim(
-            dw, jax.lax.dynamic_slice_in_dim(dw, start, block) + g_w, start, axis=0)
+        if table_grad:
+            g_q, g_w, g_bias, g_s = pullback(g_logits)
+            dw = jax.lax.dynamic_update_slice_in_dim(
+                dw, jax.lax.dynamic_slice_in_dim(dw, start, block) + g_w, start, axis=0)
+        else:
+            g_q, g_bias, g_s = pullback(g_logits)
         dbias = jax.lax.dynamic_update_slice_in_dim(
             dbias, jax.lax.dynamic_slice_in_dim(dbias, start, block) + g_bias, start, axis=0)
         return dq + g_q, dw, dbias, ds + g_s
 
+    # Without the table's gradient the carry holds an empty placeholder, not [rows, d].
     init = (_vary(jnp.zeros(q.shape, jnp.float32), axes),
-            _vary(jnp.zeros(w.shape, jnp.float32), _varying_axes(w)),
+            _vary(jnp.zeros(w.shape if table_grad else (0,), jnp.float32), _varying_axes(w)),
             _vary(jnp.zeros(bias.shape, jnp.float32), _varying_axes(bias)),
             _vary(jnp.zeros(s.shape, jnp.float32), axes))
     dq, dw, dbias, ds = jax.lax.fori_loop(0, -(-rows // block), body, init)
-    return (_sum_to_type_of(dq, q).astype(q.dtype), dw.astype(w.dtype),
+    return (_sum_to_type_of(dq, q).astype(q.dtype),
+            dw.astype(w.dtype) if table_grad else None,
             dbias.astype(bias.dtype), _sum_to_type_of(ds, s).astype(s.dtype), None, None)
 
 
@@ -428,6 +441,7 @@ def vocab_parallel_logsumexp(
     data_axis: str = "data",
     model_axis: str = "model",
     block_size: int = 0,
+    table_gradient: bool = True,
 ) -> VocabParallelStats:
     """Log-partition, target logit and max logit of a softmax over a row-sharded table.
 
@@ -478,6 +492,10 @@ def vocab_parallel_logsumexp(
         whole ``[b / data, V / model]`` block at once). A block size at or above the rows
         per shard means one block; one that does not divide them is handled (the last
         block is shifted back and its overlap masked).
+      table_gradient: ``False``: no gradient flows to ``table`` (a zero cotangent, and the
+        tiled backward builds no table-sized buffer); the queries, scale and bias still
+        get theirs. For a table whose optimizer step is folded into a blockwise pass
+        (``embedding_core.table_update``).
 
     Returns:
       :class:`VocabParallelStats`, each ``[b]`` float32, sharded over ``data_axis``.
@@ -517,7 +535,8 @@ def vocab_parallel_logsumexp(
         local_t = t - offset
         local_t = jnp.where((local_t >= 0) & (local_t < limit), local_t, -1)
         lse, target, top = _tiled_shard_logsumexp(
-            q, w, bias, s, limit, local_t, min(int(block_size), rows_per_shard), cosine)
+            q, w, bias, s, limit, local_t, min(int(block_size), rows_per_shard), cosine,
+            bool(table_gradient))
         shift = jax.lax.pmax(jax.lax.stop_gradient(lse), model_axis)
         shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
         lse = shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), model_axis))
@@ -551,6 +570,8 @@ def vocab_parallel_logsumexp(
         in_specs=(P(data_axis, None), P(model_axis, None), P(model_axis), P(data_axis), P()),
         out_specs=VocabParallelStats(P(data_axis), P(data_axis), P(data_axis)))
     bias = jnp.zeros((vocab,), jnp.float32) if bias is None else bias
+    if not table_gradient:
+        table = jax.lax.stop_gradient(table)
     return sharded(queries, table, bias, targets.astype(jnp.int32),
                    jnp.asarray(scale, jnp.float32))
 
