@@ -70,10 +70,16 @@ def _per_query_metrics(scores, relevant: Sequence[Sequence[int]], ks: Sequence[i
     if scores.ndim != 2 or scores.shape[0] != len(relevant):
         raise ValueError(f"scores must be [{len(relevant)}, n_entities], got {scores.shape}")
     rel = _relevance(relevant, scores.shape[1])
-    n = rel.shape[0]
-    # Pairs come sorted by query, then rank: a query's j-th pair is its j-th relevant entity.
     query, rank = metrics.ranks_of_relevant(scores, rel)
-    count = np.bincount(query, minlength=n)  # >= 1: _relevance rejects empty queries
+    return _metrics_from_ranks(query, rank, rel.shape[0], scores.shape[1], ks, ndcg_k)
+
+
+def _metrics_from_ranks(query: np.ndarray, rank: np.ndarray, n: int, num_items: int,
+                        ks: Sequence[int], ndcg_k: int) -> PerQuery:
+    """Every metric per query from ``metrics.ranks_of_relevant``-style ``(query, rank)``
+    pairs (sorted by query, then rank; every query of ``range(n)`` has one)."""
+    # Pairs come sorted by query, then rank: a query's j-th pair is its j-th relevant entity.
+    count = np.bincount(query, minlength=n)  # >= 1: callers reject empty queries
     first = np.cumsum(count) - count
     j = np.arange(query.size) - first[query]
 
@@ -89,7 +95,7 @@ def _per_query_metrics(scores, relevant: Sequence[Sequence[int]], ks: Sequence[i
         out[f"recall@{k}"] = per_query_mean((rank <= k).astype(np.float64))
     # Binary-gain NDCG@k; the ideal list puts the query's min(count, k) relevant entities on
     # top. A cut-off beyond the list length uses the whole list (as metrics.ndcg_at_k).
-    k = min(ndcg_k, scores.shape[1])
+    k = min(ndcg_k, num_items)
     discount = 1.0 / np.log2(np.arange(2, k + 2))
     ideal = np.cumsum(discount)[np.minimum(count, k) - 1]
     gained = np.where(rank <= k, 1.0 / np.log2(rank + 1.0), 0.0)
@@ -201,6 +207,57 @@ def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
     return (summary, values) if per_query else summary
 
 
+def evaluate_ranks(rank_block: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
+                   relevant: Sequence[Sequence[int]], num_items: int, *,
+                   block_size: int = 1024, ks: Sequence[int] = RECALL_KS,
+                   ndcg_k: int = NDCG_K, per_query: bool = False,
+                   split: bool = False) -> Summary | tuple[Summary, PerQuery]:
+    """:func:`evaluate_scores` from the ranks of the relevant entities alone.
+
+    For rankers that compute the ranks where the scores lie (``inference.EntityRanker.
+    relevant_ranks``: per-shard counts on the devices holding the table), so no
+    ``[queries, entities]`` score matrix reaches the host. Same metrics, same ties.
+
+    Args:
+      rank_block: ``(start, stop) -> (query, rank)`` of those queries, as
+        ``embedding_core.metrics.ranks_of_relevant`` returns them (query indices relative
+        to ``start``).
+      relevant: per query, its relevant entity indices (checked here).
+      num_items: entities ranked (ranks lie in ``[1, num_items]``).
+      block_size, ks, ndcg_k, per_query, split: as in :func:`evaluate_scores`.
+
+    Raises:
+      ValueError: no queries, a query without relevant entity or one out of range, a bad
+        cut-off or block size.
+    """
+    if not relevant:
+        raise ValueError("no queries to evaluate")
+    if isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    ks = [_cutoff(k, "ks") for k in ks]
+    ndcg_k = _cutoff(ndcg_k, "ndcg_k")
+    for i, items in enumerate(relevant):
+        if not list(items):
+            raise ValueError(f"query {i} has no relevant entity")
+        for e in items:
+            if not 0 <= int(e) < num_items:
+                raise ValueError(f"query {i}: relevant entity {e} not in [0, {num_items})")
+
+    def rows(first: int, last: int) -> PerQuery:
+        parts: list[PerQuery] = []
+        for start in range(first, last, block_size):
+            stop = min(start + block_size, last)
+            query, rank = rank_block(start, stop)
+            parts.append(_metrics_from_ranks(np.asarray(query), np.asarray(rank),
+                                             stop - start, num_items, ks, ndcg_k))
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    values = multihost.split_map(rows, len(relevant), what="ranking") if split else \
+        rows(0, len(relevant))
+    summary = _summary(values, len(relevant))
+    return (summary, values) if per_query else summary
+
+
 def cosine_scores(queries: np.ndarray, entities: np.ndarray) -> np.ndarray:
     """``[n_q, n_e]`` float32 cosine similarities (zero vectors score 0)."""
     return (l2_normalize(queries) @ l2_normalize(entities).T).astype(np.float32)
@@ -224,15 +281,20 @@ def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
 def evaluate_ranker(ranker, queries: Sequence[tuple[str, Sequence[int]]],
                     progress: bool = False, **kwargs) -> dict[str, float]:
     """Held-out ranking metrics of a trained DocEnt model of any variant
-    (``inference.EntityRanker``): each query block is scored by ``ranker.score`` (Dual,
-    Hybrid: ``a cos(f(q), g(e))``; Full: the entity logits of ``[CLS] [MASK] [SEP] q``).
-    ``kwargs`` go to :func:`evaluate_scores`. With several processes and a loaded ranker
-    (process-local params) each process scores its slice of the queries."""
+    (``inference.EntityRanker``), scored by ``a cos(f(q), g(e))`` (Dual, Hybrid) or the
+    entity logits of ``[CLS] [MASK] [SEP] q`` (Full). The ranks of each query block's
+    relevant entities are computed on the devices holding the table
+    (``ranker.relevant_ranks``, shard by shard when it is split over ``"model"``): the
+    metrics of :func:`evaluate_scores` on ``ranker.score``, without the score matrix on
+    the host. ``kwargs`` go to :func:`evaluate_ranks`. With several processes and a loaded
+    ranker (process-local params) each process ranks its slice of the queries."""
     texts = [q for q, _ in queries]
+    relevant = [r for _, r in queries]
     kwargs.setdefault("split", multihost.is_local(ranker.params))
-    return evaluate_scores(
-        lambda a, b: ranker.score(texts[a:b], show_progress_bar=progress and a == 0),
-        [r for _, r in queries], **kwargs)
+    return evaluate_ranks(
+        lambda a, b: ranker.relevant_ranks(texts[a:b], relevant[a:b],
+                                           show_progress_bar=progress and a == 0),
+        relevant, ranker.num_entities, **kwargs)
 
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:

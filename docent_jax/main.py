@@ -27,6 +27,8 @@ evaluate  --task=ranking (default): zero-shot entity ranking of the held-out que
           --config.eval_reddit_path at training; --config.eval_queries_file replaces
           them, also on the evaluate line): MAP, MRR, recall@1/5/10, NDCG@10, next to the
           Bag-of-Sentences (MiniLM, GloVe) and TF-IDF baselines; writes DIR/eval/ranking.json.
+          --config.mesh_model=N (evaluate, export) splits the entity table over N devices:
+          ranks and exports it shard by shard, never whole on one device or the host.
           --task=tags: MovieLens tag prediction (closed and open vocabulary, fine-tuned, with
           the frozen-probe and tag-text baselines; --config.tag_*=V changes a tag setting
           for this evaluation, e.g. --config.tag_movielens_dir=ml-latest/); writes
@@ -90,8 +92,11 @@ def main(argv: list[str]) -> None:
 
             evaluate_tags_workdir(FLAGS.workdir, step=FLAGS.step, overrides=_overrides())
         elif command == "evaluate":
+            overrides = _overrides()
             workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step,
-                                       baselines=FLAGS.baselines, overrides=_overrides())
+                                       baselines=FLAGS.baselines,
+                                       mesh_model=int(overrides.pop("mesh_model", 1)),
+                                       overrides=overrides)
         elif command == "preprocess":
             from docent_jax.data import corpus_source
 
@@ -99,7 +104,8 @@ def main(argv: list[str]) -> None:
                                       FLAGS.output, FLAGS.num_shards)
         elif command == "export":
             workflows.export_workdir(FLAGS.workdir, FLAGS.output, input_path=FLAGS.input,
-                                     step=FLAGS.step)
+                                     step=FLAGS.step,
+                                     mesh_model=int(_overrides().get("mesh_model", 1)))
         elif command == "export-hf":
             if not FLAGS.output:
                 raise app.UsageError("export-hf needs --output=DIR")

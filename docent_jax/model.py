@@ -58,6 +58,19 @@ VARIANTS = ("dual", "full", "hybrid")
 ENTITY_INIT_STD = 0.02
 
 
+def dual_scores(queries: jax.Array, table: jax.Array, scale: jax.Array | float) -> jax.Array:
+    """DocEnt-Dual's (and Hybrid's) ``a * cos(q, g(e))``: ``[n, dim]`` queries and
+    ``[rows, dim]`` table rows -> ``[n, rows]`` float32 (sec. 3.1; ``docs/docent.md``)."""
+    return scale * cosine_similarity_matrix(queries.astype(jnp.float32), table)
+
+
+def full_scores(t: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
+    """DocEnt-Full's entity logits ``t . g(e) + b_e``: ``[..., hidden]`` head outputs,
+    ``[rows, hidden]`` entity rows and ``[rows]`` biases -> ``[..., rows]`` float32."""
+    return jnp.einsum("...h,eh->...e", t.astype(jnp.float32), table.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST) + bias
+
+
 def table_rows(num_entities: int, multiple: int) -> int:
     """Rows of the entity table: ``num_entities`` rounded up to a multiple of ``multiple``.
 
@@ -146,8 +159,7 @@ class DocEntDual(nn.Module):
     def entity_scores(self, queries: jax.Array) -> jax.Array:
         """``a * cos(q, g(e))`` for every table row: ``[n, dim]`` -> ``[n, num_rows]`` float32
         (the logits of P(e | q); rows at or beyond ``num_entities`` are padding)."""
-        return self.scale() * cosine_similarity_matrix(queries.astype(jnp.float32),
-                                                       self.entity_table())
+        return dual_scores(queries, self.entity_table(), self.scale())
 
     def entity_table(self) -> jax.Array:
         """``g``: the whole ``[num_rows, dim]`` float32 table (padding rows included)."""
@@ -308,9 +320,7 @@ class DocEntFull(nn.Module):
     def entity_scores(self, t: jax.Array) -> jax.Array:
         """Entity logits ``t E_ent^T + b_ent``: ``[..., hidden]`` -> ``[..., num_rows]``
         float32 (padding rows included; mask them)."""
-        return jnp.einsum("...h,eh->...e", t.astype(jnp.float32),
-                          self.entity_embeddings.astype(jnp.float32),
-                          precision=jax.lax.Precision.HIGHEST) + self.entity_bias
+        return full_scores(t, self.entity_embeddings, self.entity_bias)
 
     def mlm_logits(self, hidden: jax.Array) -> jax.Array:
         """Tied head: ``t = LN(gelu(h W + b))``, ``logits = t [E_word; E_ent]^T + [b_w; b_e]``.

@@ -26,14 +26,17 @@ def model_name(ranker) -> str:
 
 def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baselines: bool = True, progress: bool = True,
-                     per_query: bool = False, overrides: dict | None = None) -> dict:
+                     per_query: bool = False, overrides: dict | None = None,
+                     mesh_model: int = 1) -> dict:
     """Held-out ranking metrics of a workdir's checkpoint (any variant) and the baselines.
 
     Prints the table and writes ``workdir/eval/ranking.json`` (``{"protocol", "rows":
     {model: {metric: value}}}``, metrics in [0, 1]).
 
     ``overrides`` changes evaluation-only fields (``eval_*``, e.g. ``eval_reddit_path``, the
-    ranking queries of an Amazon run) for this evaluation.
+    ranking queries of an Amazon run) for this evaluation. ``mesh_model > 1`` loads the
+    entity table split by rows over that many devices (``inference.load(mesh=...)``) and
+    ranks it shard by shard.
 
     Returns:
       ``{model: metrics}``; with ``per_query=True`` ``(rows, {model: {metric: [n_queries]
@@ -49,7 +52,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     from docent_jax import evaluate
     from docent_jax.inference import load
 
-    ranker = load(workdir, step=step)
+    ranker = load(workdir, step=step, mesh=_mesh(mesh_model))
     config = ranker.config.copy_and_resolve_references()
     for key, value in (overrides or {}).items():
         if not key.startswith("eval_") or key not in config:
@@ -89,6 +92,18 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     return (rows, details) if per_query else rows
 
 
+def _mesh(mesh_model: int):
+    """``None`` (the default load: a whole copy per process) for 1, else the
+    ``("data", "model")`` mesh of all devices with ``model=mesh_model``."""
+    if isinstance(mesh_model, bool) or int(mesh_model) != mesh_model or mesh_model < 1:
+        raise ValueError(f"mesh_model must be a positive integer, got {mesh_model!r}")
+    if mesh_model == 1:
+        return None
+    from embedding_core import parallel
+
+    return parallel.make_mesh(-1, int(mesh_model))
+
+
 def _view_meta(ranker, **extra) -> dict:
     meta = {"model": model_name(ranker), "encoder": ranker.config.model,
             "config": ranker.config.to_dict(), "step": ranker.step, "normalized": False,
@@ -107,8 +122,10 @@ def export_entities(ranker, out_dir: str | os.PathLike, *, block_rows: int = 819
 
     ``out_dir`` gets ``embeddings.npy`` (float32 ``[num_entities, dim]``, row i = entity
     i, raw), ``ids.txt`` (line i = ``ranker.entity_ids[i]``) and
-    ``meta.json`` through ``embedding_core.export.export_view``: one block of
-    ``block_rows`` rows on the host at a time, files moved into place when complete.
+    ``meta.json`` through ``embedding_core.export.export_view``: one block of at most
+    ``block_rows`` rows on the host at a time, files moved into place when complete. A
+    table split over ``"model"`` is read shard by shard (``ranker.iter_entity_blocks``),
+    never gathered.
     """
     from embedding_core.export import export_view
 
@@ -136,9 +153,11 @@ def export_queries(ranker, queries: list[str], out_dir: str | os.PathLike, *,
 
 def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None = None, *,
                    input_path: str | os.PathLike | None = None, step: int | None = None,
-                   block_rows: int = 8192) -> epath.Path:
+                   block_rows: int = 8192, mesh_model: int = 1) -> epath.Path:
     """Exports a workdir's checkpoint: ``output/entities/`` and, with ``input_path`` (one
     query per line), ``output/queries/`` (default output ``workdir/export``).
+    ``mesh_model > 1`` restores the table split over that many devices and streams it
+    shard by shard (same files).
 
     Each view holds ``embeddings.npy``, ``ids.txt`` and ``meta.json``
     (``embedding_core.export.load_export(output)`` reads them back).
@@ -153,7 +172,7 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None 
     output = storage.as_path(output) if output else storage.as_path(workdir) / "export"
     folder = ExportFolder(output)  # refuses an --output that is a file, before any work
     queries = read_text_lines(input_path, "query") if input_path is not None else None
-    ranker = load(workdir, step=step)
+    ranker = load(workdir, step=step, mesh=_mesh(mesh_model))
     meta = {"workdir": storage.display(workdir)}
     with folder:
         export_entities(ranker, output / "entities", block_rows=block_rows,

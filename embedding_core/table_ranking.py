@@ -83,6 +83,12 @@ def _pad_queries(queries, mesh: Mesh, data_axis: str, extra: Sequence = ()) -> t
             *(xp.pad(x, ((0, pad), (0, 0)), constant_values=-1) for x in extra))
 
 
+def _host_consts(consts: tuple) -> tuple:
+    # Small replicated values (a scale) as numpy: they may live on other devices than the
+    # table (params on a data mesh, a table given as numpy).
+    return tuple(np.asarray(jax.device_get(c)) for c in consts)
+
+
 def _local_scores(score_fn, q, w, row_args, consts, num_rows, rows_per_shard, model_axis):
     s = score_fn(q, w, row_args, consts).astype(jnp.float32)
     offset = jax.lax.axis_index(model_axis) * rows_per_shard
@@ -127,7 +133,7 @@ def top_k(score_fn: ScoreFn, queries: jax.Array, table: jax.Array, k: int, *,
     (q,) = _pad_queries(queries, mesh, data_axis)
     fn = _top_k_fn(score_fn, int(k), num_rows, per_shard, mesh, data_axis, model_axis,
                    len(row_args), len(consts))
-    scores, rows = fn(q, table, tuple(row_args), tuple(jnp.asarray(c) for c in consts))
+    scores, rows = fn(q, table, tuple(row_args), _host_consts(consts))
     return scores[:n], rows[:n]
 
 
@@ -193,7 +199,7 @@ def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
     q, rel = _pad_queries(queries, mesh, data_axis, (relevant,))
     fn = _counts_fn(score_fn, num_rows, per_shard, mesh, data_axis, model_axis,
                     len(row_args), len(consts))
-    scores, at_least = fn(q, table, rel, tuple(row_args), tuple(jnp.asarray(c) for c in consts))
+    scores, at_least = fn(q, table, rel, tuple(row_args), _host_consts(consts))
     return (np.asarray(scores, np.float32)[:n], np.asarray(at_least, np.int64)[:n])
 
 
