@@ -52,6 +52,41 @@ def tiny_bert_dir(tmp_path_factory, minilm_dir) -> Path:
     return out
 
 
+def _read_only(run):
+    """Yields ``run``; fails at the end of the session if a file of its workdir changed."""
+    from tests import shared_runs
+
+    before = shared_runs.fingerprint(run.workdir)
+    yield run
+    after = shared_runs.fingerprint(run.workdir)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"a test wrote into the shared read-only {run.workdir}: {changed[:10]}"
+
+
+@pytest.fixture(scope="session")
+def dualcse_tiny_run(tmp_path_factory, tiny_bert_dir):
+    """A 3-step DualCSE run of ``tests/shared_runs.py:DUALCSE_TINY`` on the tiny BERT
+    (a ``SharedRun``: workdir, overrides, final params), trained once for the session.
+
+    Read-only: tests that write into a workdir use ``shared_runs.copy_run``; the session
+    fails at its end if a file of the workdir changed.
+    """
+    from tests import shared_runs
+
+    yield from _read_only(shared_runs.train_dualcse_tiny(
+        tmp_path_factory.mktemp("dualcse_tiny") / "run", tiny_bert_dir))
+
+
+@pytest.fixture(scope="session")
+def docent_tiny_run(tmp_path_factory, tiny_bert_dir):
+    """A 3-step DocEnt-Dual run of ``tests/shared_runs.py:DOCENT_TINY`` on the tiny BERT,
+    trained once for the session; read-only like ``dualcse_tiny_run``."""
+    from tests import shared_runs
+
+    yield from _read_only(shared_runs.train_docent_tiny(
+        tmp_path_factory.mktemp("docent_tiny") / "run", tiny_bert_dir))
+
+
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """The emulator, with ``STORAGE_EMULATOR_HOST`` set for this process and its children

@@ -38,7 +38,9 @@ def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir, capsys):
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "on 16 examples" in proc.stderr  # the file's 16 rows
-    assert "val_rte_average=" in proc.stderr  # RTE on the val_file during training
+    # Console metric lines, RTE on the val_file during training, TensorBoard event files.
+    assert "loss=" in proc.stderr and "val_rte_average=" in proc.stderr
+    assert list(workdir.glob("events.out.tfevents*"))
     assert (workdir / "checkpoints" / "2").is_dir()
     saved = json.loads((workdir / "run_config.json").read_text())
     assert saved["train_file"] == saved["val_file"] == str(EXAMPLES / "my_pairs.csv")

@@ -1,4 +1,5 @@
-"""Resumption after SIGKILL, export == load().encode, and the CLI's errors on bad input."""
+"""A trained workdir: export == load().encode, load without the base model, and the CLI's
+errors on bad input."""
 
 import csv
 import subprocess
@@ -10,11 +11,7 @@ import numpy as np
 import pytest
 
 from dualcse_jax.configs import default
-
-OVERRIDES = {"max_length": 32, "batch_size": 8, "num_train_steps": 60, "checkpoint_every": 5,
-             "log_every": 5, "max_train_examples": 64, "learning_rate": 1e-3,
-             "keep_checkpoints": 2, "eval_batch_size": 16, "eval_every": 30,
-             "eval_examples": 16}
+from tests import shared_runs
 
 
 def _cli(*args, timeout=600, check=True):
@@ -23,11 +20,6 @@ def _cli(*args, timeout=600, check=True):
     if check and out.returncode != 0:
         raise AssertionError(out.stdout[-3000:] + out.stderr[-3000:])
     return out
-
-
-def _flags(model_dir, workdir, **extra):
-    over = dict(OVERRIDES, model=str(model_dir), **extra)
-    return [f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in over.items()]
 
 
 def _params(workdir):
@@ -39,14 +31,14 @@ def _params(workdir):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, tiny_bert_dir):
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    out = _cli("train", *_flags(tiny_bert_dir, workdir))
-    # Console metric lines, the periodic RTE evaluation, TensorBoard event files.
-    assert "loss=" in out.stderr and "val_rte_average=" in out.stderr
-    assert list(workdir.glob("events.out.tfevents*"))
-    return workdir
+def uninterrupted(dualcse_tiny_run):
+    """The session's shared 3-step run (tests/shared_runs.py), read-only. The CLI's train
+    (console metric lines, the periodic RTE evaluation, TensorBoard event files) is run by
+    tests/data_pipelines/test_own_data_train.py."""
+    return dualcse_tiny_run.workdir
 
+
+STEPS = shared_runs.DUALCSE_TINY["num_train_steps"]
 
 # SIGKILL after the first checkpoint, then resume to the uninterrupted parameters: the
 # same CLI path is tested on gs:// (tests/embedding_core/test_gcs_storage.py), and a local
@@ -70,7 +62,7 @@ def test_export_equals_fresh_encode(tmp_path, uninterrupted):
     assert implicit.dtype == np.float32 and implicit.shape == (37, 32)
     assert ids == sentences and implicit_ids == sentences
     assert (out / "explicit" / "ids.txt").read_text(encoding="utf-8").splitlines() == sentences
-    assert meta["step"] == OVERRIDES["num_train_steps"]
+    assert meta["step"] == STEPS
     assert meta["normalized"] is False and meta["similarity"] == "cosine"
     assert meta["config"]["architecture"] == "cross"
     emb, _ = _params(uninterrupted)
@@ -84,19 +76,16 @@ def test_export_equals_fresh_encode(tmp_path, uninterrupted):
     np.testing.assert_allclose(r_rev[::-1], r, atol=1e-5)
 
 
-def test_two_step_run_loads_encodes_and_exports(tmp_path, tiny_bert_dir):
-    """After a 2-step run (what ``dualcse-jax train`` calls): one unit-norm float32 row per
-    text, and an export whose two views equal ``encode`` of the same texts."""
+def test_short_run_loads_encodes_and_exports(tmp_path, uninterrupted):
+    """After a 3-step run (``workflows.train``, what ``dualcse-jax train`` calls): one
+    unit-norm float32 row per text, and an export whose two views equal ``encode`` of the
+    same texts."""
     from dualcse_jax import load, workflows
     from embedding_core.export import load_export
 
-    config = default.get_config()
-    config.update(dict(OVERRIDES, model=str(tiny_bert_dir), num_train_steps=2,
-                       eval_every=0, checkpoint_every=2))
-    workdir = tmp_path / "w"
-    workflows.train(config, workdir)
+    workdir = uninterrupted
     model = load(workdir)
-    assert model.step == 2 and model.dim == 32
+    assert model.step == STEPS and model.dim == 32
     one = model.encode(["a sentence"], batch_size=2, normalize=True, show_progress_bar=False)
     assert one.dtype == np.float32 and one.shape == (1, model.dim)
     np.testing.assert_allclose(np.linalg.norm(one, axis=1), 1.0, atol=1e-6)
@@ -121,7 +110,7 @@ def test_two_step_run_loads_encodes_and_exports(tmp_path, tiny_bert_dir):
             vectors, ids, meta = views[kind]
             assert ids == texts and vectors.dtype == np.float32
             assert {"model", "config", "step", "normalized", "similarity"} <= set(meta)
-            assert meta["step"] == 2 and meta["normalized"] is normalize
+            assert meta["step"] == STEPS and meta["normalized"] is normalize
             want = model.encode(texts, kind=kind, normalize=normalize)
             np.testing.assert_allclose(vectors, want, atol=1e-5)
         assert np.abs(views["explicit"][0] - views["implicit"][0]).max() > 1e-4
@@ -147,7 +136,8 @@ def test_train_rejects_indivisible_batch_before_compiling(tmp_path, tiny_bert_di
     from dualcse_jax.trainer import train
 
     config = default.get_config()
-    config.update(dict(OVERRIDES, model=str(tiny_bert_dir), batch_size=12))  # 8 devices
+    config.update(dict(shared_runs.DUALCSE_TINY, model=str(tiny_bert_dir),
+                       batch_size=12))  # 8 devices
     with pytest.raises(ValueError, match="batch_size=12 is not divisible by the "
                                          "data-parallel size 8"):
         train(config, tmp_path / "w")
@@ -178,17 +168,19 @@ def test_bad_training_csv_names_file_line_field(tmp_path, tiny_bert_dir, monkeyp
     from dualcse_jax.trainer import train
 
     config = default.get_config()
-    config.update(dict(OVERRIDES, model=str(tiny_bert_dir)))
+    config.update(dict(shared_runs.DUALCSE_TINY, model=str(tiny_bert_dir)))
     with pytest.raises(DataError, match=r"train\.csv:6: field 'premise'"):
         train(config, tmp_path / "w")
 
 
-def test_rte_json_counts_rows_with_one_sentence_under_two_labels(uninterrupted, monkeypatch,
-                                                                 capsys):
+def test_rte_json_counts_rows_with_one_sentence_under_two_labels(dualcse_tiny_run, tmp_path,
+                                                                 monkeypatch, capsys):
     import json
 
     from data_pipelines import inli
     from dualcse_jax import data, workflows
+
+    uninterrupted = shared_runs.copy_run(dualcse_tiny_run, tmp_path / "run")  # eval/ written
 
     # Slices holding one conflicting row each: val row 9 and test row 571 (here row 6).
     val = inli.read_inli(inli.inli_split_path("val"))[:12]
