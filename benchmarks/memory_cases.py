@@ -9,7 +9,7 @@ XLA's per-device ``memory_analysis()``: ``temp_bytes`` (temporaries) and ``arg_b
 The mesh needs ``mesh_data * mesh_model`` devices: import this module before JAX starts (it
 then asks for 8 fake CPU devices), or set
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` yourself. Run as a script to print
-the DocEnt cases as JSON::
+the DocEnt cases as JSON (tiled, tiled with the fused table update, untiled)::
 
   python benchmarks/memory_cases.py --num_entities=10000000 --dim=256 --batch=1024
 """
@@ -36,7 +36,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from docent_jax.loss import full_vocab_entity_loss  # noqa: E402
 from docent_jax.model import table_rows  # noqa: E402
-from embedding_core import parallel  # noqa: E402
+from embedding_core import losses, parallel, training  # noqa: E402
+from embedding_core.table_update import FusedTableUpdate, softmax_table_stats  # noqa: E402
 
 
 def compiled_bytes(compiled) -> dict[str, int]:
@@ -47,7 +48,8 @@ def compiled_bytes(compiled) -> dict[str, int]:
 
 
 def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data: int,
-                             mesh_model: int, block_size: int) -> dict[str, int]:
+                             mesh_model: int, block_size: int,
+                             fused: bool = False) -> dict[str, int]:
     """Per-device bytes of one DocEnt-Dual full-softmax step: loss + gradients + Adam.
 
     The step is ``docent_jax.loss.full_vocab_entity_loss`` (cosine logits with the learned
@@ -59,17 +61,26 @@ def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data:
     are split by rows over ``model`` and replicated over ``data``; the batch is split over
     ``data``. Nothing is allocated: the inputs are ``ShapeDtypeStruct``s.
 
+    ``fused=True`` is ``config.fused_table_update``: the loss runs with the table's
+    gradient stopped and the same Adam step is applied block by block
+    (``embedding_core.table_update.FusedTableUpdate``), so the table's gradient never
+    exists whole; the step also returns the global gradient norm, as the train step logs it.
+
     Args:
       num_entities: real table rows. dim: vector width. batch: global batch.
       mesh_data, mesh_model: the mesh (``mesh_data * mesh_model`` devices must exist).
       block_size: ``config.vocab_block_size`` (0 = untiled).
+      fused: fold the table's Adam update into a blockwise pass (needs ``block_size > 0``).
 
     Returns:
       ``{"temp_bytes": int, "arg_bytes": int}``: XLA's temporaries and arguments per device.
 
     Raises:
-      ValueError: ``batch`` not divisible by ``mesh_data``, or too few devices.
+      ValueError: ``batch`` not divisible by ``mesh_data``, too few devices, or ``fused``
+        without ``block_size``.
     """
+    if fused and not block_size:
+        raise ValueError("the fused table update needs the tiled softmax (block_size > 0)")
     if batch % mesh_data:
         raise ValueError(f"batch {batch} is not divisible by mesh_data={mesh_data}")
     mesh = parallel.make_mesh(mesh_data, mesh_model)
@@ -104,8 +115,28 @@ def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data:
         updates, opt_state = tx.update(g_params, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, g_sentences
 
-    jitted = jax.jit(step, donate_argnums=(0, 1),
-                     out_shardings=(param_shardings, opt_shardings, replicated,
+    update = FusedTableUpdate(("entity_embeddings",), num_entities, max(block_size, 1))
+
+    def fused_loss(params, sentences, entity_ids):
+        scale = jnp.exp(params["log_scale"])
+        stats = losses.vocab_parallel_logsumexp(
+            sentences, params["entity_embeddings"], entity_ids, mesh, scale,
+            num_classes=num_entities, block_size=block_size, table_gradient=False)
+        weights = jnp.full((batch,), 1.0 / batch, jnp.float32)  # d mean / d ce_i
+        return jnp.mean(stats.logsumexp - stats.target_logit), softmax_table_stats(
+            sentences, entity_ids, weights, stats.logsumexp, scale)
+
+    def fused_step(params, opt_state, sentences, entity_ids):
+        (loss, stats), (g_params, g_sentences) = jax.value_and_grad(
+            fused_loss, argnums=(0, 1), has_aux=True)(params, sentences, entity_ids)
+        state = training.TrainState(step=jnp.zeros((), jnp.int32), apply_fn=None,
+                                    params=params, tx=tx, opt_state=opt_state)
+        state, grad_norm = update.apply_gradients(state, g_params, stats, mesh)
+        return state.params, state.opt_state, (loss, grad_norm), g_sentences
+
+    jitted = jax.jit(fused_step if fused else step, donate_argnums=(0, 1),
+                     out_shardings=(param_shardings, opt_shardings,
+                                    (replicated, replicated) if fused else replicated,
                                     sentences.sharding))
     with jax.set_mesh(mesh):
         compiled = jitted.lower(params, opt_state, sentences, entity_ids).compile()
@@ -120,15 +151,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--block_size", type=int, default=8192)
     parser.add_argument("--meshes", default="2x4,1x8", help="data x model, comma-separated")
     parser.add_argument("--untiled", default="2x4,1x8", help="meshes also measured untiled")
+    parser.add_argument("--fused", default="2x4,1x8",
+                        help="meshes also measured tiled with the fused table update")
     args = parser.parse_args(argv)
     out = {}
     untiled = {m for m in args.untiled.split(",") if m}
+    fused = {m for m in args.fused.split(",") if m}
     for mesh in (m for m in args.meshes.split(",") if m):
         data, model = (int(x) for x in mesh.split("x"))
-        for block in ((args.block_size, 0) if mesh in untiled else (args.block_size,)):
-            name = f"docent_{mesh}_{'tiled' if block else 'untiled'}"
+        variants = [("tiled", args.block_size, False)]
+        if mesh in fused:
+            variants.append(("tiled_fused", args.block_size, True))
+        if mesh in untiled:
+            variants.append(("untiled", 0, False))
+        for kind, block, fuse in variants:
+            name = f"docent_{mesh}_{kind}"
             out[name] = docent_full_softmax_case(args.num_entities, args.dim, args.batch,
-                                                 data, model, block)
+                                                 data, model, block, fused=fuse)
             print(name, out[name], flush=True)
     print(json.dumps(out))
     return out
