@@ -41,6 +41,7 @@ from docent_jax.masking import (
     maskable_word_pieces,
 )
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, word_table
+from embedding_core.contrastive import ContrastiveLoss, per_example
 from embedding_core.losses import (
     cosine_similarity_matrix,
     info_nce,
@@ -114,24 +115,39 @@ def full_vocab_entity_loss(
 
 
 def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
-                      mesh: Mesh) -> LossFn:
-    """DocEnt-Dual's ``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch.
+                      mesh: Mesh) -> ContrastiveLoss:
+    """DocEnt-Dual's ``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch,
+    split at the sentence vectors ``f(s)`` (``embedding_core.contrastive.ContrastiveLoss``:
+    ``config.contrastive_chunk_size`` chunks the encoder; the table and the scale enter
+    the loss directly).
 
     The batch holds ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[b, 1, L]`` and
     ``entity_ids`` ``[b]`` int32 (``docent_jax.data.make_batches``); ``config.softmax``
     picks :func:`in_batch_entity_loss` or :func:`full_vocab_entity_loss`
-    (``config.vocab_block_size`` tiles the latter).
+    (``config.vocab_block_size`` tiles the latter). With dropout, sentence i is encoded
+    with the key ``fold_in(step key, i)`` (``contrastive.per_example``).
     """
     block_size = int(config.get("vocab_block_size", 0))
 
-    def loss_fn(params, batch, rng):
-        sentences, table, scale = model.apply(
-            {"params": params}, batch["input_ids"], batch["attention_mask"],
-            batch["token_type_ids"], deterministic=not config.dropout, rngs={"dropout": rng})
+    def embed(params, batch, rows, rng):
+        def apply(inputs, key):
+            b, f, seq = inputs[0].shape
+            flat = [x.reshape(b * f, seq) for x in inputs]
+            return model.apply({"params": params}, *flat, deterministic=key is None,
+                               rngs={} if key is None else {"dropout": key},
+                               method=DocEntDual.encode_sentences)
+
+        inputs = tuple(batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
+        sentences = per_example(apply, bool(config.dropout))(inputs, rows, rng)
+        return sentences.reshape(-1, sentences.shape[-1])
+
+    def loss(params, sentences, batch, rng):
+        table, scale = model.apply({"params": params},
+                                   method=lambda m: (m.entity_table(), m.scale()))
         return entity_softmax_loss(config.softmax, sentences, table, batch["entity_ids"],
                                    scale, mesh, model.num_entities, block_size)
 
-    return loss_fn
+    return ContrastiveLoss(embed, loss)
 
 
 def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,

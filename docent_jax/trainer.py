@@ -19,6 +19,7 @@ from docent_jax.loss import make_loss_fn, masking_config
 from docent_jax.model import PRETRAINED_PATH, build_model, init_fn
 from docent_jax.optimizer import head_warmup_steps, make_optimizer
 from embedding_core import configs, training
+from embedding_core.contrastive import GradAccumulation
 from embedding_core.pretrained import encoder_run_files, load_pretrained
 from embedding_core.run import run
 from embedding_core.task import Task
@@ -36,6 +37,25 @@ def eval_subset(queries: Sequence, limit: int) -> list:
     if limit <= 0 or limit >= n:
         return list(queries)
     return [queries[i * n // limit] for i in range(limit)]
+
+
+def grad_accumulation(config: ml_collections.ConfigDict) -> GradAccumulation | None:
+    """How ``config.grad_accum_steps`` accumulates ``config.variant``'s loss: DocEnt-Full
+    only (Dual chunks its in-batch loss with ``contrastive_chunk_size`` instead; Hybrid
+    does neither).
+
+    Micro-batch k draws its masks from ``fold_in(step key, k)`` and its gradient is
+    weighted by its masked-token count: the masked word pieces (``L_MLM``'s per-token mean
+    over the micro-batches is then the mean over all their masked word pieces, exactly),
+    with ``single_cross_entropy`` the masked word pieces and entities (the whole loss is
+    then exactly the mean over all masked tokens). ``L_E``'s mean is weighted by word-piece
+    counts in the two-term form (``docs/docent.md``).
+    """
+    if config.get("variant", "dual") != "full":
+        return None
+    if bool(config.single_cross_entropy):
+        return GradAccumulation(lambda m: m["masked_words"] + m["masked_entities"])
+    return GradAccumulation(lambda m: m["masked_words"])
 
 
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
@@ -86,6 +106,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         run_files={docent_data.ENTITY_IDS_FILE: lambda path: docent_data.keep_entity_ids(
             path, data.entity_ids), **encoder_run_files(pretrained.model_dir)},
         make_optimizer=make_optimizer,
+        grad_accumulation=grad_accumulation(config),
         summary=f"{data.num_entities} entities; {data.description}",
         logical_axis_sizes={"heads": pretrained.config.num_heads})
 

@@ -21,25 +21,40 @@ from dualcse_jax.model import (
     sentence_text_ids,
 )
 from embedding_core import training
+from embedding_core.contrastive import ContrastiveLoss, per_example
 from embedding_core.pretrained import encoder_run_files, load_pretrained
 from embedding_core.run import run
 from embedding_core.task import Task
 
 
-def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict):
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch."""
+def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> ContrastiveLoss:
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch, split at the
+    sentence vectors (``embedding_core.contrastive.ContrastiveLoss``), so that
+    ``config.contrastive_chunk_size`` can chunk it.
 
-    def loss_fn(params, batch, rng):
-        r, u = model.apply({"params": params}, *model_inputs(batch),
-                           deterministic=not config.dropout, rngs={"dropout": rng})
+    The embeddings are ``(r, u)`` ``[rows, sentences, hidden]`` float32 (``(r,)`` for
+    simcse); with dropout each row (an example with all its sentences) is encoded with the
+    key ``fold_in(step key, row)`` (``contrastive.per_example``).
+    """
+    simcse = config.architecture == "simcse"
+
+    def embed(params, batch, rows, rng):
+        def apply(inputs, key):
+            return model.apply({"params": params}, *inputs, deterministic=key is None,
+                               rngs={} if key is None else {"dropout": key})
+
+        r, u = per_example(apply, bool(config.dropout))(model_inputs(batch), rows, rng)
+        return (r,) if simcse else (r, u)
+
+    def loss(params, vectors, batch, rng):
         text_ids = sentence_text_ids(batch["text_ids"], config.architecture)
-        if config.architecture == "simcse":
-            return simcse_loss(r, text_ids, temperature=config.temperature)
-        return dualcse_loss(r, u, text_ids, temperature=config.temperature,
+        if simcse:
+            return simcse_loss(vectors[0], text_ids, temperature=config.temperature)
+        return dualcse_loss(*vectors, text_ids, temperature=config.temperature,
                             use_contradiction=config.use_contradiction,
                             use_intra=config.use_intra)
 
-    return loss_fn
+    return ContrastiveLoss(embed, loss)
 
 
 def rte_evaluator(model: DualEncoder, tokenizer, config: ml_collections.ConfigDict,

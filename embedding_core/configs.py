@@ -32,6 +32,7 @@ RESUMABLE_FIELDS = frozenset({
     "eval_every", "eval_batch_size", "eval_examples", "mesh_data", "mesh_model",
     "coordinator_address", "num_processes", "process_id", "logical_axis_rules",
     "val_file", "test_file",  # DualCSE's evaluation sets: they do not shape the training
+    "contrastive_chunk_size",  # memory only: the chunked step's gradients are the same
 })
 
 
@@ -59,6 +60,14 @@ def base() -> ml_collections.ConfigDict:
     c.num_epochs = 1.0
     c.num_train_steps = 0  # >0 overrides num_epochs
     c.seed = 42  # parameter init, dropout and data order
+    # Batches beyond device memory (embedding_core/contrastive.py, docs/architecture.md).
+    c.contrastive_chunk_size = 0  # >0: in-batch contrastive losses (DualCSE, SimCSE, DocEnt
+    #   in-batch) embed the batch in chunks of this many rows per data device and backprop
+    #   chunk by chunk (GradCache): same gradients, activations of one chunk; must divide
+    #   the per-device batch. 0 = off
+    c.grad_accum_steps = 1  # >1: losses that are not in-batch contrastive (DocEnt-Full MLM,
+    #   MRWE triplet) average this many micro-batch gradients per step (triplet mining then
+    #   sees one micro-batch); must divide the per-device batch
     # Loop.
     c.log_every = 50  # steps between logged/TensorBoard training metrics
     c.checkpoint_every = 500  # steps between checkpoints (also on SIGTERM and at the end)
@@ -140,6 +149,14 @@ def validate_base(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.mesh_data={config.mesh_data}, mesh_model="
                          f"{config.mesh_model}: sizes >= 1 (mesh_data may be -1 = the rest)")
     _check_axis_rules(config.get("logical_axis_rules") or ())
+    chunk = int(config.get("contrastive_chunk_size", 0))
+    accum = int(config.get("grad_accum_steps", 1))
+    if chunk < 0 or accum < 1:
+        raise ValueError(f"config.contrastive_chunk_size={chunk} must be >= 0 and "
+                         f"config.grad_accum_steps={accum} >= 1")
+    if chunk > 0 and accum > 1:
+        raise ValueError(f"config.contrastive_chunk_size={chunk} and config.grad_accum_steps="
+                         f"{accum}: set one of them (chunking already bounds the memory)")
 
 
 def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:

@@ -18,7 +18,15 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
-from embedding_core import checkpoints, configs, parallel, run_control, run_lock, training
+from embedding_core import (
+    checkpoints,
+    configs,
+    contrastive,
+    parallel,
+    run_control,
+    run_lock,
+    training,
+)
 from embedding_core.task import Task
 
 
@@ -91,6 +99,7 @@ def run(
             stops.install()
         if "batch_size" in config:
             parallel.check_global_batch(int(config.batch_size), mesh)
+            contrastive.check_config(config, mesh)
         # A workdir in use is refused before the data loads; the lock itself is taken only
         # after it (nothing is written before the task has loaded its data).
         run_lock.on_process_zero(run_lock.WorkdirLock(workdir).check_free)
@@ -98,6 +107,7 @@ def run(
         if task.num_examples < 1 or task.steps_per_epoch < 1:
             raise ValueError(f"{task.name}: no training examples ({task.num_examples}) or no "
                              "full batch of them; check the data and the batch size")
+        contrastive.check_task(task.name, task.loss_fn, task.grad_accumulation, config)
         num_steps = configs.num_train_steps(config, task.steps_per_epoch)
         # Files are written from here on: a signal now ends the loop before its first step.
         stops.defer()
@@ -136,8 +146,10 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
     init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
     state, shardings = training.create_sharded_state(
         task.init_params, tx, mesh, init_rng, rules=rules, pretrained=task.pretrained)
+    value_and_grad = contrastive.step_value_and_grad(
+        task.name, task.loss_fn, task.grad_accumulation, config, mesh, shardings.params)
     step_fn = training.make_train_step(task.loss_fn, shardings, mesh, schedule=schedule,
-                                       rules=rules)
+                                       rules=rules, value_and_grad=value_and_grad)
     eval_fn = None
     if task.evaluate is not None and int(config.eval_every) > 0:
         eval_fn = lambda state, step: task.evaluate(state.params, step)

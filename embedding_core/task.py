@@ -16,6 +16,8 @@ import ml_collections
 import numpy as np
 import optax
 
+from embedding_core.contrastive import GradAccumulation
+
 # (params, global batch, dropout key) -> (scalar loss, {name: scalar}); traced under jit.
 LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
 # start_step -> iterator over this process's host batches ({name: numpy array}), in order.
@@ -36,7 +38,9 @@ class Task:
       init_params: ``rng -> params`` whose leaves are ``nn.LogicallyPartitioned`` boxes
         (``module.init(...)["params"]``); traced for shapes and shardings, run once under
         jit to build the state in place.
-      loss_fn: the loss on the *global* batch (see :data:`LossFn`).
+      loss_fn: the loss on the *global* batch (see :data:`LossFn`). An in-batch contrastive
+        loss given as an ``embedding_core.contrastive.ContrastiveLoss`` (split at its
+        embeddings) can be chunked by ``config.contrastive_chunk_size`` (GradCache).
       make_batches: resumable host batches (see :data:`BatchFactory`); a ``"step"`` entry,
         when present, is checked against the loop's step.
       num_examples: training examples (for logs and the epoch count).
@@ -51,6 +55,10 @@ class Task:
       make_optimizer: a package-specific optimizer; default AdamW from the config's
         shared fields (``embedding_core.run.default_optimizer``).
       summary: one line for the log (data, sizes).
+      grad_accumulation: set when the loss may be averaged over micro-batches
+        (``config.grad_accum_steps``; ``embedding_core.contrastive.GradAccumulation``:
+        the micro-batch weight); ``None`` refuses accumulation (an in-batch contrastive
+        loss would lose negatives: it chunks instead).
       logical_axis_sizes: counts of logical axes that parameter shapes do not show, which a
         mesh axis must divide to split them (``embedding_core.parallel.fit_rules``), e.g.
         ``{"heads": 12}``: the ``"heads"`` columns of a 12-head encoder are split over
@@ -69,4 +77,5 @@ class Task:
     run_files: Mapping[str, Callable[[Any], None]] = dataclasses.field(default_factory=dict)
     make_optimizer: OptimizerFactory | None = None
     summary: str = ""
+    grad_accumulation: GradAccumulation | None = None
     logical_axis_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)

@@ -266,6 +266,7 @@ def make_train_step(
     *,
     schedule: optax.Schedule | None = None,
     rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
+    value_and_grad: Callable | None = None,
 ) -> Callable[[TrainState, Mapping[str, jax.Array], jax.Array], tuple[TrainState, dict]]:
     """The pure train step, jitted with shardings and a donated state.
 
@@ -273,17 +274,20 @@ def make_train_step(
     global mean loss, XLA inserts the reductions. The per-step dropout key is
     ``fold_in(rng, state.step)``, so a resumed run draws the same masks. A non-finite
     loss, gradient norm or updated parameter sets ``state.first_nonfinite_step`` (when the
-    state tracks it).
+    state tracks it). ``value_and_grad`` (``(params, batch, rng) -> ((loss, metrics),
+    grads)``) replaces ``jax.value_and_grad(loss_fn, has_aux=True)``: a chunked contrastive
+    step or gradient accumulation (``embedding_core.contrastive.step_value_and_grad``).
 
     Returns:
       ``step(state, batch, rng) -> (state, metrics)``; metrics are replicated scalars
       including ``loss``, ``grad_norm`` and ``learning_rate``.
     """
 
+    grad_fn = value_and_grad or jax.value_and_grad(loss_fn, has_aux=True)
+
     def step(state: TrainState, batch, rng):
         key = jax.random.fold_in(rng, state.step)
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, batch, key)
+        (loss, metrics), grads = grad_fn(state.params, batch, key)
         metrics = dict(metrics)
         metrics["loss"] = loss
         metrics["grad_norm"] = optax.tree.norm(grads)

@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.word_features import FeatureSet, parse_list
+from embedding_core.contrastive import GradAccumulation, check_split
 from embedding_core.files import write_json
 from embedding_core.run import run
 from embedding_core.task import Task
@@ -31,8 +32,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
     """The task of ``config`` on ``mesh``; ``corpus`` and ``features`` skip loading them.
 
     Raises:
-      ValueError: P not divisible by the data-parallel size or the process count (checked
-        before any data loads).
+      ValueError: P not divisible by the data-parallel size or the process count, or P per
+        device not by ``grad_accum_steps`` (checked before any data loads).
     """
     P, K = int(config.paragraphs_per_batch), int(config.questions_per_paragraph)
     data_size = mesh.shape["data"]
@@ -42,6 +43,12 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
             f"config.paragraphs_per_batch={P} must be divisible by the data-parallel size "
             f"{data_size} and the process count {jax.process_count()} (mesh "
             f"{dict(mesh.shape)}); choose a multiple of {data_size}")
+    steps = int(config.get("grad_accum_steps", 1))
+    if steps > 1:
+        # Micro-batch j takes each device's j-th block of paragraphs and of their questions
+        # (embedding_core.contrastive.split_rows): P/data paragraphs per device must split.
+        check_split("grad_accum_steps", steps, P, mesh, chunk=False,
+                    what="paragraphs_per_batch")
     if corpus is None or features is None:
         corpus, features = data.load_data(config)
     batches = data.PKBatches(
@@ -64,6 +71,9 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
         loss_fn=make_loss_fn(model, config, features), make_batches=batches.iterator,
         num_examples=len(batches.train_q), steps_per_epoch=batches.steps_per_epoch,
         global_batch_size=P * (1 + K), evaluate=evaluate_test_pool,
+        # Batch-hard mining then looks within a micro-batch (P / grad_accum_steps
+        # paragraphs), not the whole batch: docs/mrwe.md.
+        grad_accumulation=GradAccumulation(),
         run_files={FEATURES_FILE: lambda path: write_json(path, features.recipe()),
                    IDF_FILE: lambda path: write_json(path, features.idf_table.to_json())},
         summary=f"P={P} x K={K}, d''={features.dim}; {corpus.summary()}")

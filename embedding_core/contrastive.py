@@ -1,0 +1,401 @@
+"""Batches beyond device memory: chunked contrastive steps and gradient accumulation.
+
+**Chunked contrastive step** (GradCache, Gao et al. 2021, "Scaling Deep Contrastive Learning
+Batch Size under Memory Limited Setup"; ``docs/architecture.md``, "Batches beyond device
+memory"). An in-batch loss ``L(p, E(p))`` whose embeddings ``E = embed(p, batch)`` are
+computed row by row has the gradient ``dL/dp = dL/dp|_E + J_E(p)^T dL/dE``. With
+``config.contrastive_chunk_size = C`` the step
+
+1. embeds the global batch in chunks without keeping activations (a stop-gradient forward,
+   ``lax.map`` over chunks),
+2. computes the loss and its gradient with respect to the embeddings, and to the params the
+   loss uses directly (a learned scale, an entity table), on the full global batch,
+3. runs each chunk's forward again with a VJP against its slice of ``dL/dE`` and sums the
+   parameter gradients (``lax.scan``).
+
+Activation memory is that of one chunk; the loss still sees every row of the global batch as
+a negative. The gradients are those of the unchunked step up to float32 summation order.
+
+Chunks are cut from each device's local rows: the global batch ``[D*L]`` (sharded over
+``"data"``, D devices of L rows) is viewed as ``[D, n, C]`` and chunk k is ``[:, k, :]``,
+``D*C`` rows spread over every data device, so no device idles and nothing moves between
+devices to form a chunk.
+
+**Dropout per example.** With dropout on, :func:`per_example` runs the encoder on each
+example alone under ``jax.vmap`` with the key ``fold_in(step_key, global_row_index)``: the
+masks are a function of (seed, step, example) only, so the chunked and unchunked steps draw
+the same masks (and any mesh does).
+
+**Gradient accumulation** (:func:`accumulated_value_and_grad`) for losses that are not
+in-batch contrastive (MLM, batch-hard triplet): ``config.grad_accum_steps = m`` splits the
+global batch into m micro-batches (cut per device as above) and averages their gradients,
+optionally weighted (e.g. by masked-token counts, so a per-token mean is the full batch's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# (params, batch rows, global row indices [n] int32, step key) -> embeddings (a pytree of
+# arrays whose leading dimension is the n rows).
+EmbedFn = Callable[[Any, Mapping[str, jax.Array], jax.Array, jax.Array], Any]
+# (params, embeddings of the whole global batch, global batch, step key) -> (loss, metrics).
+EmbeddingLossFn = Callable[[Any, Any, Mapping[str, jax.Array], jax.Array],
+                           tuple[jax.Array, dict]]
+# (params, batch, step key) -> ((loss, metrics), grads): jax.value_and_grad(has_aux=True)'s form.
+ValueAndGradFn = Callable[[Any, Mapping[str, jax.Array], jax.Array],
+                          tuple[tuple[jax.Array, dict], Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ContrastiveLoss:
+    """A loss split at its embeddings, so that the step can be chunked.
+
+    Calling it is the plain (unchunked) loss ``loss(params, embed(params, batch, rows, rng),
+    batch, rng)`` with ``rows = arange(batch rows)``: it is a ``Task.loss_fn``.
+
+    Attributes:
+      embed: :data:`EmbedFn`; row i's output may depend on row i's inputs, its global row
+        index and the key only (never on other rows): the expensive encoder part.
+      loss: :data:`EmbeddingLossFn`; the in-batch loss on the whole global batch's
+        embeddings; may use params directly (a temperature, a scale, an entity table).
+    """
+
+    embed: EmbedFn
+    loss: EmbeddingLossFn
+
+    def __call__(self, params: Any, batch: Mapping[str, jax.Array], rng: jax.Array
+                 ) -> tuple[jax.Array, dict]:
+        rows = row_indices(batch_rows(batch))
+        return self.loss(params, self.embed(params, batch, rows, rng), batch, rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class GradAccumulation:
+    """How a task's loss may be accumulated over micro-batches (``config.grad_accum_steps``).
+
+    Attributes:
+      weight: ``metrics -> float32 scalar`` weight of a micro-batch's gradient (from its
+        own loss metrics, e.g. its masked-token count); ``None``: equal weights.
+    """
+
+    weight: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None
+
+
+def batch_rows(batch: Mapping[str, Any]) -> int:
+    """Rows of a batch: the leading dimension its array leaves share.
+
+    Raises:
+      ValueError: no array leaf, or leaves with different leading dimensions.
+    """
+    sizes = {int(x.shape[0]) for x in jax.tree.leaves(batch) if jnp.ndim(x) >= 1}
+    if len(sizes) != 1:
+        raise ValueError(f"a contrastive batch needs one leading (row) dimension shared by "
+                         f"every entry; got sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def row_indices(n: int) -> jax.Array:
+    """``[n]`` int32 global row indices ``0 .. n-1`` (laid out like the batch)."""
+    return jnp.arange(n, dtype=jnp.int32)
+
+
+def _data_size(mesh: Mesh | None) -> int:
+    return 1 if mesh is None else int(mesh.shape["data"])
+
+
+def check_split(field: str, parts_or_size: int, rows: int, mesh: Mesh, *,
+                chunk: bool, what: str = "batch_size") -> None:
+    """Refuses, before compiling, a chunk size or micro-batch count that does not split
+    each device's rows evenly.
+
+    Args:
+      field: the config field (``"contrastive_chunk_size"`` or ``"grad_accum_steps"``).
+      parts_or_size: its value.
+      rows: global rows of a batch (``config.batch_size``, or MRWE's P).
+      chunk: ``True``: the value is rows per device per chunk; ``False``: a number of parts.
+      what: how the rows are named in the message.
+
+    Raises:
+      ValueError: naming the field, the per-device batch and the mesh.
+    """
+    data = _data_size(mesh)
+    per_device = rows // data
+    shape = f"mesh data={data}, model={mesh.shape['model']}"
+    if rows % data:
+        return  # parallel.check_global_batch reports this one
+    if parts_or_size < 1 or per_device % parts_or_size:
+        divisors = [d for d in range(1, per_device + 1) if per_device % d == 0]
+        kind = "rows per device in each chunk" if chunk else "micro-batches"
+        raise ValueError(
+            f"config.{field}={parts_or_size} ({kind}) does not divide the per-device batch "
+            f"{per_device} ({what}={rows} over {shape}); use one of {divisors[:12]}")
+
+
+def split_rows(tree: Any, parts: int, mesh: Mesh | None) -> Any:
+    """Each leaf ``[N, ...]`` -> ``[parts, N/parts, ...]``, part k holding every device's
+    k-th block of its local rows (so each part stays spread over the ``"data"`` devices).
+
+    Leaf ``[N]`` is viewed as ``[D, parts, N/(D*parts)]`` (D = the mesh's data size, the
+    batch's device blocks) and part k is ``[:, k, :]`` flattened. :func:`merge_rows` undoes it.
+
+    Raises:
+      ValueError: a leaf whose leading dimension is not divisible by ``D * parts``.
+    """
+    data = _data_size(mesh)
+
+    def split(x):
+        n = x.shape[0]
+        if n % (data * parts):
+            raise ValueError(f"{n} rows cannot be cut into {parts} parts per device over "
+                             f"{data} data devices")
+        c = n // (data * parts)
+        y = x.reshape(data, parts, c, *x.shape[1:]).swapaxes(0, 1)
+        return _constrain(y.reshape(parts, data * c, *x.shape[1:]), mesh, 1)
+
+    return jax.tree.map(split, tree)
+
+
+def merge_rows(tree: Any, mesh: Mesh | None) -> Any:
+    """Inverse of :func:`split_rows`: ``[parts, D*c, ...]`` -> ``[D*parts*c, ...]``."""
+    data = _data_size(mesh)
+
+    def merge(y):
+        parts, dc = y.shape[:2]
+        c = dc // data
+        x = y.reshape(parts, data, c, *y.shape[2:]).swapaxes(0, 1)
+        return _constrain(x.reshape(data * parts * c, *y.shape[2:]), mesh, 0)
+
+    return jax.tree.map(merge, tree)
+
+
+def _constrain(x: jax.Array, mesh: Mesh | None, axis: int) -> jax.Array:
+    # Rows over "data" on the given axis: tells XLA the chunk layout instead of leaving it
+    # to propagation through the reshapes (which may pick a replicated layout).
+    if mesh is None:
+        return x
+    spec = PartitionSpec(*([None] * axis), "data")
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def per_example(apply: Callable[[Any, jax.Array | None], Any], dropout: bool
+                ) -> Callable[[Any, jax.Array, jax.Array], Any]:
+    """A batched encoder call whose dropout masks depend on (key, example) only.
+
+    Args:
+      apply: ``(inputs, key) -> outputs``: runs the encoder on ``inputs`` (a pytree of
+        ``[n, ...]`` arrays) with dropout key ``key``, or deterministically when ``key`` is
+        ``None``; outputs are a pytree of ``[n, ...]`` arrays.
+      dropout: whether the encoder applies dropout.
+
+    Returns:
+      ``(inputs, rows, key) -> outputs`` with ``rows`` the ``[n]`` int32 global row
+      indices. Without dropout: ``apply(inputs, None)`` on the whole batch. With dropout:
+      ``apply`` on each example alone (a batch of one, under ``jax.vmap``) with the key
+      ``fold_in(key, row)``, so a row draws the same masks whichever batch, chunk or mesh
+      it is in. The vmapped axis is the ``"data"`` axis of the active mesh; inside, the
+      logical ``"batch"`` axis is left unsharded (it holds one example).
+    """
+
+    def embed(inputs: Any, rows: jax.Array, key: jax.Array) -> Any:
+        if not dropout:
+            return apply(inputs, None)
+
+        def one(x, row):
+            out = apply(jax.tree.map(lambda a: a[None], x), jax.random.fold_in(key, row))
+            return jax.tree.map(lambda a: a[0], out)
+
+        rules = tuple((name, None if name == "batch" else axis)
+                      for name, axis in nn.get_logical_axis_rules())
+        mesh = jax.sharding.get_abstract_mesh()
+        spmd = "data" if "data" in (mesh.axis_names or ()) else None
+        with nn.logical_axis_rules(rules):
+            return jax.vmap(one, spmd_axis_name=spmd)(inputs, rows)
+
+    return embed
+
+
+def chunked_value_and_grad(loss: ContrastiveLoss, chunk_size: int, mesh: Mesh | None,
+                           param_shardings: Any = None) -> ValueAndGradFn:
+    """The GradCache gradient of ``loss``: ``(params, batch, rng) -> ((loss, metrics), grads)``.
+
+    Equal to ``jax.value_and_grad(loss, has_aux=True)`` (up to float32 summation order)
+    while holding the activations of ``chunk_size`` rows per data device at a time (module
+    docstring). Costs one more forward pass of the encoder than the plain step.
+
+    Args:
+      loss: the loss split at its embeddings.
+      chunk_size: rows per data device in one chunk; must divide the per-device batch.
+      mesh: the training mesh (``None``: one device).
+      param_shardings: the params' shardings, kept on the accumulated gradients.
+
+    Raises:
+      ValueError: (at trace time) rows per device not divisible by ``chunk_size``.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+    def value_and_grad(params, batch, rng):
+        n = batch_rows(batch)
+        data = _data_size(mesh)
+        if n % (data * chunk_size):
+            raise ValueError(f"contrastive_chunk_size={chunk_size} does not divide the "
+                             f"per-device batch {n / data:g} ({n} rows over {data} devices)")
+        parts = n // (data * chunk_size)
+        chunks = split_rows((batch, row_indices(n)), parts, mesh)
+
+        def embed_chunk(xs):
+            rows_batch, rows = xs
+            return jax.lax.stop_gradient(loss.embed(params, rows_batch, rows, rng))
+
+        embeddings = merge_rows(jax.lax.map(embed_chunk, chunks), mesh)
+        (value, metrics), (direct, d_embeddings) = jax.value_and_grad(
+            loss.loss, argnums=(0, 1), has_aux=True)(params, embeddings, batch, rng)
+        cotangents = split_rows(d_embeddings, parts, mesh)
+
+        def backward_chunk(acc, xs):
+            (rows_batch, rows), cotangent = xs
+            _, vjp = jax.vjp(lambda p: loss.embed(p, rows_batch, rows, rng), params)
+            return _keep(jax.tree.map(jnp.add, acc, vjp(cotangent)[0]), param_shardings), None
+
+        grads, _ = jax.lax.scan(backward_chunk, _keep(direct, param_shardings),
+                                (chunks, cotangents))
+        return (value, metrics), grads
+
+    return value_and_grad
+
+
+def accumulated_value_and_grad(
+    loss_fn: Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]],
+    steps: int,
+    mesh: Mesh | None,
+    accumulation: GradAccumulation | None = None,
+    param_shardings: Any = None,
+) -> ValueAndGradFn:
+    """Gradient accumulation: ``(params, batch, rng) -> ((loss, metrics), grads)``.
+
+    The global batch is cut into ``steps`` micro-batches (:func:`split_rows`, each leaf on
+    its own leading dimension, so sides of different sizes, e.g. P paragraphs and P*K
+    questions, stay aligned by device block); micro-batch k gets the key ``fold_in(rng, k)``.
+    Returns ``sum_k w_k grad_k / sum_k w_k`` and the same weighted mean of the losses, with
+    ``w_k = accumulation.weight(metrics_k)`` (1 without a weight; 0 where every weight is
+    0); the other metrics are the plain mean over micro-batches.
+
+    A loss that is a per-token mean ``sum(ce * w) / sum(w)`` weighted by its token count
+    ``sum(w)`` gives exactly the gradient of the concatenated micro-batches. A loss that
+    looks across rows (batch-hard mining, in-batch negatives) sees one micro-batch at a
+    time: not the full batch's loss.
+
+    Raises:
+      ValueError: (at trace time) a leaf's rows per device not divisible by ``steps``.
+    """
+    weight = accumulation.weight if accumulation is not None else None
+
+    def value_and_grad(params, batch, rng):
+        micro = split_rows(batch, steps, mesh)
+
+        def body(carry, xs):
+            k, micro_batch = xs
+            (value, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                params, micro_batch, jax.random.fold_in(rng, k))
+            w = jnp.float32(1.0) if weight is None else jax.lax.stop_gradient(
+                jnp.asarray(weight(metrics), jnp.float32))
+            acc, total, weights = carry
+            acc = _keep(jax.tree.map(lambda a, g: a + w * g, acc, grads), param_shardings)
+            return (acc, total + w * value, weights + w), metrics
+
+        zeros = _keep(jax.tree.map(jnp.zeros_like, params), param_shardings)
+        init = (zeros, jnp.float32(0.0), jnp.float32(0.0))
+        (acc, total, weights), metrics = jax.lax.scan(
+            body, init, (jnp.arange(steps, dtype=jnp.int32), micro))
+        inv = jnp.where(weights > 0, 1.0 / jnp.where(weights > 0, weights, 1.0), 0.0)
+        grads = jax.tree.map(lambda a: (a * inv).astype(a.dtype), acc)
+        metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+        return (total * inv, metrics), grads
+
+    return value_and_grad
+
+
+def _keep(tree: Any, shardings: Any) -> Any:
+    # Accumulators in a scan carry get their layout from propagation, which may replicate
+    # them; pinning them to the params' shardings keeps one shard per device.
+    if shardings is None:
+        return tree
+    return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
+
+
+def check_config(config: Any, mesh: Mesh) -> None:
+    """The config's ``contrastive_chunk_size`` and ``grad_accum_steps`` against its
+    ``batch_size`` on ``mesh`` (skipped for a config without ``batch_size``).
+
+    Raises:
+      ValueError: a chunk size or micro-batch count that does not divide the per-device
+        batch (the field, the per-device batch and the mesh named).
+    """
+    if "batch_size" not in config:
+        return
+    rows = int(config.batch_size)
+    chunk = int(config.get("contrastive_chunk_size", 0))
+    steps = int(config.get("grad_accum_steps", 1))
+    if chunk > 0:
+        check_split("contrastive_chunk_size", chunk, rows, mesh, chunk=True)
+    if steps > 1:
+        check_split("grad_accum_steps", steps, rows, mesh, chunk=False)
+
+
+def check_task(name: str, loss_fn: Any, accumulation: GradAccumulation | None,
+               config: Any) -> None:
+    """Refuses ``contrastive_chunk_size`` for a loss that is no :class:`ContrastiveLoss`
+    and ``grad_accum_steps`` for a task without ``accumulation``.
+
+    Args:
+      name: the task's name, for the message.
+
+    Raises:
+      ValueError: naming the field, the task and what to set instead.
+    """
+    chunk = int(config.get("contrastive_chunk_size", 0))
+    steps = int(config.get("grad_accum_steps", 1))
+    if chunk > 0 and not isinstance(loss_fn, ContrastiveLoss):
+        raise ValueError(f"config.contrastive_chunk_size={chunk}: {name} has no in-batch "
+                         "contrastive loss to chunk; set it to 0"
+                         + (" (grad_accum_steps bounds its memory)" if accumulation else ""))
+    if steps > 1 and accumulation is None:
+        hint = ("its in-batch loss would lose negatives: use contrastive_chunk_size instead"
+                if isinstance(loss_fn, ContrastiveLoss) else "set it to 1")
+        raise ValueError(f"config.grad_accum_steps={steps}: {name} does not accumulate "
+                         f"gradients; {hint}")
+
+
+def step_value_and_grad(
+    name: str,
+    loss_fn: Any,
+    accumulation: GradAccumulation | None,
+    config: Any,
+    mesh: Mesh,
+    param_shardings: Any = None,
+) -> ValueAndGradFn | None:
+    """The gradient a task's train step uses under ``config``; ``None``: the plain one.
+
+    ``config.contrastive_chunk_size > 0`` gives :func:`chunked_value_and_grad` of the
+    task's :class:`ContrastiveLoss`; ``config.grad_accum_steps > 1`` gives
+    :func:`accumulated_value_and_grad` with the task's ``accumulation``.
+
+    Raises:
+      ValueError: the task's loss cannot be chunked or accumulated (:func:`check_task`).
+    """
+    check_task(name, loss_fn, accumulation, config)
+    chunk = int(config.get("contrastive_chunk_size", 0))
+    steps = int(config.get("grad_accum_steps", 1))
+    if chunk > 0:
+        return chunked_value_and_grad(loss_fn, chunk, mesh, param_shardings)
+    if steps > 1:
+        return accumulated_value_and_grad(loss_fn, steps, mesh, accumulation, param_shardings)
+    return None
