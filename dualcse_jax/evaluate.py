@@ -381,11 +381,21 @@ def format_label_conflicts(conflicts: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
-    """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher = more implicit)."""
-    r = multihost.encode(embedder, texts, kind="explicit")
-    u = multihost.encode(embedder, texts, kind="implicit")
+def _implicitness(embedder: Embedder, r: np.ndarray, u: np.ndarray) -> np.ndarray:
+    if embedder.model.architecture == "simcse":
+        # r = u by definition: exactly 0, not the rounding noise of 1 - cos(r, r), which
+        # would rank sentences at random.
+        return np.zeros(len(r), np.float32)
     return (1.0 - _cos_rows(r, u)).astype(np.float32)
+
+
+def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher = more implicit); 0 for
+    every sentence of a one-vector model (r = u)."""
+    r = multihost.encode(embedder, texts, kind="explicit")
+    u = r if embedder.model.architecture == "simcse" else multihost.encode(
+        embedder, texts, kind="implicit")
+    return _implicitness(embedder, r, u)
 
 
 def eis_correct(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
@@ -426,10 +436,10 @@ def inli_eis_proxy_correct(embedder: Embedder, examples: Sequence[INLIExample],
     """
     implied = [ex.implied_entailment for ex in examples]
     r_h = vectors.hypothesis_rows(implied)
-    u_h = multihost.encode(embedder, implied, kind="implicit")
-    premise = (1.0 - _cos_rows(vectors.premise_r, vectors.premise_u)).astype(np.float32)
-    hypothesis = (1.0 - _cos_rows(r_h, u_h)).astype(np.float32)
-    return premise > hypothesis
+    u_h = r_h if embedder.model.architecture == "simcse" else multihost.encode(
+        embedder, implied, kind="implicit")
+    premise = _implicitness(embedder, vectors.premise_r, vectors.premise_u)
+    return premise > _implicitness(embedder, r_h, u_h)
 
 
 def inli_eis_proxy_pairs(examples: Sequence[INLIExample]) -> list[tuple[str, str]]:

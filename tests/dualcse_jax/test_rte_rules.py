@@ -147,6 +147,12 @@ def test_eis_proxy_from_rte_vectors_equals_encoding_the_pairs():
     np.testing.assert_array_equal(got, want)
     assert 0 < want.sum() < 6  # both outcomes occur
     assert evaluate.inli_eis_proxy_pairs(examples)[2] == ("p2", "i2")  # implied entailment
+    # A one-vector model: implicitness exactly 0 (not 1 - cos(r, r) rounding), all ties.
+    one = FakeEmbedder(_vectors(6, 3), "simcse")
+    assert not evaluate.inli_eis_proxy_correct(one, examples,
+                                               evaluate.encode_rte(one, examples)).any()
+    assert not evaluate.eis_correct(one, evaluate.inli_eis_proxy_pairs(examples)).any()
+    assert (evaluate.implicitness(one, ["p0", "e3"]) == 0).all()
 
 
 def test_evaluate_rte_follows_the_config_rule_and_workdir_reports_every_rule(
