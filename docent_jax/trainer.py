@@ -22,6 +22,7 @@ from embedding_core import configs, training
 from embedding_core.contrastive import GradAccumulation
 from embedding_core.pretrained import encoder_run_files, load_pretrained
 from embedding_core.run import run
+from embedding_core.table_update import FusedTableUpdate
 from embedding_core.task import Task
 
 TASK_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
@@ -56,6 +57,17 @@ def grad_accumulation(config: ml_collections.ConfigDict) -> GradAccumulation | N
     if bool(config.single_cross_entropy):
         return GradAccumulation(lambda m: m["masked_words"] + m["masked_entities"])
     return GradAccumulation(lambda m: m["masked_words"])
+
+
+def fused_table_update(config: ml_collections.ConfigDict,
+                       num_entities: int) -> FusedTableUpdate | None:
+    """The blockwise update of DocEnt-Dual's entity table when ``config.fused_table_update``
+    is on (``None`` otherwise; ``docs/docent.md``): blocks of ``vocab_block_size`` rows,
+    cosine logits, and the clip norm ``make_optimizer`` builds the optimizer with."""
+    if not config.get("fused_table_update", False):
+        return None
+    return FusedTableUpdate(("entity_embeddings",), num_entities, int(config.vocab_block_size),
+                            cosine=True, grad_clip_norm=float(config.grad_clip_norm) or None)
 
 
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
@@ -107,6 +119,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
             path, data.entity_ids), **encoder_run_files(pretrained.model_dir)},
         make_optimizer=make_optimizer,
         grad_accumulation=grad_accumulation(config),
+        fused_table=fused_table_update(config, data.num_entities),
         summary=f"{data.num_entities} entities; {data.description}",
         logical_axis_sizes={"heads": pretrained.config.num_heads})
 

@@ -33,6 +33,7 @@ RESUMABLE_FIELDS = frozenset({
     "coordinator_address", "num_processes", "process_id", "logical_axis_rules",
     "val_file", "test_file",  # DualCSE's evaluation sets: they do not shape the training
     "contrastive_chunk_size",  # memory only: the chunked step's gradients are the same
+    "fused_table_update",  # DocEnt: memory only, the same step and optimizer-state layout
 })
 
 

@@ -149,7 +149,8 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
     value_and_grad = contrastive.step_value_and_grad(
         task.name, task.loss_fn, task.grad_accumulation, config, mesh, shardings.params)
     step_fn = training.make_train_step(task.loss_fn, shardings, mesh, schedule=schedule,
-                                       rules=rules, value_and_grad=value_and_grad)
+                                       rules=rules, value_and_grad=value_and_grad,
+                                       fused_table=task.fused_table)
     eval_fn = None
     if task.evaluate is not None and int(config.eval_every) > 0:
         eval_fn = lambda state, step: task.evaluate(state.params, step)

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 
 from embedding_core.contrastive import GradAccumulation
+from embedding_core.table_update import FusedTableUpdate
 
 # (params, global batch, dropout key) -> (scalar loss, {name: scalar}); traced under jit.
 LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
@@ -59,6 +60,10 @@ class Task:
         (``config.grad_accum_steps``; ``embedding_core.contrastive.GradAccumulation``:
         the micro-batch weight); ``None`` refuses accumulation (an in-batch contrastive
         loss would lose negatives: it chunks instead).
+      fused_table: set when the loss stops a softmax table's gradient and hands over its
+        statistics: the step updates that table block by block
+        (``embedding_core.table_update.FusedTableUpdate``; DocEnt's
+        ``config.fused_table_update``).
       logical_axis_sizes: counts of logical axes that parameter shapes do not show, which a
         mesh axis must divide to split them (``embedding_core.parallel.fit_rules``), e.g.
         ``{"heads": 12}``: the ``"heads"`` columns of a 12-head encoder are split over
@@ -79,3 +84,4 @@ class Task:
     summary: str = ""
     grad_accumulation: GradAccumulation | None = None
     logical_axis_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    fused_table: FusedTableUpdate | None = None

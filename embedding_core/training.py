@@ -27,7 +27,7 @@ from etils import epath
 from flax.training import train_state
 from jax.sharding import Mesh
 
-from embedding_core import checkpoints, metric_log, parallel, run_control, storage
+from embedding_core import checkpoints, metric_log, parallel, run_control, storage, table_update
 from embedding_core.run_lock import WorkdirLock
 
 LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
@@ -267,6 +267,7 @@ def make_train_step(
     schedule: optax.Schedule | None = None,
     rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
     value_and_grad: Callable | None = None,
+    fused_table: table_update.FusedTableUpdate | None = None,
 ) -> Callable[[TrainState, Mapping[str, jax.Array], jax.Array], tuple[TrainState, dict]]:
     """The pure train step, jitted with shardings and a donated state.
 
@@ -277,23 +278,44 @@ def make_train_step(
     state tracks it). ``value_and_grad`` (``(params, batch, rng) -> ((loss, metrics),
     grads)``) replaces ``jax.value_and_grad(loss_fn, has_aux=True)``: a chunked contrastive
     step or gradient accumulation (``embedding_core.contrastive.step_value_and_grad``).
+    ``fused_table`` folds a softmax table's optimizer step into a blockwise pass
+    (``embedding_core.table_update``): the loss stops the table's gradient and returns its
+    ``table_update.SoftmaxTableStats`` under ``metrics[table_update.TABLE_STATS]``, which
+    the step takes out of the metrics.
 
     Returns:
       ``step(state, batch, rng) -> (state, metrics)``; metrics are replicated scalars
       including ``loss``, ``grad_norm`` and ``learning_rate``.
+
+    Raises:
+      ValueError: the table of ``fused_table`` is not split by rows over ``model``; (at
+        trace time) a loss that returns table statistics without ``fused_table`` (its
+        table would not train) or none with it.
     """
 
     grad_fn = value_and_grad or jax.value_and_grad(loss_fn, has_aux=True)
+    if fused_table is not None:
+        fused_table.check_sharding(state_shardings.params)
 
     def step(state: TrainState, batch, rng):
         key = jax.random.fold_in(rng, state.step)
         (loss, metrics), grads = grad_fn(state.params, batch, key)
         metrics = dict(metrics)
+        stats = metrics.pop(table_update.TABLE_STATS, None)
+        if (stats is None) != (fused_table is None):
+            raise ValueError("the loss returned softmax table statistics (its table's "
+                             "gradient stopped) but the step has no fused table update"
+                             if fused_table is None else "the fused table update needs the "
+                             f"loss's {table_update.TABLE_STATS!r} metrics entry")
         metrics["loss"] = loss
-        metrics["grad_norm"] = optax.tree.norm(grads)
+        if fused_table is None:
+            metrics["grad_norm"] = optax.tree.norm(grads)
+            new_state = state.apply_gradients(grads=grads)
+        else:
+            new_state, metrics["grad_norm"] = fused_table.apply_gradients(state, grads, stats,
+                                                                          mesh)
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
-        new_state = state.apply_gradients(grads=grads)
         flag = state.first_nonfinite_step
         if flag is not None:
             # The new params are checked too: an overflowing update (a huge learning rate)

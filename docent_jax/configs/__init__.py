@@ -85,6 +85,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if isinstance(block, bool) or not isinstance(block, int) or block < 0:
         raise ValueError(f"config.vocab_block_size must be an integer >= 0 (entity rows per "
                          f"block of the tiled softmax; 0 = untiled), got {block!r}")
+    fused = config.get("fused_table_update", False)
+    if not isinstance(fused, bool):
+        raise ValueError(f"config.fused_table_update must be True or False, got {fused!r}")
+    if fused and (config.variant != "dual" or config.softmax != "full_vocab" or not block):
+        raise ValueError(
+            "config.fused_table_update=True updates the entity table block by block inside "
+            "DocEnt-Dual's tiled full softmax: it needs variant='dual', softmax='full_vocab' "
+            f"and vocab_block_size > 0, got variant={config.variant!r}, softmax="
+            f"{config.softmax!r}, vocab_block_size={block}; set those or "
+            "--config.fused_table_update=False")
     if config.projection_dim < 0:
         raise ValueError(f"config.projection_dim must be >= 0, got {config.projection_dim}")
     if config.mesh_model > 0 and config.table_multiple % config.mesh_model:

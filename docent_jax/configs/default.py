@@ -32,6 +32,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.vocab_block_size = 0  # tiled full_vocab / Full entity softmax: entity rows per block;
     #                         a device holds [batch/data, block] logits, not [batch/data,
     #                         rows/mesh_model]. 0 = untiled (docs/docent.md)
+    c.fused_table_update = False  # Dual, full_vocab, vocab_block_size > 0: the table's AdamW
+    #                         step runs block by block, so its [rows/mesh_model, dim]
+    #                         gradient never exists; same result (docs/docent.md)
     # Masked LM (Full and Hybrid). BERT's 80/10/10 rule for word pieces.
     c.word_mask_rate = 0.15  # expected share of a sentence's word pieces predicted
     c.entity_mask_rate = 0.15  # Full: P(the entity token is masked and predicted)
