@@ -1,0 +1,173 @@
+"""Per-device memory of the steps that outgrow one device: compile-only, 8 fake CPU devices.
+
+Every case compiles one train step on abstract inputs (``ShapeDtypeStruct``s with their
+shardings; nothing is allocated) and reads XLA's ``memory_analysis()`` of the per-device
+program: temporaries and arguments (the sharded train state and batch). Cases:
+
+  docent_10M_2x4_tiled / _untiled, docent_10M_1x8_tiled
+      DocEnt-Dual's full softmax over 10,000,000 x 256 entities, batch 1024, on a 2x4 and
+      a 1x8 (data x model) mesh, tiled in blocks of 8,192 entities
+      (``config.vocab_block_size``) or untiled (``benchmarks/memory_cases.py``,
+      ``docent_full_softmax_case``);
+  dualcse_{32768,65536}_{chunked,unchunked}
+      a DualCSE-Cross step with a tiny encoder (2 layers x 32) at global batch 32,768 and
+      65,536 on 8 data devices, with ``config.contrastive_chunk_size`` = 256 rows per device
+      (GradCache) or without (``dualcse_cross_case``);
+  bert_base_dualcse_bf16
+      a BERT-base (transformers' ``BertConfig()``: 12 x 768, random init) DualCSE-Cross step
+      at the paper's batch, 64 premises x 8 fields x 128 tokens, bfloat16 compute with
+      float32 parameters and AdamW moments, dropout on, on one device.
+
+  python benchmarks/memory_report.py            # the full cases, a few minutes
+  python benchmarks/memory_report.py --smoke    # small sizes, seconds
+
+Prints one line per case, then, as the last line, one JSON object
+``{case: {"temp_bytes": int, "arg_bytes": int} | null}``; a case that cannot be compiled
+(e.g. its compilation runs out of host memory) is ``null`` and its reason is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import memory_cases  # noqa: E402  (asks for the 8 fake devices before JAX starts)
+
+CASES = ("docent_10M_2x4_tiled", "docent_10M_2x4_untiled", "docent_10M_1x8_tiled",
+         "dualcse_32768_chunked", "dualcse_32768_unchunked", "dualcse_65536_chunked",
+         "dualcse_65536_unchunked", "bert_base_dualcse_bf16")
+
+
+def bert_base_dualcse_case(batch: int = 64, seq_len: int = 128, *, dtype: str = "bfloat16",
+                           shape: dict | None = None) -> dict[str, int]:
+    """Per-device bytes of one BERT-base DualCSE-Cross train step on one device.
+
+    The step is the real one (``dualcse_jax.trainer.make_loss_fn``: 5-term loss, CLS
+    pooling, dropout on; ``embedding_core.training.make_train_step`` with AdamW and donated
+    state) on abstract inputs: ``batch`` premises x 8 token fields x ``seq_len``.
+
+    Args:
+      batch: premises per step (the paper: 64). seq_len: tokens per field (the paper's
+        max_length: 128). dtype: encoder compute dtype (parameters stay float32).
+      shape: a transformers ``BertConfig`` dict; default ``BertConfig()`` (BERT-base).
+
+    Returns:
+      ``{"temp_bytes": int, "arg_bytes": int}``.
+    """
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from transformers import BertConfig
+
+    from dualcse_jax.configs import default
+    from dualcse_jax.model import build_model, init_fn
+    from dualcse_jax.trainer import make_loss_fn
+    from embedding_core import configs, parallel, training
+    from embedding_core.encoders import EncoderConfig
+
+    mesh = parallel.make_mesh(1, 1, devices=jax.devices()[:1])
+    c = default.get_config()
+    c.architecture, c.pooling, c.dtype, c.batch_size = "cross", "cls", dtype, batch
+    model = build_model(c, EncoderConfig.from_hf_config(shape or BertConfig().to_dict()))
+    init = init_fn(model)
+    tx, schedule = training.make_optimizer(learning_rate=5e-5, total_steps=1000)
+    rules = configs.axis_rules(c)
+    shardings = training.state_shardings(init, tx, mesh, rules)
+
+    def init_state(rng):
+        params = nn.unbox(init(rng))
+        return training.TrainState(step=jnp.zeros((), jnp.int32), apply_fn=None,
+                                   params=params, tx=tx, opt_state=tx.init(params),
+                                   first_nonfinite_step=jnp.full((), -1, jnp.int32))
+
+    abstract = jax.eval_shape(init_state, jax.random.key(0))
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         abstract, shardings)
+    step = training.make_train_step(make_loss_fn(model, c), shardings, mesh,
+                                    schedule=schedule, rules=rules)
+    rows = NamedSharding(mesh, P("data"))
+    tokens = jax.ShapeDtypeStruct((batch, 8, seq_len), jnp.int32, sharding=rows)
+    batch_in = {"input_ids": tokens, "attention_mask": tokens, "token_type_ids": tokens,
+                "text_ids": jax.ShapeDtypeStruct((batch, 8), jnp.int32, sharding=rows)}
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P()))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        compiled = step.jitted.lower(state, batch_in, key).compile()
+    return memory_cases.compiled_bytes(compiled)
+
+
+def case_builders(smoke: bool) -> dict:
+    """``{case: zero-argument function}`` for every case (small sizes with ``smoke``)."""
+    entities, dim, qbatch, block = ((100_000, 32, 64, 1024) if smoke else
+                                    (10_000_000, 256, 1024, 8192))
+    small, large, chunk = (256, 512, 16) if smoke else (32768, 65536, 256)
+    tiny_bert = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 64,
+                 "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 128,
+                 "max_position_embeddings": 128}
+    docent = memory_cases.docent_full_softmax_case
+    dualcse = memory_cases.dualcse_cross_case
+    return {
+        "docent_10M_2x4_tiled": lambda: docent(entities, dim, qbatch, 2, 4, block),
+        "docent_10M_2x4_untiled": lambda: docent(entities, dim, qbatch, 2, 4, 0),
+        "docent_10M_1x8_tiled": lambda: docent(entities, dim, qbatch, 1, 8, block),
+        "dualcse_32768_chunked": lambda: dualcse(small, chunk),
+        "dualcse_32768_unchunked": lambda: dualcse(small, 0),
+        "dualcse_65536_chunked": lambda: dualcse(large, chunk),
+        "dualcse_65536_unchunked": lambda: dualcse(large, 0),
+        "bert_base_dualcse_bf16": (
+            (lambda: bert_base_dualcse_case(8, 16, shape=tiny_bert)) if smoke else
+            bert_base_dualcse_case),
+    }
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:8.3f} GB"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="small sizes (seconds)")
+    parser.add_argument("--only", default="", help="comma-separated cases (default: all)")
+    args = parser.parse_args(argv)
+    builders = case_builders(args.smoke)
+    wanted = [c for c in args.only.split(",") if c] or list(CASES)
+    unknown = sorted(set(wanted) - set(CASES))
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; the cases are {list(CASES)}")
+    started = time.perf_counter()
+    out: dict = {}
+    for name in wanted:
+        t = time.perf_counter()
+        try:
+            out[name] = builders[name]()
+        except (MemoryError, RuntimeError, ValueError) as err:
+            # XLA reports a failed host allocation during compilation as a RuntimeError
+            # (XlaRuntimeError RESOURCE_EXHAUSTED); the case is recorded as null.
+            out[name] = None
+            print(f"{name:26s} null: {type(err).__name__}: {str(err).splitlines()[0][:200]}",
+                  flush=True)
+            continue
+        print(f"{name:26s} temp {_gb(out[name]['temp_bytes'])}  args "
+              f"{_gb(out[name]['arg_bytes'])}  per device  ({time.perf_counter() - t:.0f} s)",
+              flush=True)
+    print(f"total {time.perf_counter() - started:.0f} s{' (smoke sizes)' if args.smoke else ''}")
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
