@@ -143,6 +143,83 @@ def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data:
     return compiled_bytes(compiled)
 
 
+def dualcse_cross_case(global_batch: int, chunk_size: int, *, seq_len: int = 32,
+                       hidden: int = 32, layers: int = 2, mesh_data: int = 8,
+                       mesh_model: int = 1) -> dict[str, int]:
+    """Per-device bytes of one DualCSE-Cross train step with a tiny encoder.
+
+    The step is the real one: ``dualcse_jax.trainer.make_loss_fn`` (the 5-term loss, 8
+    token fields of ``seq_len`` per premise, CLS pooling, dropout on) through
+    ``embedding_core.training.make_train_step`` with AdamW and donated state, on a random
+    BERT of ``layers`` x ``hidden`` (4 heads, MLP 4 x ``hidden``, 30,522 word pieces).
+    ``chunk_size > 0`` is ``config.contrastive_chunk_size``: the chunked (GradCache) step,
+    whose loss also scores its query rows in chunks; 0 is the plain step, where each
+    device scores its ``global_batch / mesh_data`` premises against every key at once.
+    Nothing is allocated: state and batch are ``ShapeDtypeStruct``s with their shardings.
+
+    Args:
+      global_batch: premises per step (divisible by ``mesh_data``).
+      chunk_size: rows per data device in one chunk (dividing the per-device batch), or 0.
+      mesh_data, mesh_model: the mesh (``mesh_data * mesh_model`` devices must exist).
+
+    Returns:
+      ``{"temp_bytes": int, "arg_bytes": int}``: XLA's temporaries and arguments per device.
+
+    Raises:
+      ValueError: a batch or chunk size the mesh cannot split.
+    """
+    import flax.linen as nn
+
+    from dualcse_jax.configs import default
+    from dualcse_jax.model import build_model, init_fn
+    from dualcse_jax.trainer import make_loss_fn
+    from embedding_core import configs, contrastive
+    from embedding_core.encoders import EncoderConfig
+
+    mesh = parallel.make_mesh(mesh_data, mesh_model)
+    parallel.check_global_batch(global_batch, mesh)
+    c = default.get_config()
+    c.architecture, c.pooling, c.dropout_impl = "cross", "cls", "hash"
+    c.batch_size, c.contrastive_chunk_size = global_batch, chunk_size
+    contrastive.check_config(c, mesh)
+    encoder = EncoderConfig(
+        model_type="bert", vocab_size=30522, hidden_size=hidden, num_layers=layers,
+        num_heads=4, intermediate_size=4 * hidden, max_position_embeddings=512,
+        type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu", pad_token_id=0,
+        hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
+    model = build_model(c, encoder)
+    init = init_fn(model)
+    tx, schedule = training.make_optimizer(learning_rate=5e-5, total_steps=1000)
+    rules = configs.axis_rules(c)
+    shardings = training.state_shardings(init, tx, mesh, rules)
+
+    def init_state(rng):  # the state create_sharded_state builds, as shapes only
+        params = nn.unbox(init(rng))
+        return training.TrainState(step=jnp.zeros((), jnp.int32), apply_fn=None,
+                                   params=params, tx=tx, opt_state=tx.init(params),
+                                   first_nonfinite_step=jnp.full((), -1, jnp.int32))
+
+    abstract = jax.eval_shape(init_state, jax.random.key(0))
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         abstract, shardings)
+    loss_fn = make_loss_fn(model, c)
+    grad = contrastive.step_value_and_grad("DualCSE-cross", loss_fn, None, c, mesh,
+                                           shardings.params)
+    step = training.make_train_step(loss_fn, shardings, mesh, schedule=schedule, rules=rules,
+                                    value_and_grad=grad)
+    rows = NamedSharding(mesh, P("data"))
+    fields = 8  # (premise, 3 hypotheses) x (explicit, implicit) indicators
+    tokens = jax.ShapeDtypeStruct((global_batch, fields, seq_len), jnp.int32, sharding=rows)
+    batch = {"input_ids": tokens, "attention_mask": tokens, "token_type_ids": tokens,
+             "text_ids": jax.ShapeDtypeStruct((global_batch, fields), jnp.int32,
+                                              sharding=rows)}
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
+                               sharding=NamedSharding(mesh, P()))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        compiled = step.jitted.lower(state, batch, key).compile()
+    return compiled_bytes(compiled)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num_entities", type=int, default=10_000_000)

@@ -41,7 +41,7 @@ from docent_jax.masking import (
     maskable_word_pieces,
 )
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, word_table
-from embedding_core.contrastive import ContrastiveLoss, per_example
+from embedding_core.contrastive import ContrastiveLoss, map_rows, per_example
 from embedding_core.losses import (
     cosine_similarity_matrix,
     info_nce,
@@ -52,7 +52,8 @@ from embedding_core.task import LossFn
 
 
 def in_batch_entity_loss(
-    sentences: jax.Array, entities: jax.Array, entity_ids: jax.Array, scale: jax.Array | float
+    sentences: jax.Array, entities: jax.Array, entity_ids: jax.Array, scale: jax.Array | float,
+    row_chunk: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """In-batch softmax with same-entity masking.
 
@@ -68,17 +69,26 @@ def in_batch_entity_loss(
       entities: ``[b, dim]`` float ``g(e_i)`` of each sentence's entity.
       entity_ids: ``[b]`` int32 entity of each sentence.
       scale: the scale a (> 0), float or float32 scalar array.
+      row_chunk: > 0: sentences scored in chunks of this many rows per data device
+        (``embedding_core.contrastive.map_rows``; ``config.contrastive_chunk_size``), so
+        a device holds ``[row_chunk, b]`` scores instead of ``[its rows, b]``.
 
     Returns:
       ``(loss, metrics)``: the batch mean (float32 scalar) and ``{"scale", "distinct_entities"}``
       (the number of distinct entities in the batch, i.e. candidates per sentence).
     """
     b = sentences.shape[0]
-    per = info_nce(sentences, entities, jnp.arange(b, dtype=jnp.int32),
-                   temperature=1.0 / scale, key_ids=entity_ids)
-    first = jnp.argmax(entity_ids[None, :] == entity_ids[:, None], axis=1) == jnp.arange(b)
+
+    def per_row(rows):
+        queries, index = rows
+        return info_nce(queries, entities, index, temperature=1.0 / scale,
+                        key_ids=entity_ids)
+
+    per = map_rows(per_row, (sentences, jnp.arange(b, dtype=jnp.int32)), row_chunk)
+    ordered = jnp.sort(entity_ids)  # O(b log b): no [b, b] comparison
+    distinct = 1 + jnp.sum(ordered[1:] != ordered[:-1])
     return jnp.mean(per), {"scale": jnp.asarray(scale, jnp.float32),
-                           "distinct_entities": jnp.sum(first).astype(jnp.float32)}
+                           "distinct_entities": distinct.astype(jnp.float32)}
 
 
 def full_vocab_entity_loss(
@@ -128,6 +138,7 @@ def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
     with the key ``fold_in(step key, i)`` (``contrastive.per_example``).
     """
     block_size = int(config.get("vocab_block_size", 0))
+    row_chunk = int(config.get("contrastive_chunk_size", 0))
 
     def embed(params, batch, rows, rng):
         def apply(inputs, key):
@@ -145,15 +156,15 @@ def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
         table, scale = model.apply({"params": params},
                                    method=lambda m: (m.entity_table(), m.scale()))
         return entity_softmax_loss(config.softmax, sentences, table, batch["entity_ids"],
-                                   scale, mesh, model.num_entities, block_size)
+                                   scale, mesh, model.num_entities, block_size, row_chunk)
 
     return ContrastiveLoss(embed, loss)
 
 
 def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,
                         entity_ids: jax.Array, scale: jax.Array | float, mesh: Mesh,
-                        num_entities: int,
-                        block_size: int = 0) -> tuple[jax.Array, dict[str, jax.Array]]:
+                        num_entities: int, block_size: int = 0,
+                        row_chunk: int = 0) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DocEnt-Dual's objective ``-log P(e | s)`` with the denominator ``softmax`` names
     (``"in_batch"``: :func:`in_batch_entity_loss`; ``"full_vocab"``:
     :func:`full_vocab_entity_loss`). Dual and Hybrid's dual term both call this: one
@@ -163,12 +174,13 @@ def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,
       sentences: ``[b, dim]`` float ``f(s)``; table: ``[rows, dim]`` float ``g``;
       entity_ids: ``[b]`` int32; scale: the scale a; mesh: the training mesh;
       num_entities: real rows of the table; block_size: the full softmax's tiling
-      (:func:`full_vocab_entity_loss`).
+      (:func:`full_vocab_entity_loss`); row_chunk: the in-batch softmax's query chunks
+      (:func:`in_batch_entity_loss`).
     """
     if softmax == "full_vocab":
         return full_vocab_entity_loss(sentences, table, entity_ids, scale, mesh, num_entities,
                                       block_size)
-    return in_batch_entity_loss(sentences, table[entity_ids], entity_ids, scale)
+    return in_batch_entity_loss(sentences, table[entity_ids], entity_ids, scale, row_chunk)
 
 
 # ----------------------------------------------------------------------------- Full, Hybrid

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from data_pipelines.dualcse_data import sentence_slot
+from embedding_core.contrastive import map_rows
 from embedding_core.losses import info_nce
 
 # Sentence slots of an INLI example on the model's sentence axis (dualcse_data.SENTENCES).
@@ -42,6 +43,7 @@ def dualcse_loss(
     temperature: float = 0.05,
     use_contradiction: bool = True,
     use_intra: bool = True,
+    row_chunk: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DualCSE loss (Oda et al. 2025, the loss equation of Sec. 3; ``docs/dualcse.md``).
 
@@ -67,9 +69,13 @@ def dualcse_loss(
         indicator field: see ``model.sentence_text_ids``); keys whose identity equals the
         positive's are removed from the denominator (duplicates are not negatives).
       temperature: tau; the paper uses 0.05.
+      row_chunk: > 0: the query rows are scored in chunks of this many rows per data
+        device (``embedding_core.contrastive.map_rows``; ``config.contrastive_chunk_size``),
+        so a device holds ``[row_chunk, keys]`` scores instead of ``[its rows, keys]``.
 
     Raises:
-      ValueError: ``text_ids`` is not ``[batch, 4]``.
+      ValueError: ``text_ids`` is not ``[batch, 4]``; ``row_chunk`` does not divide the
+        rows per device.
 
     Returns:
       ``(loss, terms)``: the batch mean of ``l_i`` (float32 scalar) and the mean of each
@@ -79,36 +85,45 @@ def dualcse_loss(
     r = r.astype(jnp.float32)
     u = u.astype(jnp.float32)
     n = r.shape[0]
-    idx = jnp.arange(n, dtype=jnp.int32)
     rid, uid = _ids(text_ids, 0), _ids(text_ids, 1)
 
-    def term(query, blocks):
-        keys = jnp.concatenate([b[0] for b in blocks], axis=0)
-        ids = jnp.concatenate([b[1] for b in blocks], axis=0)
-        return info_nce(query, keys, idx, temperature=temperature, key_ids=ids)
+    def keys(blocks):
+        return (jnp.concatenate([b[0] for b in blocks], axis=0),
+                jnp.concatenate([b[1] for b in blocks], axis=0))
 
-    blocks1 = [(r[:, EXPLICIT], rid[:, EXPLICIT])]
-    blocks2 = [(r[:, IMPLIED], rid[:, IMPLIED])]
+    keys1 = [(r[:, EXPLICIT], rid[:, EXPLICIT])]
+    keys2 = [(r[:, IMPLIED], rid[:, IMPLIED])]
     if use_contradiction:
-        blocks1.append((r[:, CONTRADICTION], rid[:, CONTRADICTION]))
-        blocks2.append((r[:, CONTRADICTION], rid[:, CONTRADICTION]))
+        keys1.append((r[:, CONTRADICTION], rid[:, CONTRADICTION]))
+        keys2.append((r[:, CONTRADICTION], rid[:, CONTRADICTION]))
     if use_intra:
-        blocks1.append((u[:, PREMISE], uid[:, PREMISE]))
-        blocks2.append((r[:, PREMISE], rid[:, PREMISE]))
-    terms = {
-        "term1": term(r[:, PREMISE], blocks1),
-        "term2": term(u[:, PREMISE], blocks2),
-    }
-    if use_intra:
-        hypotheses = [EXPLICIT, IMPLIED] + ([CONTRADICTION] if use_contradiction else [])
-        for k, slot in enumerate(hypotheses, start=3):
-            terms[f"term{k}"] = term(r[:, slot], [(u[:, slot], uid[:, slot])])
+        keys1.append((u[:, PREMISE], uid[:, PREMISE]))
+        keys2.append((r[:, PREMISE], rid[:, PREMISE]))
+    slots = [EXPLICIT, IMPLIED] + ([CONTRADICTION] if use_contradiction else [])
+    # Every term's keys hold the positives first, in row order: row i's positive is key i.
+    keys1, keys2 = keys(keys1), keys(keys2)
+    intra = {slot: (u[:, slot], uid[:, slot]) for slot in slots} if use_intra else {}
+
+    def terms_of(rows):  # per-row terms of a chunk of query rows against every key
+        r_rows, u_rows, index = rows
+
+        def term(query, key_block):
+            return info_nce(query, key_block[0], index, temperature=temperature,
+                            key_ids=key_block[1])
+
+        out = {"term1": term(r_rows[:, PREMISE], keys1),
+               "term2": term(u_rows[:, PREMISE], keys2)}
+        for k, slot in enumerate(intra, start=3):
+            out[f"term{k}"] = term(r_rows[:, slot], intra[slot])
+        return out
+
+    terms = map_rows(terms_of, (r, u, jnp.arange(n, dtype=jnp.int32)), row_chunk)
     total = sum(terms.values())
     return jnp.mean(total), {k: jnp.mean(v) for k, v in terms.items()}
 
 
 def simcse_loss(
-    e: jax.Array, text_ids: jax.Array, *, temperature: float = 0.05
+    e: jax.Array, text_ids: jax.Array, *, temperature: float = 0.05, row_chunk: int = 0
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Supervised SimCSE (Gao et al. 2021, eq. 5): anchors against positives + hard negatives.
 
@@ -127,6 +142,8 @@ def simcse_loss(
       e: ``[batch, 3, dim]`` float vectors of (anchor, positive, hard negative).
       text_ids: ``[batch, 3]`` int32 text identities (duplicates of the positive masked;
         equal anchor ids mark sibling rows).
+      row_chunk: > 0: anchors scored in chunks of this many rows per data device
+        (:func:`dualcse_loss`).
 
     Returns:
       ``(loss, {})``: float32 batch mean.
@@ -139,12 +156,20 @@ def simcse_loss(
     has_negative = text_ids[:, HARD_NEGATIVE] != text_ids[:, POSITIVE]
     valid = jnp.concatenate([jnp.ones(n, bool), has_negative])
     anchor = text_ids[:, ANCHOR]
-    sibling = (anchor[:, None] == anchor[None, :]) & ~jnp.eye(n, dtype=bool)  # [n, n]
-    valid_rows = valid[None, :] & ~jnp.concatenate([sibling, jnp.zeros((n, n), bool)], axis=1)
+    rows = (e[:, ANCHOR], anchor, jnp.arange(n, dtype=jnp.int32))
 
-    def row(query, positive, row_valid):  # info_nce's key_valid is per key: one row each
-        return info_nce(query[None], keys, positive[None], temperature=temperature,
-                        key_ids=ids, key_valid=row_valid)[0]
+    def losses_of(chunk):  # a chunk of anchors against every key: [c, 2n] at a time
+        query, anchor_rows, index = chunk
+        sibling = (anchor_rows[:, None] == anchor[None, :]) & (
+            index[:, None] != jnp.arange(n)[None, :])  # [c, n]
+        valid_rows = valid[None, :] & ~jnp.concatenate(
+            [sibling, jnp.zeros(sibling.shape, bool)], axis=1)
 
-    per = jax.vmap(row)(e[:, ANCHOR], jnp.arange(n, dtype=jnp.int32), valid_rows)
+        def row(q, positive, row_valid):  # info_nce's key_valid is per key: one row each
+            return info_nce(q[None], keys, positive[None], temperature=temperature,
+                            key_ids=ids, key_valid=row_valid)[0]
+
+        return jax.vmap(row)(query, index, valid_rows)
+
+    per = map_rows(losses_of, rows, row_chunk)
     return jnp.mean(per), {}

@@ -34,9 +34,12 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> Contr
 
     The embeddings are ``(r, u)`` ``[rows, sentences, hidden]`` float32 (``(r,)`` for
     simcse); with dropout each row (an example with all its sentences) is encoded with the
-    key ``fold_in(step key, row)`` (``contrastive.per_example``).
+    key ``fold_in(step key, row)`` (``contrastive.per_example``). With
+    ``config.contrastive_chunk_size`` the loss scores its query rows in chunks of that size
+    too (``row_chunk``), so no device holds its rows' full score matrix.
     """
     simcse = config.architecture == "simcse"
+    row_chunk = int(config.get("contrastive_chunk_size", 0))  # the loss's query chunks
 
     def embed(params, batch, rows, rng):
         def apply(inputs, key):
@@ -49,10 +52,11 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> Contr
     def loss(params, vectors, batch, rng):
         text_ids = sentence_text_ids(batch["text_ids"], config.architecture)
         if simcse:
-            return simcse_loss(vectors[0], text_ids, temperature=config.temperature)
+            return simcse_loss(vectors[0], text_ids, temperature=config.temperature,
+                               row_chunk=row_chunk)
         return dualcse_loss(*vectors, text_ids, temperature=config.temperature,
                             use_contradiction=config.use_contradiction,
-                            use_intra=config.use_intra)
+                            use_intra=config.use_intra, row_chunk=row_chunk)
 
     return ContrastiveLoss(embed, loss)
 

@@ -107,8 +107,15 @@ def row_indices(n: int) -> jax.Array:
     return jnp.arange(n, dtype=jnp.int32)
 
 
+def _context_data() -> bool:
+    return "data" in (jax.sharding.get_abstract_mesh().axis_names or ())
+
+
 def _data_size(mesh: Mesh | None) -> int:
-    return 1 if mesh is None else int(mesh.shape["data"])
+    # The given mesh, else the one jax.set_mesh made current (the train step's), else one.
+    if mesh is not None:
+        return int(mesh.shape["data"])
+    return int(jax.sharding.get_abstract_mesh().shape["data"]) if _context_data() else 1
 
 
 def check_split(field: str, parts_or_size: int, rows: int, mesh: Mesh, *,
@@ -179,10 +186,47 @@ def merge_rows(tree: Any, mesh: Mesh | None) -> Any:
 def _constrain(x: jax.Array, mesh: Mesh | None, axis: int) -> jax.Array:
     # Rows over "data" on the given axis: tells XLA the chunk layout instead of leaving it
     # to propagation through the reshapes (which may pick a replicated layout).
-    if mesh is None:
-        return x
     spec = PartitionSpec(*([None] * axis), "data")
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    if mesh is not None:
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(x, spec) if _context_data() else x
+
+
+def map_rows(fn: Callable[[Any], Any], rows: Any, chunk_size: int,
+             mesh: Mesh | None = None) -> Any:
+    """``fn(rows)`` computed over chunks of ``chunk_size`` rows per data device, one at a time.
+
+    For a per-row function of a few rows against many shared keys (an in-batch softmax:
+    ``fn`` closes over the keys): only one chunk's ``[rows, keys]`` scores are live, in the
+    forward and in the backward (each chunk is recomputed, ``jax.checkpoint``), so the
+    memory of the loss grows with the batch, not with its square. The gradient of the
+    shared keys is summed over the chunks.
+
+    Args:
+      fn: maps a pytree of ``[c, ...]`` rows to a pytree of ``[c, ...]`` per-row outputs;
+        row i's output may depend on row i and on what ``fn`` closes over only.
+      rows: a pytree of ``[n, ...]`` arrays (the global rows, sharded over ``"data"``).
+      chunk_size: rows per data device in one chunk; 0 (or a chunk holding every row):
+        ``fn(rows)`` at once.
+      mesh: the mesh whose ``"data"`` axis holds the rows; default: the current one
+        (``jax.set_mesh``), else one device.
+
+    Returns:
+      ``fn(rows)``, up to float32 summation order.
+
+    Raises:
+      ValueError: rows per device not divisible by ``chunk_size``.
+    """
+    if chunk_size <= 0:
+        return fn(rows)
+    n, data = batch_rows(rows), _data_size(mesh)
+    if n % (data * chunk_size):
+        raise ValueError(f"chunk size {chunk_size} does not divide the per-device rows "
+                         f"{n / data:g} ({n} rows over {data} data devices)")
+    parts = n // (data * chunk_size)
+    if parts == 1:
+        return fn(rows)
+    return merge_rows(jax.lax.map(jax.checkpoint(fn), split_rows(rows, parts, mesh)), mesh)
 
 
 def per_example(apply: Callable[[Any, jax.Array | None], Any], dropout: bool

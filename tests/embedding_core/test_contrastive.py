@@ -60,11 +60,13 @@ def _state(init, mesh):
     return training.create_sharded_state(init, optax.sgd(LR), mesh, jax.random.key(0))
 
 
-def _assert_same_training(loss_fn, init, batches, mesh, chunk):
-    """Two SGD steps, plain and chunked, from the same state ``init`` = (state, shardings)."""
+def _assert_same_training(make_loss, init, batches, mesh, chunk):
+    """Two SGD steps from the same state ``init`` = (state, shardings): the plain step of
+    ``make_loss(0)`` and the chunked step of ``make_loss(chunk)`` (whose loss also scores
+    its query rows in chunks)."""
     start = jax.tree.map(np.asarray, init[0].params)
-    plain, plain_losses = _train(loss_fn, init, batches, mesh, 0)
-    chunked, chunked_losses = _train(loss_fn, init, batches, mesh, chunk)
+    plain, plain_losses = _train(make_loss(0), init, batches, mesh, 0)
+    chunked, chunked_losses = _train(make_loss(chunk), init, batches, mesh, chunk)
     np.testing.assert_allclose(chunked_losses, plain_losses, rtol=1e-5)
     moved = max(float(np.max(np.abs(a - b))) for a, b in
                 zip(jax.tree.leaves(plain), jax.tree.leaves(start), strict=True))
@@ -96,6 +98,7 @@ def _dualcse_batches(architecture, rows, seed=0):
 
 
 def _dualcse(architecture, dropout):
+    """``(chunk -> loss_fn, init)`` of a tiny DualCSE model."""
     from dualcse_jax.configs import default
     from dualcse_jax.model import build_model, init_fn
     from dualcse_jax.trainer import make_loss_fn
@@ -104,7 +107,12 @@ def _dualcse(architecture, dropout):
     c.architecture, c.dropout, c.dropout_impl = architecture, dropout, "hash"
     c.pooling = "mean" if architecture == "simcse" else "cls"
     model = build_model(c, TINY)
-    return make_loss_fn(model, c), init_fn(model)
+
+    def make_loss(chunk):
+        c.contrastive_chunk_size = chunk
+        return make_loss_fn(model, c)
+
+    return make_loss, init_fn(model)
 
 
 @pytest.fixture(scope="module")
@@ -117,17 +125,17 @@ def cross_state():
 @pytest.mark.parametrize("dropout", [False, True])
 def test_dualcse_cross_chunked_equals_unchunked(cross_state, dropout):
     mesh, init = cross_state  # 16 rows: 4 per data device, chunks of 2
-    loss_fn, _ = _dualcse("cross", dropout)
-    assert isinstance(loss_fn, contrastive.ContrastiveLoss)
-    _assert_same_training(loss_fn, init, _dualcse_batches("cross", 16), mesh, chunk=2)
+    make_loss, _ = _dualcse("cross", dropout)
+    assert isinstance(make_loss(0), contrastive.ContrastiveLoss)
+    _assert_same_training(make_loss, init, _dualcse_batches("cross", 16), mesh, chunk=2)
 
 
 def test_simcse_chunked_equals_unchunked_with_dropout():
     # Dropout on: the per-example masks must agree as well; the dropout-off path (no
     # vmap) is the same code as DualCSE-Cross's above.
     mesh = parallel.make_mesh(8, 1)  # 16 rows: 2 per device, chunks of 1
-    loss_fn, init = _dualcse("simcse", True)
-    _assert_same_training(loss_fn, _state(init, mesh), _dualcse_batches("simcse", 16, seed=1),
+    make_loss, init = _dualcse("simcse", True)
+    _assert_same_training(make_loss, _state(init, mesh), _dualcse_batches("simcse", 16, seed=1),
                           mesh, chunk=1)
 
 
@@ -140,7 +148,11 @@ def test_docent_in_batch_chunked_equals_unchunked_with_dropout():
     c.dropout, c.dropout_impl, c.table_multiple, c.projection_dim = True, "hash", 8, 8
     model = build_model(c, TINY, num_entities=6)
     mesh = parallel.make_mesh(8, 1)
-    loss_fn = make_dual_loss_fn(model, c, mesh)
+
+    def make_loss(chunk):
+        c.contrastive_chunk_size = chunk
+        return make_dual_loss_fn(model, c, mesh)
+
     rng = np.random.default_rng(2)
     batches = []
     for _ in range(2):  # 16 sentences of 6 entities: repeats are masked, not negatives
@@ -148,7 +160,7 @@ def test_docent_in_batch_chunked_equals_unchunked_with_dropout():
         batches.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
                         "entity_ids": rng.integers(0, 6, 16).astype(np.int32)})
     # The learned scale and the table take their gradient from the loss directly.
-    _assert_same_training(loss_fn, _state(init_fn(model), mesh), batches, mesh, chunk=1)
+    _assert_same_training(make_loss, _state(init_fn(model), mesh), batches, mesh, chunk=1)
 
 
 def test_chunk_size_not_dividing_the_per_device_batch_is_refused_before_the_task(tmp_path):
