@@ -104,11 +104,10 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_match_single_process(tmp_path, tiny_bert_dir):
-    """2 processes x 4 CPU devices (jax.distributed, gloo) == 1 process x 8 devices."""
-    overrides = {"model": str(tiny_bert_dir), "max_length": 32, "batch_size": 8,
-                 "num_train_steps": 3, "checkpoint_every": 100, "log_every": 1,
-                 "max_train_examples": 64, "learning_rate": 1e-3}
+def test_two_processes_match_single_process(tmp_path, tiny_bert_dir, dualcse_tiny_run):
+    """2 processes x 4 CPU devices (jax.distributed, gloo) == 1 process x 8 devices (the
+    session's shared run of the same config, tests/shared_runs.py)."""
+    overrides = dualcse_tiny_run.overrides
     port = _free_port()
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
@@ -123,14 +122,8 @@ def test_two_processes_match_single_process(tmp_path, tiny_bert_dir):
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-4000:]
 
-    # The same run in this (8-device) process.
-    from dualcse_jax.trainer import train
-
-    config = default.get_config()
-    config.update(overrides)
-    state = train(config, tmp_path / "single")
-    single = {jax.tree_util.keystr(k): np.asarray(v)
-              for k, v in jax.tree_util.tree_leaves_with_path(state.params)}
+    # The same run in one (8-device) process.
+    single = dualcse_tiny_run.params
     multi = dict(np.load(tmp_path / "params_0.npz"))
     assert sorted(single) == sorted(multi)
     for key, value in single.items():

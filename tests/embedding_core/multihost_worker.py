@@ -1,7 +1,8 @@
 """One process of the multi-process evaluation/export test (``test_multihost.py``).
 
 argv: spec.json — {"coordinator", "num_processes", "process_id", "dualcse": workdir,
-"docent": workdir, "sentences": file, "queries": file, "out": folder, "report": file}.
+"val_file" and "test_file": its RTE files, "docent": workdir, "sentences": file,
+"queries": file, "out": folder, "report": file}.
 :func:`run` (also called in the test's own process for the single-process reference) runs
 DualCSE's RTE/EIS evaluation and export, then DocEnt's ranking evaluation (with its
 baselines) and export, and returns the rows this process encoded per phase and the files
@@ -66,7 +67,8 @@ def run(spec: dict) -> dict:
     out = spec["out"]
     phases = {
         "dualcse_evaluate": lambda: dualcse_workflows.evaluate_workdir(
-            spec["dualcse"], progress=False),
+            spec["dualcse"], progress=False,
+            overrides={"val_file": spec["val_file"], "test_file": spec["test_file"]}),
         "dualcse_export": lambda: dualcse_workflows.export_workdir(
             spec["dualcse"], spec["sentences"], f"{out}/dualcse", chunk=16),
         "docent_evaluate": lambda: docent_workflows.evaluate_workdir(

@@ -219,21 +219,20 @@ def test_model_folder_on_gs_loads_like_the_local_one(gcs_emulator, tiny_bert_dir
 # --------------------------------------------------------------------- training runs
 
 
-DUALCSE = {"max_length": 16, "batch_size": 8, "num_train_steps": 3, "checkpoint_every": 1,
-           "log_every": 1, "max_train_examples": 24, "learning_rate": 1e-3,
-           "keep_checkpoints": 3, "eval_every": 0, "eval_batch_size": 16, "warmup_steps": 0}
-
-
 @pytest.mark.slow
-def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_path):
+def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, dualcse_tiny_run, tmp_path):
     """Train 3 steps into gs://, SIGKILL after checkpoint 1, resume: the parameters of an
-    uninterrupted run; export to gs:// and read it back with load_export."""
+    uninterrupted run (the session's shared run of the same config, tests/shared_runs.py,
+    whose compiled step the CLI and the resume read from the compile cache); export to
+    gs:// and read it back with load_export."""
     from data_pipelines.paths import absolute_data_paths
     from dualcse_jax import load, workflows
     from dualcse_jax.configs import DATA_FILES, default
     from embedding_core.export import load_export
 
-    over = dict(DUALCSE, model=str(tiny_bert_dir))
+    assert dualcse_tiny_run.overrides["num_train_steps"] == 3
+    # Checkpoints at every step (kept): where the run saves does not change its parameters.
+    over = dict(dualcse_tiny_run.overrides, checkpoint_every=1, keep_checkpoints=3)
     cmd = [sys.executable, "-m", "dualcse_jax.main", "train", f"--workdir={BUCKET}/dual"] + \
         [f"--config.{k}={v}" for k, v in over.items()]
     assert _kill_after_first_checkpoint(gcs_emulator, cmd, "dual", tmp_path) == [1]
@@ -242,10 +241,8 @@ def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_
     config = absolute_data_paths(default.get_config(), DATA_FILES)
     config.update(over)
     workflows.train(config, f"{BUCKET}/dual")  # resume
-    config.checkpoint_every = DUALCSE["num_train_steps"]  # one save: where is not the point
-    workflows.train(config, tmp_path / "reference")  # uninterrupted
     model, resumed = _params(f"{BUCKET}/dual", load)
-    _, reference = _params(tmp_path / "reference", load)
+    _, reference = _params(dualcse_tiny_run.workdir, load)  # uninterrupted
     assert model.step == 3
     _assert_same_params(resumed, reference)
     names = _objects("dual")
@@ -268,24 +265,19 @@ def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_
         np.testing.assert_allclose(vectors, model.encode(texts, kind=kind), atol=1e-5)
 
 
-DOCENT = {"variant": "dual", "max_length": 16, "batch_size": 8, "num_train_steps": 3,
-          "checkpoint_every": 1, "log_every": 1, "warmup_steps": 0, "eval_every": 0,
-          "dropout": False, "pooling": "mean", "learning_rate": 1e-3,
-          "entity_learning_rate": 1e-2, "keep_checkpoints": 3}
-WORDS = ["river", "castle", "music", "engine", "forest"]
-
-
 @pytest.mark.slow
-def test_docent_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_path):
-    """The same for DocEnt, its training documents read from gs:// as well."""
+def test_docent_on_gs_killed_resumed_exported(gcs_emulator, docent_tiny_run, tmp_path):
+    """The same for DocEnt, its training documents read from gs:// as well (the shared
+    run, tests/shared_runs.py, trained on a local copy of them, is the reference)."""
     from docent_jax import load, trainer, workflows
     from docent_jax.configs import default
     from embedding_core.export import load_export
+    from tests.shared_runs import DOCENT_DOCS, DOCENT_WORDS
 
-    docs = "".join(json.dumps({"entity": f"E_{w}", "text": f"The {w} number {k} is here."})
-                   + "\n" for k in range(4) for w in WORDS)
-    storage.as_path(f"{BUCKET}/docs.jsonl").write_text(docs)
-    over = dict(DOCENT, model=str(tiny_bert_dir), train_file=f"{BUCKET}/docs.jsonl")
+    storage.as_path(f"{BUCKET}/docs.jsonl").write_text(DOCENT_DOCS)
+    assert docent_tiny_run.overrides["num_train_steps"] == 3
+    over = dict(docent_tiny_run.overrides, train_file=f"{BUCKET}/docs.jsonl",
+                checkpoint_every=1, keep_checkpoints=3)
     cmd = [sys.executable, "-m", "docent_jax.main", "train", f"--workdir={BUCKET}/docent"] + \
         [f"--config.{k}={v}" for k, v in over.items()]
     assert _kill_after_first_checkpoint(gcs_emulator, cmd, "docent", tmp_path) == [1]
@@ -293,11 +285,9 @@ def test_docent_on_gs_killed_resumed_exported(gcs_emulator, tiny_bert_dir, tmp_p
     config = default.get_config()
     config.update(over)  # no local data path: what the CLI saved
     trainer.train(config, f"{BUCKET}/docent")  # resume
-    config.checkpoint_every = DOCENT["num_train_steps"]
-    trainer.train(config, tmp_path / "reference")  # uninterrupted
     ranker, resumed = _params(f"{BUCKET}/docent", load)
-    _, reference = _params(tmp_path / "reference", load)
-    assert ranker.step == 3 and ranker.entity_ids == [f"E_{w}" for w in sorted(WORDS)]
+    _, reference = _params(docent_tiny_run.workdir, load)  # uninterrupted
+    assert ranker.step == 3 and ranker.entity_ids == [f"E_{w}" for w in sorted(DOCENT_WORDS)]
     _assert_same_params(resumed, reference)
     assert storage.as_path(f"{BUCKET}/docent/entity_ids.txt").read_text().split() == \
         ranker.entity_ids

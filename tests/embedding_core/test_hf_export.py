@@ -1,6 +1,6 @@
 """export-hf: HF / sentence-transformers folders equal the trained models (docs/export.md).
 
-The round trip pretrained -> ours -> HF -> ours is exact; after 2-step runs,
+The round trip pretrained -> ours -> HF -> ours is exact; after runs of 2-3 steps,
 ``SentenceTransformer(folder).encode`` equals ``load(workdir).encode`` (DualCSE cross with
 the indicator in the tokenizer and a tanh head, bi with mean pooling and normalisation,
 DocEnt-Dual with a projection), and transformers loads every folder in a process that
@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from data_pipelines.tokenization import load_tokenizer, tokenize
 from embedding_core import hf_export, pretrained
 from embedding_core.encoders import EncoderConfig
+from tests import shared_runs
 from tests.gcs_emulator import BUCKET
 
 TEXTS = ["A man is playing a guitar.", "the cat",
@@ -157,10 +158,17 @@ def _train_dualcse(tmp_path_factory, model_dir, **fields):
 
 
 @pytest.fixture(scope="module")
-def cross(tmp_path_factory, tiny_bert_dir):
-    """DualCSE-cross, SimCSE's tanh head (``cls_mlp``), raw vectors."""
-    return _train_dualcse(tmp_path_factory, tiny_bert_dir, architecture="cross",
-                          pooling="cls_mlp", normalize=False)
+def cross(tmp_path_factory, dualcse_tiny_run):
+    """DualCSE-cross, SimCSE's tanh head (``cls_mlp``), raw vectors: the session's shared
+    3-step run (tests/shared_runs.py), exported outside its read-only workdir."""
+    over = dualcse_tiny_run.overrides  # what the tests below rely on
+    assert (over["architecture"], over["pooling"], over["normalize"], over["max_length"]) == \
+        ("cross", "cls_mlp", False, 32)
+    from dualcse_jax import workflows
+
+    out = tmp_path_factory.mktemp("dualcse_hf") / "hf"
+    workflows.export_hf_workdir(dualcse_tiny_run.workdir, out)
+    return dualcse_tiny_run.workdir, out
 
 
 @pytest.fixture(scope="module")
@@ -171,21 +179,16 @@ def bi(tmp_path_factory, tiny_bert_dir):
 
 
 @pytest.fixture(scope="module")
-def docent(tmp_path_factory, tiny_bert_dir):
-    """DocEnt-Dual with a 16-wide projection after CLS pooling, 2 steps on my_docs.jsonl."""
-    from docent_jax import trainer, workflows
-    from docent_jax.configs import default
+def docent(tmp_path_factory, docent_tiny_run):
+    """DocEnt-Dual with a 16-wide projection after CLS pooling: the session's shared
+    3-step run (tests/shared_runs.py), exported outside its read-only workdir."""
+    from docent_jax import workflows
 
-    config = default.get_config()
-    config.update(dict(model=str(tiny_bert_dir), train_file=str(EXAMPLES / "my_docs.jsonl"),
-                       max_length=16, batch_size=8, num_train_steps=2, log_every=1,
-                       checkpoint_every=2, warmup_steps=0, learning_rate=1e-3,
-                       pooling="cls", projection_dim=16, eval_every=0))
-    workdir = tmp_path_factory.mktemp("docent") / "run"
-    trainer.train(config, workdir)
-    out = workdir.parent / "hf"
-    workflows.export_hf_workdir(workdir, out)
-    return workdir, out
+    over = docent_tiny_run.overrides  # what the tests below rely on
+    assert (over["variant"], over["pooling"], over["projection_dim"]) == ("dual", "cls", 16)
+    out = tmp_path_factory.mktemp("docent_hf") / "hf"
+    workflows.export_hf_workdir(docent_tiny_run.workdir, out)
+    return docent_tiny_run.workdir, out
 
 
 def _st(folder):
@@ -207,7 +210,8 @@ def test_cross_views_equal_encode(cross):
         modules = json.loads((out / kind / "modules.json").read_text())
         assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Dense"]
         info = json.loads((out / kind / hf_export.INFO_FILE).read_text())
-        assert info["input_suffix"] == kind and info["step"] == 2
+        assert info["input_suffix"] == kind
+        assert info["step"] == shared_runs.DUALCSE_TINY["num_train_steps"]
     r, u = emb.encode(TEXTS, kind="explicit"), emb.encode(TEXTS, kind="implicit")
     assert np.abs(r - u).max() > 1e-4  # the two views really differ
     # Both folders hold the one encoder; only their tokenizers differ.
@@ -242,7 +246,8 @@ def test_docent_queries_and_entities(docent):
     np.testing.assert_allclose(got, ranker.encode(TEXTS), atol=1e-5)
     table, ids, meta = load_view(out / "entities")
     np.testing.assert_array_equal(table, ranker.entity_embeddings())
-    assert ids == ranker.entity_ids and meta["step"] == 2
+    assert ids == ranker.entity_ids
+    assert meta["step"] == shared_runs.DOCENT_TINY["num_train_steps"]
     # score = a * cos(f(q), g(e)), a recorded in export_info.json.
     scale = json.loads((out / hf_export.INFO_FILE).read_text())["scale"]
     cos = (got / np.linalg.norm(got, axis=1, keepdims=True)) @ \

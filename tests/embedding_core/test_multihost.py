@@ -76,22 +76,18 @@ def _rte_file(path: Path, split: str, rows: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workdirs(tmp_path_factory, tiny_bert_dir):
-    """A DualCSE run (RTE on 24 val and 24 test rows) and a DocEnt-Dual run, one step each
-    on the tiny BERT; and the texts to export."""
+def workdirs(tmp_path_factory, tiny_bert_dir, dualcse_tiny_run):
+    """A DualCSE run (a copy of the session's shared run, tests/shared_runs.py; RTE on 24
+    val and 24 test rows) and a DocEnt-Dual run of one step on the tiny BERT; and the
+    texts to export."""
     from docent_jax import data as docent_data
     from docent_jax import trainer as docent_trainer
     from docent_jax.configs import default as docent_default
-    from dualcse_jax.configs import default as dualcse_default
-    from dualcse_jax.trainer import train as dualcse_train
 
     root = tmp_path_factory.mktemp("multihost")
-    config = dualcse_default.get_config()
-    config.update(model=str(tiny_bert_dir), max_length=16, batch_size=8, num_train_steps=1,
-                  max_train_examples=16, eval_batch_size=8, log_every=1,
-                  val_file=str(_rte_file(root / "val.csv", "val", 24)),
-                  test_file=str(_rte_file(root / "test.csv", "test", 24)))
-    dualcse_train(config, root / "dualcse")
+    shutil.copytree(dualcse_tiny_run.workdir, root / "dualcse")
+    _rte_file(root / "val.csv", "val", 24)
+    _rte_file(root / "test.csv", "test", 24)
     worker = _load_worker()
     mp = pytest.MonkeyPatch()
     mp.setattr(docent_data, "load_data", lambda config: worker.tiny_docent_data())
@@ -118,6 +114,7 @@ def _spec(root: Path, name: str, nproc: int, pid: int, port: int) -> dict:
             shutil.copytree(root / method, base / method)
     return {"coordinator": f"localhost:{port}", "num_processes": nproc, "process_id": pid,
             "dualcse": str(base / "dualcse"), "docent": str(base / "docent"),
+            "val_file": str(root / "val.csv"), "test_file": str(root / "test.csv"),
             "sentences": str(root / "sentences.txt"), "queries": str(root / "queries.txt"),
             "out": str(base / "out"), "report": str(base / f"report_{pid}.json")}
 
