@@ -191,7 +191,8 @@ def trained(tmp_path_factory):
         [sys.executable, "-m", "mrwe_jax.main", "train", f"--workdir={straight}",
          *[f"--config.{k}={v}" for k, v in overrides.items()]],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2],
-        env=dict(os.environ))
+        # This process's compile cache: the CLI reads the steps compiled above from it.
+        env=dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     yield dict(config=config, workdir=workdir, straight=straight, root=root, first=first,
                resumed=resumed, cli_log=proc.stderr)
