@@ -48,6 +48,7 @@ from embedding_core.losses import (
     vocab_parallel_logsumexp,
     vocab_parallel_softmax_cross_entropy,
 )
+from embedding_core.table_update import TABLE_STATS, softmax_table_stats
 from embedding_core.task import LossFn
 
 
@@ -99,6 +100,7 @@ def full_vocab_entity_loss(
     mesh: Mesh,
     num_entities: int,
     block_size: int = 0,
+    fused_table: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Softmax over the whole entity table, vocabulary-parallel over the ``"model"`` axis.
 
@@ -114,14 +116,30 @@ def full_vocab_entity_loss(
       num_entities: real rows of the table.
       block_size: rows per block of the tiled scan inside each table shard
         (``config.vocab_block_size``; 0 = untiled).
+      fused_table: the train step updates the table block by block
+        (``config.fused_table_update``): no gradient flows to ``table`` here, and the
+        per-query statistics its gradient is made of go to the step under
+        ``metrics[embedding_core.table_update.TABLE_STATS]`` (weight ``1 / b`` each: the
+        loss is the batch mean).
 
     Returns:
-      ``(loss, metrics)``: the batch mean (float32 scalar) and ``{"scale"}``.
+      ``(loss, metrics)``: the batch mean (float32 scalar) and ``{"scale"}`` (and the
+      table statistics with ``fused_table``).
     """
-    per = vocab_parallel_softmax_cross_entropy(sentences, table, entity_ids, mesh, scale,
-                                               num_classes=num_entities,
-                                               block_size=block_size)
-    return jnp.mean(per), {"scale": jnp.asarray(scale, jnp.float32)}
+    metrics = {"scale": jnp.asarray(scale, jnp.float32)}
+    if not fused_table:
+        per = vocab_parallel_softmax_cross_entropy(sentences, table, entity_ids, mesh, scale,
+                                                   num_classes=num_entities,
+                                                   block_size=block_size)
+        return jnp.mean(per), metrics
+    stats = vocab_parallel_logsumexp(sentences, table, entity_ids, mesh, scale,
+                                     num_classes=num_entities, block_size=block_size,
+                                     table_gradient=False)
+    b = sentences.shape[0]
+    metrics[TABLE_STATS] = softmax_table_stats(sentences, entity_ids,
+                                               jnp.full((b,), 1.0 / b, jnp.float32),
+                                               stats.logsumexp, scale)
+    return jnp.mean(stats.logsumexp - stats.target_logit), metrics
 
 
 def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
@@ -134,11 +152,13 @@ def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
     The batch holds ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[b, 1, L]`` and
     ``entity_ids`` ``[b]`` int32 (``docent_jax.data.make_batches``); ``config.softmax``
     picks :func:`in_batch_entity_loss` or :func:`full_vocab_entity_loss`
-    (``config.vocab_block_size`` tiles the latter). With dropout, sentence i is encoded
+    (``config.vocab_block_size`` tiles the latter; ``config.fused_table_update`` leaves
+    its table's update to the train step). With dropout, sentence i is encoded
     with the key ``fold_in(step key, i)`` (``contrastive.per_example``).
     """
     block_size = int(config.get("vocab_block_size", 0))
     row_chunk = int(config.get("contrastive_chunk_size", 0))
+    fused_table = bool(config.get("fused_table_update", False))
 
     def embed(params, batch, rows, rng):
         def apply(inputs, key):
@@ -156,15 +176,16 @@ def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
         table, scale = model.apply({"params": params},
                                    method=lambda m: (m.entity_table(), m.scale()))
         return entity_softmax_loss(config.softmax, sentences, table, batch["entity_ids"],
-                                   scale, mesh, model.num_entities, block_size, row_chunk)
+                                   scale, mesh, model.num_entities, block_size, row_chunk,
+                                   fused_table)
 
     return ContrastiveLoss(embed, loss)
 
 
 def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,
                         entity_ids: jax.Array, scale: jax.Array | float, mesh: Mesh,
-                        num_entities: int, block_size: int = 0,
-                        row_chunk: int = 0) -> tuple[jax.Array, dict[str, jax.Array]]:
+                        num_entities: int, block_size: int = 0, row_chunk: int = 0,
+                        fused_table: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DocEnt-Dual's objective ``-log P(e | s)`` with the denominator ``softmax`` names
     (``"in_batch"``: :func:`in_batch_entity_loss`; ``"full_vocab"``:
     :func:`full_vocab_entity_loss`). Dual and Hybrid's dual term both call this: one
@@ -175,11 +196,12 @@ def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,
       entity_ids: ``[b]`` int32; scale: the scale a; mesh: the training mesh;
       num_entities: real rows of the table; block_size: the full softmax's tiling
       (:func:`full_vocab_entity_loss`); row_chunk: the in-batch softmax's query chunks
-      (:func:`in_batch_entity_loss`).
+      (:func:`in_batch_entity_loss`); fused_table: the full softmax leaves the table's
+      update to the step (:func:`full_vocab_entity_loss`).
     """
     if softmax == "full_vocab":
         return full_vocab_entity_loss(sentences, table, entity_ids, scale, mesh, num_entities,
-                                      block_size)
+                                      block_size, fused_table)
     return in_batch_entity_loss(sentences, table[entity_ids], entity_ids, scale, row_chunk)
 
 
