@@ -36,8 +36,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from docent_jax.loss import full_vocab_entity_loss  # noqa: E402
 from docent_jax.model import table_rows  # noqa: E402
-from embedding_core import losses, parallel, training  # noqa: E402
-from embedding_core.table_update import FusedTableUpdate, softmax_table_stats  # noqa: E402
+from embedding_core import parallel, training  # noqa: E402
+from embedding_core.table_update import TABLE_STATS, FusedTableUpdate  # noqa: E402
 
 
 def compiled_bytes(compiled) -> dict[str, int]:
@@ -62,7 +62,8 @@ def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data:
     ``data``. Nothing is allocated: the inputs are ``ShapeDtypeStruct``s.
 
     ``fused=True`` is ``config.fused_table_update``: the loss runs with the table's
-    gradient stopped and the same Adam step is applied block by block
+    gradient stopped (``full_vocab_entity_loss(..., fused_table=True)``) and the same Adam
+    step is applied block by block
     (``embedding_core.table_update.FusedTableUpdate``), so the table's gradient never
     exists whole; the step also returns the global gradient norm, as the train step logs it.
 
@@ -118,13 +119,10 @@ def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data:
     update = FusedTableUpdate(("entity_embeddings",), num_entities, max(block_size, 1))
 
     def fused_loss(params, sentences, entity_ids):
-        scale = jnp.exp(params["log_scale"])
-        stats = losses.vocab_parallel_logsumexp(
-            sentences, params["entity_embeddings"], entity_ids, mesh, scale,
-            num_classes=num_entities, block_size=block_size, table_gradient=False)
-        weights = jnp.full((batch,), 1.0 / batch, jnp.float32)  # d mean / d ce_i
-        return jnp.mean(stats.logsumexp - stats.target_logit), softmax_table_stats(
-            sentences, entity_ids, weights, stats.logsumexp, scale)
+        loss, metrics = full_vocab_entity_loss(
+            sentences, params["entity_embeddings"], entity_ids, jnp.exp(params["log_scale"]),
+            mesh, num_entities, block_size, fused_table=True)
+        return loss, metrics[TABLE_STATS]
 
     def fused_step(params, opt_state, sentences, entity_ids):
         (loss, stats), (g_params, g_sentences) = jax.value_and_grad(
