@@ -149,6 +149,12 @@ def _clip(t: jax.Array, norm: jax.Array, max_norm: float | None) -> jax.Array:
 class FusedTableUpdate:
     """The optimizer step of one softmax table, folded into a blockwise pass.
 
+    For optimizers whose transformations act elementwise given the step count (AdamW with
+    its weight-decay mask and schedule, per-parameter rate factors, SGD) after a global-norm
+    clip named here; a statistic over a whole leaf (LAMB's trust ratio, per-leaf clipping)
+    would see one block instead of the table. The table must enter the loss through the
+    softmax of :class:`SoftmaxTableStats` alone.
+
     Attributes:
       path: keys of the table in the parameter tree, e.g. ``("entity_embeddings",)``.
       num_classes: real rows; rows at or beyond are padding.
