@@ -26,12 +26,12 @@ Run from the repository root; re-running the same command skips finished runs::
   python -m experiments.dualcse --preset=cpu
 
 ``--preset=cpu``: ``dualcse_jax/configs/cross_cpu.py`` (batch 16 premises, lr 1e-4,
-max length 64, hash dropout) for CPU_STEPS steps per run; SimCSE, Cross and Bi with three
-seeds, the ablations with one. ``--preset=gpu``: the paper's batch sizes and learning
-rates (Cross 64 / 5e-5, Bi 32 / 3e-5, SimCSE 64 premises = 128 rows / 5e-5), one full
-epoch of INLI train, max length 128, three seeds for every trained row, still MiniLM (no
-BERT/RoBERTa-base offline). ``--steps=N`` overrides the step count (a smoke test; its
-default root and header say so).
+max length 64, hash dropout) for CPU_STEPS (40) steps per run; SimCSE, Cross and Bi with
+three seeds, the ablations with one; about 45-50 minutes on 2 quiet cores.
+``--preset=gpu``: the paper's batch sizes and learning rates (Cross 64 / 5e-5, Bi 32 /
+3e-5, SimCSE 64 premises = 128 rows / 5e-5), one full epoch of INLI train, max length
+128, three seeds for every trained row, still MiniLM (no BERT/RoBERTa-base offline).
+``--steps=N`` overrides the step count (its default root and the header say so).
 """
 
 from __future__ import annotations
@@ -50,10 +50,13 @@ RULES = ("max", "explicit", "implicit", "pair")
 CLASSES = ("explicit", "implied", "neutral", "contradiction")
 COLUMNS = (*CLASSES, "average")
 SEEDS = (0, 1, 2)
-CPU_STEPS = 50
-"""Steps per trained run on ``--preset=cpu`` (800 premises of INLI train's 8,000): sized so
-the eleven trained runs and the baseline finish in about 45 minutes on 2 quiet cores (about
-1.5 minutes of each cell is start-up and scoring, whatever the step count)."""
+CPU_STEPS = 40
+"""Steps per trained run on ``--preset=cpu`` (640 premises of INLI train's 8,000), sized so
+the eleven trained runs and the baseline finish in about 45-50 minutes on 2 quiet cores:
+a Cross or Bi cell costs about 30 s of start-up, 3 s per step and 105 s of scoring (val
+and test encoded once, the EIS proxy reusing test), a SimCSE cell about 30 s, 2.3 s per
+step and 70 s. ``cross_cpu.py``'s own 200 steps would take about two hours (``--steps``).
+"""
 
 BASELINE = "MiniLM off the shelf (NLI-trained)"
 SIMCSE = "SimCSE(INLI)"
@@ -310,8 +313,9 @@ def report(results: Mapping, args) -> str:
     sib_steps = int(sib.num_train_steps) or 16_000 // int(sib.batch_size)  # 0: one epoch
     meet = [sibling_meetings(8000, int(sib.batch_size), s, sib_steps)
             for s in seeds_of("simcse", args.preset)]
-    steps_note = (f"\n\n**SMOKE TEST: `--steps={args.steps}` overrides the preset's step "
-                  "count; these numbers are not results.**" if args.steps else "")
+    steps_note = (f"\n\n**`--steps={args.steps}` overrides the preset's step count "
+                  f"({CPU_STEPS if args.preset == 'cpu' else 'one epoch'}); a few steps make "
+                  "a smoke test, not a result.**" if args.steps else "")
     parts = [f"""# DualCSE: RTE on INLI test, per score rule, with intervals
 
 Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{_commit()}`
@@ -386,8 +390,9 @@ wrong for every model (docs/dualcse.md).
 def main(argv=None) -> None:
     p = grid.parser("dualcse", __doc__)
     p.add_argument("--steps", type=int, default=None,
-                   help="override every trained run's step count (smoke test); the default "
-                        "root becomes workdirs/experiments/dualcse-<preset>-steps<N>")
+                   help="override every trained run's step count (a few: a smoke test; 200: "
+                        "cross_cpu.py's budget, about 2 h on 2 cores); the default root "
+                        "becomes workdirs/experiments/dualcse-<preset>-steps<N>")
     args = p.parse_args(argv)
     from embedding_core.cli import enable_compilation_cache, quiet_library_logs
 
