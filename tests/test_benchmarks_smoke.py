@@ -43,7 +43,9 @@ def test_torch_peer_loss_equals_dualcse_loss():
     text_ids = np.arange(20, dtype=np.int32).reshape(5, 4)
     text_ids[3, 1] = text_ids[0, 1]  # a duplicate positive: masked out of denominators
     text_ids[4, 3] = text_ids[2, 3]
-    ours, _ = dualcse_loss(r, u, text_ids, temperature=0.05)
+    import jax
+
+    ours, _ = jax.jit(lambda r, u, t: dualcse_loss(r, u, t, temperature=0.05))(r, u, text_ids)
     peer = _accelerator().torch_dualcse_loss(torch.from_numpy(r), torch.from_numpy(u),
                                              torch.from_numpy(text_ids).long(), 0.05)
     np.testing.assert_allclose(float(peer), float(ours), rtol=1e-5)
