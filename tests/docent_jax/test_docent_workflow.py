@@ -213,21 +213,23 @@ def test_cli_reports_a_missing_workdir_and_model_path_without_traceback(tmp_path
         workflows.export_workdir(tmp_path / "empty")
 
 
-def test_resumed_run_equals_the_uninterrupted_one(tmp_path, tiny_bert_dir, monkeypatch):
+def test_resumed_run_equals_the_uninterrupted_one(tmp_path, docent_tiny_run):
     """Stopped after step 1 and resumed (data position, dropout keys, entity-lr optimizer
-    state restored), the run ends where an uninterrupted one does."""
-    monkeypatch.setattr(docent_data, "load_data", lambda config: _tiny_data())
+    state restored), the run ends where an uninterrupted one does: the session's shared
+    run of the same config (tests/shared_runs.py)."""
+    over = docent_tiny_run.overrides
+    # What makes the restored state matter: dropout keys, a warm-up schedule, two rates.
+    assert over["dropout"] and over["warmup_steps"] == 1 and over["softmax"] == "in_batch"
+    assert over["entity_learning_rate"] != over["learning_rate"]
     config = default.get_config()
-    config.update(dict(model=str(tiny_bert_dir), max_length=16, batch_size=8,
-                       num_train_steps=3, log_every=1, checkpoint_every=100, warmup_steps=1,
-                       softmax="in_batch", dropout=True, learning_rate=1e-3,
-                       entity_learning_rate=1e-2))
-    whole = jax.device_get(trainer.train(config, tmp_path / "whole").params)
+    config.update(over)
     trainer.train(config, tmp_path / "parts", stop_after=1)
     assert load(tmp_path / "parts").step == 1
     parts = jax.device_get(trainer.train(config, tmp_path / "parts").params)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-                 parts, whole)
+    parts = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(parts)}
+    assert sorted(parts) == sorted(docent_tiny_run.params)
+    for key, value in docent_tiny_run.params.items():
+        np.testing.assert_allclose(parts[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
     with pytest.raises(ValueError, match="batch_size"):
         config.batch_size = 4
         trainer.train(config, tmp_path / "parts")
