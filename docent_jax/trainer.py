@@ -54,9 +54,10 @@ def grad_accumulation(config: ml_collections.ConfigDict) -> GradAccumulation | N
     """
     if config.get("variant", "dual") != "full":
         return None
+    counts = ("masked_words", "masked_entities")  # logged as the step's totals
     if bool(config.single_cross_entropy):
-        return GradAccumulation(lambda m: m["masked_words"] + m["masked_entities"])
-    return GradAccumulation(lambda m: m["masked_words"])
+        return GradAccumulation(lambda m: m["masked_words"] + m["masked_entities"], counts)
+    return GradAccumulation(lambda m: m["masked_words"], counts)
 
 
 def fused_table_update(config: ml_collections.ConfigDict,

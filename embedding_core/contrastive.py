@@ -15,6 +15,9 @@ computed row by row has the gradient ``dL/dp = dL/dp|_E + J_E(p)^T dL/dE``. With
 
 Activation memory is that of one chunk; the loss still sees every row of the global batch as
 a negative. The gradients are those of the unchunked step up to float32 summation order.
+The loss itself scores its query rows in chunks as well (:func:`map_rows`, the packages
+pass ``row_chunk``), so no device holds its rows' whole ``[rows, keys]`` score matrix:
+per-device memory grows with the batch, not with its square.
 
 Chunks are cut from each device's local rows: the global batch ``[D*L]`` (sharded over
 ``"data"``, D devices of L rows) is viewed as ``[D, n, C]`` and chunk k is ``[:, k, :]``,
@@ -84,9 +87,12 @@ class GradAccumulation:
     Attributes:
       weight: ``metrics -> float32 scalar`` weight of a micro-batch's gradient (from its
         own loss metrics, e.g. its masked-token count); ``None``: equal weights.
+      summed: metrics that count something in the batch (masked tokens): summed over the
+        micro-batches; the others are averaged.
     """
 
     weight: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None
+    summed: tuple[str, ...] = ()
 
 
 def batch_rows(batch: Mapping[str, Any]) -> int:
@@ -330,7 +336,8 @@ def accumulated_value_and_grad(
     questions, stay aligned by device block); micro-batch k gets the key ``fold_in(rng, k)``.
     Returns ``sum_k w_k grad_k / sum_k w_k`` and the same weighted mean of the losses, with
     ``w_k = accumulation.weight(metrics_k)`` (1 without a weight; 0 where every weight is
-    0); the other metrics are the plain mean over micro-batches.
+    0); the other metrics are the plain mean over micro-batches, those named in
+    ``accumulation.summed`` their sum.
 
     A loss that is a per-token mean ``sum(ce * w) / sum(w)`` weighted by its token count
     ``sum(w)`` gives exactly the gradient of the concatenated micro-batches. A loss that
@@ -361,7 +368,9 @@ def accumulated_value_and_grad(
             body, init, (jnp.arange(steps, dtype=jnp.int32), micro))
         inv = jnp.where(weights > 0, 1.0 / jnp.where(weights > 0, weights, 1.0), 0.0)
         grads = jax.tree.map(lambda a: (a * inv).astype(a.dtype), acc)
-        metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+        summed = accumulation.summed if accumulation is not None else ()
+        metrics = {k: jnp.sum(m, axis=0) if k in summed else jnp.mean(m, axis=0)
+                   for k, m in metrics.items()}
         return (total * inv, metrics), grads
 
     return value_and_grad
@@ -408,8 +417,9 @@ def check_task(name: str, loss_fn: Any, accumulation: GradAccumulation | None,
     chunk = int(config.get("contrastive_chunk_size", 0))
     steps = int(config.get("grad_accum_steps", 1))
     if chunk > 0 and not isinstance(loss_fn, ContrastiveLoss):
-        raise ValueError(f"config.contrastive_chunk_size={chunk}: {name} has no in-batch "
-                         "contrastive loss to chunk; set it to 0"
+        raise ValueError(f"config.contrastive_chunk_size={chunk}: {name}'s loss is not split "
+                         "at its embeddings (a contrastive.ContrastiveLoss: DualCSE, SimCSE, "
+                         "DocEnt-Dual), so it cannot be chunked; set it to 0"
                          + (" (grad_accum_steps bounds its memory)" if accumulation else ""))
     if steps > 1 and accumulation is None:
         hint = ("its in-batch loss would lose negatives: use contrastive_chunk_size instead"

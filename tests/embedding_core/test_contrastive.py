@@ -116,27 +116,29 @@ def _dualcse(architecture, dropout):
 
 
 @pytest.fixture(scope="module")
-def cross_state():
-    # Dropout rates do not change the parameters: one initial state for both tests.
+def dualcse_state():
+    # Cross and SimCSE (CLS / mean pooling) have the same parameters, and dropout rates do
+    # not change them: one initial state for the three tests. 16 rows over data=4: 4 per
+    # device, chunks of 2.
     mesh = parallel.make_mesh(4, 2)
     return mesh, _state(_dualcse("cross", False)[1], mesh)
 
 
 @pytest.mark.parametrize("dropout", [False, True])
-def test_dualcse_cross_chunked_equals_unchunked(cross_state, dropout):
-    mesh, init = cross_state  # 16 rows: 4 per data device, chunks of 2
+def test_dualcse_cross_chunked_equals_unchunked(dualcse_state, dropout):
+    mesh, init = dualcse_state
     make_loss, _ = _dualcse("cross", dropout)
     assert isinstance(make_loss(0), contrastive.ContrastiveLoss)
     _assert_same_training(make_loss, init, _dualcse_batches("cross", 16), mesh, chunk=2)
 
 
-def test_simcse_chunked_equals_unchunked_with_dropout():
+def test_simcse_chunked_equals_unchunked_with_dropout(dualcse_state):
     # Dropout on: the per-example masks must agree as well; the dropout-off path (no
     # vmap) is the same code as DualCSE-Cross's above.
-    mesh = parallel.make_mesh(8, 1)  # 16 rows: 2 per device, chunks of 1
-    make_loss, init = _dualcse("simcse", True)
-    _assert_same_training(make_loss, _state(init, mesh), _dualcse_batches("simcse", 16, seed=1),
-                          mesh, chunk=1)
+    mesh, init = dualcse_state
+    make_loss, _ = _dualcse("simcse", True)
+    _assert_same_training(make_loss, init, _dualcse_batches("simcse", 16, seed=1), mesh,
+                          chunk=2)
 
 
 def test_docent_in_batch_chunked_equals_unchunked_with_dropout():
@@ -188,8 +190,9 @@ def test_chunk_size_not_dividing_the_per_device_batch_is_refused_before_the_task
 def test_losses_that_cannot_be_chunked_or_accumulated_are_refused():
     c = configs.base()
     c.contrastive_chunk_size = 2
-    with pytest.raises(ValueError, match=r"contrastive_chunk_size=2: MLM has no in-batch "
-                                         r"contrastive loss to chunk"):
+    with pytest.raises(ValueError, match=r"contrastive_chunk_size=2: MLM's loss is not split "
+                                         r"at its embeddings .* cannot be chunked; set it to "
+                                         r"0 \(grad_accum_steps bounds its memory\)"):
         contrastive.check_task("MLM", lambda p, b, r: (0.0, {}),
                                contrastive.GradAccumulation(), c)
     c.contrastive_chunk_size, c.grad_accum_steps = 0, 2
@@ -220,13 +223,14 @@ def test_token_weighted_accumulation_equals_the_full_batch_gradient():
         (loss, _), grads = jax.jit(jax.value_and_grad(_token_loss, has_aux=True))(
             params, batch, key)
         weighted = contrastive.accumulated_value_and_grad(
-            _token_loss, 4, mesh, contrastive.GradAccumulation(lambda m: m["tokens"]))
+            _token_loss, 4, mesh, contrastive.GradAccumulation(lambda m: m["tokens"],
+                                                               summed=("tokens",)))
         (acc_loss, metrics), acc_grads = jax.jit(weighted)(params, batch, key)
         plain = contrastive.accumulated_value_and_grad(_token_loss, 4, mesh)
         (_, _), mean_grads = jax.jit(plain)(params, batch, key)
     np.testing.assert_allclose(float(acc_loss), float(loss), rtol=1e-6)
     np.testing.assert_allclose(acc_grads["w"], grads["w"], rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(float(metrics["tokens"]) * 4, float(np.sum(weights)))
+    np.testing.assert_allclose(float(metrics["tokens"]), float(np.sum(weights)))
     # An unweighted mean of micro-batch means is not the per-token mean here.
     assert float(np.max(np.abs(mean_grads["w"] - grads["w"]))) > 1e-3
 
