@@ -255,7 +255,7 @@ def write_results(paper: str, text: str,
               for system, runs in grid.items() for seed, scores in runs
               for metric, values in scores.items()}
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez_compressed(buf, **arrays)  # 0/1 hits compress ~20x (they are committed)
     write_bytes_atomic(results_dir / f"{paper}.npz", buf.getvalue())
     md = results_dir / f"{paper}.md"
     write_text_atomic(md, text.rstrip() + "\n")

