@@ -47,7 +47,8 @@ def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir, capsys):
 
     from dualcse_jax import workflows
 
-    with pytest.raises(ValueError, match="only config.val_file, config.test_file and config.eval_rte_score_rule"):
+    with pytest.raises(ValueError, match="only config.val_file, config.test_file and "
+                       "config.eval_rte_score_rule"):
         workflows.evaluate_workdir(workdir, overrides={"seed": 1})
     capsys.readouterr()
     # The run's val_file tunes the threshold, the override replaces INLI test.
