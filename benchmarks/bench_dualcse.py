@@ -34,6 +34,7 @@ import argparse
 import itertools
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -41,6 +42,16 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
+
+
+def _timed(fn, *args) -> tuple[float, float]:
+    """``(wall seconds, CPU seconds of this process)`` of one call. CPU seconds barely move
+    when other processes compete for the cores (wall time does), so on a shared machine
+    their ratio is the steadier comparison of the work each framework does."""
+    r0, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    fn(*args)
+    wall, r1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
+    return wall, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
 
 
 def _sentences(n: int) -> list[str]:
@@ -72,14 +83,14 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int,
     ours.encode(texts, batch_size=batch_size)
     compile_pass = time.perf_counter() - t
     peer.encode(texts[:256], batch_size=batch_size)
-    jax_t, torch_t = [], []
+    jax_t, torch_t, jax_cpu, torch_cpu = [], [], [], []
     for _ in range(repeats):
-        t = time.perf_counter()
-        ours.encode(texts, batch_size=batch_size)
-        jax_t.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        peer.encode(texts, batch_size=batch_size)
-        torch_t.append(time.perf_counter() - t)
+        wall, cpu = _timed(lambda: ours.encode(texts, batch_size=batch_size))
+        jax_t.append(wall)
+        jax_cpu.append(cpu)
+        wall, cpu = _timed(lambda: peer.encode(texts, batch_size=batch_size))
+        torch_t.append(wall)
+        torch_cpu.append(cpu)
     lengths = [int(n) for n in tokenize(ours.tokenizer, texts, 128).lengths]
     flops = encoder_flops(_model_shape(), lengths)
     # Token slots each side computes: ours pads each length-sorted batch of `batch_size` to a
@@ -98,6 +109,7 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int,
             "flops": flops, "jax_padded_over_real": sum(jax_widths) / sum(lengths),
             "torch_padded_over_real": sum(torch_widths) / sum(lengths),
             "first_pass_s": compile_pass, "steady_pass_s": jax_s,
+            "jax_cpu_s": statistics.median(jax_cpu), "torch_cpu_s": statistics.median(torch_cpu),
             "jax_spread": (max(jax_t) - min(jax_t)) / jax_s,
             "torch_spread": (max(torch_t) - min(torch_t)) / torch_s}
 
@@ -265,14 +277,14 @@ def bench_train(steps: int) -> dict[str, float]:
     torch_step = setup_train_torch()
     host = jax_side["batches"]
     torch_step(host[0])  # warm-up
-    jax_t, torch_t = [], []
+    jax_t, torch_t, jax_cpu, torch_cpu = [], [], [], []
     for b in host:
-        t = time.perf_counter()
-        jax_side["step"](b)
-        jax_t.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        torch_step(b)
-        torch_t.append(time.perf_counter() - t)
+        wall, cpu = _timed(jax_side["step"], b)
+        jax_t.append(wall)
+        jax_cpu.append(cpu)
+        wall, cpu = _timed(torch_step, b)
+        torch_t.append(wall)
+        torch_cpu.append(cpu)
     shape = _model_shape()
     flops = statistics.median(train_step_flops(b, shape) for b in host)
     computed = statistics.median(train_step_flops(b, shape, padded=True) for b in host)
@@ -282,6 +294,7 @@ def bench_train(steps: int) -> dict[str, float]:
     slots = sum(np.size(v) for b in host for k, v in b.items() if k.startswith("attention_mask"))
     return {"jax": bsz / jax_s, "torch": bsz / torch_s, "jax_step_s": jax_s,
             "torch_step_s": torch_s, "jax_gflops": flops / jax_s / 1e9,
+            "jax_cpu_s": statistics.median(jax_cpu), "torch_cpu_s": statistics.median(torch_cpu),
             "torch_gflops": flops / torch_s / 1e9, "flops": flops,
             "jax_computed_gflops": computed / jax_s / 1e9,
             "torch_computed_gflops": computed / torch_s / 1e9,
@@ -345,6 +358,10 @@ def main() -> None:
                  for side in ("jax", "torch") for kind in ("", "_computed")]
         print(f"{name:9s}{r['jax']:9.1f}{r['torch']:9.1f}{r['ratio']:7.2f}x   "
               f"{cells[0]:>16s}{cells[1]:>16s}   {cells[2]:>16s}{cells[3]:>16s}  ({unit})")
+    print("CPU seconds per pass / step (this process; steadier than wall time when other "
+          "processes share the cores): " + ", ".join(
+              f"{name} JAX {r['jax_cpu_s']:.2f} vs torch {r['torch_cpu_s']:.2f} = "
+              f"{r['torch_cpu_s'] / r['jax_cpu_s']:.2f}x" for name, _, r in rows))
     print("targets: each ratio >= 1.2x and JAX >= 70% of its ceiling. 'real tokens' counts the "
           "model FLOPs of the unpadded sentences (padding is lost time), 'computed' those of the "
           "padded shapes each side ran")
