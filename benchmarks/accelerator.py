@@ -233,6 +233,11 @@ def jax_worker(args) -> dict:
     dev = jax.devices()[0]
     out: dict = {"framework": "jax", "version": jax.__version__, "device": dev.device_kind,
                  "platform": dev.platform, "dropout_impl": args.dropout_impl}
+    if dev.platform == "cpu" and not args.smoke:
+        # BERT-base at these shapes would take hours on a CPU.
+        out["error"] = ("JAX sees no accelerator (a CPU-only jaxlib? on a GPU install "
+                        "jax[cuda12]); --smoke runs the tiny shapes on CPU")
+        return out
     shape = model_shape(args.smoke)
     d = shape["hidden_size"]
     _log(f"[jax] {dev.platform} {dev.device_kind}, jax {jax.__version__}")
@@ -407,6 +412,10 @@ def torch_worker(args) -> dict:
     shape = model_shape(args.smoke)
     d = shape["hidden_size"]
     out: dict = {"framework": "torch", "version": torch.__version__, "device": kind}
+    if device == "cpu" and not args.smoke:
+        out["error"] = ("torch sees no CUDA device (a CPU build of torch? install a CUDA "
+                        "build to run the peer)")
+        return out
     _log(f"[torch] {device} {kind}, torch {torch.__version__}")
     out["ceiling_tflops"] = torch_matmul_tflops(torch, device, args.matmul_n, None, None,
                                                 dtype=args.dtype, inner=args.inner,
