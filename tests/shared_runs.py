@@ -63,10 +63,11 @@ DOCENT_TINY = {"variant": "dual", "softmax": "in_batch", "pooling": "cls",
                "projection_dim": 16, "max_length": 16, "batch_size": 8, "num_train_steps": 3,
                "warmup_steps": 1, "dropout": True, "learning_rate": 1e-3,
                "entity_learning_rate": 1e-2, "log_every": 1, "checkpoint_every": 3,
-               "eval_every": 0}
+               "eval_every": 0, "eval_batch_size": 4}
 """DocEnt-Dual with a 16-wide projection after CLS pooling, 3 steps on :data:`DOCENT_DOCS`
 (``train_file`` is set where the file is written); dropout, a warm-up step and separate
-entity / encoder rates make a resumed run's restored state matter."""
+entity / encoder rates make a resumed run's restored state matter; encoding in batches of
+4 splits even a few queries into several calls."""
 
 
 def train_docent_tiny(workdir: Path, model_dir: Path) -> SharedRun:

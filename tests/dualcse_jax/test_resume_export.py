@@ -116,19 +116,29 @@ def test_short_run_loads_encodes_and_exports(tmp_path, uninterrupted):
         assert np.abs(views["explicit"][0] - views["implicit"][0]).max() > 1e-4
 
 
-@pytest.mark.parametrize("content,expect", [
-    (b"A fine sentence.\n\nAnother.\n", ":2: field 'sentence': empty sentence"),
-    (b"ok\n\xff\xfe bad\n", ":2: field 'sentence': invalid UTF-8"),
+@pytest.mark.parametrize("content,expect,cli", [
+    (b"A fine sentence.\n\nAnother.\n", ":2: field 'sentence': empty sentence", True),
+    # The same path in this process: the CLI's one-line report is the case above.
+    (b"ok\n\xff\xfe bad\n", ":2: field 'sentence': invalid UTF-8", False),
 ])
-def test_export_bad_input_names_line_and_writes_nothing(tmp_path, uninterrupted, content, expect):
+def test_export_bad_input_names_line_and_writes_nothing(tmp_path, uninterrupted, content, expect,
+                                                        cli):
+    from data_pipelines.errors import DataError
+    from dualcse_jax import workflows
+
     src = tmp_path / "in.txt"
     src.write_bytes(content)
     out = tmp_path / "export"
-    res = _cli("export", f"--workdir={uninterrupted}", f"--input={src}", f"--output={out}",
-               check=False)
-    assert res.returncode == 1
-    assert expect in res.stderr and str(src) in res.stderr
-    assert "Traceback" not in res.stderr
+    if cli:
+        res = _cli("export", f"--workdir={uninterrupted}", f"--input={src}",
+                   f"--output={out}", check=False)
+        assert res.returncode == 1
+        assert expect in res.stderr and str(src) in res.stderr
+        assert "Traceback" not in res.stderr
+    else:
+        with pytest.raises(DataError) as info:
+            workflows.export_workdir(uninterrupted, str(src), str(out))
+        assert expect in str(info.value) and str(src) in str(info.value)
     assert not out.exists()
 
 

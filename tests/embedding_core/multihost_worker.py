@@ -1,8 +1,9 @@
 """One process of the multi-process evaluation/export test (``test_multihost.py``).
 
 argv: spec.json — {"coordinator", "num_processes", "process_id", "dualcse": workdir,
-"val_file" and "test_file": its RTE files, "docent": workdir, "sentences": file,
-"queries": file, "out": folder, "report": file}.
+"val_file" and "test_file": its RTE files, "docent": workdir, "ranking_queries": its
+evaluation queries (JSON Lines), "sentences": file, "queries": file, "out": folder,
+"report": file}.
 :func:`run` (also called in the test's own process for the single-process reference) runs
 DualCSE's RTE/EIS evaluation and export, then DocEnt's ranking evaluation (with its
 baselines) and export, and returns the rows this process encoded per phase and the files
@@ -14,29 +15,14 @@ import json
 import sys
 
 
-def tiny_docent_data():
-    """Five entities, eight sentences each, two queries per entity (the training data)."""
-    from docent_jax import data as docent_data
-
-    words = ["river", "castle", "music", "engine", "forest"]
-    sentences = [(e, f"the {w} number {k} is described here") for k in range(8)
-                 for e, w in enumerate(words)]
-    queries = [(f"which one has a {w}?", (e,)) for e, w in enumerate(words)]
-    queries += [(f"a long question about the {w} and the {v} nearby", (e, (e + 1) % 5))
-                for e, (w, v) in enumerate(zip(words, words[1:] + words[:1], strict=True))]
-    return docent_data.EntityData([f"Entity_{w}" for w in words], words, sentences, queries,
-                                  "tiny test corpus")
-
-
 @contextlib.contextmanager
 def recorded(written: list[str]):
-    """Tiny data for DocEnt; every result file and export view this process writes is
-    appended to ``written``; all restored on exit."""
-    from docent_jax import data as docent_data
+    """Every result file and export view this process writes is appended to ``written``;
+    restored on exit."""
     from embedding_core import export, files
 
-    saved = (docent_data.load_data, files.write_bytes_atomic, export.EmbeddingWriter.__enter__)
-    plain_write, plain_enter = saved[1], saved[2]
+    saved = (files.write_bytes_atomic, export.EmbeddingWriter.__enter__)
+    plain_write, plain_enter = saved
 
     def write(path, data):
         written.append(str(path))
@@ -46,14 +32,12 @@ def recorded(written: list[str]):
         written.append(str(self.out_dir))
         return plain_enter(self)
 
-    docent_data.load_data = lambda config: tiny_docent_data()
     files.write_bytes_atomic = write
     export.EmbeddingWriter.__enter__ = enter
     try:
         yield
     finally:
-        docent_data.load_data, files.write_bytes_atomic, export.EmbeddingWriter.__enter__ = \
-            saved
+        files.write_bytes_atomic, export.EmbeddingWriter.__enter__ = saved
 
 
 def run(spec: dict) -> dict:
@@ -72,7 +56,8 @@ def run(spec: dict) -> dict:
         "dualcse_export": lambda: dualcse_workflows.export_workdir(
             spec["dualcse"], spec["sentences"], f"{out}/dualcse", chunk=16),
         "docent_evaluate": lambda: docent_workflows.evaluate_workdir(
-            spec["docent"], progress=False),
+            spec["docent"], progress=False,
+            overrides={"eval_queries_file": spec["ranking_queries"]}),
         "docent_export": lambda: docent_workflows.export_workdir(
             spec["docent"], f"{out}/docent", input_path=spec["queries"], block_rows=4),
     }

@@ -76,27 +76,24 @@ def _rte_file(path: Path, split: str, rows: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workdirs(tmp_path_factory, tiny_bert_dir, dualcse_tiny_run):
-    """A DualCSE run (a copy of the session's shared run, tests/shared_runs.py; RTE on 24
-    val and 24 test rows) and a DocEnt-Dual run of one step on the tiny BERT; and the
-    texts to export."""
-    from docent_jax import data as docent_data
-    from docent_jax import trainer as docent_trainer
-    from docent_jax.configs import default as docent_default
+def workdirs(tmp_path_factory, dualcse_tiny_run, docent_tiny_run):
+    """Copies of the session's shared DualCSE and DocEnt-Dual runs (tests/shared_runs.py),
+    their evaluation files (RTE: 24 val and 24 test rows; DocEnt: 10 ranking queries of
+    one or two entities), and the texts to export."""
+    from tests.shared_runs import DOCENT_WORDS
 
     root = tmp_path_factory.mktemp("multihost")
     shutil.copytree(dualcse_tiny_run.workdir, root / "dualcse")
+    shutil.copytree(docent_tiny_run.workdir, root / "docent")
     _rte_file(root / "val.csv", "val", 24)
     _rte_file(root / "test.csv", "test", 24)
+    words = DOCENT_WORDS
+    queries = [(f"which one has a {w}?", [f"E_{w}"]) for w in words]
+    queries += [(f"a long question about the {w} and the {v} nearby", [f"E_{w}", f"E_{v}"])
+                for w, v in zip(words, words[1:] + words[:1], strict=True)]
+    (root / "ranking_queries.jsonl").write_text("".join(
+        json.dumps({"query": q, "entities": e}) + "\n" for q, e in queries))
     worker = _load_worker()
-    mp = pytest.MonkeyPatch()
-    mp.setattr(docent_data, "load_data", lambda config: worker.tiny_docent_data())
-    config = docent_default.get_config()
-    config.update(model=str(tiny_bert_dir), max_length=16, batch_size=8, num_train_steps=1,
-                  log_every=1, warmup_steps=0, dropout=False, pooling="mean",
-                  eval_batch_size=4)
-    docent_trainer.train(config, root / "docent")
-    mp.undo()
     from data_pipelines import inli
 
     premises = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))[:24]]
@@ -115,6 +112,7 @@ def _spec(root: Path, name: str, nproc: int, pid: int, port: int) -> dict:
     return {"coordinator": f"localhost:{port}", "num_processes": nproc, "process_id": pid,
             "dualcse": str(base / "dualcse"), "docent": str(base / "docent"),
             "val_file": str(root / "val.csv"), "test_file": str(root / "test.csv"),
+            "ranking_queries": str(root / "ranking_queries.jsonl"),
             "sentences": str(root / "sentences.txt"), "queries": str(root / "queries.txt"),
             "out": str(base / "out"), "report": str(base / f"report_{pid}.json")}
 
