@@ -34,7 +34,7 @@ dropout on (the default); what a CLI run gets from ``--config.FIELD=VALUE`` of e
 class SharedRun:
     workdir: Path  # read-only: copy it (copy_run) to write into it
     overrides: dict  # the config fields set on top of the package's default config
-    params: dict[str, np.ndarray]  # the final parameters, by jax.tree_util.keystr path
+    params: dict[str, np.ndarray] = dataclasses.field(repr=False)  # final, by keystr path
 
 
 def train_dualcse_tiny(workdir: Path, model_dir: Path) -> SharedRun:
