@@ -99,6 +99,26 @@ def axis_rules(config: ml_collections.ConfigDict) -> parallel.LogicalRules:
     return tuple(rules + list(given.items()))
 
 
+def check_rule_names(config: ml_collections.ConfigDict, model_axes) -> None:
+    """Refuses a ``logical_axis_rules`` name that neither the defaults
+    (``parallel.LOGICAL_AXIS_RULES``) nor any parameter of the model carries: such a rule
+    would do nothing, which is almost always a typo (``"entitys"``).
+
+    Args:
+      model_axes: the model's logical axis names (``parallel.logical_dims`` of its
+        abstract parameters, or any iterable of names).
+
+    Raises:
+      ValueError: naming the unknown names and the known ones.
+    """
+    known = {name for name, _ in parallel.LOGICAL_AXIS_RULES} | set(model_axes)
+    given = [str(name) for name, _ in (config.get("logical_axis_rules") or ())]
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        raise ValueError(f"config.logical_axis_rules names {unknown} that nothing in this "
+                         f"model carries; the logical axes are {sorted(known)}")
+
+
 def _check_axis_rules(rules) -> None:
     if isinstance(rules, str) or not isinstance(rules, (tuple, list)):
         raise ValueError(f"config.logical_axis_rules must be a tuple of (name, mesh axis) "
@@ -152,9 +172,12 @@ def validate_base(config: ml_collections.ConfigDict) -> None:
     _check_axis_rules(config.get("logical_axis_rules") or ())
     chunk = int(config.get("contrastive_chunk_size", 0))
     accum = int(config.get("grad_accum_steps", 1))
-    if chunk < 0 or accum < 1:
-        raise ValueError(f"config.contrastive_chunk_size={chunk} must be >= 0 and "
-                         f"config.grad_accum_steps={accum} >= 1")
+    if chunk < 0:
+        raise ValueError(f"config.contrastive_chunk_size must be >= 0 (rows per device in "
+                         f"each chunk; 0 = unchunked), got {chunk}")
+    if accum < 1:
+        raise ValueError(f"config.grad_accum_steps must be >= 1 (micro-batches per step; "
+                         f"1 = no accumulation), got {accum}")
     if chunk > 0 and accum > 1:
         raise ValueError(f"config.contrastive_chunk_size={chunk} and config.grad_accum_steps="
                          f"{accum}: set one of them (chunking already bounds the memory)")

@@ -132,16 +132,18 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
            num_steps: int, *, stops: run_control.StopSignals,
            lock: run_lock.WorkdirLock | None, stop_after: int | None
            ) -> training.TrainState:
+    # Rules fitted to this mesh once (an axis it cannot split is replicated, one warning),
+    # so that the state and the step's activation constraints agree; checked before the
+    # workdir's config is written, so a mistyped rule leaves no run behind.
+    abstract_params = jax.eval_shape(task.init_params, jax.random.key(0))
+    configs.check_rule_names(config, parallel.logical_dims(abstract_params))
+    rules = parallel.fit_rules(configs.axis_rules(config), mesh, abstract_params,
+                               task.logical_axis_sizes)
     if jax.process_index() == 0:
         workdir.mkdir(parents=True, exist_ok=True)
         configs.save_config(config, workdir)
         for name, write in task.run_files.items():
             write(workdir / name)
-    # Rules fitted to this mesh once (an axis it cannot split is replicated, one warning),
-    # so that the state and the step's activation constraints agree.
-    rules = parallel.fit_rules(configs.axis_rules(config), mesh,
-                               jax.eval_shape(task.init_params, jax.random.key(0)),
-                               task.logical_axis_sizes)
     tx, schedule = (task.make_optimizer or default_optimizer)(config, num_steps)
     init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
     state, shardings = training.create_sharded_state(

@@ -94,6 +94,28 @@ def test_bad_rules_are_refused_before_compile(rules, message):
         configs.validate_base(config)
 
 
+def test_a_rule_naming_no_axis_of_the_model_is_refused():
+    config = configs.base()
+    config.logical_axis_rules = (("entitys", "model"),)
+    with pytest.raises(ValueError, match=r"names \['entitys'\] that nothing.*'entities'"):
+        configs.check_rule_names(config, parallel.logical_dims(ABSTRACT))
+    config.logical_axis_rules = (("words_extra", "data"), ("heads", ""))
+    configs.check_rule_names(config, {"words_extra"})  # the model's own axis: accepted
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("contrastive_chunk_size", -1, "contrastive_chunk_size must be >= 0.*got -1"),
+    ("grad_accum_steps", 0, "grad_accum_steps must be >= 1.*got 0"),
+])
+def test_bad_chunk_or_accumulation_names_only_its_field(field, value, message):
+    config = configs.base()
+    config[field] = value
+    with pytest.raises(ValueError, match=message) as err:
+        configs.validate_base(config)
+    other = {"contrastive_chunk_size", "grad_accum_steps"} - {field}
+    assert other.pop() not in str(err.value)
+
+
 # ----------------------------------------------------------------------------- ranking
 
 
