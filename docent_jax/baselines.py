@@ -2,9 +2,10 @@
 
 * Bag-of-Sentences (Zemlyanskiy et al. 2021, sec. 5.2): an entity's vector is the mean of
   its sentences' vectors from a fixed sentence encoder; queries use the same encoder and
-  entities are ranked by cosine. Encoders here: all-MiniLM-L6-v2 untrained by us (mean
-  pooling, as sentence-transformers uses it; "BoS-MiniLM", our stand-in for BoS-BERT /
-  BoS-SentenceBERT) and the average of GloVe 6B 50d word vectors ("BoS-GloVe").
+  entities are ranked by cosine. Encoders here: all-MiniLM-L6-v2 off the shelf (not trained
+  here; NLI/SQuAD-trained by its authors; mean pooling, as sentence-transformers uses it;
+  "BoS-MiniLM", our stand-in for BoS-BERT / BoS-SentenceBERT) and the average of GloVe 6B
+  50d word vectors ("BoS-GloVe").
 * TF-IDF: an entity's document is the concatenation of its sentences; scikit-learn's
   ``TfidfVectorizer`` (default settings: lowercase, smoothed idf, L2-normalised rows) is
   fitted on the entity documents and queries are ranked by cosine of TF-IDF vectors.

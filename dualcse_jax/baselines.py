@@ -1,4 +1,4 @@
-"""The untrained comparison row: a pretrained sentence encoder used as it is.
+"""The off-the-shelf comparison row: a pretrained sentence encoder used as it is.
 
 The README's RTE table sets DualCSE next to all-MiniLM-L6-v2 with its own mean pooling
 (one vector per sentence, so r = u), the model DualCSE starts from (``docs/dualcse.md``).

@@ -19,9 +19,10 @@ train     trains (or resumes) into DIR: run_config.json, encoder/ (HF config and
           --config.train_shards=DIR streams a corpus written by preprocess instead.
 evaluate  RTE on INLI test with the threshold tuned on INLI val; prints the table and
           writes DIR/eval/rte.json ({"explicit","implied","neutral","contradiction",
-          "average","threshold"}, accuracies in [0,1]). --baseline adds the untrained
-          MiniLM (mean pooling) row. EIS: on --eis_data (ImpScore CSV, test split of
-          random.seed(42)) or, without it, on the INLI proxy (labelled as a proxy).
+          "average","threshold"}, accuracies in [0,1]). --baseline adds MiniLM off
+          the shelf (mean pooling; NLI-trained by its authors) as a row. EIS: on
+          --eis_data (ImpScore CSV, ImpScore's own random.Random(42) split) or,
+          without it, on the INLI proxy (labelled as a proxy).
           The run's --config.val_file / test_file replace INLI val / test; given on the
           evaluate line, they change the sets for this evaluation only.
           RTE score rule: the run's config.eval_rte_score_rule (max: max(cos(r_p, r_h),
@@ -29,8 +30,8 @@ evaluate  RTE on INLI test with the threshold tuned on INLI val; prints the tabl
           cosine above its own val-tuned threshold); --rte_score_rules=all prints a table
           per rule from one encoding (rte.json: "rules"), without retraining.
 demo      the README's main job: train DualCSE-Cross from MiniLM on INLI with the CPU
-          preset (configs/cross_cpu.py, or --config), evaluate next to the untrained
-          MiniLM, export the INLI test premises' embeddings, print where everything is.
+          preset (configs/cross_cpu.py, or --config), evaluate next to MiniLM off
+          the shelf, export the INLI test premises' embeddings, print where everything is.
 export    encodes one sentence per line of --input into OUT_DIR/explicit/ (r) and
           OUT_DIR/implicit/ (u), each with embeddings.npy (float32 [N, dim], row i =
           line i), ids.txt and meta.json (model, config, step, normalized, similarity);
@@ -61,7 +62,8 @@ COMMANDS = ("train", "evaluate", "export", "export-hf", "demo", "preprocess")
 define_workdir_flags(str(Path(__file__).parent / "configs" / "default.py"))
 flags.DEFINE_string("input", None, "export: text file, one sentence per line (UTF-8).")
 flags.DEFINE_string("output", None, "export, export-hf, preprocess: output directory.")
-flags.DEFINE_bool("baseline", False, "evaluate: also score the untrained model.")
+flags.DEFINE_bool("baseline", False,
+                  "evaluate: also score the pretrained checkpoint as it is (not trained here).")
 flags.DEFINE_string("eis_data", None, "evaluate: ImpScore-format CSV for EIS.")
 flags.DEFINE_string("rte_score_rules", None, "evaluate: comma-separated RTE score rules "
                     "(max, explicit, implicit, pair) or 'all', one table each from one "
