@@ -413,7 +413,8 @@ def main(argv=None) -> None:
     root = grid.grid_root(args, "dualcse")
     if args.steps and not args.root:
         root = root.parent / f"{root.name}-steps{args.steps}"
-    results = grid.run_grid(specs, root, only=args.only)
+    results = grid.run_grid(specs, root, only=args.only,
+                            table_only=args.table_only)
     if not results:
         print("no finished run yet; no table written")
         return

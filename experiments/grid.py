@@ -77,6 +77,9 @@ def parser(paper: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", default=[],
                    help="run only the grid cells whose key contains this text (repeatable); "
                         "the table is still written from every finished cell")
+    p.add_argument("--table-only", action="store_true",
+                   help="run no cell: write the table from the cells finished so far (e.g. "
+                        "while the grid runs in another process); the table names its seeds")
     p.add_argument("--num-samples", type=int, default=10_000,
                    help="bootstrap resamples per interval (default 10000)")
     p.add_argument("--list", action="store_true", help="print the grid's cells and exit")
@@ -114,8 +117,8 @@ def load_scores(path) -> Scores:
             return {k: np.asarray(z[k], np.float64) for k in z.files}
 
 
-def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = ()
-             ) -> dict[str, list[tuple[int | None, Scores]]]:
+def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = (),
+             table_only: bool = False) -> dict[str, list[tuple[int | None, Scores]]]:
     """Runs (or skips) every cell and collects the finished ones.
 
     Args:
@@ -123,6 +126,8 @@ def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = ()
       root: folder holding one workdir per cell (``root/<key>``).
       only: if given, cells whose key contains none of these strings are not run (their
         scores are still collected when already finished).
+      table_only: run no cell; collect the finished ones (a table of a grid that is
+        still running, or was stopped).
 
     Returns:
       ``{system: [(seed, scores), ...]}`` for the finished cells, in grid order.
@@ -143,8 +148,9 @@ def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = ()
         if done.exists():
             print(f"{tag}: finished earlier, scores read from {storage.display(done)}",
                   flush=True)
-        elif only and not any(o in spec.key for o in only):
-            print(f"{tag}: not selected (--only)", flush=True)
+        elif table_only or (only and not any(o in spec.key for o in only)):
+            print(f"{tag}: not finished, not run ({'--table-only' if table_only else '--only'})",
+                  flush=True)
             continue
         else:
             print(f"{tag}: running in {storage.display(workdir)}", flush=True)

@@ -419,7 +419,8 @@ def main(argv=None) -> None:
         for s in specs:
             print(s.key)
         return
-    results = grid.run_grid(specs, grid.grid_root(args, "mrwe"), only=args.only)
+    results = grid.run_grid(specs, grid.grid_root(args, "mrwe"), only=args.only,
+                            table_only=args.table_only)
     if REFERENCE not in results:
         print(f"{REFERENCE} is not finished yet; no table written")
         return

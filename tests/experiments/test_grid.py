@@ -35,6 +35,15 @@ def test_only_selects_cells_but_collects_finished_ones(tmp_path):
     assert list(out) == ["A"]
 
 
+def test_table_only_runs_nothing_and_collects_finished_cells(tmp_path):
+    ran = []
+    specs = [grid.RunSpec("A", "a", lambda w: ran.append("a") or {"m": np.ones(2)}),
+             grid.RunSpec("B", "b", lambda w: ran.append("b") or {"m": np.zeros(2)})]
+    grid.run_grid(specs[:1], tmp_path)
+    out = grid.run_grid(specs, tmp_path, table_only=True)
+    assert ran == ["a"] and list(out) == ["A"] and not (tmp_path / "b").exists()
+
+
 def test_duplicate_keys_are_refused(tmp_path):
     spec = grid.RunSpec("A", "a", lambda w: {})
     with pytest.raises(ValueError, match="repeated"):
