@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import subprocess
 from pathlib import Path
 
 from experiments import grid
@@ -88,14 +87,6 @@ def grid_specs(preset: str) -> list[grid.RunSpec]:
     return specs
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 PAPER_TAGS_MAP = {"DocEnt-Full": 44.2, "DocEnt-Hybrid": 43.6, "BoS-BERT": 39.1,
                   "DocEnt-Dual": 38.1}
 """The paper's closed-vocabulary tag-prediction MAP (%), its only table of the variants
@@ -120,10 +111,7 @@ def comparisons(results: dict, num_samples: int) -> str:
         paper = PAPER_TAGS_MAP[system] - PAPER_TAGS_MAP.get(ref, PAPER_TAGS_MAP["BoS-BERT"])
         iv = paired_bootstrap(grid.seed_mean(results[system])["MAP"],
                               grid.seed_mean(results[ref])["MAP"], num_samples=num_samples)
-        if iv.low > 0 or iv.high < 0:
-            verdict = "holds" if (iv.mean_difference > 0) == (paper > 0) else "reversed"
-        else:
-            verdict = "not resolved (interval covers 0)"
+        verdict = grid.sign_verdict(iv, paper)
         lines.append(f"| {system} − {ref} | {paper:+.1f} | {format_interval(iv)} | "
                      f"{verdict} |")
     return "\n".join(lines)
@@ -138,7 +126,7 @@ def report(results: dict, args) -> str:
     seeds_done = {k: len(v) for k, v in results.items() if k in trained}
     return f"""# DocEnt: zero-shot entity ranking, three variants × seeds
 
-Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{_commit()}`
+Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{grid.commit()}`
 (preset `{args.preset}`; raw per-query scores in `docent.npz`, keys
 `"<system>|seed=<seed>|<metric>"`). Re-running the command skips finished runs.
 

@@ -40,7 +40,6 @@ resumes from its last checkpoint).
 from __future__ import annotations
 
 import datetime
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -253,22 +252,10 @@ def comparisons(results: Mapping, rule: str, num_samples: int) -> str:
         a = grid.seed_mean(results[system])[f"{rule}/{metric}"]
         b = grid.seed_mean(results[ref])[f"{rule}/{metric}"]
         iv = paired_bootstrap(a, b, num_samples=num_samples)
-        if iv.low > 0 or iv.high < 0:
-            same = (iv.mean_difference > 0) == (paper > 0)
-            verdict = "holds" if same else "reversed"
-        else:
-            verdict = "not resolved (interval covers 0)"
+        verdict = grid.sign_verdict(iv, paper)
         lines.append(f"| {system} − {ref}, {metric} | {paper:+.2f} | "
                      f"{format_interval(iv)} | {verdict} |")
     return "\n".join(lines)
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _paper_table() -> str:
@@ -323,7 +310,7 @@ def report(results: Mapping, args) -> str:
                   "a smoke test, not a result.**" if args.steps else "")
     parts = [f"""# DualCSE: RTE on INLI test, per score rule, with intervals
 
-Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{_commit()}`
+Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{grid.commit()}`
 (preset `{args.preset}`; raw per-pair scores in `dualcse.npz`, keys
 `"<system>|seed=<seed>|<rule>/<class>"`, `"…|<rule>/average"` and `"…|eis_proxy"`).
 Re-running the command skips finished runs.{steps_note}

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import io
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -95,6 +96,24 @@ def command_line() -> str:
     """The command that ran this script, for the results file's header."""
     return "python -m " + " ".join(
         [shlex.quote(_module_name())] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def commit() -> str:
+    """The checkout's short commit hash for a results header (``"unknown"`` outside git)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def sign_verdict(interval, paper_difference: float) -> str:
+    """``"holds"`` / ``"reversed"`` when the paired interval excludes 0 (same / other sign
+    as the paper's difference), else ``"not resolved (interval covers 0)"``."""
+    if interval.low > 0 or interval.high < 0:
+        same = (interval.mean_difference > 0) == (paper_difference > 0)
+        return "holds" if same else "reversed"
+    return "not resolved (interval covers 0)"
 
 
 def _module_name() -> str:

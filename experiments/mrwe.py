@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib
-import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -246,14 +245,6 @@ def grid_specs(preset: str, steps: int = 0) -> list[grid.RunSpec]:
 # --------------------------------------------------------------------------- report
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def idf_table(results: Mapping[str, list], num_samples: int) -> str:
     """recall@1 of each source and ensemble with IDF, without, and the paired difference."""
     from embedding_core.stats import format_interval, paired_bootstrap
@@ -336,7 +327,7 @@ def report(results: dict, args) -> str:
         tuple(f"+ {n}" for n in TOWERS.values()))})
     return f"""# MRWE: multi-resolution word embedding, ConvRR and FCRR on SQuAD dev
 
-Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{_commit()}`
+Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{grid.commit()}`
 (preset `{args.preset}`; raw per-question scores in `mrwe.npz`, keys
 `"<system>|seed=<seed>|<metric>"`). Re-running the command skips finished runs.
 
