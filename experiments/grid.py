@@ -60,6 +60,17 @@ class RunSpec:
     seed: int | None = None
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a bootstrap with no resample has no interval)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def parser(paper: str, description: str) -> argparse.ArgumentParser:
     """The arguments every experiment script shares (``--preset``, ``--root``, ...)."""
     p = argparse.ArgumentParser(
@@ -81,7 +92,7 @@ def parser(paper: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--table-only", action="store_true",
                    help="run no cell: write the table from the cells finished so far (e.g. "
                         "while the grid runs in another process); the table names its seeds")
-    p.add_argument("--num-samples", type=int, default=10_000,
+    p.add_argument("--num-samples", type=positive_int, default=10_000,
                    help="bootstrap resamples per interval (default 10000)")
     p.add_argument("--list", action="store_true", help="print the grid's cells and exit")
     return p

@@ -78,3 +78,14 @@ def test_unpaired_item_counts_are_refused():
     with pytest.raises(ValueError, match="not paired"):
         grid.results_table({"a": [(None, {"m": np.ones(3)})], "b": [(0, {"m": np.ones(4)})]},
                            ["m"], reference="a", primary="m")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "ten"])
+def test_num_samples_below_one_is_refused_by_the_parser(value, capsys):
+    with pytest.raises(SystemExit):
+        grid.parser("demo", "d").parse_args(["--num-samples", value])
+    assert "--num-samples" in capsys.readouterr().err
+
+
+def test_num_samples_accepts_a_positive_count():
+    assert grid.parser("demo", "d").parse_args(["--num-samples", "7"]).num_samples == 7
