@@ -381,7 +381,7 @@ wrong for every model (docs/dualcse.md).
 
 def main(argv=None) -> None:
     p = grid.parser("dualcse", __doc__)
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=grid.positive_int, default=None,
                    help="override every trained run's step count (a few: a smoke test; the "
                         "preset's own is 200, cross_cpu.py's budget); the default root "
                         "becomes workdirs/experiments/dualcse-<preset>-steps<N>")
@@ -390,8 +390,6 @@ def main(argv=None) -> None:
 
     enable_compilation_cache()  # seeds 1 and 2 reuse seed 0's compiled steps
     quiet_library_logs()
-    if args.steps is not None and args.steps < 1:
-        p.error(f"--steps must be positive, got {args.steps}")
     specs = grid_specs(args.preset, args.steps)
     if args.list:
         for s in specs:

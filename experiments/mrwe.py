@@ -401,7 +401,7 @@ QUASAR-T) or sources (ELMo, BERT, fastText).
 
 def main(argv=None) -> None:
     p = grid.parser("mrwe", __doc__)
-    p.add_argument("--steps", type=int, default=0,
+    p.add_argument("--steps", type=grid.positive_int, default=0,
                    help="replace the towers' step count (a quick check of the grid; give it "
                         "its own --root and --results)")
     args = p.parse_args(argv)
