@@ -170,12 +170,14 @@ def main(argv=None) -> None:
         for s in specs:
             print(s.key)
         return
-    results = grid.run_grid(specs, grid.grid_root(args, "docent"), only=args.only,
+    root = grid.grid_root(args, "docent")
+    results = grid.run_grid(specs, root, only=args.only,
                             table_only=args.table_only)
     if REFERENCE not in results:
         print(f"{REFERENCE} is not finished yet; no table written")
         return
-    grid.write_results("docent", report(results, args), results, args.results)
+    grid.write_results("docent", report(results, args), results, args.results,
+                       specs=specs, root=root)
 
 
 if __name__ == "__main__":

@@ -403,7 +403,8 @@ def main(argv=None) -> None:
     if not results:
         print("no finished run yet; no table written")
         return
-    grid.write_results("dualcse", report(results, args), results, args.results)
+    grid.write_results("dualcse", report(results, args), results, args.results,
+                       specs=specs, root=root)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ own checkpoints (the training CLI/API does that). :func:`results_table` turns th
 scores into a Markdown table with paired-bootstrap 95% intervals
 (:func:`embedding_core.stats.paired_bootstrap`: the same resampled test items for both
 systems) and :func:`write_results` writes ``experiments/results/<paper>.md`` with the raw
-per-item scores beside it as ``<paper>.npz``.
+per-item scores beside it as ``<paper>.npz``, ending with each cell's commit and finish time
+(``cell.json``, written beside ``scores.npz``), since a table may gather cells from several
+sessions.
 
 Seeds: a system trained with several seeds is reported as the mean over seeds (and the
 standard deviation across seeds); its interval against the reference is computed on the
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import io
+import json
 import shlex
 import subprocess
 import sys
@@ -40,6 +44,9 @@ average precision per query, recall@k hit per question)."""
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCORES_FILE = "scores.npz"
+CELL_FILE = "cell.json"
+"""Beside ``scores.npz``: the commit, finish time (UTC) and wall seconds of the run that wrote
+it, so a table built from cells finished in earlier sessions says what code produced them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +194,13 @@ def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = (),
             t0 = time.time()
             scores = spec.run(Path(str(workdir)) if not storage.is_remote(workdir)
                               else workdir)
-            save_scores(done, scores)
-            print(f"{tag}: done in {time.time() - t0:.0f} s", flush=True)
+            seconds = time.time() - t0
+            write_text_atomic(workdir / CELL_FILE, json.dumps({
+                "commit": commit(), "seconds": round(seconds),
+                "finished": datetime.datetime.now(datetime.timezone.utc).strftime(
+                    "%Y-%m-%d %H:%M UTC")}))
+            save_scores(done, scores)  # last: its presence marks the cell finished
+            print(f"{tag}: done in {seconds:.0f} s", flush=True)
         out.setdefault(spec.system, []).append((spec.seed, load_scores(done)))
     return out
 
@@ -277,11 +289,31 @@ def results_table(grid: Mapping[str, Sequence[tuple[int | None, Scores]]],
     return "\n".join(lines)
 
 
+def provenance(specs: Sequence[RunSpec], root) -> str:
+    """A Markdown section listing each finished cell's commit, finish time and wall time
+    (from its ``cell.json``; cells finished before the grid recorded them say so)."""
+    root = storage.as_path(root)
+    lines = ["## Cells", "", "| cell | commit | finished | wall |", "|---|---|---|---|"]
+    for spec in specs:
+        workdir = root / spec.key
+        if not (workdir / SCORES_FILE).exists():
+            continue
+        try:
+            cell = json.loads((workdir / CELL_FILE).read_text())
+            lines.append(f"| {spec.key} | `{cell['commit']}` | {cell['finished']} | "
+                         f"{cell['seconds'] / 60:.1f} min |")
+        except (OSError, ValueError, KeyError):
+            lines.append(f"| {spec.key} | not recorded | — | — |")
+    return "\n".join(lines)
+
+
 def write_results(paper: str, text: str,
                   grid: Mapping[str, Sequence[tuple[int | None, Scores]]],
-                  results_dir=RESULTS_DIR) -> Path:
+                  results_dir=RESULTS_DIR, *, specs: Sequence[RunSpec] = (),
+                  root=None) -> Path:
     """Writes ``<results_dir>/<paper>.md`` (``text``) and ``<paper>.npz`` (every finished
     run's per-item scores, keys ``"<system>|seed=<seed>|<metric>"``), each atomically.
+    With ``specs`` and ``root`` (the grid's), the Markdown ends with :func:`provenance`.
 
     Returns:
       The Markdown file's path.
@@ -294,6 +326,8 @@ def write_results(paper: str, text: str,
     np.savez_compressed(buf, **arrays)  # 0/1 hits compress ~20x (they are committed)
     write_bytes_atomic(results_dir / f"{paper}.npz", buf.getvalue())
     md = results_dir / f"{paper}.md"
+    if specs and root is not None:
+        text = text.rstrip() + "\n\n" + provenance(specs, root)
     write_text_atomic(md, text.rstrip() + "\n")
     print(f"wrote {storage.display(md)} and {paper}.npz")
     return Path(str(md))

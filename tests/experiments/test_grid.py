@@ -89,3 +89,18 @@ def test_num_samples_below_one_is_refused_by_the_parser(value, capsys):
 
 def test_num_samples_accepts_a_positive_count():
     assert grid.parser("demo", "d").parse_args(["--num-samples", "7"]).num_samples == 7
+
+
+def test_results_end_with_each_cells_commit_and_older_cells_say_not_recorded(tmp_path):
+    specs = [grid.RunSpec("A", "a", lambda w: {"m": np.ones(2)}),
+             grid.RunSpec("B", "b", lambda w: {"m": np.zeros(2)}),
+             grid.RunSpec("C", "c", lambda w: {"m": np.zeros(2)})]
+    results = grid.run_grid(specs[:2], tmp_path / "cells")
+    (tmp_path / "cells" / "b" / grid.CELL_FILE).unlink()  # as a cell of an older grid
+    md = grid.write_results("demo", "# t", results, tmp_path / "out", specs=specs,
+                            root=tmp_path / "cells").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| a |")
+            or line.startswith("| b |") or line.startswith("| c |")]
+    assert len(rows) == 2  # c never ran: no row
+    assert f"`{grid.commit()}`" in rows[0] and "UTC" in rows[0]
+    assert rows[1] == "| b | not recorded | — | — |"
