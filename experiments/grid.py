@@ -294,16 +294,23 @@ def provenance(specs: Sequence[RunSpec], root) -> str:
     (from its ``cell.json``; cells finished before the grid recorded them say so)."""
     root = storage.as_path(root)
     lines = ["## Cells", "", "| cell | commit | finished | wall |", "|---|---|---|---|"]
+    notes: list[str] = []
     for spec in specs:
         workdir = root / spec.key
         if not (workdir / SCORES_FILE).exists():
             continue
         try:
             cell = json.loads((workdir / CELL_FILE).read_text())
-            lines.append(f"| {spec.key} | `{cell['commit']}` | {cell['finished']} | "
+            mark = ""
+            if cell.get("source"):  # filled in by hand for a cell older than cell.json
+                if cell["source"] not in notes:
+                    notes.append(cell["source"])
+                mark = "*" * (notes.index(cell["source"]) + 1)
+            lines.append(f"| {spec.key} | `{cell['commit']}`{mark} | {cell['finished']} | "
                          f"{cell['seconds'] / 60:.1f} min |")
         except (OSError, ValueError, KeyError):
             lines.append(f"| {spec.key} | not recorded | — | — |")
+    lines += [""] + [f"{'*' * (i + 1)} {n}" for i, n in enumerate(notes)] if notes else []
     return "\n".join(lines)
 
 

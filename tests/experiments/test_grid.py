@@ -1,5 +1,7 @@
 """The experiment grid: finished cells are skipped, tables pair items and average seeds."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -104,3 +106,16 @@ def test_results_end_with_each_cells_commit_and_older_cells_say_not_recorded(tmp
     assert len(rows) == 2  # c never ran: no row
     assert f"`{grid.commit()}`" in rows[0] and "UTC" in rows[0]
     assert rows[1] == "| b | not recorded | — | — |"
+
+
+def test_cells_filled_in_afterwards_carry_a_footnote(tmp_path):
+    specs = [grid.RunSpec("A", k, lambda w: {"m": np.ones(2)}) for k in ("a", "b", "c")]
+    results = grid.run_grid(specs, tmp_path / "cells")
+    for key, source in (("a", "from log X"), ("c", "from log Y")):
+        (tmp_path / "cells" / key / grid.CELL_FILE).write_text(json.dumps(
+            {"commit": "abc1234", "seconds": 60, "finished": "then", "source": source}))
+    md = grid.write_results("demo", "# t", results, tmp_path / "out", specs=specs,
+                            root=tmp_path / "cells").read_text()
+    assert "| a | `abc1234`* | then | 1.0 min |" in md
+    assert "| c | `abc1234`** | then | 1.0 min |" in md
+    assert md.rstrip().endswith("* from log X\n** from log Y")
