@@ -150,8 +150,9 @@ def dualcse_cross_setup(shape: dict, batch: int, length: int, *, dropout_impl: s
     import jax
 
     from dualcse_jax.configs import default
+    from dualcse_jax.data import model_inputs
     from dualcse_jax.loss import dualcse_loss
-    from dualcse_jax.model import build_model, init_fn, model_inputs, sentence_text_ids
+    from dualcse_jax.model import build_model, init_fn, sentence_text_ids
     from embedding_core import parallel, run, training
     from embedding_core.encoders import EncoderConfig
 

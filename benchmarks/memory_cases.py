@@ -179,6 +179,7 @@ def dualcse_cross_case(global_batch: int, chunk_size: int, *, seq_len: int = 32,
     c = default.get_config()
     c.architecture, c.pooling, c.dropout_impl = "cross", "cls", "hash"
     c.batch_size, c.contrastive_chunk_size = global_batch, chunk_size
+    c.loss_chunk_size = chunk_size  # the loss scores its query rows in chunks too
     contrastive.check_config(c, mesh)
     encoder = EncoderConfig(
         model_type="bert", vocab_size=30522, hidden_size=hidden, num_layers=layers,

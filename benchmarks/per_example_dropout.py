@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     import numpy as np
 
     from dualcse_jax.configs import simcse
+    from dualcse_jax.data import model_inputs
     from dualcse_jax.loss import simcse_loss
-    from dualcse_jax.model import build_model, init_fn, model_inputs, sentence_text_ids
+    from dualcse_jax.model import build_model, init_fn, sentence_text_ids
     from dualcse_jax.trainer import make_loss_fn
     from embedding_core import parallel, training
     from embedding_core.pretrained import load_pretrained

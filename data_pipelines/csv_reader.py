@@ -1,9 +1,5 @@
-"""The one strict CSV reader behind every CSV format of the project.
-
-Files are RFC 4180 CSV as written by Python's ``csv`` module or pandas (comma, double quote,
-doubled quotes inside quoted fields, quoted fields may span lines). Every fault raises
-:class:`~data_pipelines.errors.DataError` with the file, the 1-based physical line (as a text
-editor shows it) and, where there is one, the column.
+"""The one strict CSV reader behind every CSV format: RFC 4180 as Python's ``csv`` or pandas
+writes it. Faults raise ``DataError`` with the file, the 1-based physical line and the column.
 """
 
 from __future__ import annotations
@@ -22,9 +18,8 @@ from data_pipelines.errors import DataError
 LINE_KEY = "_line"
 """Key of each record's 1-based line number (the line where the record starts)."""
 
-# The csv module refuses fields over 131,072 characters by default, with an error our quote
-# replay would pin on the wrong field; a long document is legitimate data. The limit is a C
-# long (32 bits on Windows), so sys.maxsize is clipped to it.
+# The csv module refuses fields over 131,072 characters by default; a long document is
+# legitimate data. The limit is a C long (32 bits on Windows): sys.maxsize is clipped to it.
 csv.field_size_limit(min(sys.maxsize, 2 ** (8 * ctypes.sizeof(ctypes.c_long) - 1) - 1))
 
 
@@ -42,35 +37,33 @@ def _decode(path: epath.Path, data: bytes) -> str:
         line = _line_of_offset(prefix)
         column = len(prefix) - max(prefix.rfind("\n"), prefix.rfind("\r"))
         bad = data[err.start : err.end].hex(" ")
-        raise DataError(
-            path, line, None, f"invalid UTF-8 (byte(s) {bad} at character {column}): {err.reason}"
-        ) from None
+        raise DataError(path, line, None, f"invalid UTF-8 (byte(s) {bad} at character "
+                        f"{column}): {err.reason}") from None
     return text.removeprefix("\ufeff")
 
 
 def _check_no_nul(path, row: list[str], start_line: int, header: list[str] | None) -> None:
-    """Refuses a NUL character (the csv module keeps it; tokenizers drop it silently)."""
+    """Refuses a NUL character (the csv module keeps it; tokenizers drop it)."""
     for index, value in enumerate(row):
         at = value.find("\x00")
         if at < 0:
             continue
         # Quoted fields may span lines: count the breaks before the NUL within the record.
         line = start_line + _line_of_offset("".join(row[:index]) + value[:at]) - 1
-        if header is None:
-            field = f"column {index + 1} of the header"
-        else:
-            field = header[index] if index < len(header) else f"column {index + 1}"
-        raise DataError(path, line, field, "contains a NUL byte (\\x00): the file is binary or "
-                        "damaged; remove the byte or export the table again as text")
+        raise DataError(path, line, _column(header, index), "contains a NUL byte (\\x00): the "
+                        "file is binary or damaged; remove the byte or export the table again "
+                        "as text")
+
+
+def _column(header: list[str] | None, index: int) -> str:
+    if header is None:
+        return f"column {index + 1} of the header"
+    return header[index] if index < len(header) else f"column {index + 1}"
 
 
 def _field_index_of_quote_error(record_text: str) -> int:
-    """0-based index of the field where the quoting of a record goes wrong.
-
-    Replays the default csv dialect (``,`` delimiter, ``"`` quote, doubled quotes) over the
-    text from the record's first character; used only after ``csv`` has reported an error,
-    to say which field it is in.
-    """
+    """0-based index of the field where a record's quoting goes wrong, replaying the default
+    dialect after ``csv`` reported an error."""
     field, i, n = 0, 0, len(record_text)
     at_start, in_quotes = True, False
     while i < n:
@@ -84,11 +77,9 @@ def _field_index_of_quote_error(record_text: str) -> int:
                 if i + 1 < n and record_text[i + 1] not in ',\r\n':
                     return field  # text after the closing quote
         elif c == '"' and at_start:
-            in_quotes = True
-            at_start = False
+            in_quotes, at_start = True, False
         elif c == ",":
-            field += 1
-            at_start = True
+            field, at_start = field + 1, True
         elif c in "\r\n":
             return field
         else:
@@ -97,36 +88,19 @@ def _field_index_of_quote_error(record_text: str) -> int:
     return field  # end of file inside a quoted field
 
 
-def read_csv_records(
-    path: str | os.PathLike[str],
-    required_columns: Sequence[str],
-    *,
-    allow_empty: Sequence[str] = (),
-    min_records: int = 1,
-) -> list[dict[str, str | int]]:
-    """Reads a CSV file with a header row into one dict per record, checking it strictly.
+def read_csv_records(path: str | os.PathLike[str], required_columns: Sequence[str], *,
+                     allow_empty: Sequence[str] = (), min_records: int = 1
+                     ) -> list[dict[str, str | int]]:
+    """Reads a CSV file with a header row (local or ``gs://``; UTF-8, BOM dropped).
 
-    Args:
-      path: the CSV file, local or ``gs://`` (UTF-8, an optional BOM is dropped).
-      required_columns: column names that the header must contain; their values must not be
-        empty or whitespace-only (unless listed in ``allow_empty``). Other columns are kept.
-      allow_empty: required columns whose values may be empty.
-      min_records: fewer records than this is an error (a header-only file is almost
-        always a truncated export, not a data set).
-
-    Returns:
-      One dict per record, in file order: every header column -> its string value (quoted
-      fields may contain newlines), plus ``"_line"`` (:data:`LINE_KEY`) -> the 1-based physical
-      line on which the record starts. Blank lines are skipped.
+    ``required_columns``: in the header, with non-blank values (but ``allow_empty``).
+    Returns one dict per record in file order: every header column -> its string,
+    ``"_line"`` (:data:`LINE_KEY`) -> the record's first physical line.
 
     Raises:
-      FileNotFoundError: the file does not exist.
-      DataError: invalid UTF-8 (line of the offending byte); a NUL byte (line and field); no
-        header; a duplicated header
-        name; a required column missing from the header (names it and lists the header);
-        broken quoting (line where the record starts, and the field); a row with a different
-        number of fields than the header; an empty required field (line and column); fewer
-        than ``min_records`` records.
+      FileNotFoundError: no such file.
+      DataError: invalid UTF-8, a NUL, no header, a duplicated or missing column, broken quoting
+        (line and field), a wrong field count, an empty required value, too few records.
     """
     path = epath.Path(path)  # a local path or a gs:// URI
     text = _decode(path, path.read_bytes())
@@ -134,12 +108,10 @@ def read_csv_records(
     # and makes csv count lines exactly as _line_of_offset does.
     lines = io.StringIO(text, newline="").readlines()
     reader = csv.reader(iter(lines), strict=True)
-    required = list(required_columns)
-    empty_ok = set(allow_empty)
-    unknown = empty_ok - set(required)
-    if unknown:
-        raise ValueError(f"allow_empty names columns that are not required: {sorted(unknown)}")
-
+    required, empty_ok = list(required_columns), set(allow_empty)
+    if empty_ok - set(required):
+        raise ValueError("allow_empty names columns that are not required: "
+                         f"{sorted(empty_ok - set(required))}")
     header: list[str] | None = None
     records: list[dict[str, str | int]] = []
     while True:
@@ -150,16 +122,10 @@ def read_csv_records(
             break
         except csv.Error as err:
             index = _field_index_of_quote_error("".join(lines[start_line - 1 :]))
-            if header is None:
-                field = f"column {index + 1} of the header"
-            else:
-                field = header[index] if index < len(header) else f"column {index + 1}"
-            raise DataError(
-                path, start_line, field,
-                f"malformed record starting on this line: {err} (detected on line "
-                f"{reader.line_num}); a quote inside a field must be doubled and the field "
-                "itself quoted",
-            ) from None
+            raise DataError(path, start_line, _column(header, index), "malformed record "
+                            f"starting on this line: {err} (detected on line {reader.line_num});"
+                            " a quote inside a field must be doubled and the field itself "
+                            "quoted") from None
         if not row:
             continue
         _check_no_nul(path, row, start_line, header)
@@ -168,27 +134,21 @@ def read_csv_records(
             seen: set[str] = set()
             for name in header:
                 if name == LINE_KEY:
-                    raise DataError(
-                        path, start_line, name, f"the column name {LINE_KEY!r} is reserved"
-                    )
+                    raise DataError(path, start_line, name,
+                                    f"the column name {LINE_KEY!r} is reserved")
                 if name in seen:
-                    raise DataError(
-                        path, start_line, name, "column name appears twice in the header"
-                    )
+                    raise DataError(path, start_line, name,
+                                    "column name appears twice in the header")
                 seen.add(name)
             for name in required:
                 if name not in seen:
-                    raise DataError(
-                        path, start_line, name,
-                        f"required column missing from the header; the header is {header}",
-                    )
+                    raise DataError(path, start_line, name, "required column missing from the "
+                                    f"header; the header is {header}")
             must_fill = [name for name in required if name not in empty_ok]
             continue
         if len(row) != len(header):
-            raise DataError(
-                path, start_line, None,
-                f"row has {len(row)} fields, the header has {len(header)} ({header})",
-            )
+            raise DataError(path, start_line, None, f"row has {len(row)} fields, the header "
+                            f"has {len(header)} ({header})")
         record: dict[str, str | int] = dict(zip(header, row, strict=True))
         for name in must_fill:
             if not record[name].strip():

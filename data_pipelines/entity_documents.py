@@ -1,16 +1,6 @@
-"""A user's own entity documents and ranking queries for DocEnt (``docs/data.md``).
-
-* Documents: JSON Lines ``{"entity": "<id>", "text": "..."}`` (or CSV with the columns
-  ``entity,text``), one document or sentence a line. An entity's documents are split into
-  sentences with the same splitter as the shipped corpora
-  (:func:`data_pipelines.text.split_sentences`, pySBD); a one-sentence line stays one
-  sentence. The entity vocabulary is the distinct ids **sorted** (Python string order), so
-  reordering or shuffling the file's lines keeps every entity's row.
-* Queries: JSON Lines ``{"query": "...", "entities": ["<id>", ...]}``: the relevant entities
-  of each query, which must be in the vocabulary.
-
-Files are read by :func:`data_pipelines.records.read_records` (local path or ``gs://``;
-errors name file, line and field).
+"""A user's own DocEnt data (docs/data.md, "Your own data"), read by
+:func:`~data_pipelines.records.read_records`: documents ``{"entity", "text"}`` (JSON Lines
+or CSV; entity vocabulary = the distinct ids sorted) and queries ``{"query", "entities"}``.
 """
 
 from __future__ import annotations
@@ -27,13 +17,7 @@ from data_pipelines.text import split_sentences
 
 @dataclasses.dataclass(frozen=True)
 class EntityDocument:
-    """One line of a documents file.
-
-    Attributes:
-      entity: the entity's id (a string; no line break).
-      text: a document or a sentence about it.
-      line: 1-based line in the file.
-    """
+    """One line of a documents file: entity id, text and 1-based line."""
 
     entity: str
     text: str
@@ -41,12 +25,11 @@ class EntityDocument:
 
 
 def read_entity_documents(path: str | os.PathLike[str]) -> list[EntityDocument]:
-    """Reads ``{"entity", "text"}`` records (JSON Lines, or CSV with those columns).
+    """Reads ``{"entity", "text"}`` records.
 
     Raises:
       FileNotFoundError: no such file.
-      DataError: see :func:`~data_pipelines.records.read_records`; an entity id holding a
-        line break (ids are written one a line with a run).
+      DataError: see ``read_records``; an entity id holding a line break.
     """
     docs = []
     for r in read_records(path, ("entity", "text")):
@@ -60,16 +43,8 @@ def entity_sentences(
     documents: Sequence[EntityDocument],
     sentence_splitter: Callable[[str], list[str]] = split_sentences,
 ) -> tuple[list[str], list[tuple[int, str]]]:
-    """The entity vocabulary and the training sentences of a documents file.
-
-    Args:
-      documents: e.g. from :func:`read_entity_documents`.
-      sentence_splitter: text -> sentences (default pySBD).
-
-    Returns:
-      ``(entity_ids, sentences)``: the distinct ids sorted; ``(entity index, sentence)``
-      pairs in file order (a document's sentences in text order).
-    """
+    """``(entity ids sorted, (entity index, sentence) pairs in file order)``, documents
+    split by ``sentence_splitter`` (default pySBD)."""
     entity_ids = sorted({d.entity for d in documents})
     index = {e: i for i, e in enumerate(entity_ids)}
     sentences = [(index[d.entity], s) for d in documents for s in sentence_splitter(d.text)]
@@ -79,19 +54,13 @@ def entity_sentences(
 def read_entity_queries(
     path: str | os.PathLike[str], entity_index: Mapping[str, int]
 ) -> list[tuple[str, tuple[int, ...]]]:
-    """Reads ``{"query", "entities"}`` records (JSON Lines) against an entity vocabulary.
+    """Reads ``{"query", "entities"}`` JSON Lines against ``entity_index`` (id -> row).
 
-    Args:
-      path: the queries file, local or ``gs://``.
-      entity_index: entity id -> its row (e.g. from the training documents).
-
-    Returns:
-      ``(query, relevant entity indices)`` in file order; an id listed twice counts once.
+    Returns ``(query, relevant entity indices)`` in file order (repeated ids count once).
 
     Raises:
       FileNotFoundError: no such file.
-      DataError: see :func:`~data_pipelines.records.read_records`; an entity id not in the
-        vocabulary (line and ``entities[i]`` named).
+      DataError: see ``read_records``; an unknown entity id (line and ``entities[i]``).
     """
     queries = []
     for r in read_records(path, ("query", "entities"), list_fields=("entities",),

@@ -1,20 +1,19 @@
-"""Where the shipped data and the local caches live; users' data paths saved with a run."""
+"""Where the shipped data lives (``$EMBEDDING_JAX_DATA``); the cache folder and the config
+path helper are storage's, re-exported here."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
+from embedding_core.storage import CACHE_ENV, absolute_data_paths, cache_dir  # noqa: F401
+
 DATA_ENV = "EMBEDDING_JAX_DATA"
-CACHE_ENV = "EMBEDDING_JAX_CACHE"
 
 
 def data_dir() -> Path:
-    """The folder holding the shipped data sets (``inli/``, ``snli/``, ``squad/``, ...).
-
-    Returns ``$EMBEDDING_JAX_DATA`` if set, else the repository's ``data/`` folder next to
-    this package (which exists in a source checkout or an editable install).
+    """The shipped data sets' folder (``inli/``, ``snli/``, ``squad/``, ...):
+    ``$EMBEDDING_JAX_DATA``, else the repository's ``data/`` (source or editable install).
 
     Raises:
       FileNotFoundError: the folder does not exist; the message says what to set.
@@ -28,34 +27,3 @@ def data_dir() -> Path:
             "that holds inli/, snli/, squad/ and movielens/ (a copy of the repository's data/)"
         )
     return path
-
-
-def cache_dir() -> Path:
-    """The folder for derived, re-creatable files (token caches).
-
-    Returns ``$EMBEDDING_JAX_CACHE`` if set, else ``~/.cache/embedding_jax``. The folder is
-    not created here; writers create the subfolder they need.
-    """
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "embedding_jax"
-
-
-def absolute_data_paths(config, fields: Iterable[str]):
-    """Makes the data-file fields of a config absolute, in place, and returns the config.
-
-    Each named field holds a path or a comma-separated list of paths ("" = unset; a field
-    the config lacks is skipped). Local paths are expanded (``~``) and resolved against the
-    current directory; URIs (``gs://...``) are kept. Called when a run starts, so that the
-    config saved with it names the same files from any directory (evaluate, resume).
-
-    Args:
-      config: an ``ml_collections.ConfigDict`` (or any mapping with ``get`` and item set).
-      fields: names of its path fields.
-    """
-    for name in fields:
-        if name not in config:
-            continue
-        parts = [p.strip() for p in str(config.get(name, "") or "").split(",") if p.strip()]
-        config[name] = ",".join(p if "://" in p else str(Path(p).expanduser().resolve())
-                                for p in parts)
-    return config

@@ -1,23 +1,7 @@
-"""Records with named fields from a user's CSV or JSON Lines file, checked strictly.
-
-One reader for every "your own data" format (``docs/data.md``, section "Your own data"):
-DualCSE sentence tuples, SimCSE pairs, DocEnt entity documents and queries. CSV goes through
-:func:`data_pipelines.csv_reader.read_csv_records` (the reader of the shipped sets); JSON Lines
-is one JSON object per line. Files are opened through ``etils.epath``, so local paths and
-``gs://`` URIs both work.
-
-Rules common to both formats:
-
-* UTF-8, an optional byte-order mark, ``\\n`` or ``\\r\\n`` line ends; blank lines skipped;
-* a required field must be present, a string (a list of strings for ``list_fields``) and
-  not empty or whitespace-only;
-* an optional field may be absent, JSON ``null`` or empty: it is then ``None``;
-* a NUL character is an error (a tokenizer would drop it without a word), as are invalid
-  UTF-8 and a lone surrogate (a JSON escape such as ``\\ud800`` without its other half);
-  fields not asked for are ignored.
-
-Every fault raises :class:`~data_pipelines.errors.DataError` naming the file, the 1-based
-line and, where there is one, the field.
+"""Records with named fields from a user's CSV or JSON Lines file (local or ``gs://``),
+checked strictly; the rules are in docs/data.md, "Your own data". CSV goes through
+:func:`~data_pipelines.csv_reader.read_csv_records`. Faults raise ``DataError`` (file,
+line, field).
 """
 
 from __future__ import annotations
@@ -40,8 +24,7 @@ _BOM = b"\xef\xbb\xbf"
 
 
 def detect_format(path: str | os.PathLike[str], head: bytes) -> str:
-    """``"csv"`` or ``"jsonl"``: by the extension (``.csv``; ``.jsonl``, ``.ndjson``,
-    ``.json``), else by the first non-blank byte of ``head`` (``{`` is JSON Lines)."""
+    """``"csv"`` or ``"jsonl"``: by extension, else by the first non-blank byte (``{``)."""
     suffix = epath.Path(path).suffix.lower()
     if suffix in _EXTENSIONS:
         return _EXTENSIONS[suffix]
@@ -49,7 +32,7 @@ def detect_format(path: str | os.PathLike[str], head: bytes) -> str:
 
 
 def _json_type(value: Any) -> str:
-    """The JSON kind of a parsed value with its article: "a string", "an array"."""
+    """The JSON kind of a value with its article: "a string", "an array"."""
     if isinstance(value, bool):
         return "a boolean"
     names = {str: "a string", int: "a number", float: "a number", list: "an array",
@@ -72,9 +55,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _jsonl_objects(data: bytes, where: str):
     """Yields ``(line, object)`` for each non-blank line of a JSON Lines file."""
-    data = data.removeprefix(_BOM)
-    lines = data.split(b"\n")
-    for lineno, raw in enumerate(lines, start=1):
+    for lineno, raw in enumerate(data.removeprefix(_BOM).split(b"\n"), start=1):
         raw = raw.removesuffix(b"\r")
         try:
             text = raw.decode("utf-8")
@@ -106,8 +87,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def lone_surrogate(value: str) -> str | None:
-    """Why ``value`` cannot be text, or None: a JSON escape such as ``\\ud800`` decodes to
-    half of a UTF-16 pair, which no UTF-8 writer or tokenizer accepts."""
+    """Why ``value`` cannot be text (a lone UTF-16 surrogate such as ``\\ud800``), or None."""
     match = _SURROGATE.search(value)
     if match is None:
         return None
@@ -139,58 +119,43 @@ def _field_value(where: str, line: int, field: str, value: Any, *, required: boo
         if not value:
             raise DataError(where, line, field, "empty list")
         for i, item in enumerate(value):
-            if not isinstance(item, str):
-                raise DataError(where, line, f"{field}[{i}]", f"expected a string, got "
-                                f"{_json_type(item)}")
-            if not item.strip():
-                raise DataError(where, line, f"{field}[{i}]", "empty or whitespace-only value")
-            _check_text(where, line, f"{field}[{i}]", item)
+            _string(where, line, f"{field}[{i}]", item, hint=False)
         return list(value)
+    return _string(where, line, field, value, hint=True)
+
+
+def _string(where: str, line: int, field: str, value: Any, *, hint: bool) -> str:
     if not isinstance(value, str):
-        hint = (f' (write it as a string: "{value}")'
-                if isinstance(value, (int, float)) and not isinstance(value, bool) else "")
-        raise DataError(where, line, field, f"expected a string, got {_json_type(value)}{hint}")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        tip = f' (write it as a string: "{value}")' if hint and number else ""
+        raise DataError(where, line, field, f"expected a string, got {_json_type(value)}{tip}")
     if not value.strip():
         raise DataError(where, line, field, "empty or whitespace-only value")
     _check_text(where, line, field, value)
     return value
 
 
-def read_records(
-    path: str | os.PathLike[str],
-    required: Sequence[str],
-    optional: Sequence[str] = (),
-    *,
-    list_fields: Sequence[str] = (),
-    file_format: str = "auto",
-    formats: Sequence[str] = FORMATS,
-    min_records: int = 1,
-) -> list[dict[str, Any]]:
-    """Reads a CSV or JSON Lines file into one dict per record (module docstring's rules).
+def read_records(path: str | os.PathLike[str], required: Sequence[str],
+                 optional: Sequence[str] = (), *, list_fields: Sequence[str] = (),
+                 file_format: str = "auto", formats: Sequence[str] = FORMATS,
+                 min_records: int = 1) -> list[dict[str, Any]]:
+    """Reads a CSV or JSON Lines file into one dict per record.
 
     Args:
-      path: a local path or ``gs://`` URI.
-      required: fields every record must have.
-      optional: fields a record may lack.
-      list_fields: those of ``required``/``optional`` whose value is a JSON array of
-        non-empty strings (JSON Lines only).
+      required, optional: fields a record must / may have (absent, null or empty -> None).
+      list_fields: fields holding a JSON array of non-empty strings (JSON Lines only).
       file_format: ``"csv"``, ``"jsonl"`` or ``"auto"`` (:func:`detect_format`).
-      formats: the formats this kind of file may have (e.g. only ``("jsonl",)``).
-      min_records: fewer records is an error.
 
     Returns:
-      One dict per record, in file order: each required field -> its ``str`` (``list[str]``
-      for list fields), each optional field -> ``str``/``list[str]`` or ``None``, and
-      ``"_line"`` (:data:`~data_pipelines.csv_reader.LINE_KEY`) -> the 1-based line where the
-      record starts.
+      Dicts in file order: field -> ``str`` / ``list[str]`` / None, and ``"_line"`` -> 1-based
+      line where the record starts.
 
     Raises:
       FileNotFoundError: no such file.
-      ValueError: a list field that is not among the fields, or an unknown format name.
-      DataError: a format not in ``formats``; invalid UTF-8 or JSON, a line that is not an
-        object, a duplicated key, a missing/null/empty required field, a wrong type, a NUL
-        character or a lone surrogate (file, line, field); broken CSV (see
-        ``read_csv_records``); fewer than ``min_records`` records.
+      ValueError: a list field not among the fields, or an unknown format name.
+      DataError: a format not allowed; invalid UTF-8 or JSON, a non-object line, a duplicated
+        key, a missing, null or empty required field, a wrong type, a NUL or a lone surrogate;
+        broken CSV; fewer than ``min_records`` records.
     """
     fields = [*required, *optional]
     if not set(list_fields) <= set(fields):
@@ -203,10 +168,8 @@ def read_records(
     path = epath.Path(path)
     kind = file_format
     if kind == "auto":
-        suffix = path.suffix.lower()
-        if suffix in _EXTENSIONS:
-            kind = _EXTENSIONS[suffix]
-        else:
+        kind = _EXTENSIONS.get(path.suffix.lower())
+        if kind is None:
             with path.open("rb") as f:
                 kind = detect_format(path, f.read(4096))
     if kind not in formats:
@@ -223,8 +186,7 @@ def read_records(
     else:
         objects = _jsonl_objects(path.read_bytes(), where)
     records: list[dict[str, Any]] = []
-    is_required = set(required)
-    lists = set(list_fields)
+    is_required, lists = set(required), set(list_fields)
     for line, obj in objects:
         record: dict[str, Any] = {}
         for name in fields:

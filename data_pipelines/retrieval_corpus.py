@@ -1,10 +1,5 @@
-"""SQuAD as a retrieval task: paragraphs (the knowledge base) and questions, split for testing.
-
-Every question has exactly one relevant paragraph, its own. :func:`load_corpus` reads a
-SQuAD v1.1 file (``data_pipelines.squad``) and splits its questions into train and test
-either by article (the default: the test questions *and* their paragraphs are unseen in
-training) or with the authors' seen-paragraph split (``split="seen_paragraphs"``, for
-reproduction only); ``docs/mrwe.md`` explains the choice.
+"""SQuAD as a retrieval task: paragraphs (the knowledge base) and questions, split for
+testing by article (default) or with the authors' seen-paragraph split (``docs/mrwe.md``).
 """
 
 from __future__ import annotations
@@ -14,34 +9,22 @@ import os
 
 import numpy as np
 
-from data_pipelines.squad import (
-    SquadSkips,
-    read_squad,
-    split_articles,
-    split_seen_paragraphs,
-)
+from data_pipelines.squad import SquadSkips, read_squad, split_articles, split_seen_paragraphs
 
 SPLITS = ("articles", "seen_paragraphs")
 
 
 @dataclasses.dataclass(frozen=True)
 class RetrievalCorpus:
-    """SQuAD as a retrieval task: every question has exactly one relevant paragraph.
+    """SQuAD as retrieval: every question has exactly one relevant paragraph.
 
     Attributes:
-      paragraph_ids: ``[n_p]`` ids ``"{title}#{index}"`` (``data_pipelines.squad``).
-      paragraph_texts: ``[n_p]`` contexts, file order.
-      paragraph_article: ``[n_p]`` int64 article index (file order).
-      question_ids: ``[n_q]`` SQuAD question ids.
-      question_texts: ``[n_q]`` questions, file order.
-      question_paragraph: ``[n_q]`` int64 index of each question's paragraph.
+      paragraph_ids, paragraph_texts: ``[n_p]`` (ids ``"{title}#{index}"``), file order.
+      paragraph_article, question_paragraph: ``[n_p]`` / ``[n_q]`` int64 indices.
+      question_ids, question_texts: ``[n_q]``, file order.
       train_questions, test_questions: ``[n_q]`` bool, disjoint.
       train_paragraphs: ``[n_p]`` bool, paragraphs that may appear in training batches.
-      test_pool: ``[n_p]`` bool, paragraphs of the test articles (article split) or every
-        paragraph (seen-paragraph split): the "test" retrieval pool.
-      split: ``"articles"`` or ``"seen_paragraphs"``.
-      source: the file that was read.
-      skips: what ``read_squad(skip_invalid=True)`` dropped (all zero otherwise).
+      test_pool: ``[n_p]`` bool, the test retrieval pool (test articles, or all paragraphs).
     """
 
     paragraph_ids: list[str]
@@ -59,45 +42,25 @@ class RetrievalCorpus:
     skips: SquadSkips
 
     def summary(self) -> str:
-        """One line: sizes of the split, for logs."""
-        return (
-            f"{len(self.paragraph_ids)} paragraphs, {len(self.question_ids)} questions "
-            f"({self.split} split: {int(self.train_questions.sum())} train / "
-            f"{int(self.test_questions.sum())} test questions, "
-            f"{int(self.train_paragraphs.sum())} train paragraphs, "
-            f"{int(self.test_pool.sum())} test-pool paragraphs) from {self.source}"
-        )
+        """One line of split sizes, for logs."""
+        return (f"{len(self.paragraph_ids)} paragraphs, {len(self.question_ids)} questions "
+                f"({self.split} split: {int(self.train_questions.sum())} train / "
+                f"{int(self.test_questions.sum())} test questions, "
+                f"{int(self.train_paragraphs.sum())} train paragraphs, "
+                f"{int(self.test_pool.sum())} test-pool paragraphs) from {self.source}")
 
 
-def load_corpus(
-    path: str | os.PathLike[str] | None = None,
-    *,
-    split: str = "articles",
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    skip_invalid: bool = False,
-) -> RetrievalCorpus:
-    """Reads a SQuAD v1.1 file and splits its questions for retrieval.
+def load_corpus(path: str | os.PathLike[str] | None = None, *, split: str = "articles",
+                test_fraction: float = 0.2, seed: int = 0, skip_invalid: bool = False
+                ) -> RetrievalCorpus:
+    """Reads a SQuAD v1.1 file (default the shipped dev set) and splits its questions.
 
-    Args:
-      path: SQuAD ``.json`` or zip; default the shipped dev set.
-      split: ``"articles"`` (``data_pipelines.squad.split_articles``: whole articles go to
-        test, so test questions and their paragraphs are never trained on; the project's
-        protocol) or ``"seen_paragraphs"`` (``split_seen_paragraphs``: the authors' split of
-        questions, where test questions ask about paragraphs seen in training; a leak kept
-        only to reproduce their numbers).
-      test_fraction: share of articles (or questions) for test, in (0, 1).
-      seed: seed of the split.
-      skip_invalid: drop and count paragraphs with an empty context or without questions and
-        empty questions (``read_squad``) instead of raising.
-
-    Returns:
-      :class:`RetrievalCorpus`.
+    ``split``: ``"articles"`` (:func:`~data_pipelines.squad.split_articles`) or
+    ``"seen_paragraphs"`` (:func:`~data_pipelines.squad.split_seen_paragraphs`).
 
     Raises:
-      data_pipelines.errors.DataError: a malformed record (file, field naming the record,
-        e.g. ``data[0] 'Title'.paragraphs[3].context``), unless skippable and skipped.
-      ValueError: unknown ``split``; a split with no train or no test question.
+      DataError: a malformed record (unless skippable and skipped).
+      ValueError: unknown ``split``; no train or no test question.
       FileNotFoundError: no such file.
     """
     if split not in SPLITS:
@@ -109,12 +72,9 @@ def load_corpus(
     def qids(side) -> set[str]:
         return {q.qid for a in side for p in a.paragraphs for q in p.questions}
 
-    def pids(side) -> set[str]:
-        return {p.paragraph_id for a in side for p in a.paragraphs}
-
     train_qids, test_qids = qids(train_articles), qids(test_articles)
     train_pids = {p.paragraph_id for a in train_articles for p in a.paragraphs if p.questions}
-    test_pids = pids(test_articles)
+    test_pids = {p.paragraph_id for a in test_articles for p in a.paragraphs}
     paragraph_ids, paragraph_texts, paragraph_article = [], [], []
     question_ids, question_texts, question_paragraph = [], [], []
     for a_index, article in enumerate(articles):
@@ -130,25 +90,13 @@ def load_corpus(
     train_q = np.array([q in train_qids for q in question_ids], bool)
     test_q = np.array([q in test_qids for q in question_ids], bool)
     if not train_q.any() or not test_q.any():
-        raise ValueError(
-            f"the {split} split of {len(question_ids)} questions with test_fraction="
-            f"{test_fraction} leaves {int(train_q.sum())} train and {int(test_q.sum())} test "
-            "questions; both must be non-empty"
-        )
-    source = str(path) if path is not None else "shipped SQuAD v1.1 dev"
+        raise ValueError(f"the {split} split of {len(question_ids)} questions with "
+                         f"test_fraction={test_fraction} leaves {int(train_q.sum())} train and "
+                         f"{int(test_q.sum())} test questions; both must be non-empty")
     return RetrievalCorpus(
-        paragraph_ids=paragraph_ids,
-        paragraph_texts=paragraph_texts,
-        paragraph_article=np.asarray(paragraph_article, np.int64),
-        question_ids=question_ids,
-        question_texts=question_texts,
-        question_paragraph=np.asarray(question_paragraph, np.int64),
-        train_questions=train_q,
-        test_questions=test_q,
+        paragraph_ids, paragraph_texts, np.asarray(paragraph_article, np.int64), question_ids,
+        question_texts, np.asarray(question_paragraph, np.int64), train_q, test_q,
         train_paragraphs=np.array([p in train_pids for p in paragraph_ids], bool),
-        test_pool=np.array([p in test_pids for p in paragraph_ids], bool),
-        split=split,
-        source=source,
-        skips=skips,
-    )
+        test_pool=np.array([p in test_pids for p in paragraph_ids], bool), split=split,
+        source=str(path) if path is not None else "shipped SQuAD v1.1 dev", skips=skips)
 

@@ -1,12 +1,7 @@
-"""A user's own sentence tuples for DualCSE and SimCSE (``docs/data.md``, "Your own data").
-
-Two layouts, each as CSV (header row) or JSON Lines (one object a line), read by
-:func:`data_pipelines.records.read_records` (local path or ``gs://``):
-
-* DualCSE (INLI-like): ``premise, explicit_entailment, implied_entailment, contradiction``
-  and optionally ``neutral`` (unused in training; required in evaluation files, since RTE
-  scores all four hypothesis classes) and ``dataset`` (a source label);
-* SimCSE: ``anchor, positive`` and optionally ``hard_negative``.
+"""A user's own DualCSE / SimCSE rows (docs/data.md, "Your own data"), CSV or JSON Lines
+through :func:`~data_pipelines.records.read_records`: ``premise, explicit_entailment,
+implied_entailment, contradiction[, neutral, dataset]`` or ``anchor, positive[,
+hard_negative]``.
 """
 
 from __future__ import annotations
@@ -27,14 +22,7 @@ ANCHOR_FIELDS = ("anchor", "positive")
 
 @dataclasses.dataclass(frozen=True)
 class AnchorPair:
-    """One SimCSE training row.
-
-    Attributes:
-      anchor: the anchor sentence.
-      positive: a sentence that should embed close to the anchor.
-      hard_negative: a sentence that should embed far from it, or None.
-      line: 1-based line of the record in its file.
-    """
+    """One SimCSE row: anchor, positive, hard negative (or None) and 1-based line."""
 
     anchor: str
     positive: str
@@ -53,19 +41,12 @@ def _with_layout_hint(err: DataError, wanted: str, other: str, hint: str) -> Dat
 
 def read_inli_file(path: str | os.PathLike[str], *, require_neutral: bool = False
                    ) -> list[INLIExample]:
-    """Reads a DualCSE file: one premise with its hypotheses per record.
-
-    Args:
-      path: CSV or JSON Lines (by extension, else sniffed), local or ``gs://``.
-      require_neutral: also require ``neutral`` (evaluation files).
-
-    Returns:
-      The records in file order as :class:`~data_pipelines.inli.INLIExample`; an absent
-      ``neutral`` or ``dataset`` is ``""``.
+    """Reads a DualCSE file; ``require_neutral`` for evaluation files (RTE scores four
+    classes). An absent ``neutral`` or ``dataset`` is ``""``.
 
     Raises:
       FileNotFoundError: no such file.
-      DataError: see :func:`~data_pipelines.records.read_records` (file, line and field).
+      DataError: see ``read_records`` (a SimCSE file is named as such).
     """
     required = (*INLI_FIELDS, "neutral") if require_neutral else INLI_FIELDS
     optional = ("dataset",) if require_neutral else ("neutral", "dataset")
@@ -84,17 +65,11 @@ def read_inli_file(path: str | os.PathLike[str], *, require_neutral: bool = Fals
 
 
 def read_anchor_pairs(path: str | os.PathLike[str]) -> list[AnchorPair]:
-    """Reads a SimCSE file: ``anchor, positive[, hard_negative]`` per record.
-
-    Args:
-      path: CSV or JSON Lines (by extension, else sniffed), local or ``gs://``.
-
-    Returns:
-      The records in file order; ``hard_negative`` None where absent, null or empty.
+    """Reads a SimCSE file; ``hard_negative`` is None where absent, null or empty.
 
     Raises:
       FileNotFoundError: no such file.
-      DataError: see :func:`~data_pipelines.records.read_records` (file, line and field).
+      DataError: see ``read_records`` (a DualCSE file is named as such).
     """
     try:
         records = read_records(path, ANCHOR_FIELDS, ("hard_negative",))

@@ -1,21 +1,8 @@
 """Token tables too large for one host: written once into shards, streamed per host.
 
-:func:`write_corpus` tokenises a source chunk by chunk and writes its rows through the
-tensorflow-datasets builder ``tfds_builders.TokenizedCorpus`` as ArrayRecord shards (only
-the real tokens are stored), then moves them into the output folder (local or ``gs://``)
-and writes ``manifest.json`` last. The folder is also a TFDS dataset:
-``tfds.builder_from_directory(folder)`` reads it.
-
-:func:`make_batches` streams a host's share of every global batch from that folder: host p
-opens only its own shards (``shards.host_shards``), reads the records of each step by index
-(ArrayRecord is random access) and pads them; the order and padding are the contract of
-:mod:`data_pipelines.shards`, a pure function of (seed, step), so a resumed run continues
-exactly and any number of hosts yields the same global batches. Per host, memory holds
-the batches in flight, one permutation per owned shard (8 bytes a row) and ArrayRecord's
-record index; never the token table.
-
-``gs://`` shards are copied to the local cache once per host (only its own shards), since
-ArrayRecord reads local files.
+:func:`write_corpus` writes ArrayRecord shards (also a TFDS dataset; ``manifest.json``
+last); :func:`make_batches` streams a host's share of each global batch from its own shards,
+in the order of :mod:`data_pipelines.shards` (``docs/data.md``, "Sharded corpora").
 """
 
 from __future__ import annotations
@@ -33,6 +20,7 @@ import numpy as np
 from data_pipelines import shards
 from data_pipelines.errors import DataError
 from data_pipelines.table import TokenTable
+from embedding_core import storage
 
 RowSource = Callable[[np.ndarray], TokenTable]
 """``source rows [r] int64 -> TokenTable`` of those rows, in that order."""
@@ -42,19 +30,14 @@ _READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # ArrayRecord's ran
 
 @dataclasses.dataclass
 class CorpusSource:
-    """What ``preprocess`` writes: a token table that is built a chunk at a time.
+    """What ``preprocess`` writes: a token table built a chunk at a time.
 
     Attributes:
-      fields: F field names (the table's F axis).
-      max_length: the width every chunk is tokenised to.
-      num_rows: n, the source's rows.
-      rows: builds the rows it is given (any subset, any order); row i must be the same
-        whatever chunk it comes in (text identities included).
-      tokenizer_json: the bytes of the tokenizer.json used (its sha256 is recorded).
-      tokenizer: where that tokenizer came from, for messages.
-      pad_id: the tokenizer's pad id.
-      files: ``{role: (file name, bytes)}`` extra files of the package (e.g. entity ids).
-      source: the config fields that shaped the rows, kept in the manifest.
+      fields, max_length, num_rows: F field names, the tokenised width, n rows.
+      rows: builds the rows it is given (any subset, any order; row i the same in any chunk).
+      tokenizer_json, tokenizer, pad_id: the tokenizer.json bytes, its origin, its pad id.
+      files: ``{role: (file name, bytes)}`` extra package files (e.g. entity ids).
+      source: the config fields that shaped the rows (kept in the manifest).
       description: one line for the TFDS dataset info.
     """
 
@@ -80,34 +63,18 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
                  chunk_rows: int = 4096, assignment_seed: int = 0) -> shards.Manifest:
     """Tokenises ``source`` once into ``num_shards`` ArrayRecord shards under ``output``.
 
-    Rows are assigned to shards by ``default_rng(assignment_seed).permutation(n)`` (see
-    :mod:`data_pipelines.shards`); ``source.rows`` is called on chunks of at most
-    ``chunk_rows`` rows of that order, so the whole token table is never held. The TFDS
-    builder stages the files in a local temporary folder; they are then moved (or uploaded,
-    for ``gs://``) into ``output``, extra files next, ``manifest.json`` last. On any error
-    nothing is left in ``output`` (files already placed are removed) and the staging
-    folder is deleted.
-
-    Args:
-      source: the rows (see :class:`CorpusSource`).
-      output: a new or empty folder, local or ``gs://``.
-      num_shards: S >= 1; choose a multiple of the number of training hosts (each host
-        reads S/P whole shards).
-      chunk_rows: rows tokenised at a time.
-      assignment_seed: seed of the row-to-shard assignment.
-
-    Returns:
-      The :class:`~data_pipelines.shards.Manifest` written.
+    Rows go to shards by ``default_rng(assignment_seed).permutation(n)``, tokenised
+    ``chunk_rows`` at a time; ``manifest.json`` last; on error nothing is left in ``output``.
 
     Raises:
-      ValueError: ``num_shards`` < 1 or more shards than rows, ``chunk_rows`` < 1, or a
-        chunk that does not match ``source`` (fields, width, row count).
-      FileExistsError: ``output`` is a file or a folder that is not empty.
+      ValueError: ``num_shards`` not in [1, n], ``chunk_rows`` < 1, or a chunk that does not
+        match ``source`` (fields, width, row count).
+      FileExistsError: ``output`` is a file or a non-empty folder.
     """
     import tensorflow_datasets as tfds
 
     from data_pipelines.tfds_builders import TokenizedCorpus
-    from embedding_core import files, storage
+    from embedding_core import files
 
     n, num_fields = int(source.num_rows), len(source.fields)
     if num_shards < 1 or n < num_shards:
@@ -194,7 +161,7 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
 
 
 def table_rows(table: TokenTable) -> RowSource:
-    """A :data:`RowSource` over an in-memory table (rows gathered by index)."""
+    """A :data:`RowSource` over an in-memory table."""
 
     def rows(index: np.ndarray) -> TokenTable:
         return dataclasses.replace(
@@ -205,33 +172,25 @@ def table_rows(table: TokenTable) -> RowSource:
 
 
 def tokenizer_files(model_dir: str | os.PathLike) -> tuple[bytes, int]:
-    """``(tokenizer.json bytes, pad id)`` of a model folder, for a :class:`CorpusSource`
-    and for :func:`open_corpus`'s check.
+    """``(tokenizer.json bytes, pad id)`` of a model folder.
 
     Raises:
       FileNotFoundError: no tokenizer.json there.
     """
     from data_pipelines.tokenization import load_tokenizer, pad_token_id, tokenizer_json_path
 
-    return (tokenizer_json_path(model_dir).read_bytes(),
-            pad_token_id(load_tokenizer(model_dir)))
+    return tokenizer_json_path(model_dir).read_bytes(), pad_token_id(load_tokenizer(model_dir))
 
 
 def open_corpus(folder: str | os.PathLike, *, fields: Sequence[str], max_length: int,
                 model_dir: str | os.PathLike, what: str = "--config.train_shards"
                 ) -> shards.Manifest:
-    """The manifest of a corpus a run trains on, checked against the run's settings.
-
-    Args:
-      folder: the corpus folder (local or ``gs://``).
-      fields, max_length: what the run's model reads.
-      model_dir: the run's model folder; its tokenizer.json must be the corpus's.
-      what: how the user named the folder, for messages.
+    """The manifest of a corpus, checked against the run's fields, width and tokenizer
+    (``model_dir``'s tokenizer.json); ``what`` names the folder in messages.
 
     Raises:
       FileNotFoundError: no corpus there.
-      ValueError: a malformed manifest, or one written for other fields, width or tokenizer
-        (the manifest file and the field are named).
+      ValueError: a malformed manifest or one written for other settings (file and field named).
     """
     manifest = shards.read_manifest(folder)
     tokenizer_json, _ = tokenizer_files(model_dir)
@@ -241,12 +200,7 @@ def open_corpus(folder: str | os.PathLike, *, fields: Sequence[str], max_length:
 
 
 def epoch_steps(source: TokenTable | shards.Manifest, global_batch_size: int) -> int:
-    """Steps in one epoch of an in-memory table (``pipeline.steps_per_epoch``) or of a
-    sharded corpus (``shards.ShardOrder.steps_per_epoch``).
-
-    Raises:
-      ValueError: no full batch can be formed (see either).
-    """
+    """Steps in one epoch of an in-memory table or a sharded corpus."""
     if isinstance(source, shards.Manifest):
         return source.order(global_batch_size, 0).steps_per_epoch
     from data_pipelines.pipeline import steps_per_epoch
@@ -256,8 +210,7 @@ def epoch_steps(source: TokenTable | shards.Manifest, global_batch_size: int) ->
 
 def batches_of(source: TokenTable | shards.Manifest, **kwargs: Any
                ) -> Iterator[dict[str, np.ndarray]]:
-    """``pipeline.make_batches`` for an in-memory table, :func:`make_batches` (streamed
-    from the shard files) for a corpus manifest; the same arguments and batch layout."""
+    """``pipeline.make_batches`` for a table, :func:`make_batches` for a manifest."""
     if isinstance(source, shards.Manifest):
         return make_batches(source, **kwargs)
     from data_pipelines.pipeline import make_batches as table_batches
@@ -269,17 +222,11 @@ def batches_of(source: TokenTable | shards.Manifest, **kwargs: Any
 
 
 class _ShardReader:
-    """Random access to the records of one shard file (a local copy for ``gs://``).
-
-    Faults name the shard file in one line (:class:`~data_pipelines.errors.DataError`):
-    a missing file, or one that ArrayRecord/Riegeli cannot read (bytes changed since
-    preprocess wrote it), which only a new preprocess repairs.
-    """
+    """Random access to one shard file (a local copy for ``gs://``); a missing or damaged
+    file raises a one-line :class:`DataError` naming it."""
 
     def __init__(self, path: str, expected_rows: int) -> None:
         from array_record.python.array_record_module import ArrayRecordReader
-
-        from embedding_core import storage
 
         self.path = path
         if not storage.as_path(path).exists():
@@ -309,7 +256,7 @@ class _ShardReader:
 
 
 class _StreamBatcher:
-    """Numpy side of the streaming pipeline: this host's slice of step s (thread-safe)."""
+    """This host's slice of step s, read from its shards (thread-safe)."""
 
     def __init__(self, manifest: shards.Manifest, order: shards.ShardOrder,
                  owned: range, groups: Sequence[Sequence[int]], lengths: Sequence[int]
@@ -317,8 +264,7 @@ class _StreamBatcher:
         from data_pipelines.tfds_builders import tokenized_corpus_features
 
         self.manifest, self.order, self.owned = manifest, order, owned
-        self.groups = [list(g) for g in groups]
-        self.lengths = list(lengths)
+        self.groups, self.lengths = [list(g) for g in groups], list(lengths)
         self.features = tokenized_corpus_features()
         self.readers = {k: _ShardReader(manifest.shard_path(k), manifest.shard_rows[k])
                         for k in owned}
@@ -327,13 +273,9 @@ class _StreamBatcher:
 
     def records(self, step: int) -> list[dict[str, np.ndarray]]:
         """The decoded records of this host's rows of ``step``, in batch order."""
-        out = []
         with self._lock:
-            for k in self.owned:
-                positions = self.order.positions(step, k, self._cache)
-                for raw in self.readers[k].read(positions):
-                    out.append(self.features.deserialize_example_np(raw))
-        return out
+            return [self.features.deserialize_example_np(raw) for k in self.owned
+                    for raw in self.readers[k].read(self.order.positions(step, k, self._cache))]
 
     def __call__(self, step: np.int64) -> tuple[np.ndarray, ...]:
         records = self.records(int(step))
@@ -362,8 +304,8 @@ class _StreamBatcher:
 
 def source_rows(manifest: shards.Manifest, step: int, *, global_batch_size: int, seed: int
                 ) -> np.ndarray:
-    """[B] int64 source-table rows of the global batch of ``step`` (the contract of
-    :mod:`data_pipelines.shards`, from the manifest alone; reads no shard)."""
+    """[B] int64 source-table rows of the global batch of ``step`` (from the manifest
+    alone)."""
     order = manifest.order(global_batch_size, seed)
     members = manifest.members()
     return np.concatenate([members[k][order.positions(step, k)]
@@ -384,59 +326,39 @@ def make_batches(
     prefetch: int = 2,
     length_groups: Sequence[Sequence[int]] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Streams this host's slice of each global batch of a sharded corpus, from
-    ``start_step`` on; the arguments and the yielded dicts are those of
-    ``data_pipelines.pipeline.make_batches``, with the sharded order and padding.
+    """Streams this host's slice of each global batch from ``start_step`` on; arguments
+    and yielded dicts as ``pipeline.make_batches``, order and padding as
+    :mod:`data_pipelines.shards`.
 
     Args:
-      manifest: the corpus (``shards.read_manifest(folder)``).
       global_batch_size: B, a multiple of the number of shards S.
-      seed, start_step, num_steps, prefetch, length_groups: as for the in-memory path.
-      process_index, process_count: host p of P; ``S % P == 0``, host p opens only shards
-        ``[p*S/P, (p+1)*S/P)`` (their files stay open while the iterator lives).
-      pad_multiple: each length group is padded to its longest sequence over the corpus
-        (``manifest.longest``) rounded up to this multiple, capped at ``max_length``: one
-        shape per group for the whole run.
-      fixed_length: if given, every group is padded to exactly this length instead.
+      process_index, process_count: host p of P (``S % P == 0``).
+      fixed_length: pad every group to exactly this length instead of ``pad_multiple``.
 
     Yields:
-      ``input_ids``, ``attention_mask``, ``token_type_ids`` [B/P, F, L] int32 (or per group
-      ``*_g`` [B/P, F_g, L_g] with ``length_groups``), ``text_ids`` [B/P, F] int32 and
-      ``step`` (int64 scalar).
+      ``input_ids``, ``attention_mask``, ``token_type_ids`` [B/P, F, L] int32 (``*_g``
+      [B/P, F_g, L_g] with ``length_groups``), ``text_ids`` [B/P, F] int32, ``step`` int64.
 
     Raises:
-      ValueError: B not a multiple of S or of P, S not a multiple of P, a shard with fewer
-        than B/S rows, process_index out of range, negative start_step or num_steps,
-        pad_multiple < 1, fixed_length outside [longest, max_length], length_groups not a
-        partition of the fields.
-      DataError: a shard file missing, or damaged (unreadable, or a record count that
-        differs from the manifest), named in one line; a damaged record deep in a shard is
-        found when a batch reads it.
+      ValueError: inconsistent B, S, P, steps, pad_multiple, fixed_length or length_groups.
+      DataError: a shard file missing or damaged (named in one line).
     """
     # Imported here: the pipeline module loads TensorFlow (and hides the accelerators from it).
-    from data_pipelines.pipeline import field_groups, step_batches
+    from data_pipelines.pipeline import check_steps, field_groups, step_batches
 
     owned = shards.host_shards(manifest.num_shards, process_index, process_count)
     if global_batch_size % process_count:
         raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
                          f"process_count={process_count}")
     order = manifest.order(global_batch_size, seed)
-    if start_step < 0 or (num_steps is not None and num_steps < 0):
-        raise ValueError(f"start_step={start_step} and num_steps={num_steps} must be >= 0")
-    if pad_multiple < 1:
-        raise ValueError(f"pad_multiple must be positive, got {pad_multiple}")
+    check_steps(start_step, num_steps, pad_multiple, fixed_length, max(manifest.longest),
+                manifest.max_length, "the corpus's longest sequence")
     num_fields = len(manifest.fields)
     groups = field_groups(num_fields, length_groups)
     if fixed_length is not None:
-        longest = max(manifest.longest)
-        if not longest <= fixed_length <= manifest.max_length:
-            raise ValueError(f"fixed_length={fixed_length} must lie in [{longest}, "
-                             f"{manifest.max_length}]: the corpus's longest sequence and the "
-                             "stored width")
         lengths = [int(fixed_length)] * len(groups)
     else:
-        lengths = shards.group_lengths(manifest.longest, groups, pad_multiple,
-                                       manifest.max_length)
+        lengths = shards.group_lengths(manifest.longest, groups, pad_multiple, manifest.max_length)
     batcher = _StreamBatcher(manifest, order, owned, groups, lengths)
     return step_batches(batcher, groups=groups, lengths=lengths,
                         local_batch=global_batch_size // process_count, num_fields=num_fields,

@@ -1,25 +1,12 @@
-"""A tokenised corpus in shard files: its manifest and the order contract (numpy only).
+"""A tokenised corpus in shard files: its manifest and order contract (no TensorFlow),
+shared by ``sharded_corpus`` and ``pipeline.make_batches(shards=...)`` (docs/data.md,
+"Sharded corpora"):
 
-``data_pipelines.sharded_corpus`` writes and streams such a corpus; this module holds what
-both sides and the in-memory comparison path (``pipeline.make_batches(..., shards=...)``)
-must agree on, free of TensorFlow. The contract (docs/data.md, "Sharded corpora"):
-
-* Rows. The source's n rows (row i = row i of the in-memory token table) are assigned to
-  S shards by ``a = default_rng(assignment_seed).permutation(n)``: shard k holds rows
-  ``a[start_k : start_k + n_k]`` in that order (``start_k`` = the rows of shards before k).
-* Order. With global batch B, ``B % S == 0`` and ``m = B // S``: every step takes m rows of
-  every shard. ``steps_per_epoch = min_k n_k // m`` (the rest of each shard is dropped for
-  that epoch). Step s is epoch ``e = s // steps_per_epoch``, batch ``b = s %
-  steps_per_epoch``; shard k's positions in epoch e are
-  ``default_rng([seed, e, k]).permutation(n_k)``, and the global batch of step s is shard
-  0's positions ``[b*m, (b+1)*m)``, then shard 1's, and so on.
-* Hosts. Host p of P (``S % P == 0``) owns shards ``[p*S/P, (p+1)*S/P)`` and yields exactly
-  rows ``[p*B/P, (p+1)*B/P)`` of the global batch: the same global batches on any number of
-  hosts, each host reading only its own shards.
-* Padding. Each length group g is padded to ``min(round_up(max_{f in g} longest[f],
-  pad_multiple), max_length)``, ``longest`` being the corpus's longest sequence per field
-  (recorded in the manifest): one shape per group for the whole run, the same on every
-  host without seeing the other hosts' rows.
+* Rows: ``a = default_rng(assignment_seed).permutation(n)`` cut into S contiguous runs.
+* Order: with ``m = B // S``, step s of ``steps_per_epoch = min_k n_k // m`` takes shard
+  k's positions ``[b*m, (b+1)*m)`` of ``default_rng([seed, e, k]).permutation(n_k)``.
+* Hosts: host p of P owns shards ``[p*S/P, (p+1)*S/P)`` = rows ``[p*B/P, (p+1)*B/P)``.
+* Padding: group g pads to ``min(round_up(max longest[f in g], pad_multiple), max_length)``.
 """
 
 from __future__ import annotations
@@ -33,6 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from data_pipelines.errors import DataError
+from embedding_core import storage
+
 MANIFEST = "manifest.json"
 FORMAT = "embedding_jax/sharded-corpus"
 VERSION = 1
@@ -45,17 +35,7 @@ def round_up(x: int, multiple: int) -> int:
 
 def group_lengths(longest: Sequence[int], groups: Sequence[Sequence[int]], pad_multiple: int,
                   max_length: int) -> list[int]:
-    """The padded length of each length group (module docstring, "Padding").
-
-    Args:
-      longest: [F] the longest sequence of each field over the corpus.
-      groups: field indices of each group.
-      pad_multiple, max_length: lengths are rounded up to ``pad_multiple``, capped at
-        ``max_length``.
-
-    Returns:
-      One length per group, each >= 1.
-    """
+    """The padded length (>= 1) of each length group (module docstring, "Padding")."""
     return [min(round_up(max(max(int(longest[f]) for f in g), 1), pad_multiple), max_length)
             for g in groups]
 
@@ -64,8 +44,7 @@ def host_shards(num_shards: int, process_index: int, process_count: int) -> rang
     """The shards host ``process_index`` of ``process_count`` reads.
 
     Raises:
-      ValueError: ``process_index`` out of range, or ``num_shards`` not divisible by
-        ``process_count`` (each host must own the same number of whole shards).
+      ValueError: ``process_index`` out of range, or shards not divisible by processes.
     """
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must lie in [0, {process_count})")
@@ -80,11 +59,6 @@ def host_shards(num_shards: int, process_index: int, process_count: int) -> rang
 @dataclasses.dataclass(frozen=True)
 class ShardOrder:
     """The global batches of a sharded corpus (module docstring, "Order").
-
-    Attributes:
-      shard_rows: n_k, rows of each shard.
-      global_batch_size: B, divisible by the number of shards.
-      seed: the order's seed.
 
     Raises:
       ValueError: B not a positive multiple of S, or a shard with fewer than B/S rows.
@@ -117,12 +91,8 @@ class ShardOrder:
         return min(self.shard_rows) // self.per_shard
 
     def positions(self, step: int, shard: int, cache: dict | None = None) -> np.ndarray:
-        """[m] int64 positions (record indices) of shard ``shard`` in step ``step``'s batch.
-
-        Args:
-          cache: an optional dict kept by the caller; holds the current epoch's
-            permutation of each shard so that it is drawn once per epoch.
-        """
+        """[m] int64 record indices of ``shard`` in ``step``'s batch; ``cache`` (a caller's
+        dict) keeps each shard's permutation for the current epoch."""
         epoch, b = divmod(int(step), self.steps_per_epoch)
         key = (epoch, shard)
         perm = None if cache is None else cache.get(key)
@@ -152,29 +122,15 @@ def shard_members(num_rows: int, shard_rows: Sequence[int], assignment_seed: int
 
 
 def file_sha256(data: bytes) -> str:
-    """Hex sha256 of ``data`` (the tokenizer.json recorded in a manifest)."""
+    """Hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """``manifest.json`` of a sharded corpus folder (written last: a folder without it is
-    not a corpus).
-
-    Attributes:
-      folder: the corpus folder (local path or ``gs://`` URI), not stored in the file.
-      fields: F field names, in the order of the F axis.
-      max_length: the stored width (tokens per sequence at most, special tokens included).
-      pad_id: the tokenizer's pad id (padding value of ``input_ids``).
-      tokenizer_sha256: sha256 of the tokenizer.json the rows were tokenised with.
-      tokenizer: where that tokenizer came from (for messages).
-      num_rows: n, all rows of all shards.
-      longest: [F] the longest sequence of each field.
-      assignment_seed: seed of the row-to-shard assignment.
-      shards: ``(file name, rows)`` of each shard, in shard order.
-      files: ``{role: file name}`` extra files of the producing package (e.g. entity ids).
-      source: the settings that produced the rows (config fields; for checks and messages).
-    """
+    """``manifest.json`` of a sharded corpus folder (written last). ``folder`` is not stored;
+    ``longest`` is the longest sequence per field; ``shards`` is ``(file name, rows)`` per
+    shard; ``files`` maps roles to extra files; ``source`` holds the producing config fields."""
 
     folder: str
     fields: tuple[str, ...]
@@ -200,7 +156,7 @@ class Manifest:
 
     @property
     def num_examples(self) -> int:
-        """n, as ``TokenTable.num_examples`` (a manifest stands in for a table)."""
+        """n, as ``TokenTable.num_examples``."""
         return self.num_rows
 
     @property
@@ -227,10 +183,10 @@ class Manifest:
         return shard_members(self.num_rows, self.shard_rows, self.assignment_seed)
 
     def order(self, global_batch_size: int, seed: int) -> ShardOrder:
-        """The :class:`ShardOrder` of this corpus for a batch size and seed.
+        """The :class:`ShardOrder` for a batch size and seed.
 
         Raises:
-          ValueError: see :class:`ShardOrder` (the manifest is named).
+          ValueError: see :class:`ShardOrder` (the folder is named).
         """
         try:
             return ShardOrder(self.shard_rows, int(global_batch_size), int(seed))
@@ -250,14 +206,10 @@ class Manifest:
 
     def check(self, *, fields: Sequence[str], max_length: int, tokenizer_sha256: str,
               what: str) -> None:
-        """Refuses a corpus made for other settings than the run's.
-
-        Args:
-          fields, max_length, tokenizer_sha256: what the run's config needs.
-          what: how the config names the folder (``--config.train_shards``), for messages.
+        """Refuses a corpus made for other fields, width or tokenizer than the run's.
 
         Raises:
-          ValueError: ``"<manifest>: field '<name>': ..."`` naming both values.
+          ValueError: ``"<manifest>: field '<name>': ..."`` naming both values and ``what``.
         """
         want = {"fields": list(fields), "max_length": int(max_length),
                 "tokenizer_sha256": tokenizer_sha256}
@@ -276,17 +228,14 @@ def _join(folder: str, name: str) -> str:
 
 
 def _bad(path: str, field: str, reason: str) -> ValueError:
-    from data_pipelines.errors import DataError
-
     return DataError(path, None, field, reason)
 
 
 def manifest_from_json(folder: str, obj: Mapping[str, Any]) -> Manifest:
-    """Builds and checks a :class:`Manifest` from the parsed ``manifest.json``.
+    """A checked :class:`Manifest` from the parsed ``manifest.json``.
 
     Raises:
-      DataError: another format or version, a missing field or one of the wrong type,
-        or row counts that disagree (the manifest and the field are named).
+      DataError: another format or version, a missing or mistyped field, inconsistent counts.
     """
     path = _join(folder, MANIFEST)
     if obj.get("format") != FORMAT:
@@ -320,24 +269,17 @@ def manifest_from_json(folder: str, obj: Mapping[str, Any]) -> Manifest:
     if not shards or sum(n for _, n in shards) != obj["num_rows"]:
         raise _bad(path, "shards", f"{len(shards)} shards of {[n for _, n in shards]} rows do "
                    f"not add up to num_rows={obj['num_rows']}")
-    return Manifest(
-        folder=folder, fields=fields, max_length=obj["max_length"], pad_id=obj["pad_id"],
-        tokenizer_sha256=obj["tokenizer_sha256"], tokenizer=obj["tokenizer"],
-        num_rows=obj["num_rows"], longest=tuple(longest),
-        assignment_seed=obj["assignment_seed"], shards=tuple(shards),
-        files=dict(obj["files"]), source=dict(obj["source"]))
+    return Manifest(**{**{k: obj[k] for k in kinds}, "folder": folder, "fields": fields,
+                       "longest": tuple(longest), "shards": tuple(shards)})
 
 
 def read_manifest(folder: str | os.PathLike) -> Manifest:
-    """Opens the manifest of a corpus folder (local path or ``gs://`` URI).
+    """Opens the manifest of a corpus folder (local or ``gs://``).
 
     Raises:
-      FileNotFoundError: no folder, or no ``manifest.json`` in it (an unfinished
-        ``preprocess`` leaves none).
-      DataError: a malformed manifest (see :func:`manifest_from_json`).
+      FileNotFoundError: no folder, or no ``manifest.json`` (an unfinished ``preprocess``).
+      DataError: a malformed manifest.
     """
-    from embedding_core import storage
-
     root = storage.as_path(folder)
     path = root / MANIFEST
     if not path.is_file():

@@ -1,14 +1,7 @@
 """SQuAD v1.1 reader, article/question splits and the Wikipedia entity corpus.
 
-SQuAD v1.1 (Rajpurkar et al., EMNLP 2016; CC BY-SA 4.0) is one JSON object
-``{"version": "1.1", "data": [article, ...]}`` with ``article = {"title": str, "paragraphs":
-[{"context": str, "qas": [{"id": str, "question": str, "answers": [...]}, ...]}, ...]}``.
-The project ships the dev set as ``data/squad/dev-v1.1.json.zip`` (48 articles, 2,067
-paragraphs, 10,570 questions), read here straight from the zip.
-
-Two users: multi-resolution retrieval (Cakaloglu & Xu, arXiv 1902.00663) ranks paragraphs for
-each question; DocEnt-style entity learning (Zemlyanskiy et al. 2021) uses each article as an
-entity described by its sentences, and its questions as entity-seeking queries.
+Format: ``{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question"}]}]}]}``
+(Rajpurkar et al. 2016; CC BY-SA 4.0). The dev set ships as ``data/squad/dev-v1.1.json.zip``.
 """
 
 from __future__ import annotations
@@ -36,12 +29,7 @@ SQUAD_DEV_ZIP = "squad/dev-v1.1.json.zip"
 
 @dataclasses.dataclass(frozen=True)
 class SquadQuestion:
-    """One SQuAD question (answers are not kept: the readers here serve retrieval).
-
-    Attributes:
-      qid: the question's id in the file (unique over the file).
-      question: the question text.
-    """
+    """One SQuAD question (``qid`` unique over the file); answers are not kept."""
 
     qid: str
     question: str
@@ -49,15 +37,8 @@ class SquadQuestion:
 
 @dataclasses.dataclass(frozen=True)
 class SquadParagraph:
-    """One context paragraph with the questions asked about it.
-
-    Attributes:
-      paragraph_id: ``f"{title}#{p_index}"`` with ``p_index`` the 0-based position of the
-        paragraph in its article in the file (skipped paragraphs keep their number, so ids do
-        not change when ``skip_invalid`` drops a neighbour).
-      context: the paragraph text.
-      questions: its questions, in file order.
-    """
+    """One context paragraph and its questions; ``paragraph_id`` is ``"{title}#{p_index}"``
+    (position in the article, stable when ``skip_invalid`` drops a neighbour)."""
 
     paragraph_id: str
     context: str
@@ -66,7 +47,7 @@ class SquadParagraph:
 
 @dataclasses.dataclass(frozen=True)
 class SquadArticle:
-    """One Wikipedia article: its title as in the file (``"Super_Bowl_50"``) and paragraphs."""
+    """One Wikipedia article: its title as in the file and its paragraphs."""
 
     title: str
     paragraphs: list[SquadParagraph]
@@ -74,14 +55,7 @@ class SquadArticle:
 
 @dataclasses.dataclass(frozen=True)
 class SquadSkips:
-    """What ``read_squad(..., skip_invalid=True)`` dropped.
-
-    Attributes:
-      empty_contexts: paragraphs whose context is empty or whitespace-only.
-      paragraphs_without_questions: paragraphs with an empty ``qas`` list.
-      empty_questions: questions whose text is empty or whitespace-only.
-      articles_without_paragraphs: articles left with no paragraph after the above.
-    """
+    """What ``read_squad(..., skip_invalid=True)`` dropped."""
 
     empty_contexts: int = 0
     paragraphs_without_questions: int = 0
@@ -91,15 +65,8 @@ class SquadSkips:
 
 @dataclasses.dataclass(frozen=True)
 class EntityCorpus:
-    """Entities with their describing sentences and entity-seeking queries.
-
-    Attributes:
-      entity_names: display name of each entity (``[n_entities]``), e.g. ``"Super Bowl 50"``.
-      entity_ids: stable key of each entity (``[n_entities]``), e.g. the SQuAD title
-        ``"Super_Bowl_50"``.
-      sentences: ``(entity_index, sentence)`` pairs: the training documents of DocEnt.
-      queries: ``(query_text, answer_entity_index)`` pairs: the evaluation queries.
-    """
+    """Entities (names, ids) with ``(entity index, sentence)`` documents and
+    ``(query, answer entity index)`` queries."""
 
     entity_names: list[str]
     entity_ids: list[str]
@@ -108,7 +75,7 @@ class EntityCorpus:
 
 
 def squad_dev_path() -> Path:
-    """Path of the shipped SQuAD v1.1 dev set (``data_dir()/squad/dev-v1.1.json.zip``).
+    """The shipped dev set.
 
     Raises:
       FileNotFoundError: the data folder or the file is missing.
@@ -120,17 +87,15 @@ def squad_dev_path() -> Path:
 
 
 def _load_json(path: epath.Path) -> tuple[Any, str]:
-    """Parses the JSON file or the single ``.json`` member of a zip; returns (object, where)."""
+    """The parsed JSON file or single ``.json`` zip member, and where it was read."""
     # One read: on gs:// every open is a download.
     raw = path.read_bytes()
     if zipfile.is_zipfile(io.BytesIO(raw)):
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             members = [n for n in archive.namelist() if n.endswith(".json")]
             if len(members) != 1:
-                raise DataError(
-                    path, None, None,
-                    f"zip must hold exactly one .json file, found {members or 'none'}",
-                )
+                raise DataError(path, None, None, "zip must hold exactly one .json file, "
+                                f"found {members or 'none'}")
             where = f"{path}!{members[0]}"
             raw = archive.read(members[0])
     else:
@@ -147,60 +112,41 @@ def _load_json(path: epath.Path) -> tuple[Any, str]:
 
 
 def _get(obj: Any, key: str, kind: type, where: str, record: str) -> Any:
+    field = f"{record}.{key}" if record else key
     if not isinstance(obj, dict) or key not in obj:
-        raise DataError(where, None, f"{record}.{key}" if record else key, "missing field")
+        raise DataError(where, None, field, "missing field")
     value = obj[key]
     if not isinstance(value, kind):
-        raise DataError(
-            where, None, f"{record}.{key}" if record else key,
-            f"expected a JSON {'string' if kind is str else 'list'}, got {type(value).__name__}",
-        )
-    if kind is str and "\x00" in value:
-        # A tokenizer would drop it silently; the shipped sets hold none.
-        raise DataError(where, None, f"{record}.{key}" if record else key,
-                        "holds a NUL character (\\u0000)")
+        raise DataError(where, None, field, f"expected a JSON "
+                        f"{'string' if kind is str else 'list'}, got {type(value).__name__}")
+    if kind is str and "\x00" in value:  # a tokenizer would drop it silently
+        raise DataError(where, None, field, "holds a NUL character (\\u0000)")
     surrogate = lone_surrogate(value) if kind is str else None
     if surrogate:
-        raise DataError(where, None, f"{record}.{key}" if record else key, surrogate)
+        raise DataError(where, None, field, surrogate)
     return value
 
 
-def read_squad(
-    path: str | os.PathLike[str] | None = None,
-    *,
-    skip_invalid: bool = False,
-) -> tuple[list[SquadArticle], SquadSkips]:
-    """Reads a SQuAD v1.1 file strictly, plain JSON or zipped (read in memory, not extracted).
+def read_squad(path: str | os.PathLike[str] | None = None, *, skip_invalid: bool = False
+               ) -> tuple[list[SquadArticle], SquadSkips]:
+    """Reads a SQuAD v1.1 file strictly: plain JSON or a zip of one ``.json``, local or
+    ``gs://``; default the shipped dev set.
 
-    Args:
-      path: a ``.json`` file, or a zip holding exactly one ``.json`` member, local or
-        ``gs://``; default the shipped dev set (:func:`squad_dev_path`).
-      skip_invalid: drop (and count) paragraphs with an empty context or no questions, and
-        questions with empty text, instead of raising.
-
-    Returns:
-      ``(articles, skips)``: the articles in file order; ``skips`` counts what was dropped
-      (all zero when ``skip_invalid`` is False).
+    ``skip_invalid``: drop and count (:class:`SquadSkips`) empty contexts, paragraphs
+    without questions and empty questions. Returns ``(articles in file order, skips)``.
 
     Raises:
-      DataError: invalid UTF-8 or JSON (with its line); a missing or mistyped field among
-        ``data, title, paragraphs, context, qas, id, question``, or one holding a NUL or a
-        lone surrogate (``field`` names the record, e.g.
-        ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2] (id '5733...').question``); a
-        duplicated question id; an empty context, a paragraph without questions or an empty
-        question unless ``skip_invalid``. ``line`` is None for faults inside the JSON
-        structure (the official files are a single line).
-      FileNotFoundError: the file does not exist.
+      DataError: invalid UTF-8 or JSON; a missing or mistyped field, a NUL or a lone surrogate
+        (the field names the record, e.g. ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2]
+        (id '5733...').question``); a duplicated question id; an empty value unless skipped.
+      FileNotFoundError: no such file.
     """
     path = epath.Path(path) if path is not None else epath.Path(squad_dev_path())
     root, where = _load_json(path)
     data = _get(root, "data", list, where, "")
     articles: list[SquadArticle] = []
     seen_qids: dict[str, str] = {}
-    counts = dict.fromkeys(
-        ("empty_contexts", "paragraphs_without_questions", "empty_questions",
-         "articles_without_paragraphs"), 0,
-    )
+    counts = {f.name: 0 for f in dataclasses.fields(SquadSkips)}
     for a_index, article in enumerate(data):
         title = _get(article, "title", str, where, f"data[{a_index}]")
         article_rec = f"data[{a_index}] {title!r}"
@@ -216,9 +162,8 @@ def read_squad(
                 q_rec = f"{q_rec} (id {qid!r})"
                 text = _get(qa, "question", str, where, q_rec)
                 if qid in seen_qids:
-                    raise DataError(
-                        where, None, f"{q_rec}.id", f"question id already used by {seen_qids[qid]}"
-                    )
+                    raise DataError(where, None, f"{q_rec}.id",
+                                    f"question id already used by {seen_qids[qid]}")
                 seen_qids[qid] = q_rec
                 if not text.strip():
                     if not skip_invalid:
@@ -236,11 +181,7 @@ def read_squad(
                     raise DataError(where, None, f"{p_rec}.qas", "paragraph has no questions")
                 counts["paragraphs_without_questions"] += 1
                 continue
-            paragraphs.append(
-                SquadParagraph(
-                    paragraph_id=f"{title}#{p_index}", context=context, questions=questions
-                )
-            )
+            paragraphs.append(SquadParagraph(f"{title}#{p_index}", context, questions))
         if not paragraphs and skip_invalid:
             counts["articles_without_paragraphs"] += 1
             continue
@@ -257,53 +198,26 @@ def _test_mask(n: int, test_fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-def split_articles(
-    articles: Sequence[SquadArticle], test_fraction: float, seed: int
-) -> tuple[list[SquadArticle], list[SquadArticle]]:
-    """Article-level train/test split: test paragraphs and questions are never seen in training.
+def split_articles(articles: Sequence[SquadArticle], test_fraction: float, seed: int
+                   ) -> tuple[list[SquadArticle], list[SquadArticle]]:
+    """Article-level train/test split (the project's protocol, ``docs/mrwe.md``):
+    ``round(test_fraction * n)`` articles chosen by ``default_rng(seed).permutation`` go to test.
 
-    ``round(test_fraction * n_articles)`` articles, chosen by
-    ``np.random.default_rng(seed).permutation``, go to test. This is the project's protocol
-    for retrieval evaluation (``docs/mrwe.md`` explains why the authors' seen-paragraph split
-    is a departure not to copy; see :func:`split_seen_paragraphs`).
-
-    Args:
-      articles: the articles to split.
-      test_fraction: share of articles for test, in (0, 1).
-      seed: seed of the permutation; the same seed gives the same split.
-
-    Returns:
-      ``(train_articles, test_articles)``, each in the input order.
+    Returns ``(train_articles, test_articles)``, each in input order.
 
     Raises:
       ValueError: ``test_fraction`` outside (0, 1).
     """
     mask = _test_mask(len(articles), test_fraction, seed)
-    return (
-        [a for a, t in zip(articles, mask, strict=True) if not t],
-        [a for a, t in zip(articles, mask, strict=True) if t],
-    )
+    return ([a for a, t in zip(articles, mask, strict=True) if not t],
+            [a for a, t in zip(articles, mask, strict=True) if t])
 
 
-def split_seen_paragraphs(
-    articles: Sequence[SquadArticle], test_fraction: float, seed: int
-) -> tuple[list[SquadArticle], list[SquadArticle]]:
-    """The authors' protocol (Cakaloglu & Xu code): split questions, keep every paragraph seen.
-
-    For reproducing the authors' numbers only: test questions ask about paragraphs that
-    training also sees (through other questions), a leak (``docs/mrwe.md``).
-    ``round(test_fraction * n_questions)`` questions over the whole input, chosen by
-    ``np.random.default_rng(seed).permutation`` of the questions in file order, go to test.
-
-    Args:
-      articles: the articles to split.
-      test_fraction: share of questions for test, in (0, 1).
-      seed: seed of the permutation.
-
-    Returns:
-      ``(train_articles, test_articles)``: both hold every article and every paragraph (the
-      retrieval candidates), each paragraph with only the questions of that side, possibly
-      none.
+def split_seen_paragraphs(articles: Sequence[SquadArticle], test_fraction: float, seed: int
+                          ) -> tuple[list[SquadArticle], list[SquadArticle]]:
+    """The authors' split (``docs/mrwe.md``; reproduction only, it leaks): questions,
+    chosen by ``default_rng(seed).permutation`` in file order, go to test; every paragraph is
+    on both sides with that side's questions (possibly none).
 
     Raises:
       ValueError: ``test_fraction`` outside (0, 1).
@@ -313,48 +227,27 @@ def split_seen_paragraphs(
     train: list[SquadArticle] = []
     test: list[SquadArticle] = []
     for article in articles:
-        train_paragraphs, test_paragraphs = [], []
+        sides = {False: [], True: []}
         for paragraph in article.paragraphs:
-            sides = [next(mask) for _ in paragraph.questions]
-            for is_test, out in ((False, train_paragraphs), (True, test_paragraphs)):
-                out.append(
-                    dataclasses.replace(
-                        paragraph,
-                        questions=[
-                            q for q, s in zip(paragraph.questions, sides, strict=True)
-                            if s == is_test
-                        ],
-                    )
-                )
-        train.append(SquadArticle(article.title, train_paragraphs))
-        test.append(SquadArticle(article.title, test_paragraphs))
+            is_test = [next(mask) for _ in paragraph.questions]
+            for side, out in sides.items():
+                out.append(dataclasses.replace(paragraph, questions=[
+                    q for q, t in zip(paragraph.questions, is_test, strict=True) if t == side]))
+        train.append(SquadArticle(article.title, sides[False]))
+        test.append(SquadArticle(article.title, sides[True]))
     return train, test
 
 
-def wikipedia_entity_corpus(
-    articles: Sequence[SquadArticle],
-    sentence_splitter: Callable[[str], list[str]] = split_sentences,
-) -> EntityCorpus:
-    """Turns SQuAD articles into a DocEnt-style entity corpus: one entity per article.
-
-    Entity i is article i (id = its title, name = the title with underscores as spaces).
-    Its documents are the sentences of its paragraphs (``sentence_splitter``), each with
-    the article's own title removed by :func:`~data_pipelines.text.remove_entity_name`
-    (DocEnt's name-removal rule; a trailing disambiguator also goes, "Sky (United Kingdom)"
-    removes "Sky" too, and so does a comma qualifier, "Fresno,_California" removes "Fresno"
-    too: our reading); sentences left empty are dropped. Its queries are the questions of
-    its paragraphs, whose answer entity is the article.
-
-    Args:
-      articles: the articles, e.g. from :func:`read_squad`.
-      sentence_splitter: text -> sentences; default pySBD (:func:`split_sentences`).
-
-    Returns:
-      An :class:`EntityCorpus` with entities in article order, sentences and queries in file
-      order.
+def wikipedia_entity_corpus(articles: Sequence[SquadArticle],
+                            sentence_splitter: Callable[[str], list[str]] = split_sentences
+                            ) -> EntityCorpus:
+    """One entity per article (id = title, name = title with spaces): its documents are
+    its paragraphs' sentences with the title (and a comma qualifier's head, "Fresno,_California"
+    -> "Fresno") removed by :func:`~data_pipelines.text.remove_entity_name`, empty ones dropped;
+    its queries are its questions (``docs/docent.md``).
 
     Raises:
-      ValueError: two articles share a title (entity ids must be unique).
+      ValueError: two articles share a title.
     """
     entity_ids = [a.title for a in articles]
     if len(set(entity_ids)) != len(entity_ids):
@@ -373,6 +266,4 @@ def wikipedia_entity_corpus(
                 if cleaned:
                     sentences.append((index, cleaned))
             queries.extend((q.question, index) for q in paragraph.questions)
-    return EntityCorpus(
-        entity_names=entity_names, entity_ids=entity_ids, sentences=sentences, queries=queries
-    )
+    return EntityCorpus(entity_names, entity_ids, sentences, queries)

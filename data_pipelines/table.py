@@ -1,8 +1,4 @@
-"""The in-memory token table that the input pipeline batches, and text identities.
-
-Kept free of TensorFlow so that building tables (tokenising, caching) stays a light import;
-:mod:`data_pipelines.pipeline` re-exports both names.
-"""
+"""The in-memory token table that the input pipeline batches, and text identities (no TF)."""
 
 from __future__ import annotations
 
@@ -16,20 +12,16 @@ from data_pipelines.tokenization import TokenizedTexts
 
 @dataclasses.dataclass
 class TokenTable:
-    """A data set of n examples, each made of F token sequences ("fields").
+    """n examples of F token sequences ("fields").
 
     Attributes:
-      input_ids: [n, F, max_len] int32 token ids, right-padded with the tokenizer's pad id.
-      token_type_ids: [n, F, max_len] int32 segment ids.
-      lengths: [n, F] int32 real tokens per sequence (the attention mask is
-        ``arange(max_len) < lengths``).
-      text_ids: [n, F] int32 identity of each sequence's underlying text: equal (normalised)
-        text gives an equal id, so a loss can refuse a duplicate of the positive as a negative.
+      input_ids, token_type_ids: [n, F, max_len] int32, right-padded with the pad id.
+      lengths: [n, F] int32 real tokens (mask = ``arange(max_len) < lengths``).
+      text_ids: [n, F] int32; equal normalised text, equal id (a loss can refuse a duplicate).
       field_names: F names, in the order of the F axis.
 
     Raises:
-      ValueError: inconsistent shapes, lengths outside [0, max_len], or a name count that is
-        not F.
+      ValueError: inconsistent shapes, lengths outside [0, max_len], or not F names.
     """
 
     input_ids: np.ndarray
@@ -48,9 +40,8 @@ class TokenTable:
             raise ValueError(f"input_ids must be [n, F, max_len], got {self.input_ids.shape}")
         n, f, max_len = self.input_ids.shape
         if self.token_type_ids.shape != (n, f, max_len):
-            raise ValueError(
-                f"token_type_ids {self.token_type_ids.shape} != input_ids {self.input_ids.shape}"
-            )
+            raise ValueError(f"token_type_ids {self.token_type_ids.shape} != input_ids "
+                             f"{self.input_ids.shape}")
         for name in ("lengths", "text_ids"):
             shape = getattr(self, name).shape
             if shape != (n, f):
@@ -62,7 +53,7 @@ class TokenTable:
 
     @property
     def num_examples(self) -> int:
-        """n, the number of examples (rows)."""
+        """n, the number of rows."""
         return int(self.input_ids.shape[0])
 
     @property
@@ -71,7 +62,7 @@ class TokenTable:
         return int(self.input_ids.shape[2])
 
     def take(self, n: int) -> TokenTable:
-        """The first ``n`` examples in file order (for CPU presets and tests).
+        """The first ``n`` examples.
 
         Raises:
           ValueError: ``n`` not in [1, num_examples].
@@ -84,40 +75,24 @@ class TokenTable:
 
 
 def normalise_text(text: str) -> str:
-    """The form under which two texts count as the same: stripped, casefolded, runs of
-    whitespace collapsed to one space."""
+    """Stripped, casefolded, whitespace runs collapsed: when two texts are the same."""
     return " ".join(text.split()).casefold()
 
 
 def text_identity_ids(texts: Sequence[str]) -> np.ndarray:
-    """Ids such that texts equal after :func:`normalise_text` get equal ids.
-
-    Args:
-      texts: n strings.
-
-    Returns:
-      [n] int32; ids are numbered 0, 1, ... in order of first appearance.
-    """
+    """[n] int32 ids, equal for texts equal after :func:`normalise_text`, by first appearance."""
     seen: dict[str, int] = {}
-    return np.fromiter(
-        (seen.setdefault(normalise_text(t), len(seen)) for t in texts),
-        dtype=np.int32,
-        count=len(texts),
-    )
+    return np.fromiter((seen.setdefault(normalise_text(t), len(seen)) for t in texts),
+                       dtype=np.int32, count=len(texts))
 
 
-def stack_fields(
-    fields: Mapping[str, TokenizedTexts], text_ids: Mapping[str, np.ndarray]
-) -> TokenTable:
-    """Builds a :class:`TokenTable` from per-field token arrays of equal n and width.
-
-    Args:
-      fields: field name -> :class:`TokenizedTexts` ([n, max_len] arrays); the mapping's
-        order is the order of the F axis.
-      text_ids: field name -> [n] int32 text identities.
+def stack_fields(fields: Mapping[str, TokenizedTexts], text_ids: Mapping[str, np.ndarray]
+                 ) -> TokenTable:
+    """A :class:`TokenTable` from ``{field: TokenizedTexts [n, max_len]}`` (mapping order = F
+    axis) and ``{field: [n] text ids}``.
 
     Raises:
-      ValueError: the fields differ in n or width, or a field has no text ids.
+      ValueError: fields differ in n or width, or a field has no text ids.
     """
     names = tuple(fields)
     missing = [name for name in names if name not in text_ids]
@@ -126,10 +101,9 @@ def stack_fields(
     widths = {fields[name].input_ids.shape for name in names}
     if len(widths) != 1:
         raise ValueError(f"fields have different [n, max_len] shapes: {sorted(widths)}")
-    return TokenTable(
-        input_ids=np.stack([fields[name].input_ids for name in names], axis=1),
-        token_type_ids=np.stack([fields[name].token_type_ids for name in names], axis=1),
-        lengths=np.stack([fields[name].lengths for name in names], axis=1),
-        text_ids=np.stack([np.asarray(text_ids[name]) for name in names], axis=1),
-        field_names=names,
-    )
+    def stack(key: str) -> np.ndarray:
+        return np.stack([getattr(fields[name], key) for name in names], axis=1)
+
+    return TokenTable(input_ids=stack("input_ids"), token_type_ids=stack("token_type_ids"),
+                      lengths=stack("lengths"), field_names=names,
+                      text_ids=np.stack([np.asarray(text_ids[name]) for name in names], axis=1))

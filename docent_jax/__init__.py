@@ -1,6 +1,5 @@
-"""DocEnt: entity representations learned from the documents about each entity.
-
-Python API (nothing parses flags at import; TensorFlow never takes an accelerator)::
+"""DocEnt: entity representations learned from the documents about each entity
+(``docs/docent.md``). Nothing parses flags at import; TensorFlow never takes an accelerator::
 
     import docent_jax
     from docent_jax.configs import dual_cpu
@@ -8,23 +7,20 @@ Python API (nothing parses flags at import; TensorFlow never takes an accelerato
     ranker = docent_jax.load("workdirs/docent")     # an embedding_core.inference.Encoder
     g = ranker.entity_embeddings()                  # [num_entities, dim] float32
     q = ranker.encode(["Who won Super Bowl 50?"])   # [1, dim] float32, f(q)
-
-See ``docs/docent.md`` for what the paper specifies and what we chose.
 """
 
 from __future__ import annotations
 
 
 def train(config, workdir, **kwargs):
-    """See ``docent_jax.trainer.train`` (DocEnt-Dual)."""
+    """See ``docent_jax.trainer.train``."""
     from docent_jax.trainer import train as _train
 
     return _train(config, workdir, **kwargs)
 
 
 def load(workdir, **kwargs):
-    """See ``docent_jax.inference.load``: an ``EntityRanker`` with ``entity_embeddings()``
-    and ``encode(list_of_str, *, batch_size=None, normalize=False, show_progress_bar=False)``."""
+    """See ``docent_jax.inference.load``: an ``EntityRanker``."""
     from docent_jax.inference import load as _load
 
     return _load(workdir, **kwargs)

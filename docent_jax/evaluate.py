@@ -1,30 +1,11 @@
-"""DocEnt's zero-shot entity ranking protocol and metrics (``docs/docent.md``).
-
-**Zero-shot entity ranking** (Zemlyanskiy et al. 2021, sec. 3.3): a pre-trained, not
-fine-tuned model ranks a fixed set of entities for a natural-language query by
-``cos(g(e), f(q))``. Metrics, all from one rank per relevant entity
-(``embedding_core.metrics.ranks_of_relevant``: at equal score a relevant entity ranks behind
-every non-relevant one, relevant entities tied with each other are not counted against each
-other; trec_eval's values for tie-free scores):
-
-* MAP: mean average precision over the query's relevant entities;
-* MRR: mean of 1 / (rank of the best-ranked relevant entity);
-* recall@k: share of a query's relevant entities ranked in the top k, averaged over queries
-  (with one relevant entity per query: the hit rate / top-k accuracy);
-* NDCG@k with binary gains (Jarvelin & Kekalainen 2002).
-
-With a single relevant entity per query (the SQuAD task) MAP equals MRR. Queries are scored
-in blocks, so the ``[n_queries, n_entities]`` matrix is never whole. ``per_query=True`` also
-returns each metric per query, for paired significance tests between two systems
-(``embedding_core.stats.paired_bootstrap``).
-
-MovieLens tag prediction lives in ``docent_jax.tag_eval``.
+"""DocEnt's zero-shot entity ranking (sec. 3.3; ``docs/docent.md``): MAP, MRR, recall@k
+(share of a query's relevant entities in the top k) and binary-gain NDCG@k, all from one rank
+per relevant entity (``embedding_core.metrics.ranks_of_relevant``), queries in blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal, overload
 
 import numpy as np
 
@@ -76,8 +57,7 @@ def _per_query_metrics(scores, relevant: Sequence[Sequence[int]], ks: Sequence[i
 
 def _metrics_from_ranks(query: np.ndarray, rank: np.ndarray, n: int, num_items: int,
                         ks: Sequence[int], ndcg_k: int) -> PerQuery:
-    """Every metric per query from ``metrics.ranks_of_relevant``-style ``(query, rank)``
-    pairs (sorted by query, then rank; every query of ``range(n)`` has one)."""
+    """Every metric per query from ``(query, rank)`` pairs sorted by query then rank."""
     # Pairs come sorted by query, then rank: a query's j-th pair is its j-th relevant entity.
     count = np.bincount(query, minlength=n)  # >= 1: callers reject empty queries
     first = np.cumsum(count) - count
@@ -109,39 +89,17 @@ def _summary(per_query: PerQuery, num_queries: int) -> Summary:
     return out
 
 
-@overload
-def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
-                    ks: Sequence[int] = ..., ndcg_k: int = ...,
-                    per_query: Literal[False] = ...) -> Summary: ...
-@overload
-def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
-                    ks: Sequence[int] = ..., ndcg_k: int = ..., *,
-                    per_query: Literal[True]) -> tuple[Summary, PerQuery]: ...
-
-
 def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
                     ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
                     per_query: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """Ranking metrics of one score matrix (see the module docstring for the definitions).
+    """Ranking metrics of ``[n_queries, n_entities]`` scores (higher = more relevant).
 
-    Ties follow ``embedding_core.metrics.ranks_of_relevant`` for *every* metric: at equal
-    score a relevant entity ranks behind every non-relevant one, while relevant entities tied
-    with each other take consecutive ranks (not counted against each other). E.g. scores
-    ``[1, 1, 0]`` with entities 0 and 1 relevant give MRR 1, recall@1 0.5, recall@2 1 and
-    MAP 1 (trec_eval's values for any order of the tie); ``[1, 1, 0]`` with only entity 1
-    relevant gives MRR 0.5.
+    Ties as ``metrics.ranks_of_relevant``: scores ``[1, 1, 0]`` with entities 0 and 1
+    relevant give MRR 1, recall@1 0.5, MAP 1; with only entity 1 relevant, MRR 0.5.
 
-    Args:
-      scores: ``[n_queries, n_entities]`` float, higher = more relevant.
-      relevant: per query, the indices of its relevant entities (at least one).
-      ks: recall cut-offs, positive ints (above ``n_entities`` they give 1.0).
-      ndcg_k: NDCG cut-off, a positive int (above ``n_entities``: the whole list).
-      per_query: also return every metric per query.
-
-    Returns:
-      ``{"MAP", "MRR", "recall@k"..., "NDCG@k", "num_queries"}``: the means over queries,
-      floats in [0, 1] (and the count). With ``per_query=True``, ``(that dict, {metric:
-      [n_queries] float64})`` whose arrays average to the summary's values.
+    ``relevant``: per query, its relevant entity indices (at least one); ``ks``,
+    ``ndcg_k``: positive cut-offs. Returns ``{"MAP", "MRR", "recall@k"..., "NDCG@k",
+    "num_queries"}`` (means in [0, 1]); ``per_query``: also ``{metric: [n_queries] float64}``.
 
     Raises:
       ValueError: a query without relevant entity, an index out of range, a shape mismatch,
@@ -152,41 +110,15 @@ def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
     return (summary, values) if per_query else summary
 
 
-@overload
-def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
-                    relevant: Sequence[Sequence[int]], *, block_size: int = ...,
-                    ks: Sequence[int] = ..., ndcg_k: int = ...,
-                    per_query: Literal[False] = ..., split: bool = ...) -> Summary: ...
-@overload
-def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
-                    relevant: Sequence[Sequence[int]], *, block_size: int = ...,
-                    ks: Sequence[int] = ..., ndcg_k: int = ...,
-                    per_query: Literal[True], split: bool = ...) -> tuple[Summary, PerQuery]: ...
-
-
 def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
                     relevant: Sequence[Sequence[int]], *, block_size: int = 1024,
                     ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
                     per_query: bool = False,
                     split: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """:func:`ranking_metrics` over query blocks, so the full score matrix is never whole.
+    """:func:`ranking_metrics` over blocks of ``block_size`` queries.
 
-    Args:
-      score_block: ``(start, stop) -> [stop - start, n_entities]`` scores of those queries.
-      relevant: per query, its relevant entity indices.
-      block_size: queries per block.
-      ks, ndcg_k: cut-offs, as in :func:`ranking_metrics`.
-      per_query: also return ``{metric: [n_queries] float64}`` (e.g. for
-        ``embedding_core.stats.paired_bootstrap`` between two systems).
-      split: with several processes, each scores its slice of the queries and the
-        per-query values are gathered (``embedding_core.multihost.split_map``); a
-        collective, and ``score_block`` must compute on this process alone (process-local
-        params). Every process returns the same result.
-
-    Returns:
-      As :func:`ranking_metrics`, over all queries. The summary is the mean of the
-      per-query values (kept for every query: a few floats each), so it does not depend
-      on ``block_size``.
+    ``score_block``: ``(start, stop) -> [stop - start, n_entities]`` scores; ``split``:
+    each process scores a slice (``multihost.split_map``, a collective).
     """
     if not relevant:
         raise ValueError("no queries to evaluate")
@@ -212,19 +144,11 @@ def evaluate_ranks(rank_block: Callable[[int, int], tuple[np.ndarray, np.ndarray
                    block_size: int = 1024, ks: Sequence[int] = RECALL_KS,
                    ndcg_k: int = NDCG_K, per_query: bool = False,
                    split: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """:func:`evaluate_scores` from the ranks of the relevant entities alone.
+    """:func:`evaluate_scores` from the relevant entities' ranks alone (computed where the
+    table lies: ``EntityRanker.relevant_ranks``): no score matrix on the host.
 
-    For rankers that compute the ranks where the scores lie (``inference.EntityRanker.
-    relevant_ranks``: per-shard counts on the devices holding the table), so no
-    ``[queries, entities]`` score matrix reaches the host. Same metrics, same ties.
-
-    Args:
-      rank_block: ``(start, stop) -> (query, rank)`` of those queries, as
-        ``embedding_core.metrics.ranks_of_relevant`` returns them (query indices relative
-        to ``start``).
-      relevant: per query, its relevant entity indices (checked here).
-      num_items: entities ranked (ranks lie in ``[1, num_items]``).
-      block_size, ks, ndcg_k, per_query, split: as in :func:`evaluate_scores`.
+    ``rank_block``: ``(start, stop) -> (query, rank)`` as ``metrics.ranks_of_relevant``
+    (query indices relative to ``start``).
 
     Raises:
       ValueError: no queries, a query without relevant entity or one out of range, a bad
@@ -258,6 +182,14 @@ def evaluate_ranks(rank_block: Callable[[int, int], tuple[np.ndarray, np.ndarray
     return (summary, values) if per_query else summary
 
 
+def eval_subset(queries: Sequence, limit: int) -> list:
+    """Items ``floor(i * n / limit)``, ``i < limit``, of ``queries`` (all when ``limit`` is 0
+    or larger): held-out queries come grouped by article, a prefix would see a few."""
+    n = len(queries)
+    return list(queries) if limit <= 0 or limit >= n else [queries[i * n // limit]
+                                                           for i in range(limit)]
+
+
 def cosine_scores(queries: np.ndarray, entities: np.ndarray) -> np.ndarray:
     """``[n_q, n_e]`` float32 cosine similarities (zero vectors score 0)."""
     return (l2_normalize(queries) @ l2_normalize(entities).T).astype(np.float32)
@@ -266,11 +198,8 @@ def cosine_scores(queries: np.ndarray, entities: np.ndarray) -> np.ndarray:
 def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
                         relevant: Sequence[Sequence[int]],
                         **kwargs) -> Summary | tuple[Summary, PerQuery]:
-    """Ranking by cosine between ``[n_q, d]`` query and ``[n_e, d]`` entity vectors.
-
-    ``kwargs`` go to :func:`evaluate_scores` (``block_size``, ``ks``, ``ndcg_k``,
-    ``per_query``); its return value is returned.
-    """
+    """Ranking by cosine of ``[n_q, d]`` queries and ``[n_e, d]`` entities (``kwargs``:
+    :func:`evaluate_scores`'s)."""
     if len(query_vectors) != len(relevant):
         raise ValueError(f"{len(query_vectors)} query vectors for {len(relevant)} queries")
     kwargs.setdefault("split", True)  # numpy on this process: each may take a slice
@@ -280,14 +209,10 @@ def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
 
 def evaluate_ranker(ranker, queries: Sequence[tuple[str, Sequence[int]]],
                     progress: bool = False, **kwargs) -> dict[str, float]:
-    """Held-out ranking metrics of a trained DocEnt model of any variant
-    (``inference.EntityRanker``), scored by ``a cos(f(q), g(e))`` (Dual, Hybrid) or the
-    entity logits of ``[CLS] [MASK] [SEP] q`` (Full). The ranks of each query block's
-    relevant entities are computed on the devices holding the table
-    (``ranker.relevant_ranks``, shard by shard when it is split over ``"model"``): the
-    metrics of :func:`evaluate_scores` on ``ranker.score``, without the score matrix on
-    the host. ``kwargs`` go to :func:`evaluate_ranks`. With several processes and a loaded
-    ranker (process-local params) each process ranks its slice of the queries."""
+    """Ranking metrics of an ``inference.EntityRanker`` (any variant) on ``(text,
+    relevant)`` queries, ranked on the devices holding the table (``relevant_ranks``); with
+    several processes and process-local params each ranks a slice. ``kwargs``:
+    :func:`evaluate_ranks`'s."""
     texts = [q for q, _ in queries]
     relevant = [r for _, r in queries]
     kwargs.setdefault("split", multihost.is_local(ranker.params))
@@ -303,6 +228,5 @@ def format_table(rows: dict[str, dict[str, float]]) -> str:
     header = "model".ljust(width) + "".join(f"{m:>11}" for m in METRIC_NAMES)
     lines = [header, "-" * len(header)]
     for name, values in rows.items():
-        lines.append(name.ljust(width) + "".join(f"{100 * values[m]:>11.2f}"
-                                                 for m in METRIC_NAMES))
+        lines.append(name.ljust(width) + "".join(f"{100 * values[m]:>11.2f}" for m in METRIC_NAMES))
     return "\n".join(lines)

@@ -1,22 +1,7 @@
-"""A trained DocEnt model: ``load(workdir)`` -> :class:`EntityRanker` (``docs/docent.md``).
-
-The ranker is an ``embedding_core.inference.Encoder`` for every variant:
-
-* ``encode(texts)`` embeds *queries*: DocEnt-Dual and -Hybrid with the sentence encoder
-  ``f``; DocEnt-Full with the MLM head's output ``t`` at the masked entity slot of
-  ``[CLS] [MASK] [SEP] query [SEP]``;
-* ``entity_embeddings()`` / ``iter_entity_blocks()`` return the entity table (Full: its
-  entity rows, hidden width);
-* ``score(texts)`` ranks every entity for each query: ``a * cos(f(q), g(e))`` (Dual,
-  Hybrid) or the entity logits ``t . g(e) + b_e`` of P(e | query) over the entity rows
-  only (Full, the paper's zero-shot scoring);
-* ``top_k(texts, k)`` and ``relevant_ranks(texts, relevant)`` rank on the devices that
-  hold the table (``embedding_core.table_ranking``: per-shard top-k merged over
-  ``"model"``; exact ranks from per-shard counts), so a table split over a mesh
-  (``load(workdir, mesh=...)``) is never copied whole to the host.
-
-Vectors are raw float32 (not normalised); Dual/Hybrid compare with cosine, Full with the
-dot product plus the entity bias.
+"""A trained DocEnt model, any variant: ``load(workdir)`` -> :class:`EntityRanker`
+(``docs/docent.md``), whose ``encode(texts)`` gives raw float32 query vectors (Dual, Hybrid:
+``f(q)``; Full: the MLM head's output at the ``[MASK]`` of ``[CLS] [MASK] [SEP] q [SEP]``).
+Scores: ``a * cos(f(q), g(e))`` (Dual, Hybrid) or ``t . g(e) + b_e`` (Full).
 """
 
 from __future__ import annotations
@@ -31,16 +16,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
-from docent_jax.configs import default, validate_config
-from docent_jax.data import (
-    ENTITY_IDS_FILE,
-    FullLayout,
-    full_inputs_from_tokens,
-    read_entity_ids,
-    sentence_length,
-)
+from docent_jax.configs import FIELDS, validate_config
+from docent_jax.corpus import ENTITY_IDS_FILE, read_entity_ids
+from docent_jax.data import FullLayout, full_inputs_from_tokens, sentence_length
 from docent_jax.masking import ENTITY_POSITION
 from docent_jax.model import (
+    NAMES,
     DocEntDual,
     DocEntFull,
     DocEntHybrid,
@@ -49,15 +30,23 @@ from docent_jax.model import (
     full_scores,
     init_fn,
 )
-from embedding_core import configs, multihost, parallel, storage, table_ranking, training
+from embedding_core import (
+    configs,
+    hf_export,
+    multihost,
+    parallel,
+    storage,
+    table_ranking,
+    training,
+)
 from embedding_core.encoders import EncoderConfig
-from embedding_core.export import iter_row_blocks
-from embedding_core.inference import Encoder, check_texts, encode_in_batches
+from embedding_core.inference import Encoder, check_texts, encode_in_batches, l2_normalize
 from embedding_core.pretrained import workdir_model_dir
+from embedding_core.serving import HFFolder, View
 
 PROG = "docent-jax"
 REQUIRED_FIELDS = ("model", "pooling", "projection_dim", "max_length", "table_multiple")
-"""Fields without which a saved run's model cannot be rebuilt."""
+FULL_SCORE = "dot + entity_bias (not exported; docent_jax.load(workdir).score includes it)"
 
 
 def _dual_table_scores(queries, rows, row_args, consts):
@@ -69,14 +58,12 @@ def _full_table_scores(queries, rows, row_args, consts):
 
 
 class EntityRanker(Encoder):
-    """A trained DocEnt model (any variant): entity vectors and the query scorer.
+    """A trained DocEnt model: ``variant``, ``entity_ids`` (row i = entity i), ``step``
+    (None for in-memory params), ``config``, ``model``, ``params``, ``tokenizer``;
+    ``workdir`` when loaded. ``block_rows``: table rows per exported block."""
 
-    Attributes:
-      variant: ``"dual"``, ``"full"`` or ``"hybrid"``.
-      entity_ids: ``[num_entities]`` keys; row i of :meth:`entity_embeddings` is entity i.
-      step: the checkpoint step (None when built from in-memory params).
-      config, model, params, tokenizer: the run's config, Flax module, params and tokenizer.
-    """
+    default_normalize = False
+    block_rows = 8192
 
     def __init__(self, model: DocEntDual | DocEntFull | DocEntHybrid, params, tokenizer,
                  config: ml_collections.ConfigDict, entity_ids: Sequence[str], *,
@@ -96,14 +83,17 @@ class EntityRanker(Encoder):
         self.variant = "full" if isinstance(model, DocEntFull) else (
             "hybrid" if isinstance(model, DocEntHybrid) else "dual")
         self._layout = FullLayout.from_tokenizer(tokenizer) if self.variant == "full" else None
+        self.name, self.workdir = NAMES[self.variant], None
+        similarity = "dot" if self.variant == "full" else "cosine"
+        self.views = (View("entities", similarity, encode_kwargs=None, table=True),
+                      View("queries", similarity))
         self._query = jax.jit(self.query_fn)
         self._scores = jax.jit(self.entity_scores_fn)
 
     # -- pure functions (jittable, differentiable; for fine-tuning) -----------------------
 
     def query_fn(self, params, input_ids, attention_mask, token_type_ids) -> jax.Array:
-        """Query vectors of :meth:`query_inputs` arrays: ``[n, L]`` int32 -> ``[n, dim]``
-        float32 (Dual/Hybrid ``f(q)``; Full the head output at the entity slot)."""
+        """:meth:`query_inputs` arrays ``[n, L]`` int32 -> ``[n, dim]`` float32 query vectors."""
         if self.variant == "full":
             positions = jnp.full((input_ids.shape[0], 1), ENTITY_POSITION, jnp.int32)
             return self.model.apply({"params": params}, input_ids, attention_mask,
@@ -112,8 +102,7 @@ class EntityRanker(Encoder):
                                 token_type_ids, method=DocEntDual.encode_sentences)
 
     def entity_scores_fn(self, params, queries: jax.Array) -> jax.Array:
-        """Logits of P(e | q) for every table row: ``[n, dim]`` -> ``[n, num_rows]`` float32
-        (columns at or beyond ``num_entities`` are padding)."""
+        """Logits of P(e | q): ``[n, dim]`` -> ``[n, num_rows]`` float32 (padding columns)."""
         method = DocEntFull.entity_scores if self.variant == "full" else \
             DocEntDual.entity_scores
         return self.model.apply({"params": params}, queries, method=method)
@@ -129,18 +118,19 @@ class EntityRanker(Encoder):
         return self.model.dim
 
     def with_params(self, params) -> EntityRanker:
-        """The same ranker (model, tokenizer, ids, config) with other params."""
-        return EntityRanker(self.model, params, self.tokenizer, self.config, self.entity_ids,
-                            step=self.step, batch_size=self.default_batch_size,
-                            pad_multiple=self.pad_multiple)
+        """The same ranker with other params."""
+        out = EntityRanker(self.model, params, self.tokenizer, self.config, self.entity_ids,
+                           step=self.step, batch_size=self.default_batch_size,
+                           pad_multiple=self.pad_multiple)
+        out.workdir = self.workdir
+        return out
 
     def query_inputs(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """The variant's query layout: ``input_ids``, ``attention_mask``, ``token_type_ids``
-        ``[n, L]`` int32 (Full: ``[CLS] [MASK] [SEP] text [SEP]``; else ``[CLS] text [SEP]``).
+        """``input_ids``, ``attention_mask``, ``token_type_ids`` ``[n, L]`` int32: ``[CLS]
+        text [SEP]`` (Full: ``[CLS] [MASK] [SEP] text [SEP]``).
 
         Raises:
-          ValueError: a text that is empty or not a string. DataError-like ValueError: a
-            text with no token the vocabulary knows.
+          ValueError: an empty or non-string text, or one with no token the vocabulary knows.
         """
         texts = check_texts(texts)
         tok = tokenize(self.tokenizer, texts, sentence_length(self.config))
@@ -156,9 +146,7 @@ class EntityRanker(Encoder):
         out["input_ids"][:, ENTITY_POSITION] = layout.mask_id
         return {k: out[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
 
-    def _encode(self, texts: list[str], *, batch_size: int,
-                show_progress_bar: bool) -> np.ndarray:
-        """Query vectors of checked, non-empty texts: ``[n, dim]`` float32 (raw)."""
+    def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool) -> np.ndarray:
         inputs = self.query_inputs(texts)
         lengths = inputs["attention_mask"].sum(axis=1)
         width = inputs["input_ids"].shape[1]
@@ -175,8 +163,7 @@ class EntityRanker(Encoder):
 
     def score(self, texts: Sequence[str], *, batch_size: int | None = None,
               show_progress_bar: bool = False) -> np.ndarray:
-        """``[n, num_entities]`` float32 scores of every entity for each query (higher =
-        more relevant; see the module docstring)."""
+        """``[n, num_entities]`` float32 scores (higher = more relevant)."""
         q = self.encode(texts, batch_size=batch_size, show_progress_bar=show_progress_bar)
         if not len(q):
             return np.zeros((0, self.num_entities), np.float32)
@@ -188,8 +175,7 @@ class EntityRanker(Encoder):
     # -- ranking on the devices that hold the table ------------------------------------------
 
     def _table_scoring(self) -> tuple[table_ranking.ScoreFn, tuple, tuple]:
-        """``(score_fn, row_args, consts)`` of this variant for ``table_ranking``: the
-        functions :meth:`entity_scores_fn` computes, applied shard by shard."""
+        """``(score_fn, row_args, consts)``: :meth:`entity_scores_fn` shard by shard."""
         if self.variant == "full":
             return _full_table_scores, (self.params["entity_bias"],), ()
         if not hasattr(self, "_scale"):
@@ -204,21 +190,8 @@ class EntityRanker(Encoder):
 
     def top_k(self, texts: Sequence[str], k: int = 10, *, batch_size: int | None = None,
               show_progress_bar: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` best entities of each query, ranked where the table lies.
-
-        Every device scores its rows of the table (split over ``"model"`` when the ranker
-        was loaded onto such a mesh), keeps its best ``k``, and the candidates are merged
-        over ``"model"`` (``embedding_core.table_ranking.top_k``): the same entities and
-        scores as sorting :meth:`score`'s rows (ties: the lower entity index first).
-        Padding rows of the table never appear.
-
-        Args:
-          texts: the queries. k: entities per query (``min(k, num_entities)`` returned).
-          batch_size: queries per encoder call and per ranking call.
-
-        Returns:
-          ``(entities [n, k] int64, scores [n, k] float32)``, best first; entity ``i`` is
-          ``entity_ids[i]``.
+        """The ``min(k, num_entities)`` best entities per query, as sorting :meth:`score`'s
+        rows (ties: lower index first): ``(entities [n, k] int64, scores [n, k] float32)``.
 
         Raises:
           ValueError: ``k < 1``, empty texts (see ``encode``).
@@ -243,22 +216,9 @@ class EntityRanker(Encoder):
     def relevant_ranks(self, texts: Sequence[str], relevant: Sequence[Sequence[int]], *,
                        batch_size: int | None = None, show_progress_bar: bool = False
                        ) -> tuple[np.ndarray, np.ndarray]:
-        """The exact rank of each query's relevant entities, computed where the table lies.
-
-        Per shard of the table, the rows scoring at least as high as each relevant entity
-        are counted; the counts are summed over ``"model"``
-        (``embedding_core.table_ranking``). The ranks are those of
-        ``embedding_core.metrics.ranks_of_relevant`` on :meth:`score`'s matrix (a relevant
-        entity ranks behind every non-relevant one it ties with), without that matrix.
-
-        Args:
-          texts: ``n`` queries. relevant: per query, its relevant entity indices (at least
-            one; repeats count once).
-          batch_size: queries per encoder call and per ranking call.
-
-        Returns:
-          ``(query, rank)``: ``[n_pairs]`` int64, sorted by query then rank; ranks in
-          ``[1, num_entities]``.
+        """The ranks of ``metrics.ranks_of_relevant`` on :meth:`score`'s matrix, computed
+        shard by shard (at least one relevant entity per query; repeats count once):
+        ``(query, rank)``, ``[n_pairs]`` int64 sorted by query then rank.
 
         Raises:
           ValueError: lengths differ, a query without relevant entity or with one out of
@@ -301,19 +261,11 @@ class EntityRanker(Encoder):
 
     def iter_entity_blocks(self, block_rows: int = 8192
                            ) -> Iterator[tuple[int, list[str], np.ndarray]]:
-        """Streams the entity table in row blocks (host memory: one block at a time).
-
-        A table split over devices is read shard by shard, each block cut on the device
-        holding it (``embedding_core.export.iter_row_blocks``): the whole table is never
-        on the host nor gathered on one device.
-
-        Yields:
-          ``(start, ids, vectors)``: ``vectors [rows, dim]`` float32 = the rows of entities
-          ``start .. start + rows - 1`` (padding rows never appear), ``ids`` their keys.
-        """
+        """``(start, ids, vectors [rows, dim] float32)`` blocks of the entity table, shard by
+        shard, each cut on its device (``parallel.iter_row_blocks``); no padding rows."""
         if block_rows < 1:
             raise ValueError(f"block_rows must be positive, got {block_rows}")
-        for start, block in iter_row_blocks(self.params["entity_embeddings"],
+        for start, block in parallel.iter_row_blocks(self.params["entity_embeddings"],
                                             self.num_entities, block_rows):
             yield (start, self.entity_ids[start:start + len(block)],
                    np.asarray(block, dtype=np.float32))
@@ -323,39 +275,72 @@ class EntityRanker(Encoder):
         blocks = [b for _, _, b in self.iter_entity_blocks()]
         return np.concatenate(blocks, axis=0)
 
+    # -- serving (embedding_core.serving) ---------------------------------------------------
+
+    def export_meta(self) -> dict:
+        meta = {"encoder": self.config.model, "config": self.config.to_dict()}
+        return {**meta, "score": FULL_SCORE} if self.variant == "full" else meta
+
+    def table(self, view: str, normalize: bool):
+        """The ``entities`` view: ``(num_entities, (ids, rows) blocks)`` of ``block_rows``."""
+        return self.num_entities, ((ids, l2_normalize(v) if normalize else v)
+                                   for _, ids, v in self.iter_entity_blocks(self.block_rows))
+
+    def hf_folders(self) -> list[HFFolder]:
+        """Dual, Hybrid: ``f`` as one sentence-transformers folder (projection as a Dense
+        module); ``export_info.json`` holds the scale a (score = a * cos, same ranking).
+
+        Raises:
+          ValueError: Full (its query vector is no pooled sentence encoder).
+        """
+        if self.variant == "full":
+            raise ValueError(
+                f"{self.workdir or self.name} is a DocEnt-Full run: its query vector is the "
+                "MLM head's output at the [MASK] of '[CLS] [MASK] [SEP] query [SEP]' over the "
+                "word pieces and one token per entity, not a pooled sentence encoder, so "
+                "export-hf (Dual and Hybrid only) cannot write it; `docent-jax export "
+                "--input=QUERIES.txt` exports its entity and query vectors")
+        config, params = self.config, self.params
+        projection = params.get("projection") if int(config.projection_dim) else None
+        head = hf_export.SentenceHead(
+            pooling=config.pooling,
+            dense_kernel=None if projection is None else projection["kernel"],
+            dense_bias=None if projection is None else projection["bias"])
+        scale = float(self.model.apply({"params": params}, method=DocEntDual.scale))
+        info = {"model": self.name, "view": "queries", "step": self.step,
+                "workdir": storage.display(self.workdir) if self.workdir else None,
+                "encoder": config.model, "pooling": config.pooling,
+                "projection_dim": int(config.projection_dim), "scale": scale,
+                "normalized": False, "similarity": "cosine",
+                "entities": "entities/ (embeddings.npy, ids.txt, meta.json)"}
+        readme = hf_export.readme(
+            f"{self.name} query encoder f", "Input: a query or sentence. The entity vectors "
+            "g(e) are in entities/embeddings.npy (row i = line i of entities/ids.txt); "
+            f"score(e, q) = {scale:.4g} * cos(f(q), g(e)).\n", step=self.step)
+        return [HFFolder("", dict(
+            encoder_params=params["transformer"], encoder_config=self.model.config,
+            tokenizer=self.tokenizer, max_length=sentence_length(config), head=head,
+            info=info, readme=readme))]
+
 
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """The ``run_config.json`` of a training workdir, on today's defaults, checked.
-
-    Raises:
-      FileNotFoundError: the workdir or its run_config.json is missing (message says what).
-      ValueError: a malformed or impossible config (the file is named).
-    """
-    return configs.read_config(workdir, default.get_config, prog=PROG,
-                               required=REQUIRED_FIELDS, validate=validate_config)
+    """A workdir's saved config on today's defaults, checked (FileNotFoundError: no
+    workdir or config; ValueError: malformed or impossible, the file named)."""
+    return configs.read_config(workdir, FIELDS, prog=PROG, required=REQUIRED_FIELDS,
+                               validate=validate_config)
 
 
 def load(workdir: str | os.PathLike, *, step: int | None = None,
          mesh: Mesh | None = None) -> EntityRanker:
-    """Loads the latest (or a given) checkpoint of a training workdir.
+    """The latest (or ``step``'s) checkpoint's params (no optimizer state).
 
-    Only the checkpoint's params are restored (no optimizer, no Adam moments).
-
-    * ``mesh=None``: onto a mesh of all devices with ``model=1``; each process keeps its
-      own whole copy (``embedding_core.multihost.localize``), so that several processes
-      can each work on their slice of the queries.
-    * a ``("data", "model")`` mesh (``embedding_core.parallel.make_mesh(-1, 8)``): onto
-      that mesh with the run's logical-axis rules, the entity table (and Full's entity
-      bias) split by rows over ``"model"``, whatever mesh trained it: each device reads
-      and holds ``rows / model`` rows. ``top_k``, ``relevant_ranks`` (hence
-      ``evaluate``) and the export then work shard by shard; arrays stay global (every
-      process takes part in each call).
+    ``mesh=None``: a whole copy per process. A ``("data", "model")`` mesh: the table (and
+    Full's bias) split by rows over ``"model"``; ranking and export then work shard by shard.
 
     Raises:
-      FileNotFoundError: no workdir, ``run_config.json``, ``entity_ids.txt`` or
-        checkpoint, or (a workdir without its ``encoder/`` copy) the config's model is gone.
-      ValueError: the mesh's ``model`` size does not divide the table's rows (its
-        ``table_multiple``).
+      FileNotFoundError: no workdir, run config, ``entity_ids.txt`` or checkpoint, or (no
+        ``encoder/`` copy) the config's model is gone.
+      ValueError: the mesh's ``model`` size does not divide the table's rows.
     """
     config = read_config(workdir)
     entity_ids = read_entity_ids(storage.as_path(workdir) / ENTITY_IDS_FILE)
@@ -374,8 +359,10 @@ def load(workdir: str | os.PathLike, *, step: int | None = None,
         rules=configs.axis_rules(config), sizes={"heads": model.config.num_heads})
     if mesh is None:
         params = multihost.localize(params)
-    return EntityRanker(model, params, load_tokenizer(model_dir), config, entity_ids,
-                        step=restored_step)
+    ranker = EntityRanker(model, params, load_tokenizer(model_dir), config, entity_ids,
+                          step=restored_step)
+    ranker.workdir = workdir
+    return ranker
 
 
 __all__ = ["EntityRanker", "load", "read_config"]

@@ -1,8 +1,6 @@
-"""BERT-style masking of DocEnt-Full and -Hybrid batches, inside the jitted loss.
-
-Masks are drawn in JAX from the step key over the global array, so they depend only on
-(seed, step, batch): a resumed run and any mesh draw the same masks (``docs/docent.md``).
-"""
+"""BERT-style masking of DocEnt-Full and -Hybrid batches inside the jitted loss, drawn from
+the step key over the global array: the same masks on a resume and on any mesh
+(``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -21,20 +19,11 @@ class MaskingConfig:
     """How word pieces and entity tokens are masked.
 
     Attributes:
-      mask_token_id: id of ``[MASK]`` (103 for BERT uncased vocabularies).
-      word_vocab_size: word-piece vocabulary size; ids at or above it are entity tokens.
+      word_vocab_size: ids at or above it are entities.
       special_token_ids: ids never masked (``[CLS]``, ``[SEP]``, ``[PAD]``, ``[MASK]``).
-      word_mask_rate: expected fraction of a sentence's maskable word pieces that are
-        predicted (BERT 0.15).
-      entity_mask_rate: probability that an example's entity token is replaced by
-        ``[MASK]`` and predicted (DocEnt-Full only; the paper's footnote 5 calls the relative
-        masking frequency of entities a hyperparameter; 0.15 treats it like any token).
-      max_predictions: most predicted word pieces per sequence (BERT's
-        ``max_predictions_per_seq``, 20 for 128 tokens); bounds the ``[batch, P, vocab]``
-        logits.
-      mask_prob, random_prob: BERT's 80/10/10 rule: of the selected word pieces
-        ``mask_prob`` become ``[MASK]``, ``random_prob`` a uniformly random word piece and the
-        rest are kept unchanged (still predicted).
+      word_mask_rate: expected share of the maskable word pieces predicted (BERT 0.15).
+      entity_mask_rate: P(an example's entity token becomes ``[MASK]`` and is predicted).
+      mask_prob, random_prob: BERT's 80/10/10 rule for the selected word pieces.
     """
 
     mask_token_id: int
@@ -63,8 +52,7 @@ class MaskingConfig:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, **fields: Any) -> MaskingConfig:
-        """Reads ``[MASK]``, the special tokens and the vocabulary size from a BERT
-        ``tokenizers.Tokenizer``; ``fields`` set the rates and limits.
+        """From a BERT ``tokenizers.Tokenizer``; ``fields`` set the rates and limits.
 
         Raises:
           ValueError: the tokenizer has no ``[MASK]`` token.
@@ -81,15 +69,9 @@ class MaskingConfig:
 
 
 class MaskedTokens(NamedTuple):
-    """Word-piece masking of a batch.
-
-    Attributes:
-      input_ids: ``[batch, seq_len]`` int32 ids after the 80/10/10 replacement.
-      positions: ``[batch, P]`` int32 positions of the predictions (slots with weight 0 point
-        at an arbitrary position and are ignored).
-      labels: ``[batch, P]`` int32 original ids at ``positions``.
-      weights: ``[batch, P]`` float32, 1 for a prediction, 0 for an unused slot.
-    """
+    """Word-piece masking of a batch: ``input_ids`` ``[batch, seq_len]`` int32 after the
+    80/10/10 replacement; ``positions``, ``labels`` (original ids) ``[batch, P]`` int32;
+    ``weights`` ``[batch, P]`` float32 (0: an unused slot, its position arbitrary)."""
 
     input_ids: jax.Array
     positions: jax.Array
@@ -99,8 +81,7 @@ class MaskedTokens(NamedTuple):
 
 def maskable_word_pieces(input_ids: jax.Array, attention_mask: jax.Array,
                          masking: MaskingConfig) -> jax.Array:
-    """``[batch, seq_len]`` bool: real tokens that are word pieces and not special tokens
-    (so never ``[CLS]``, ``[SEP]``, padding or an entity token)."""
+    """``[batch, seq_len]`` bool: real, non-special word pieces (no entity token)."""
     input_ids = jnp.asarray(input_ids)
     ok = (jnp.asarray(attention_mask) != 0) & (input_ids < masking.word_vocab_size)
     for special in masking.special_token_ids:
@@ -110,23 +91,12 @@ def maskable_word_pieces(input_ids: jax.Array, attention_mask: jax.Array,
 
 def mask_word_pieces(rng: jax.Array, input_ids: jax.Array, maskable: jax.Array,
                      masking: MaskingConfig) -> MaskedTokens:
-    """BERT masked-LM corruption (Devlin et al. 2019, sec. 3.1, appendix A.1).
-
-    Per sequence with ``n`` maskable tokens, ``k = min(floor(n * rate + u), P, n)`` with
-    ``u ~ U[0, 1)`` positions are drawn uniformly without replacement (stochastic rounding:
-    ``E[k] = n * rate`` exactly unless the ``P = max_predictions`` cap binds; BERT's data
-    script uses ``round``); each is replaced by ``[MASK]`` (``mask_prob``), a uniformly
-    random word piece (``random_prob``) or kept.
-
-    Args:
-      rng: PRNG key.
-      input_ids: ``[batch, seq_len]`` int32.
-      maskable: ``[batch, seq_len]`` bool, e.g. :func:`maskable_word_pieces`.
-      masking: rates and ids.
-
-    Returns:
-      :class:`MaskedTokens` with ``P = min(max_predictions, seq_len)`` slots.
-    """
+    """BERT masked-LM corruption (Devlin et al. 2019, sec. 3.1, appendix A.1) of
+    ``[batch, seq_len]`` ids where ``maskable``: per sequence of ``n`` maskable tokens,
+    ``k = min(floor(n * rate + u), P, n)``, ``u ~ U[0, 1)`` (``E[k] = n * rate`` unless the
+    cap binds; BERT rounds), positions uniform without replacement, each ``[MASK]``
+    (``mask_prob``), a random word piece (``random_prob``) or kept. Returns
+    :class:`MaskedTokens` with ``P = min(max_predictions, seq_len)`` slots."""
     input_ids, maskable = jnp.asarray(input_ids), jnp.asarray(maskable)
     batch, seq_len = input_ids.shape
     slots = min(masking.max_predictions, seq_len)
@@ -156,19 +126,10 @@ def mask_word_pieces(rng: jax.Array, input_ids: jax.Array, maskable: jax.Array,
 
 def mask_entity_tokens(rng: jax.Array, input_ids: jax.Array,
                        masking: MaskingConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Replaces the entity token (position :data:`ENTITY_POSITION`) by ``[MASK]`` with
-    probability ``entity_mask_rate`` per example (always ``[MASK]``: no 80/10/10 rule for
-    entities, our reading of the paper's "masking and predicting this token").
-
-    Args:
-      rng: PRNG key.
-      input_ids: ``[batch, seq_len]`` int32 DocEnt-Full inputs.
-
-    Returns:
-      ``(input_ids, labels, weights)``: corrupted ``[batch, seq_len]`` int32 ids, ``[batch]``
-      int32 union-vocabulary ids of the entity tokens, ``[batch]`` float32 1 where the
-      entity is masked (rows without an entity token, e.g. padding rows, never are).
-    """
+    """The entity token (position :data:`ENTITY_POSITION`) of ``[batch, seq_len]`` Full
+    inputs becomes ``[MASK]`` with probability ``entity_mask_rate`` (no 80/10/10: our
+    reading). Returns ``(ids, labels [batch] int32 union ids, weights [batch] float32)``;
+    a row without an entity token (padding) is never masked."""
     input_ids = jnp.asarray(input_ids)
     labels = input_ids[:, ENTITY_POSITION]
     draw = jax.random.uniform(rng, labels.shape) < masking.entity_mask_rate

@@ -1,35 +1,13 @@
-"""DocEnt's Flax modules: DocEnt-Dual, DocEnt-Full and DocEnt-Hybrid (``docs/docent.md``).
+"""DocEnt's Flax modules (``docs/docent.md``).
 
-**DocEnt-Dual** (Zemlyanskiy et al., EACL 2021, sec. 3.1) is RELIC (Ling et al. 2020,
-"Learning Cross-Context Entity Representations from Text") trained on all sentences of an
-entity's documents: an entity e has a free vector ``g(e)`` (a row of a table), a sentence s
-is encoded by BERT as ``f(s)`` (its [CLS] state, or the mean over its tokens, optionally
-through a linear projection), and
-
-    score(e, s) = a * cos(g(e), f(s)),      P(e | s) = softmax_e score(e, s)
-
-over in-batch entities or the whole table (``docent_jax.loss``). The DocEnt paper gives the
-plain cosine; RELIC multiplies it by a *learned* scalar a (our reading of Ling et al. 2020).
-``learn_scale`` chooses learned (default, RELIC) or fixed; a starts at ``scale_init`` (our
-choice, 20) and is parameterised as ``exp(log_scale)`` so it stays positive.
-
-The table carries the logical axes ``("entities", "embed")``; the project's rules shard its
-rows over the ``"model"`` mesh axis, so a table of millions of entities never sits whole
-on one device. Its row count is padded to a multiple of ``table_multiple`` (so that any
-model-axis size dividing that multiple shards it evenly); padded rows are never targets and
-are masked out of the full-vocabulary softmax.
-
-**DocEnt-Full** (sec. 3): BERT whose input vocabulary is extended by one token per entity.
-The input is ``[CLS] <entity> [SEP] sentence [SEP]`` (``docent_jax.data.
-full_inputs_from_tokens``); word pieces and the entity token are masked and predicted by
-one tied MLM head over the union vocabulary. As in the released TF1 patch (google-research
-``docent``) the entity rows are a second table of hidden width, concatenated after the
-word-piece table, with their own output bias; the pretrained checkpoint loads unchanged
-into the word-piece part and entity rows start from a truncated normal (std 0.02).
-
-**DocEnt-Hybrid**: the dual-encoder layout (entity table ``g(e)``, BERT sentence encoder
-``f(s)`` on the sentence alone) plus an MLM head whose input for every masked word piece is
-``[f(s_-J)_t ; g(e)]``, so entity vectors must help predict their text.
+* Dual (sec. 3.1, RELIC by Ling et al. 2020): a table row ``g(e)`` per entity, ``f(s)`` the
+  [CLS] (or mean) state, optionally projected; ``score(e, s) = a * cos(g(e), f(s))`` with
+  ``a = exp(log_scale)`` learned from ``scale_init`` (``learn_scale``, our reading). The
+  table's rows (logical ``("entities", "embed")``) are padded to ``table_multiple``.
+* Full (sec. 3): one input token per entity, ``[CLS] <entity> [SEP] sentence [SEP]``, a tied
+  MLM head over ``[word pieces; entities]``; the entity rows are a second table with its own
+  bias (as the released TF1 patch), truncated normal std 0.02.
+* Hybrid: Dual plus an MLM head on ``[f(s_-J)_t ; g(e)]`` for every masked word piece.
 """
 
 from __future__ import annotations
@@ -47,55 +25,37 @@ from embedding_core.encoders import EncoderConfig, TransformerEncoder
 from embedding_core.inference import masked_mean
 from embedding_core.losses import cosine_similarity_matrix
 
-PRETRAINED_PATH = ("transformer",)
-"""Where the pretrained BERT weights go in every DocEnt model's parameter tree (for
-``training.create_sharded_state(pretrained={PRETRAINED_PATH: params})``)."""
-ENTITY_PARAMS = ("entity_embeddings", "entity_bias", "log_scale")
-"""Top-level parameters of the entity side (optimised with ``entity_learning_rate``)."""
-MLM_HEAD_PARAMS = ("mlm_transform", "word_bias", "entity_bias")
-"""Top-level parameters of the fresh MLM head (the only ones trained in a head warm-up)."""
-VARIANTS = ("dual", "full", "hybrid")
+PRETRAINED_PATH = ("transformer",)  # the pretrained BERT's place in every params tree
+ENTITY_PARAMS = ("entity_embeddings", "entity_bias", "log_scale")  # entity_learning_rate
+MLM_HEAD_PARAMS = ("mlm_transform", "word_bias", "entity_bias")  # trained in a head warm-up
+NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
 ENTITY_INIT_STD = 0.02
 
 
 def dual_scores(queries: jax.Array, table: jax.Array, scale: jax.Array | float) -> jax.Array:
-    """DocEnt-Dual's (and Hybrid's) ``a * cos(q, g(e))``: ``[n, dim]`` queries and
-    ``[rows, dim]`` table rows -> ``[n, rows]`` float32 (sec. 3.1; ``docs/docent.md``)."""
+    """``a * cos(q, g(e))`` (Dual, Hybrid): ``[n, dim]``, ``[rows, dim]`` -> ``[n, rows]``
+    float32."""
     return scale * cosine_similarity_matrix(queries.astype(jnp.float32), table)
 
 
 def full_scores(t: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
-    """DocEnt-Full's entity logits ``t . g(e) + b_e``: ``[..., hidden]`` head outputs,
-    ``[rows, hidden]`` entity rows and ``[rows]`` biases -> ``[..., rows]`` float32."""
+    """Full's entity logits ``t . g(e) + b_e``: ``[..., hidden]``, ``[rows, hidden]``,
+    ``[rows]`` -> ``[..., rows]`` float32."""
     return jnp.einsum("...h,eh->...e", t.astype(jnp.float32), table.astype(jnp.float32),
                       precision=jax.lax.Precision.HIGHEST) + bias
 
 
 def table_rows(num_entities: int, multiple: int) -> int:
-    """Rows of the entity table: ``num_entities`` rounded up to a multiple of ``multiple``.
-
-    Raises:
-      ValueError: ``num_entities`` or ``multiple`` below 1.
-    """
+    """``num_entities`` rounded up to a multiple of ``multiple`` (ValueError below 1)."""
     if num_entities < 1 or multiple < 1:
         raise ValueError(f"num_entities={num_entities} and multiple={multiple} must be >= 1")
     return -(-num_entities // multiple) * multiple
 
 
 class DocEntDual(nn.Module):
-    """RELIC-style dual encoder: entity table ``g`` and sentence encoder ``f``.
-
-    Attributes:
-      config: the BERT encoder's config.
-      num_entities: real entities (rows ``[0, num_entities)`` of the table).
-      num_rows: rows of the table (``>= num_entities``, see :func:`table_rows`).
-      projection_dim: 0 = ``f(s)`` is the pooled state (width ``hidden_size``); otherwise a
-        linear projection to this width (also the table's width).
-      pooling: ``"cls"`` (DocEnt: ``f_CLS``) or ``"mean"`` over real tokens.
-      scale_init: initial value of the scale a (> 0).
-      learn_scale: learn a (RELIC) or keep it fixed at ``scale_init``.
-      entity_init_std: std of the normal initialisation of the table (BERT's 0.02).
-    """
+    """RELIC-style dual encoder: entity table ``g`` ``[num_rows, dim]`` (rows from
+    ``num_entities`` on are padding) and sentence encoder ``f`` (``pooling`` cls | mean, then
+    a projection to ``projection_dim`` when > 0; ``dim`` is that width or the hidden size)."""
 
     config: EncoderConfig
     num_entities: int
@@ -108,7 +68,6 @@ class DocEntDual(nn.Module):
 
     @property
     def dim(self) -> int:
-        """Width of ``f(s)`` and ``g(e)``."""
         return self.projection_dim or self.config.hidden_size
 
     def setup(self):
@@ -141,8 +100,7 @@ class DocEntDual(nn.Module):
     def encode_tokens(self, input_ids: jax.Array, attention_mask: jax.Array,
                       token_type_ids: jax.Array, deterministic: bool = True
                       ) -> tuple[jax.Array, jax.Array]:
-        """``(f(s) [n, dim] float32, token states [n, seq_len, hidden])`` of ``[n, seq_len]``
-        int32 inputs (the states in the encoder's compute dtype)."""
+        """``(f(s) [n, dim] float32, states [n, seq_len, hidden] in the compute dtype)``."""
         out = self.transformer(input_ids, attention_mask, token_type_ids,
                                deterministic=deterministic)
         hidden = out.last_hidden_state.astype(jnp.float32)
@@ -153,20 +111,17 @@ class DocEntDual(nn.Module):
 
     def encode_sentences(self, input_ids: jax.Array, attention_mask: jax.Array,
                          token_type_ids: jax.Array, deterministic: bool = True) -> jax.Array:
-        """``f(s)``: ``[n, seq_len]`` int32 token ids -> ``[n, dim]`` float32 (not normalised)."""
+        """``f(s)``: ``[n, seq_len]`` int32 -> ``[n, dim]`` float32 (raw)."""
         return self.encode_tokens(input_ids, attention_mask, token_type_ids, deterministic)[0]
 
     def entity_scores(self, queries: jax.Array) -> jax.Array:
-        """``a * cos(q, g(e))`` for every table row: ``[n, dim]`` -> ``[n, num_rows]`` float32
-        (the logits of P(e | q); rows at or beyond ``num_entities`` are padding)."""
+        """Logits of P(e | q) for every row: ``[n, dim]`` -> ``[n, num_rows]`` float32."""
         return dual_scores(queries, self.entity_table(), self.scale())
 
     def entity_table(self) -> jax.Array:
-        """``g``: the whole ``[num_rows, dim]`` float32 table (padding rows included)."""
         return self.entity_embeddings
 
     def scale(self) -> jax.Array:
-        """The scale a, a float32 scalar."""
         if self.learn_scale:
             return jnp.exp(self.log_scale)
         return jnp.asarray(self.scale_init, jnp.float32)
@@ -174,16 +129,8 @@ class DocEntDual(nn.Module):
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  token_type_ids: jax.Array, *, deterministic: bool = True
                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Encodes a batch of sentences and returns everything a loss needs.
-
-        Args:
-          input_ids, attention_mask, token_type_ids: ``[batch, fields, seq_len]`` int32, as
-            ``data_pipelines.pipeline.make_batches`` yields them (one field: the sentence).
-
-        Returns:
-          ``(f, g, a)``: sentence vectors ``[batch * fields, dim]`` float32, the table
-          ``[num_rows, dim]`` float32 and the scale (float32 scalar).
-        """
+        """``[batch, fields, seq_len]`` int32 inputs -> ``(f [batch * fields, dim], g
+        [num_rows, dim], a)``, float32."""
         b, f, seq = input_ids.shape
         flat = [x.reshape(b * f, seq) for x in (input_ids, attention_mask, token_type_ids)]
         return (self.encode_sentences(*flat, deterministic=deterministic),
@@ -200,12 +147,8 @@ def _entity_table_init() -> nn.initializers.Initializer:
 
 
 class MLMHeadTransform(nn.Module):
-    """Dense -> GELU (exact) -> LayerNorm, in float32 (HF ``BertPredictionHeadTransform``).
-
-    Input ``[..., d_in]``; output ``[..., features]`` float32. Parameters are freshly
-    initialised (the MiniLM checkpoint ships no MLM head, no ``cls.*`` tensors); see
-    ``config.mlm_head_init`` for the optional head-only warm-up.
-    """
+    """Dense -> GELU (exact) -> LayerNorm in float32 (HF ``BertPredictionHeadTransform``):
+    ``[..., d_in]`` -> ``[..., features]``; fresh (MiniLM ships no MLM head)."""
 
     features: int
     layer_norm_eps: float = 1e-12
@@ -234,41 +177,26 @@ def _gather(hidden: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 def _zeros(module: nn.Module, name: str, axis: str, size: int) -> jax.Array:
-    """A float32 ``[size]`` parameter of zeros with logical axis ``axis`` (output biases)."""
     init = nn.with_logical_partitioning(nn.initializers.zeros_init(), (axis,))
     return module.param(name, init, (size,), jnp.float32)
 
 
 def _word_table(transformer: TransformerEncoder) -> jax.Array:
-    """The encoder's word-piece table ``[vocab, hidden]`` (the encoder must have run)."""
     return nn.unbox(transformer.variables["params"]["embeddings"]["word_embeddings"]["embedding"])
 
 
 def word_table(params: Mapping[str, Any]) -> jax.Array:
-    """The word-piece table ``[vocab, hidden]`` of a Full or Hybrid model's params (the tied
-    MLM output matrix)."""
+    """The word-piece table ``[vocab, hidden]`` of params (the tied MLM output matrix)."""
     return nn.unbox(params["transformer"]["embeddings"]["word_embeddings"]["embedding"])
 
 
 class DocEntFull(nn.Module):
-    """BERT with one extra input token per entity and a tied MLM head over the union.
+    """BERT with one input token per entity (id ``vocab_size + e``) and a tied MLM head.
 
-    Parameters: ``transformer`` (the checkpoint's encoder tree, unchanged),
-    ``entity_embeddings`` ``[num_rows, hidden]`` (logical ``("entities", "embed")``, sharded
-    like DocEnt-Dual's table; truncated normal std 0.02), ``mlm_transform`` (fresh: MiniLM
-    ships no MLM head), ``word_bias`` ``[vocab]`` and ``entity_bias`` ``[num_rows]`` (zeros).
-    Rows at or beyond ``num_entities`` are padding: never an input token, never a target,
-    masked out of every softmax.
-
-    Call: ``(input_ids, attention_mask, token_type_ids, positions)`` with ``[batch, seq_len]``
-    int32 inputs (entity ``e`` = id ``vocab_size + e``) and ``[batch, P]`` int32 positions to
-    predict; returns the dense ``[batch, P, vocab_size + num_entities]`` float32 logits (for
-    tests and small vocabularies). Training never builds them: :meth:`predict` gives the
-    head outputs and ``docent_jax.loss.full_loss`` computes the union softmax with the
-    entity part vocabulary-parallel over the ``"model"`` axis.
-
-    Raises:
-      ValueError: ``num_entities < 1`` or ``num_rows < num_entities`` (at init).
+    Params: ``entity_embeddings`` ``[num_rows, hidden]`` (rows from ``num_entities`` on are
+    padding), ``word_bias`` ``[vocab]``, ``entity_bias`` ``[num_rows]``. Call: ``[batch,
+    seq_len]`` int32 inputs, ``[batch, P]`` positions -> dense ``[batch, P, vocab +
+    num_entities]`` float32 logits (tests only). ValueError at init for bad row counts.
     """
 
     config: EncoderConfig
@@ -281,7 +209,6 @@ class DocEntFull(nn.Module):
 
     @property
     def dim(self) -> int:
-        """Width of the entity rows and of the head outputs (the hidden size)."""
         return self.config.hidden_size
 
     def setup(self):
@@ -299,63 +226,48 @@ class DocEntFull(nn.Module):
 
     def encode(self, input_ids, attention_mask, token_type_ids, *, deterministic=True,
                output_hidden_states=False):
-        """The encoder on an input that may hold entity tokens: :class:`EncoderOutput`."""
         return self.transformer(input_ids, attention_mask, token_type_ids,
                                 deterministic=deterministic,
                                 output_hidden_states=output_hidden_states,
                                 extra_token_embeddings=self.entity_embeddings)
 
     def word_table(self) -> jax.Array:
-        """The encoder's word-piece table ``[vocab, hidden]`` (call after :meth:`encode`)."""
         return _word_table(self.transformer)
 
     def predict(self, input_ids, attention_mask, token_type_ids, positions, *,
                 deterministic=True) -> jax.Array:
-        """Head outputs ``t = LN(gelu(h W + b))`` at ``positions``: ``[batch, P, hidden]``
-        float32 (the logits of token v are ``t . E_v + b_v``)."""
+        """``t = LN(gelu(h W + b))`` at ``positions``: ``[batch, P, hidden]`` float32 (token
+        v's logit is ``t . E_v + b_v``)."""
         hidden = self.encode(input_ids, attention_mask, token_type_ids,
                              deterministic=deterministic).last_hidden_state
         return self.mlm_transform(_gather(hidden, positions))
 
     def entity_scores(self, t: jax.Array) -> jax.Array:
-        """Entity logits ``t E_ent^T + b_ent``: ``[..., hidden]`` -> ``[..., num_rows]``
-        float32 (padding rows included; mask them)."""
+        """``t E_ent^T + b_ent``: ``[..., hidden]`` -> ``[..., num_rows]`` float32."""
         return full_scores(t, self.entity_embeddings, self.entity_bias)
 
     def mlm_logits(self, hidden: jax.Array) -> jax.Array:
-        """Tied head: ``t = LN(gelu(h W + b))``, ``logits = t [E_word; E_ent]^T + [b_w; b_e]``.
-
-        Input ``[..., hidden]``; output ``[..., vocab + num_entities]`` float32 (real
-        entities only). Call after the encoder has run.
-        """
+        """``t [E_word; E_ent]^T + [b_w; b_e]``, ``t = LN(gelu(h W + b))``: ``[..., hidden]``
+        -> ``[..., vocab + num_entities]`` float32 (after the encoder has run)."""
         t = self.mlm_transform(hidden)
         words = jnp.einsum("...h,vh->...v", t, self.word_table(),
                            precision=jax.lax.Precision.HIGHEST) + self.word_bias
         entities = self.entity_scores(t)[..., :self.num_entities]
         return jnp.concatenate([words, entities], axis=-1)
 
-    def __call__(self, input_ids, attention_mask, token_type_ids, positions, *,
-                 deterministic=True):
+    def __call__(self, input_ids, attention_mask, token_type_ids, positions, *, deterministic=True):
         hidden = self.encode(input_ids, attention_mask, token_type_ids,
                              deterministic=deterministic).last_hidden_state
         return self.mlm_logits(_gather(hidden, positions))
 
 
 class DocEntHybrid(DocEntDual):
-    """DocEnt-Dual (entity table ``g``, sentence encoder ``f``, learned scale) plus an MLM
-    head whose input for every masked word piece is ``[f(s_-J)_t ; g(e)]``, so entity vectors
-    must help predict their text.
+    """:class:`DocEntDual` plus an MLM head on ``[f(s_-J)_t ; g(e)]`` (``mlm_transform``
+    ``hidden + dim -> hidden``, ``word_bias``; output matrix tied to the word pieces).
 
-    Extra parameters over :class:`DocEntDual`: ``mlm_transform`` (dense
-    ``hidden + dim -> hidden``, fresh) and ``word_bias`` ``[vocab]`` (zeros); the output
-    matrix is the encoder's word-piece table (tied).
-
-    Call: ``(input_ids, attention_mask, token_type_ids, entity_ids, positions)`` with the
-    (masked) sentence alone (``[CLS] s [SEP]``, ``[batch, seq_len]`` int32), ``[batch]``
-    int32 entity ids and ``[batch, P]`` int32 positions to predict; ``clean_ids`` (the
-    unmasked sentence) gives the dual term its own encoder pass. Returns ``(f(s), logits,
-    table, a)``: ``[batch, dim]`` (of the clean sentence when given, else of the masked
-    one), ``[batch, P, vocab]``, the ``[num_rows, dim]`` table and the scale, all float32.
+    Call: the masked sentence ``[batch, seq_len]`` int32, ``entity_ids`` ``[batch]``,
+    ``positions`` ``[batch, P]``; ``clean_ids`` (unmasked) gives the dual term its own pass.
+    Returns float32 ``(f(s) [batch, dim], logits [batch, P, vocab], g [num_rows, dim], a)``.
     """
 
     def setup(self):
@@ -370,9 +282,8 @@ class DocEntHybrid(DocEntDual):
         return jnp.take(self.entity_embeddings, entity_ids, axis=0).astype(jnp.float32)
 
     def mlm_logits(self, hidden: jax.Array, entity_vectors: jax.Array) -> jax.Array:
-        """``LN(gelu([h_t ; g(e)] W + b)) E_word^T + b_w``: ``[batch, P, hidden]`` states and
-        ``[batch, dim]`` entity vectors -> ``[batch, P, vocab]`` float32 (call after the
-        encoder has run)."""
+        """``LN(gelu([h_t ; g(e)] W + b)) E_word^T + b_w``: ``[batch, P, hidden]``, ``[batch,
+        dim]`` -> ``[batch, P, vocab]`` float32 (after the encoder has run)."""
         g = jnp.broadcast_to(entity_vectors[:, None, :], hidden.shape[:-1] + (
             entity_vectors.shape[-1],))
         t = self.mlm_transform(jnp.concatenate([hidden.astype(jnp.float32), g], axis=-1))
@@ -392,15 +303,10 @@ class DocEntHybrid(DocEntDual):
 
 def build_model(config, encoder_config: EncoderConfig, num_entities: int
                 ) -> DocEntDual | DocEntFull | DocEntHybrid:
-    """The model a ``configs/*.py`` config describes (``config.variant``), for
-    ``num_entities`` entities; the table has :func:`table_rows` rows in every variant.
-
-    Raises:
-      ValueError: an unknown variant.
-    """
+    """``config.variant``'s model for ``num_entities`` (:func:`table_rows` rows; ValueError
+    for an unknown variant)."""
     if not config.dropout:
-        encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
-                                                attention_dropout_rate=0.0)
+        encoder_config = encoder_config.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"),
                                             dtype=config.dtype)
     rows = table_rows(num_entities, config.table_multiple)
@@ -413,14 +319,13 @@ def build_model(config, encoder_config: EncoderConfig, num_entities: int
     if variant == "hybrid":
         return DocEntHybrid(encoder_config, **dual)
     if variant != "dual":
-        raise ValueError(f"config.variant={variant!r}: use one of {VARIANTS}")
+        raise ValueError(f"config.variant={variant!r}: use one of {tuple(NAMES)}")
     return DocEntDual(encoder_config, **dual)
 
 
 def init_fn(model: DocEntDual | DocEntFull | DocEntHybrid, seq_len: int = 8,
             predictions: int = 2) -> Callable[[jax.Array], Any]:
-    """``rng -> boxed params`` of ``model`` on dummy inputs (for ``create_sharded_state``,
-    ``training.restore_params`` and the ``Task``'s ``init_params``)."""
+    """``rng -> boxed params`` of ``model`` on dummy inputs (the Task's ``init_params``)."""
 
     def init(rng):
         ids = jnp.zeros((1, seq_len), jnp.int32)
@@ -437,7 +342,6 @@ def init_fn(model: DocEntDual | DocEntFull | DocEntHybrid, seq_len: int = 8,
 
 
 def entity_table(params: Mapping[str, Any], num_entities: int | None = None) -> jax.Array:
-    """The learned entity vectors of any variant's params: ``[num_entities, dim]`` (all
-    rows, padding included, when ``num_entities`` is None)."""
+    """Any variant's ``[num_entities, dim]`` entity rows (all rows when None)."""
     table = nn.unbox(params["entity_embeddings"])
     return table if num_entities is None else table[:num_entities]

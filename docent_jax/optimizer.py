@@ -13,12 +13,9 @@ from embedding_core.run import default_optimizer
 
 
 def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:
-    """Multiplies the updates of top-level parameters ``name`` by ``factors[name]``.
-
-    Chained after AdamW with learning rate ``lr`` this is AdamW with ``factor * lr`` on those
-    parameters (Adam's update, weight decay included, is linear in the learning rate), with
-    a stateless transformation: no masked optimizer states to shard or checkpoint.
-    """
+    """Multiplies the updates of top-level parameters ``name`` by ``factors[name]``: after
+    AdamW at ``lr``, AdamW at ``factor * lr`` there (the update is linear in the rate),
+    stateless (no masked optimizer states to shard or checkpoint)."""
 
     def update(updates, state, params=None):
         return {key: jax.tree.map(lambda u, f=factors[key]: u * f, value) if key in factors
@@ -28,12 +25,8 @@ def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:
 
 
 def head_only_warmup(steps: int) -> optax.GradientTransformation:
-    """Zeroes the updates of every parameter but the fresh MLM head (``MLM_HEAD_PARAMS``)
-    during the first ``steps`` optimizer steps (``config.mlm_head_init="warmup"``).
-
-    The step count lives in the state, so a resumed run freezes exactly the steps the
-    uninterrupted one would have.
-    """
+    """Zeroes every update but the MLM head's (``MLM_HEAD_PARAMS``) in the first ``steps``
+    steps; the count lives in the state (a resume freezes the same steps)."""
 
     def init(params):
         return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
@@ -49,21 +42,17 @@ def head_only_warmup(steps: int) -> optax.GradientTransformation:
 
 
 def head_warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> int:
-    """Steps of the head-only warm-up: ``mlm_warmup_steps`` (Full/Hybrid with
-    ``mlm_head_init="warmup"``), at most half of the run's ``total_steps`` so that a short
-    run (``--config.num_train_steps=2``) still trains its encoder and entity table."""
+    """``mlm_warmup_steps`` (Full/Hybrid, ``mlm_head_init="warmup"``), at most half of
+    ``total_steps`` (a short run still trains its encoder and table)."""
     if config.variant == "dual" or config.mlm_head_init != "warmup":
         return 0
     return min(int(config.mlm_warmup_steps), int(total_steps) // 2)
 
 
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """The shared AdamW at ``learning_rate`` (the pretrained encoder), with the parameters
-    that start fresh at their own rates (*our choice*; the paper gives no rates): the entity
-    table, biases and scale (``ENTITY_PARAMS``) at ``entity_learning_rate`` and the MLM head
-    (``mlm_transform``, ``word_bias``) at ``mlm_head_learning_rate`` (0 = ``learning_rate``).
-    Full/Hybrid with ``mlm_head_init="warmup"`` train only the MLM head (and its biases) for
-    the first :func:`head_warmup_steps` steps."""
+    """The shared AdamW at ``learning_rate`` (the encoder); ``ENTITY_PARAMS`` at
+    ``entity_learning_rate``, the MLM head at ``mlm_head_learning_rate`` (0 = the encoder's;
+    our choice), and the head-only warm-up (:func:`head_warmup_steps`)."""
     tx, schedule = default_optimizer(config, total_steps)
     lr = float(config.learning_rate)
     rates = {name: float(config.entity_learning_rate) for name in ENTITY_PARAMS}

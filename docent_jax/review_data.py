@@ -1,30 +1,8 @@
 """DocEnt's own training data: Amazon Movies & TV reviews joined to Reviews2Movielens.
 
-``config.train_data = "amazon"`` (``docent_jax.data.load_data`` dispatches here). The paper
-(Zemlyanskiy et al., EACL 2021, sec. 4.2 and 4.4) trains on the reviews of Amazon movies:
-
-* an entity is a movie; every ASIN (edition) the mapping ``config.mapping_path`` lists is
-  aggregated into its ``canon_asin`` (``data_pipelines.reviews2movielens``), so entity ids
-  are canonical ASINs (sorted, so the same data always gives the same rows) and entity names
-  are the mapping's ``name`` of the canonical ASIN;
-* reviews whose ASIN the mapping does not list are dropped (*our choice*: the paper keeps
-  81,057 movies of which 17,131 match MovieLens, but its names for name removal are not
-  public; the mapping's names are the ones we have, so only mapped movies can have their
-  name removed);
-* the paper's filters, in order (``data_pipelines.amazon.select_entities``): reviews without
-  text are counted and skipped (2018 files hold some), exact duplicates (same reviewer,
-  movie and text, after aggregation) dropped, reviews under ``config.min_review_words``
-  words dropped, then movies with under ``config.min_reviews`` reviews dropped;
-* reviews are split into sentences (pySBD) and the movie's name is removed from them
-  (``data_pipelines.text.remove_entity_name``).
-
-Queries for zero-shot ranking come from ``config.eval_reddit_path`` (Reddit Movie Suggestions,
-``data_pipelines.reddit``) when given: a query's relevant entities are its recommended
-ASINs mapped to canonical ASINs that are entities; queries left without any are skipped and
-counted. Without a Reddit file the query list is empty.
-
-:func:`entity_movielens_ids` re-reads the mapping for the tag evaluation
-(``docent_jax.tags``): the MovieLens id of each entity.
+``config.train_data = "amazon"``: entities are canonical ASINs, reviews pass the paper's
+filters, Reddit queries rank them (Zemlyanskiy et al., EACL 2021, sec. 4.2-4.4; the steps
+and our choices: ``docs/docent_tags.md``, "Training corpus").
 """
 
 from __future__ import annotations
@@ -35,13 +13,16 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from data_pipelines import amazon, reddit, reviews2movielens
+from docent_jax.corpora import amazon, reddit, reviews2movielens
 from docent_jax.corpus import EntityData
 from embedding_core import storage
 
+# (path, size, mtime): a file as the cache sees it; mtime in ns locally, in s on gs://.
 FileKey = tuple[str, int, int]
-"""``(path, size, mtime)``: a file (local or ``gs://``) as the cache sees it (a changed file
-is re-read); mtime in ns for a local file, in s for an object."""
+
+
+def _field(config: ml_collections.ConfigDict, name: str) -> str:
+    return str(config.get(name, "") or "").strip()
 
 
 def _file_key(path: str, field: str) -> FileKey:
@@ -58,12 +39,8 @@ def _file_key(path: str, field: str) -> FileKey:
 
 def review_paths(config: ml_collections.ConfigDict) -> list[str]:
     """The review files of ``config.amazon_paths`` (comma-separated; blanks ignored).
-
-    Raises:
-      ValueError: the field is empty (the message says what to pass).
-    """
-    paths = [p.strip() for p in str(config.get("amazon_paths", "") or "").split(",")]
-    paths = [p for p in paths if p]
+    Raises ValueError, saying what to pass, when it is empty."""
+    paths = [p.strip() for p in _field(config, "amazon_paths").split(",") if p.strip()]
     if not paths:
         raise ValueError(
             "config.amazon_paths is empty: train_data=amazon needs the Amazon Movies & TV "
@@ -73,12 +50,8 @@ def review_paths(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def mapping_path(config: ml_collections.ConfigDict) -> str:
-    """``config.mapping_path``, checked to be set.
-
-    Raises:
-      ValueError: the field is empty (the message says what to pass).
-    """
-    path = str(config.get("mapping_path", "") or "").strip()
+    """``config.mapping_path``; ValueError, saying what to pass, when it is empty."""
+    path = _field(config, "mapping_path")
     if not path:
         raise ValueError(
             "config.mapping_path is empty: train_data=amazon and the tag evaluation need the "
@@ -88,17 +61,12 @@ def mapping_path(config: ml_collections.ConfigDict) -> str:
 
 
 def load_review_data(config: ml_collections.ConfigDict) -> EntityData:
-    """The Amazon review corpus a ``train_data="amazon"`` config names (module docstring).
+    """The corpus of ``amazon_paths``, ``mapping_path``, ``min_review_words``, ``min_reviews``
+    and ``eval_reddit_path`` (optional), cached per process on the files' paths, sizes and
+    mtimes and the thresholds.
 
-    Reads ``config.amazon_paths``, ``config.mapping_path``, ``config.min_review_words``,
-    ``config.min_reviews`` and, when set, ``config.eval_reddit_path``. Cached per process on the
-    files' paths, sizes and modification times and on the two thresholds.
-
-    Returns:
-      :class:`docent_jax.corpus.EntityData`: ``entity_ids`` = canonical ASINs (sorted),
-      ``entity_names`` = mapping names, ``sentences`` = ``(entity index, sentence)`` in file
-      order, ``queries`` = Reddit ``(query_full, relevant entity indices)`` or ``[]``,
-      ``description`` = what was read and every filter count.
+    Returns :class:`docent_jax.corpus.EntityData` (canonical ASINs sorted; Reddit queries
+    or ``[]``).
 
     Raises:
       ValueError: ``amazon_paths`` or ``mapping_path`` empty, thresholds below 1, no movie
@@ -108,7 +76,7 @@ def load_review_data(config: ml_collections.ConfigDict) -> EntityData:
     """
     paths = tuple(_file_key(p, "amazon_paths") for p in review_paths(config))
     mapping = _file_key(mapping_path(config), "mapping_path")
-    reddit_file = str(config.get("eval_reddit_path", "") or "").strip()
+    reddit_file = _field(config, "eval_reddit_path")
     reddit_key = _file_key(reddit_file, "eval_reddit_path") if reddit_file else None
     min_words, min_reviews = int(config.min_review_words), int(config.min_reviews)
     if min_words < 1 or min_reviews < 1:
@@ -174,14 +142,8 @@ def _reddit_queries(reddit_key: FileKey | None, vocab: amazon.EntityVocab,
 
 def entity_movielens_ids(config: ml_collections.ConfigDict,
                          entity_ids: Sequence[str]) -> list[int | None]:
-    """The MovieLens id of each entity of a ``train_data="amazon"`` run, from its mapping.
-
-    Args:
-      config: the run's config (``mapping_path`` is re-read).
-      entity_ids: canonical ASINs, e.g. ``ranker.entity_ids``.
-
-    Returns:
-      ``[len(entity_ids)]``: the id, or None for an entity the mapping does not list.
+    """The MovieLens id (None if unmapped) of each entity (canonical ASIN) of a
+    ``train_data="amazon"`` run, from its ``mapping_path`` (re-read).
 
     Raises:
       ValueError: the run was not trained on ``train_data="amazon"``, ``mapping_path`` is

@@ -1,29 +1,10 @@
 """DocEnt's MovieLens tag-prediction metrics and the frozen-embedding baselines
-(``docs/docent.md``, ``docs/docent_tags.md``).
+(sec. 5; the authors' ``MoviesHoldoutEval.ipynb``; ``docs/docent.md``, ``docs/docent_tags.md``).
 
-**MovieLens tag prediction** (sec. 5; the authors' notebooks, github urikz/docent,
-``docent/tag/closed/MoviesHoldoutEval.ipynb``, ``eval_model``):
-
-* a score matrix movie x tag (the 1,128 Tag Genome tags) and the ground-truth count of each
-  cell = number of users who applied the tag (``data_pipelines.movielens.tag_count_matrix``);
-* label = ``count > threshold`` (1 for the plain evaluation, 2 with human cross-validation);
-* over the movies with at least one positive label: Precision@K for K = 1..20 averaged over
-  the movies with at least K positives; NDCG@K with gain = raw count and with gain =
-  ``log(1 + count)`` (natural log, as the notebook's ``np.log(gain + 1)``), discount
-  ``log2(rank + 1)``, gains of *every* tag (also those with a count at or below the threshold);
-  MAP = label-ranking average precision (``sklearn.metrics.label_ranking_average_precision_
-  score``);
-* AUC = ROC-AUC over the flattened matrix of *all* movies.
-
-Ties follow ``embedding_core.metrics``: pessimistic (a relevant tag tied with a non-relevant
-one ranks after it). The notebook sorted with ``np.argsort(-scores)``, whose order among ties
-is numpy's; for tie-free model scores the two agree, for integer-valued predictors such as
-the human baseline ours is the lower bound. Where the notebook divides by ``0 + 1e-8`` (no
-movie with K positives) we return NaN.
-
-Tag fine-tuning (closed vocabulary: held-out movies; open vocabulary: held-out tags) takes
-frozen embeddings or an encoder function as arguments, so it works with any model or
-baseline.
+Label = ``count > threshold``. Over movies with a positive: P@K over movies with >= K
+positives; NDCG@K with gain = count and gain = ``ln(1 + count)`` (every tag's gain),
+discount ``log2(rank + 1)``; MAP = label-ranking AP. AUC over all cells. Ties are
+pessimistic (``embedding_core.metrics``); where the notebook divides by ``1e-8`` we give NaN.
 """
 
 from __future__ import annotations
@@ -36,12 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from data_pipelines.movielens import HumanCVFold
+from docent_jax.corpora.movielens import HumanCVFold
 from embedding_core import metrics
 from embedding_core.inference import l2_normalize
 
-DEFAULT_KS: tuple[int, ...] = tuple(range(1, 21))
-"""K = 1..20, the notebook's ``MAX_K = 20``."""
+DEFAULT_KS: tuple[int, ...] = tuple(range(1, 21))  # the notebook's MAX_K = 20
 
 
 def _matrix(x, name: str) -> np.ndarray:
@@ -51,26 +31,13 @@ def _matrix(x, name: str) -> np.ndarray:
     return arr
 
 
-def tag_metrics(
-    scores,
-    counts,
-    threshold: int = 1,
-    ks: Sequence[int] = DEFAULT_KS,
-) -> dict[str, float]:
-    """DocEnt tag-prediction metrics of one score matrix (see the module docstring).
+def tag_metrics(scores, counts, threshold: int = 1,
+                ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
+    """The metrics (module docstring) of ``[n_movies, n_tags]`` float ``scores`` (higher =
+    more relevant) against int user ``counts`` (>= 0).
 
-    Args:
-      scores: ``[n_movies, n_tags]`` float scores, higher = more relevant.
-      counts: ``[n_movies, n_tags]`` int number of users who applied each tag (>= 0).
-      threshold: a cell is positive when ``count > threshold``.
-      ks: the K of Precision@K and NDCG@K.
-
-    Returns:
-      ``map``, ``auc``, ``precision@K``, ``ndcg@K`` (gain = count), ``ndcg_log@K`` (gain =
-      ``log(1 + count)``), ``num_movies@K`` (movies with >= K positives),
-      ``movies_with_positive`` and ``positives``. Metrics that are undefined are NaN: all of
-      them when no movie has a positive, ``precision@K`` when no movie has K positives,
-      ``auc`` when every cell is positive.
+    Returns ``map``, ``auc``, ``precision@K``, ``ndcg@K``, ``ndcg_log@K``, ``num_movies@K``,
+    ``movies_with_positive``, ``positives``; undefined is NaN.
 
     Raises:
       ValueError: shapes differ, negative counts or NaN scores.
@@ -102,34 +69,15 @@ def tag_metrics(
     return out
 
 
-# ----------------------------------------------------------------------------- human baseline
 
-
-def human_baseline(
-    folds: Sequence[HumanCVFold],
-    *,
-    threshold: int = 2,
-    ks: Sequence[int] = DEFAULT_KS,
-    model_scores: Mapping[str, np.ndarray] | None = None,
-) -> dict[str, dict]:
-    """The human cross-validation: each fold's counts are the labels, the other folds'
-    counts are the "human" predictor's scores (``docs/docent.md``; folds from
-    ``data_pipelines.movielens.human_cv_folds``, users permuted with ``np.random.seed(31415)``,
-    3 folds).
-
-    Models are scored against the same fold labels (the notebook's ``eval_model(...,
-    labels=fold counts, groundtruth_threshold=2)``), so their figures compare with the
-    human's.
-
-    Args:
-      folds: the folds (``held_in`` = labels, ``others`` = human scores).
-      threshold: positive when the fold's count ``> threshold`` (2 in the paper).
-      ks: K of P@K / NDCG@K.
-      model_scores: optional ``{name: [n_movies, n_tags] scores}`` evaluated on every fold.
-
-    Returns:
-      ``{"human": {"folds": [metrics per fold], "mean": metrics}, name: {...}}`` where
-      ``mean`` is the mean over the folds on which the metric is defined (NaN if none).
+def human_baseline(folds: Sequence[HumanCVFold], *, threshold: int = 2,
+                   ks: Sequence[int] = DEFAULT_KS,
+                   model_scores: Mapping[str, np.ndarray] | None = None) -> dict[str, dict]:
+    """The human cross-validation (``movielens.human_cv_folds``): each fold's ``held_in``
+    counts are the labels (positive: ``> threshold``, the paper's 2), its ``others`` the
+    "human" scores; ``model_scores`` (``{name: [n_movies, n_tags]}``) are scored against the
+    same labels. Returns ``{"human": {"folds": [metrics per fold], "mean": metrics},
+    name: {...}}``, ``mean`` over the folds where defined (else NaN).
 
     Raises:
       ValueError: no folds, or a model's scores whose shape differs from the counts'.
@@ -151,25 +99,16 @@ def human_baseline(
 
 
 def _nanmean_dicts(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    out = {}
-    for key in rows[0]:
-        values = np.array([r[key] for r in rows], dtype=np.float64)
-        out[key] = float(np.mean(values[~np.isnan(values)])) if (~np.isnan(values)).any() \
-            else float("nan")
-    return out
+    columns = {key: np.array([r[key] for r in rows], dtype=np.float64) for key in rows[0]}
+    return {key: float(np.mean(v[~np.isnan(v)])) if (~np.isnan(v)).any() else float("nan")
+            for key, v in columns.items()}
 
-
-# ----------------------------------------------------------------------------- closed vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
 class TagHead:
-    """A linear tag classifier on frozen entity embeddings: ``logits = x W + b``.
-
-    Attributes:
-      kernel: ``[dim, n_tags]`` float32. bias: ``[n_tags]`` float32.
-      normalize: the inputs are L2-normalised before the linear layer.
-    """
+    """A linear tag classifier on frozen entity embeddings: ``logits = x W + b``, ``W``
+    ``[dim, n_tags]`` and ``b`` ``[n_tags]`` float32; ``x`` L2-normalised if ``normalize``."""
 
     kernel: np.ndarray
     bias: np.ndarray
@@ -188,30 +127,11 @@ def _prepare(embeddings, normalize: bool) -> np.ndarray:
     return l2_normalize(x) if normalize else x
 
 
-def fit_tag_head(
-    embeddings,
-    labels,
-    *,
-    steps: int = 500,
-    learning_rate: float = 1e-2,
-    weight_decay: float = 1e-4,
-    normalize: bool = True,
-) -> TagHead:
-    """Trains a logistic-regression tag head (one sigmoid per tag) with optax AdamW.
-
-    Full-batch binary cross-entropy (``optax.sigmoid_binary_cross_entropy``) on frozen
-    embeddings; weights start at zero (the problem is convex, so the result does not depend
-    on a seed). The paper fine-tunes the whole model; this is the linear-probe form of its
-    closed-vocabulary fine-tuning.
-
-    Args:
-      embeddings: ``[n, dim]`` float entity embeddings of the training movies.
-      labels: ``[n, n_tags]`` bool (or 0/1) training labels.
-      steps, learning_rate, weight_decay: optimisation; ``normalize``: L2-normalise inputs.
-
-    Returns:
-      The fitted :class:`TagHead`.
-    """
+def fit_tag_head(embeddings, labels, *, steps: int = 500, learning_rate: float = 1e-2,
+                 weight_decay: float = 1e-4, normalize: bool = True) -> TagHead:
+    """Logistic regression per tag on ``[n, dim]`` frozen ``embeddings`` and ``[n, n_tags]``
+    0/1 ``labels``: full-batch sigmoid BCE, optax AdamW, weights from zero (convex, no seed).
+    Raises ValueError for mismatched shapes."""
     x = _prepare(embeddings, normalize)
     y = np.asarray(labels, dtype=np.float32)
     if y.ndim != 2 or y.shape[0] != x.shape[0]:
@@ -244,32 +164,13 @@ def _fit(loss, params, tx, steps: int, *data):
     return run(params, *data)
 
 
-def closed_vocab_eval(
-    embeddings,
-    counts,
-    train_rows: Sequence[int],
-    test_rows: Sequence[int],
-    *,
-    threshold: int = 1,
-    train_threshold: int = 0,
-    ks: Sequence[int] = DEFAULT_KS,
-    **fit_options,
-) -> dict:
-    """Closed-vocabulary tag prediction: fit a tag head on training movies, score held-out
-    movies (the paper held out 1,000 movies).
-
-    Args:
-      embeddings: ``[n_movies, dim]`` frozen entity embeddings (any model, any baseline).
-      counts: ``[n_movies, n_tags]`` int user counts.
-      train_rows, test_rows: disjoint row indices.
-      threshold: evaluation labels ``count > threshold``.
-      train_threshold: training labels ``count > train_threshold`` (default 0: every tag
-        applied by some user is a training positive, the denser signal).
-      fit_options: passed to :func:`fit_tag_head`.
-
-    Returns:
-      ``{"metrics": tag_metrics on the test rows, "scores": [n_test, n_tags] float32,
-      "head": TagHead}``.
+def closed_vocab_eval(embeddings, counts, train_rows: Sequence[int], test_rows: Sequence[int], *,
+                      threshold: int = 1, train_threshold: int = 0, ks: Sequence[int] = DEFAULT_KS,
+                      **fit_options) -> dict:
+    """Closed vocabulary, linear probe: :func:`fit_tag_head` (``fit_options``) on ``[n_movies,
+    dim]`` frozen ``embeddings`` of ``train_rows`` with labels ``count > train_threshold``,
+    scored on ``test_rows`` with labels ``count > threshold``. Returns ``{"metrics",
+    "scores": [n_test, n_tags] float32, "head": TagHead}``.
 
     Raises:
       ValueError: overlapping or out-of-range rows, mismatched shapes.
@@ -279,12 +180,16 @@ def closed_vocab_eval(
     train, test = _rows(train_rows, len(c)), _rows(test_rows, len(c))
     if x.shape[0] != c.shape[0]:
         raise ValueError(f"embeddings have {x.shape[0]} rows, counts {c.shape[0]}")
-    if np.intersect1d(train, test).size:
-        raise ValueError("train_rows and test_rows overlap: held-out movies would leak")
+    check_disjoint(train, test, "train_rows and test_rows", "movies")
     head = fit_tag_head(x[train], c[train] > train_threshold, **fit_options)
     scores = head.scores(x[test])
-    return {"metrics": tag_metrics(scores, c[test], threshold, ks), "scores": scores,
-            "head": head}
+    return {"metrics": tag_metrics(scores, c[test], threshold, ks), "scores": scores, "head": head}
+
+
+def check_disjoint(a, b, names: str, what: str) -> None:
+    """Raises ValueError when index arrays ``a`` and ``b`` share an item."""
+    if np.intersect1d(a, b).size:
+        raise ValueError(f"{names} overlap: held-out {what} would leak")
 
 
 def _rows(rows: Sequence[int], n: int) -> np.ndarray:
@@ -298,45 +203,18 @@ def _rows(rows: Sequence[int], n: int) -> np.ndarray:
     return r
 
 
-# ----------------------------------------------------------------------------- open vocabulary
 
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return _prepare(a, True) @ _prepare(b, True).T
-
-
-def open_vocab_eval(
-    entity_embeddings,
-    tag_texts: Sequence[str],
-    encode_texts: Callable[[list[str]], np.ndarray],
-    counts,
-    heldout_tags: Sequence[int],
-    *,
-    threshold: int = 1,
-    ks: Sequence[int] = DEFAULT_KS,
-    fit_steps: int = 0,
-    learning_rate: float = 1e-2,
-) -> dict:
-    """Open-vocabulary tag prediction: held-out tags are scored through the text side.
-
-    Each held-out tag's text is encoded by ``encode_texts`` (the model's sentence encoder,
-    e.g. DocEnt-Dual's ``f``) and a movie's score is ``cos(x_movie, f(tag))`` (the paper's
-    Boolean-QA-like task: the test tags' labels are never seen). With ``fit_steps > 0`` the
-    remaining (training) tags first fit a linear map ``A`` (initialised to the identity) and
-    a scalar scale and bias, ``logit = a * cos(A x_movie, f(tag)) + b`` with binary
-    cross-entropy on ``count > 0``, all movies; held-out tags are then scored with
-    ``cos(A x, f(tag))``: a frozen-encoder form of the paper's fine-tuning on the other
-    tags. Entity and text vectors must share a width.
-
-    Args:
-      entity_embeddings: ``[n_movies, dim]``.
-      tag_texts: ``n_tags`` tag strings, in the columns' order.
-      encode_texts: ``list[str] -> [n, dim]`` array.
-      counts: ``[n_movies, n_tags]`` int user counts.
-      heldout_tags: column indices of the evaluation tags (the paper: 500).
-
-    Returns:
-      ``{"metrics": tag_metrics over the held-out columns, "scores": [n_movies, n_heldout]}``.
+def open_vocab_eval(entity_embeddings, tag_texts: Sequence[str],
+                    encode_texts: Callable[[list[str]], np.ndarray], counts,
+                    heldout_tags: Sequence[int], *, threshold: int = 1,
+                    ks: Sequence[int] = DEFAULT_KS, fit_steps: int = 0,
+                    learning_rate: float = 1e-2) -> dict:
+    """Open vocabulary: a movie's score for held-out tag ``j`` is ``cos(x_movie, f(tag_j))``,
+    ``f`` = ``encode_texts`` (``list[str] -> [n, dim]``, the width of ``[n_movies, dim]``
+    ``entity_embeddings``). With ``fit_steps > 0`` the other tags first fit
+    ``logit = a * cos(A x, f(tag)) + b`` (``A`` from the identity; BCE on ``count > 0``) and
+    held-out tags are scored with ``cos(A x, f(tag))``. Returns ``{"metrics", "scores":
+    [n_movies, n_heldout]}``.
 
     Raises:
       ValueError: mismatched shapes, bad indices, or an encoder output of the wrong shape.
@@ -358,7 +236,7 @@ def open_vocab_eval(
     if fit_steps > 0:
         train = np.setdiff1d(np.arange(c.shape[1]), held)
         x = _fit_projection(x, encode(train), c[:, train] > 0, fit_steps, learning_rate)
-    scores = _cosine(x, encode(held))
+    scores = _prepare(x, True) @ _prepare(encode(held), True).T
     return {"metrics": tag_metrics(scores, c[:, held], threshold, ks), "scores": scores}
 
 

@@ -1,35 +1,10 @@
-"""Fine-tuning a trained DocEnt model on MovieLens tags (*our choice*; ``docs/docent_tags.md``).
+"""Fine-tuning a trained DocEnt model on MovieLens tags (*our choice*: the paper, sec. 5,
+does not say how; ``docs/docent_tags.md``, "Fine-tuning").
 
-The paper (Zemlyanskiy et al., EACL 2021, sec. 5) fine-tunes the whole model for tag
-prediction but does not say how, and the released code does not show it. Our reading:
-
-* a tag's text is a query. The model's own query -> entity scorer gives the logit
-  ``score(tag, movie)``:
-  - Dual and Hybrid: ``a * cos(f(tag), g(movie))``;
-  - Full: the entity-slot logit ``t(tag) . g(movie) + b_movie``.
-  These come from ``ranker.query_fn`` and ``ranker.entity_scores_fn``, the pure functions
-  of ``docent_jax.inference.EntityRanker``.
-* A *head* adds, per head row ``h``, a query offset ``delta_h`` (``[dim]``, starts at 0) and
-  a bias ``b_h``: ``logit = score_with(f(tag) + delta_h, movie) + b_h``.
-  - Closed vocabulary: one row per tag.
-  - Open vocabulary: one row shared by all tags, since held-out tags cannot have rows.
-  - Each bias starts *calibrated*: the log-odds of its rows' training positive rate, minus
-    their mean untuned score. So the first steps do not go into learning the base rate.
-* Everything is trained jointly with sigmoid binary cross-entropy on the training block:
-  the encoder, the entity table, the scale or bias, and the head.
-  - Optimiser: optax AdamW with three learning rates:
-    - the encoder's;
-    - the entity parameters' (``docent_jax.model.ENTITY_PARAMS``), in the training run's
-      ratio ``entity_learning_rate / learning_rate``;
-    - the head's.
-  - Weight decay only on the encoder's matrices. So an entity row without gradient stays
-    exactly as trained (Adam's update of a zero gradient is 0).
-  - Each step takes a minibatch of tags, drawn from seeded permutations of the training
-    tags, and scores them against every training movie.
-
-With a free entity table, a held-out movie's row gets no gradient in the closed setting
-(its column is never in the loss): only the encoder, the scale and the head transfer to
-held-out movies.
+A tag's text is a query of the model's own scorer (``ranker.query_fn``,
+``ranker.entity_scores_fn``); a head row ``h`` adds an offset and a bias:
+``logit = score_with(f(tag) + delta_h, movie) + b_h``, one row per tag (closed vocabulary)
+or one shared row (open). The model and the head train jointly with sigmoid BCE and AdamW.
 """
 
 from __future__ import annotations
@@ -44,33 +19,24 @@ import ml_collections
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
 
 from docent_jax.model import ENTITY_PARAMS
+from docent_jax.tag_eval import check_disjoint
 
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneSettings:
-    """How the tag fine-tuning runs (``tag_*`` fields of ``docent_jax/configs/default.py``).
+    """How the tag fine-tuning runs (the ``tag_*`` config fields)."""
 
-    Attributes:
-      steps: optimizer steps per setting.
-      batch_size: tags per step (capped at the number of training tags).
-      learning_rate: AdamW rate of the encoder (and every non-entity model parameter).
-      entity_learning_rate: AdamW rate of the entity table, entity biases and scale.
-      head_learning_rate: AdamW rate of the head's offsets and biases.
-      weight_decay: decoupled weight decay on the encoder's matrices (nothing else).
-      seed: order of the tag minibatches.
-      progress: a tqdm bar over the steps.
-    """
-
-    steps: int = 300
-    batch_size: int = 64
-    learning_rate: float = 3e-5
-    entity_learning_rate: float = 1e-3
-    head_learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    seed: int = 0
-    progress: bool = False
+    steps: int = 300  # optimizer steps per setting
+    batch_size: int = 64  # tags per step (capped at the training tags)
+    learning_rate: float = 3e-5  # AdamW: the encoder and every non-entity model parameter
+    entity_learning_rate: float = 1e-3  # the entity table, entity biases and scale
+    head_learning_rate: float = 1e-3  # the head's offsets and biases
+    weight_decay: float = 0.0  # decoupled, on the encoder's matrices only
+    seed: int = 0  # order of the tag minibatches
+    progress: bool = False  # a tqdm bar over the steps
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, *,
@@ -89,18 +55,11 @@ class FinetuneSettings:
 
 @dataclasses.dataclass
 class FinetuneResult:
-    """One fine-tuned setting.
-
-    Attributes:
-      scores: ``[n_movies, n_tags]`` float32 logits of the evaluation block after
-        fine-tuning (held-out movies x all tags, or all movies x held-out tags).
-      zero_shot: the same block from the untuned model without head (its raw scores).
-      params: the fine-tuned model params (same tree as ``ranker.params``).
-      head: ``{"offset": [rows, dim], "bias": [rows]}`` float32 numpy arrays.
-      loss_before, loss_after: mean binary cross-entropy over the whole training block,
-        with the calibrated head before fine-tuning, and after.
-      step_losses: ``[steps]`` float32 minibatch losses.
-    """
+    """One fine-tuned setting: ``scores`` ``[n_movies, n_tags]`` float32 logits of the
+    evaluation block, ``zero_shot`` the untuned model's raw scores of it, the tuned
+    ``params`` and ``head`` (``{"offset": [rows, dim], "bias": [rows]}`` float32), the mean
+    BCE over the training block with the calibrated head before and after, and the
+    ``[steps]`` float32 minibatch losses."""
 
     scores: np.ndarray
     zero_shot: np.ndarray
@@ -112,17 +71,9 @@ class FinetuneResult:
 
 
 class TagScorer:
-    """Scores tag texts against entity columns with a ranker's pure functions.
-
-    It keeps one compiled scoring function (``[batch, L]`` tokens plus ``[batch, dim]``
-    query offsets -> ``[batch, num_rows]`` logits) and one training step. The step compiles
-    once per label shape, for any learning rates. The closed and open settings, and later
-    evaluations of the same ranker (:meth:`for_ranker`), share them.
-
-    Args:
-      ranker: a ``docent_jax.inference.EntityRanker`` (the contract: ``query_fn``,
-        ``entity_scores_fn``, ``query_inputs``, ``params``, ``dim``, ``num_entities``).
-      batch_size: tags per compiled call.
+    """Scores tag texts against entity columns with a ranker's pure functions: one compiled
+    scorer (``[batch, L]`` tokens + ``[batch, dim]`` offsets -> ``[batch, num_rows]``
+    logits) and one training step (compiled once per label shape), shared by both settings.
     """
 
     def __init__(self, ranker, batch_size: int):
@@ -141,11 +92,7 @@ class TagScorer:
 
     @classmethod
     def for_ranker(cls, ranker, batch_size: int) -> TagScorer:
-        """The scorer of ``ranker`` for ``batch_size``, kept on the ranker object.
-
-        So a second evaluation of the same loaded ranker reuses the compiled programs, and
-        they are freed with the ranker.
-        """
+        """The scorer of ``ranker`` for ``batch_size``, kept on (and freed with) the ranker."""
         cache = ranker.__dict__.setdefault("_tag_scorers", {})
         if batch_size not in cache:
             cache[batch_size] = cls(ranker, batch_size)
@@ -160,22 +107,13 @@ class TagScorer:
         return self._inputs[key]
 
     def raw_scores(self, params, texts: Sequence[str], offsets: np.ndarray,
-                   column_sets: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Logits without bias of every text against several column sets.
-
-        Args:
-          params: model params.
-          texts: ``n`` tag texts.
-          offsets: ``[n, dim]`` float32 query offsets (zeros for the untuned scorer).
-          column_sets: entity indices, each ``[c_k]`` int in ``[0, num_entities)``.
-
-        Returns:
-          One ``[n, c_k]`` float32 array per column set.
-        """
+                   columns: np.ndarray) -> np.ndarray:
+        """Logits without bias, ``[n, c]`` float32, of ``n`` texts with ``[n, dim]`` float32
+        query ``offsets`` against ``[c]`` entity ``columns``."""
         inputs = self.inputs(texts)
         n, b = len(texts), self.batch_size
         offsets = np.asarray(offsets, np.float32)
-        outs: list[list[np.ndarray]] = [[] for _ in column_sets]
+        out = []
         for start in range(0, n, b):
             rows = np.arange(start, min(start + b, n))
             # Fixed batch shape (one compile): pad by repeating the first row.
@@ -183,13 +121,11 @@ class TagScorer:
             block = np.asarray(jax.device_get(self._raw(
                 params, inputs["input_ids"][padded], inputs["attention_mask"][padded],
                 inputs["token_type_ids"][padded], offsets[padded])))[:len(rows)]
-            for out, cols in zip(outs, column_sets, strict=True):
-                out.append(block[:, cols])
-        return [np.concatenate(o, axis=0).astype(np.float32) for o in outs]
+            out.append(block[:, columns])
+        return np.concatenate(out, axis=0).astype(np.float32)
 
     def step_fn(self):
-        """The jitted training step (one for every setting: the learning rates live in the
-        optimiser state, see :func:`make_optimizer`)."""
+        """The jitted training step, one for every setting (:func:`make_optimizer`)."""
         if self._step is None:
             self._step = _make_step(self.ranker, make_optimizer(FinetuneSettings()))
         return self._step
@@ -203,13 +139,9 @@ def _group(path, _leaf) -> str:
 
 
 def make_optimizer(settings: FinetuneSettings) -> optax.GradientTransformation:
-    """AdamW per parameter group of ``{"model": params, "head": head}``.
-
-    The groups are ``"encoder"`` (weight decay on matrices), ``"entity"`` (the top-level
-    ``ENTITY_PARAMS``) and ``"head"``. Rates and weight decays are injected hyperparameters
-    (``optax.inject_hyperparams``): they live in the optimiser state, so one compiled step
-    serves every setting.
-    """
+    """AdamW per group of ``{"model": params, "head": head}``: ``"encoder"`` (weight decay on
+    matrices), ``"entity"`` (``ENTITY_PARAMS``), ``"head"``. Rates and decays are injected
+    hyperparameters, in the optimiser state, so one compiled step serves every setting."""
     adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))
     return optax.multi_transform(
         {"encoder": adamw(learning_rate=settings.learning_rate,
@@ -229,11 +161,8 @@ def _placement(params) -> jax.sharding.Sharding:
 
 
 def _pin(tree, place: jax.sharding.Sharding):
-    """Commits every leaf not already on ``place``'s devices to ``place``.
-
-    The training step then sees the same input shardings on every call (its outputs are
-    pinned to them too), so it compiles once.
-    """
+    """Commits every leaf not already on ``place``'s devices to ``place``, so the step sees
+    the same input shardings on every call and compiles once."""
 
     def put(x):
         s = getattr(x, "sharding", None)
@@ -253,9 +182,8 @@ def _make_step(ranker, tx: optax.GradientTransformation):
         logits = logits + head["bias"][head_index][:, None]
         return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, labels))
 
-    def step(trainable, opt_state, ids, mask, types, head_index, columns, labels):
-        loss, grads = jax.value_and_grad(loss_fn)(trainable, ids, mask, types, head_index,
-                                                  columns, labels)
+    def step(trainable, opt_state, *batch):
+        loss, grads = jax.value_and_grad(loss_fn)(trainable, *batch)
         updates, opt_state = tx.update(grads, opt_state, trainable)
         return optax.apply_updates(trainable, updates), opt_state, loss
 
@@ -274,8 +202,7 @@ def _make_step(ranker, tx: optax.GradientTransformation):
 
 def bce(logits: np.ndarray, labels: np.ndarray) -> float:
     """Mean sigmoid binary cross-entropy in float64 (numerically stable)."""
-    x = np.asarray(logits, np.float64)
-    y = np.asarray(labels, np.float64)
+    x, y = np.asarray(logits, np.float64), np.asarray(labels, np.float64)
     return float(np.mean(np.logaddexp(0.0, x) - y * x))
 
 
@@ -297,22 +224,11 @@ def finetune(scorer: TagScorer, texts: Sequence[str], head_index: np.ndarray, he
              labels: np.ndarray, columns: np.ndarray, settings: FinetuneSettings,
              eval_texts: Sequence[str], eval_head_index: np.ndarray,
              eval_columns: np.ndarray, *, desc: str = "tag fine-tuning") -> FinetuneResult:
-    """Fine-tunes ``scorer.ranker`` on one labelled block and scores an evaluation block.
+    """Fine-tunes ``scorer.ranker`` on ``n`` training ``texts`` (``[n]`` int ``head_index``
+    into ``head_rows``; ``[n, c]`` bool ``labels`` against the ``[c]`` entity ``columns``) and
+    scores the evaluation block.
 
-    Args:
-      scorer: a :class:`TagScorer`.
-      texts: the ``n`` training tag texts.
-      head_index: ``[n]`` int head row of each training text.
-      head_rows: rows of the head.
-      labels: ``[n, c]`` bool training labels (text x movie).
-      columns: ``[c]`` int entity index of each label column.
-      settings: rates, steps, batch and seed.
-      eval_texts, eval_head_index, eval_columns: the block to score afterwards.
-      desc: the progress bar's label.
-
-    Returns:
-      :class:`FinetuneResult`. Its ``scores`` and ``zero_shot`` are ``[len(eval_columns),
-      len(eval_texts)]`` (movies x tags).
+    Returns :class:`FinetuneResult`, ``scores`` ``[len(eval_columns), len(eval_texts)]``.
 
     Raises:
       ValueError: shapes that disagree, no training text, a head index out of range.
@@ -333,10 +249,9 @@ def finetune(scorer: TagScorer, texts: Sequence[str], head_index: np.ndarray, he
         if cols.size and (cols.min() < 0 or cols.max() >= ranker.num_entities):
             raise ValueError(f"columns must be entity indices in [0, {ranker.num_entities})")
     dim = int(ranker.dim)
-    zeros, eval_zeros = np.zeros((n, dim), np.float32), np.zeros((len(eval_texts), dim),
-                                                                 np.float32)
-    raw_train, = scorer.raw_scores(ranker.params, texts, zeros, [columns])
-    zero_shot, = scorer.raw_scores(ranker.params, eval_texts, eval_zeros, [eval_columns])
+    raw_train = scorer.raw_scores(ranker.params, texts, np.zeros((n, dim), np.float32), columns)
+    zero_shot = scorer.raw_scores(ranker.params, eval_texts,
+                                  np.zeros((len(eval_texts), dim), np.float32), eval_columns)
     head = {"offset": jnp.zeros((head_rows, dim), jnp.float32),
             "bias": jnp.asarray(_calibrated_bias(raw_train, labels, head_index, head_rows))}
     loss_before = bce(raw_train + np.asarray(head["bias"])[head_index][:, None], labels)
@@ -351,25 +266,24 @@ def finetune(scorer: TagScorer, texts: Sequence[str], head_index: np.ndarray, he
     order = _minibatches(n, batch, settings.steps, settings.seed)
     columns_dev, labels_f = jnp.asarray(columns), labels.astype(np.float32)
     losses = []
-    bar = _progress(settings, desc)
-    for s, rows in enumerate(order):
-        trainable, opt_state, loss = step(
-            trainable, opt_state, inputs["input_ids"][rows], inputs["attention_mask"][rows],
-            inputs["token_type_ids"][rows], head_index[rows], columns_dev, labels_f[rows])
-        losses.append(loss)
-        if bar is not None:
+    with tqdm(total=settings.steps, desc=desc, unit="step", disable=not settings.progress) as bar:
+        for s, rows in enumerate(order):
+            trainable, opt_state, loss = step(
+                trainable, opt_state, inputs["input_ids"][rows], inputs["attention_mask"][rows],
+                inputs["token_type_ids"][rows], head_index[rows], columns_dev, labels_f[rows])
+            losses.append(loss)
             bar.update(1)
-            if s % 10 == 0 or s == settings.steps - 1:
+            if settings.progress and (s % 10 == 0 or s == settings.steps - 1):
                 bar.set_postfix(bce=f"{float(loss):.4f}")
-    if bar is not None:
-        bar.close()
     params = trainable["model"]
     head_np = {k: np.asarray(jax.device_get(v), np.float32) for k, v in trainable["head"].items()}
-    raw_after, = scorer.raw_scores(params, texts, head_np["offset"][head_index], [columns])
-    loss_after = bce(raw_after + head_np["bias"][head_index][:, None], labels)
-    scores, = scorer.raw_scores(params, eval_texts, head_np["offset"][eval_head_index],
-                                [eval_columns])
-    scores = scores + head_np["bias"][eval_head_index][:, None]
+
+    def logits(texts, index, cols):
+        raw = scorer.raw_scores(params, texts, head_np["offset"][index], cols)
+        return raw + head_np["bias"][index][:, None]
+
+    loss_after = bce(logits(texts, head_index, columns), labels)
+    scores = logits(eval_texts, eval_head_index, eval_columns)
     return FinetuneResult(
         scores=scores.T.astype(np.float32), zero_shot=zero_shot.T.astype(np.float32),
         params=params, head=head_np, loss_before=loss_before, loss_after=loss_after,
@@ -377,9 +291,8 @@ def finetune(scorer: TagScorer, texts: Sequence[str], head_index: np.ndarray, he
 
 
 def _minibatches(n: int, batch: int, steps: int, seed: int) -> list[np.ndarray]:
-    """``steps`` batches of ``batch <= n`` distinct indices in ``[0, n)``: consecutive slices
-    of seeded permutations, one permutation per epoch (an epoch's tail shorter than a batch
-    is left out, so every batch has the same shape)."""
+    """``steps`` batches of ``batch <= n`` distinct indices: consecutive slices of one seeded
+    permutation per epoch (a short tail is left out, so every batch has one shape)."""
     rng = np.random.default_rng(seed)
     out: list[np.ndarray] = []
     while len(out) < steps:
@@ -388,38 +301,20 @@ def _minibatches(n: int, batch: int, steps: int, seed: int) -> list[np.ndarray]:
     return out[:steps]
 
 
-def _progress(settings: FinetuneSettings, desc: str):
-    if not settings.progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=settings.steps, desc=desc, unit="step")
-
-
 def finetune_closed(scorer: TagScorer, tag_texts: Sequence[str], counts: np.ndarray,
                     entity_rows: np.ndarray, train_rows: np.ndarray, test_rows: np.ndarray, *,
                     train_threshold: int, settings: FinetuneSettings) -> FinetuneResult:
-    """Closed vocabulary: all tags x the training movies train, the held-out movies are
-    scored (one head row per tag).
-
-    Args:
-      tag_texts: ``n_tags`` tag strings (the columns of ``counts``).
-      counts: ``[n_movies, n_tags]`` int user counts.
-      entity_rows: ``[n_movies]`` entity index of each movie.
-      train_rows, test_rows: disjoint movie (row) indices.
-      train_threshold: training label = ``count > train_threshold``.
-
-    Returns:
-      :class:`FinetuneResult` with ``scores`` ``[len(test_rows), n_tags]``. Only
-      ``counts[train_rows]`` is read.
+    """Closed vocabulary: all tags x the ``train_rows`` movies train (labels ``count >
+    train_threshold``; ``[n_movies, n_tags]`` ``counts``, ``[n_movies]`` ``entity_rows``),
+    one head row per tag; ``scores`` are ``[len(test_rows), n_tags]``. Only
+    ``counts[train_rows]`` is read.
 
     Raises:
       ValueError: overlapping rows or shapes that disagree.
     """
     counts = np.asarray(counts)
     train_rows, test_rows = np.asarray(train_rows), np.asarray(test_rows)
-    if np.intersect1d(train_rows, test_rows).size:
-        raise ValueError("train_rows and test_rows overlap: held-out movies would leak")
+    check_disjoint(train_rows, test_rows, "train_rows and test_rows", "movies")
     entity_rows = np.asarray(entity_rows)
     tags = np.arange(len(tag_texts))
     labels = (counts[train_rows] > train_threshold).T  # [n_tags, n_train]
@@ -431,20 +326,15 @@ def finetune_closed(scorer: TagScorer, tag_texts: Sequence[str], counts: np.ndar
 def finetune_open(scorer: TagScorer, tag_texts: Sequence[str], counts: np.ndarray,
                   entity_rows: np.ndarray, train_tags: np.ndarray, test_tags: np.ndarray, *,
                   train_threshold: int, settings: FinetuneSettings) -> FinetuneResult:
-    """Open vocabulary: the training tags x all movies train, the held-out tags are scored
-    through their text (one head row shared by every tag).
-
-    Returns:
-      :class:`FinetuneResult` with ``scores`` ``[n_movies, len(test_tags)]``. Only
-      ``counts[:, train_tags]`` is read.
+    """Open vocabulary: the ``train_tags`` x all movies train, one head row shared by every
+    tag; ``scores`` are ``[n_movies, len(test_tags)]``. Only ``counts[:, train_tags]`` is read.
 
     Raises:
       ValueError: overlapping tags or shapes that disagree.
     """
     counts = np.asarray(counts)
     train_tags, test_tags = np.asarray(train_tags), np.asarray(test_tags)
-    if np.intersect1d(train_tags, test_tags).size:
-        raise ValueError("train_tags and test_tags overlap: held-out tags would leak")
+    check_disjoint(train_tags, test_tags, "train_tags and test_tags", "tags")
     texts = [tag_texts[j] for j in train_tags]
     eval_texts = [tag_texts[j] for j in test_tags]
     labels = (counts[:, train_tags] > train_threshold).T  # [n_train_tags, n_movies]

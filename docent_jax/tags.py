@@ -1,30 +1,7 @@
-"""DocEnt MovieLens tag prediction for a trained workdir (``docs/docent_tags.md``).
-
-Zemlyanskiy et al., EACL 2021, sec. 5; metrics from the authors' notebook
-``MoviesHoldoutEval.ipynb`` as implemented in ``docent_jax.tag_eval.tag_metrics``.
-
-* **Matrix.** Rows are the model's movies: entities whose MovieLens id
-  (``docent_jax.review_data.entity_movielens_ids``) has at least one genome-tag application
-  in ``config.tag_movielens_dir``. Columns are the genome tags applied to at least one of them.
-  A cell counts the distinct users who applied the tag
-  (``data_pipelines.movielens.tag_count_matrix``).
-* **Closed vocabulary.** ``tag_heldout_movies`` movies are held out (paper 1,000, at most
-  ``tag_max_heldout_share`` of them). The model is fine-tuned on all tags x the other
-  movies, then the held-out movies are scored.
-* **Open vocabulary.** ``tag_heldout_tags`` tags are held out (paper 500, clipped likewise).
-  The model is fine-tuned on the other tags x all movies, then the held-out tags are scored
-  through their text.
-* **Fine-tuning** (*our choice*): ``docent_jax.tag_finetune``.
-* **Labelled baselines** on the same splits:
-  - the untuned model's own scorer ("zero-shot");
-  - a linear probe on the frozen entity vectors (``tag_eval.closed_vocab_eval``, closed
-    vocabulary only);
-  - the cosine of frozen entity and tag-text vectors (``tag_eval.open_vocab_eval``,
-    ``fit_steps=0``);
-  - the human 3-fold cross-validation (``tag_eval.human_baseline``, threshold
-    ``tag_human_threshold``), where some cell passes the threshold inside a fold.
-* **Output.** One table per setting is printed, and everything goes to
-  ``workdir/eval/tags.json``.
+"""DocEnt MovieLens tag prediction for a trained workdir (Zemlyanskiy et al., EACL 2021,
+sec. 5): the movie x tag matrix, the closed- and open-vocabulary splits, fine-tuning
+(``tag_finetune``), the baselines (``tag_eval``) and the report. Protocol and our choices:
+``docs/docent_tags.md``.
 """
 
 from __future__ import annotations
@@ -39,42 +16,31 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from data_pipelines import movielens
 from data_pipelines.paths import data_dir
 from docent_jax import tag_eval
+from docent_jax.corpora import movielens
 from docent_jax.review_data import entity_movielens_ids
-from docent_jax.tag_finetune import (
-    FinetuneSettings,
-    TagScorer,
-    finetune_closed,
-    finetune_open,
-)
+from docent_jax.tag_finetune import FinetuneSettings, TagScorer, finetune_closed, finetune_open
 from embedding_core import storage
 from embedding_core.files import write_json
 
 MODEL_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
 PAPER_HELDOUT_MOVIES = 1000
 PAPER_HELDOUT_TAGS = 500
+# Printed columns: header, tag_metrics key, factor (percent, except AUC).
 TABLE = (("MAP", "map", 100.0), ("AUC", "auc", 1.0), ("P@1", "precision@1", 100.0),
          ("P@5", "precision@5", 100.0), ("P@10", "precision@10", 100.0),
          ("NDCG@10", "ndcg@10", 100.0), ("NDCGlog@10", "ndcg_log@10", 100.0))
-"""Printed columns: header, ``tag_metrics`` key, factor (percent, except AUC)."""
 PROBE = "linear probe on frozen entity vectors"
 COSINE = "tag-text cosine (frozen)"
 
 
 @dataclasses.dataclass(frozen=True)
 class TagTask:
-    """The movie x tag matrix of a model's entities.
-
-    Attributes:
-      movie_ids: ``[n_movies]`` MovieLens ids of the rows.
-      entity_rows: ``[n_movies]`` int64 entity index (row of the model's table) of each row.
-      tags: ``[n_tags]`` genome tag strings of the columns (``tagId`` order).
-      counts: ``[n_movies, n_tags]`` int32 distinct users per cell.
-      applications: every tag application of the MovieLens folder (for the human CV).
-      description: where the matrix came from and what was left out.
-    """
+    """The movie x tag matrix of a model's entities: ``movie_ids`` ``[n_movies]`` (MovieLens),
+    ``entity_rows`` ``[n_movies]`` int64 (rows of the model's table), ``tags`` ``[n_tags]``
+    (``tagId`` order), ``counts`` ``[n_movies, n_tags]`` int32 distinct users, every tag
+    ``applications`` of the folder (for the human CV) and a ``description``."""
 
     movie_ids: list[int]
     entity_rows: np.ndarray
@@ -86,11 +52,7 @@ class TagTask:
 
 def movielens_folder(config: ml_collections.ConfigDict) -> epath.Path:
     """``config.tag_movielens_dir``, or the shipped ``data/movielens`` when empty.
-
-    Raises:
-      FileNotFoundError: the folder lacks ``tags.csv`` or ``genome-tags.csv`` (the field is
-        named).
-    """
+    Raises FileNotFoundError (naming the field) without ``tags.csv`` or ``genome-tags.csv``."""
     given = str(config.get("tag_movielens_dir", "") or "").strip()
     folder = storage.as_path(given) if given else storage.as_path(data_dir() / "movielens")
     for name in ("tags.csv", "genome-tags.csv"):
@@ -103,10 +65,8 @@ def movielens_folder(config: ml_collections.ConfigDict) -> epath.Path:
 
 
 def build_tag_task(config: ml_collections.ConfigDict, entity_ids: Sequence[str]) -> TagTask:
-    """The movie x tag count matrix over a model's entities (module docstring).
-
-    A MovieLens id shared by several entities keeps the first of them (the others are
-    counted in the description).
+    """The movie x tag count matrix over a model's entities; a MovieLens id shared by several
+    entities keeps the first (``docs/docent_tags.md``).
 
     Raises:
       ValueError: not an Amazon-trained run (see ``entity_movielens_ids``), or fewer than 2
@@ -147,18 +107,10 @@ def build_tag_task(config: ml_collections.ConfigDict, entity_ids: Sequence[str])
 
 def heldout_split(n: int, requested: int, max_share: float, seed: Sequence[int], what: str,
                   paper: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """A seeded split of ``n`` items into training and held-out ones.
-
-    ``k = min(requested, max(1, floor(max_share * n)), n - 1)`` items are held out,
-    ``np.random.default_rng(seed).permutation(n)[:k]``.
-
-    Returns:
-      ``(train, held)`` sorted int64 indices and a note saying what was held out (and
-      whether the request was clipped).
-
-    Raises:
-      ValueError: ``n < 2``.
-    """
+    """``(train, held, note)``: sorted int64 indices, ``held`` =
+    ``np.random.default_rng(seed).permutation(n)[:k]`` with
+    ``k = min(requested, max(1, floor(max_share * n)), n - 1)``; the note says what was held
+    out and whether it was clipped. Raises ValueError for ``n < 2``."""
     if n < 2:
         raise ValueError(f"need at least 2 {what} to hold some out, got {n}")
     cap = max(1, int(math.floor(max_share * n)))
@@ -193,8 +145,7 @@ def format_tag_table(rows: Mapping[str, Mapping[str, float]]) -> str:
     for name, m in rows.items():
         cells = []
         for _, key, factor in TABLE:
-            v = m.get(key, float("nan"))
-            v = float("nan") if v is None else float(v)
+            v = float("nan") if m.get(key) is None else float(m[key])
             cells.append(f"{'n/a':>12}" if math.isnan(v) else
                          f"{v * factor:>12.{3 if factor == 1.0 else 2}f}")
         lines.append(name.ljust(width) + "".join(cells))
@@ -214,27 +165,16 @@ def _human(folds: list[movielens.HumanCVFold] | None, reason: str | None, rows: 
         return {"threshold": threshold, "defined": False, "positives_per_fold": positives,
                 "reason": f"no (movie, tag) cell of this block has more than {threshold} users "
                           "inside one fold", "rows": {}}
-    result = tag_eval.human_baseline(block, threshold=threshold, ks=ks,
-                                     model_scores=model_scores)
+    result = tag_eval.human_baseline(block, threshold=threshold, ks=ks, model_scores=model_scores)
     return {"threshold": threshold, "defined": True, "positives_per_fold": positives,
             "reason": None, "rows": {name: r["mean"] for name, r in result.items()}}
 
 
 def evaluate_tags(ranker, config: ml_collections.ConfigDict | None = None, *,
                   progress: bool = False, ks: Sequence[int] = tag_eval.DEFAULT_KS) -> dict:
-    """Closed- and open-vocabulary tag prediction of a loaded model (module docstring).
-
-    Args:
-      ranker: ``docent_jax.inference.EntityRanker`` of a ``train_data="amazon"`` run.
-      config: the settings (default ``ranker.config``): ``tag_*``, ``tag_movielens_dir``,
-        ``mapping_path``, ``split_seed`` and the training learning rates.
-      progress: tqdm bars over the fine-tuning steps.
-      ks: the K of P@K / NDCG@K.
-
-    Returns:
-      A JSON-ready dict (NaN as None): ``protocol`` (what was evaluated and how),
-      ``closed_vocabulary`` and ``open_vocabulary`` (each ``rows``: model name ->
-      ``tag_metrics``, the split, the fine-tuning losses, ``human``).
+    """Closed- and open-vocabulary tag prediction of a loaded ``EntityRanker`` of a
+    ``train_data="amazon"`` run with ``config``'s ``tag_*`` settings: the JSON-ready dict
+    (NaN as None) of ``tags.json`` (``docs/docent_tags.md``).
 
     Raises:
       ValueError: not an Amazon-trained run, too few movies or tags.
@@ -252,11 +192,7 @@ def evaluate_tags(ranker, config: ml_collections.ConfigDict | None = None, *,
     train_t, test_t, tag_note = heldout_split(
         n_tags, int(config.tag_heldout_tags), share, (seed, 2), "tags", PAPER_HELDOUT_TAGS)
     scorer = TagScorer.for_ranker(ranker, min(settings.batch_size, n_tags))
-    entities = ranker.entity_embeddings()[task.entity_rows]
-
-    def encode(texts: list[str]) -> np.ndarray:
-        return ranker.encode(texts)
-
+    entities, encode = ranker.entity_embeddings()[task.entity_rows], ranker.encode
     counts, all_tags = task.counts, np.arange(n_tags)
     # Closed vocabulary: held-out movies x all tags.
     closed = finetune_closed(scorer, task.tags, counts, task.entity_rows, train_m, test_m,
@@ -276,13 +212,11 @@ def evaluate_tags(ranker, config: ml_collections.ConfigDict | None = None, *,
                    COSINE: cosine_o["scores"]}
 
     human_threshold = int(config.tag_human_threshold)
-    users = {a.user_id for a in task.applications}
-    folds, reason = None, None
-    if len(users) < movielens.HUMAN_CV_FOLDS:
-        reason = f"{len(users)} tagging users, fewer than {movielens.HUMAN_CV_FOLDS} folds"
-    else:
-        folds = movielens.human_cv_folds(task.applications, task.movie_ids, task.tags,
-                                         skip_unknown_movies=True)
+    users = len({a.user_id for a in task.applications})
+    folds, reason = None, f"{users} tagging users, fewer than {movielens.HUMAN_CV_FOLDS} folds"
+    if users >= movielens.HUMAN_CV_FOLDS:
+        folds, reason = movielens.human_cv_folds(task.applications, task.movie_ids, task.tags,
+                                                 skip_unknown_movies=True), None
 
     def setting(scores: dict[str, np.ndarray], rows: np.ndarray, cols: np.ndarray, note: str,
                 result) -> dict:
@@ -353,25 +287,16 @@ def _with_overrides(config: ml_collections.ConfigDict,
         if key not in config:
             raise ValueError(f"config.{key} is not a DocEnt field")
         config[key] = value
-    validate_config(config)
+    validate_config(config, saved=True)  # a loaded run: retired fields may remain
     return config
 
 
 def evaluate_tags_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                           progress: bool = True,
                           overrides: Mapping[str, Any] | None = None) -> dict:
-    """Tag prediction of a workdir's checkpoint: prints the tables and writes
-    ``workdir/eval/tags.json`` atomically (see :func:`evaluate_tags`).
-
-    Args:
-      workdir: a ``docent-jax train`` workdir of a ``train_data="amazon"`` run, any variant.
-      step: a checkpoint step (default: the latest).
-      progress: tqdm bars over the fine-tuning steps.
-      overrides: new values for ``tag_*`` fields and ``tag_movielens_dir`` (the saved config
-        holds the rest).
-
-    Returns:
-      The dict written to ``tags.json``.
+    """:func:`evaluate_tags` of a workdir's checkpoint (``step``, default the latest) with
+    ``overrides`` of ``tag_*`` fields; prints the tables and writes ``workdir/eval/tags.json``
+    atomically, returning its dict.
 
     Raises:
       FileNotFoundError: not a training workdir, no checkpoint, a missing data file.

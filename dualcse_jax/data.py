@@ -1,11 +1,7 @@
-"""DualCSE's data: the token table a config asks for, its resumable batches, the RTE sets.
-
-The tables and their field layout are built in ``data_pipelines.dualcse_data``; this module
-picks the one a config describes (``train_file`` or ``train_data``, ``architecture``,
-``max_length``, ``max_train_examples``) and batches it for ``embedding_core.run``.
-``train_file`` (the user's own CSV or JSON Lines, ``data_pipelines.sentence_files``) replaces
-``train_data`` when set. RTE tunes its threshold on ``val_file`` (else shipped INLI val) and
-reports on ``test_file`` (else shipped INLI test).
+"""DualCSE's batch contract (:func:`batch_spec`), the training rows a config asks for
+(``train_shards``, ``train_file`` or shipped ``train_data``; tables in
+``dualcse_jax.tables``), their resumable batches and the RTE sets (``val_file`` / ``test_file``,
+else shipped INLI val / test).
 """
 
 from __future__ import annotations
@@ -16,20 +12,38 @@ import jax
 import ml_collections
 import numpy as np
 
-from data_pipelines import (
-    dualcse_data,
-    inli,
-    pipeline,
-    sentence_files,
-    sharded_corpus,
-    shards,
-    snli,
-)
+from data_pipelines import inli, sentence_files, sharded_corpus, shards, snli
+from data_pipelines.table import TokenTable
+from dualcse_jax import tables
+from embedding_core.task import BatchField
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+GROUPED_INPUTS = tuple(tuple(f"{name}_{g}" for g in (0, 1)) for name in INPUTS)
+"""With ``group_padding``: each input as (first sentence's fields, the rest), the two
+``tables.length_groups`` (``data_pipelines.pipeline.make_batches(length_groups=...)``)."""
+
+
+def batch_spec(config: ml_collections.ConfigDict) -> dict[str, BatchField]:
+    """The fields of a training batch: token inputs ``[batch, F(_g), seq(_g)]`` int32 (per
+    group with ``group_padding``) and ``text_ids [batch, F]`` int32, F the architecture's
+    ``tables.FIELDS``."""
+    names = GROUPED_INPUTS if config.group_padding else tuple((n,) for n in INPUTS)
+    spec = {name: BatchField("int", ("batch", f"fields{g}", f"seq{g}"))
+            for group in names for g, name in enumerate(group)}
+    spec["text_ids"] = BatchField("int", ("batch", len(tables.FIELDS[config.architecture])))
+    return spec
+
+
+def model_inputs(batch) -> tuple:
+    """``(input_ids, attention_mask, token_type_ids)`` of a batch: arrays, or tuples of the
+    :data:`GROUPED_INPUTS` arrays."""
+    if "input_ids" in batch:
+        return tuple(batch[n] for n in INPUTS)
+    return tuple(tuple(batch[n] for n in group) for group in GROUPED_INPUTS)
 
 
 def _field(config: ml_collections.ConfigDict, name: str) -> str:
-    # .get: a run saved before the field existed still loads.
-    return str(config.get(name, "") or "").strip()
+    return str(config.get(name, "") or "").strip()  # .get: older runs lack the field
 
 
 def has_own_file(config: ml_collections.ConfigDict, name: str) -> bool:
@@ -38,51 +52,45 @@ def has_own_file(config: ml_collections.ConfigDict, name: str) -> bool:
 
 
 def train_source(config: ml_collections.ConfigDict) -> str:
-    """What the run trains on, for logs and messages: the shards folder
-    (``"shards of gs://b/corpus"``), else the train file, else the shipped ``train_data``
-    (``"shipped inli train"``)."""
+    """What the run trains on, for messages: ``"shards of DIR"``, the train file, or
+    ``"shipped inli train"``."""
     if _field(config, "train_shards"):
         return f"shards of {_field(config, 'train_shards')}"
     return _field(config, "train_file") or f"shipped {config.train_data} train"
 
 
-def _own_table(config: ml_collections.ConfigDict, tokenizer, path: str) -> pipeline.TokenTable:
+def _own_table(config: ml_collections.ConfigDict, tokenizer, path: str) -> TokenTable:
     if config.architecture == "simcse":
         pairs = sentence_files.read_anchor_pairs(path)
         # A row without a hard negative repeats its positive there: simcse_loss drops a hard
         # negative that is its own row's positive, so that row has in-batch negatives only.
-        return dualcse_data.simcse_table(
+        return tables.simcse_table(
             [p.anchor for p in pairs], [p.positive for p in pairs],
             [p.hard_negative or p.positive for p in pairs], tokenizer, config.max_length)
     rows = sentence_files.read_inli_file(path)
-    return dualcse_data.inli_table(rows, tokenizer, config.max_length,
-                                   encoder=config.architecture)
+    return tables.inli_table(rows, tokenizer, config.max_length, encoder=config.architecture)
 
 
-def train_table(config: ml_collections.ConfigDict, tokenizer) -> pipeline.TokenTable:
-    """Tokenised training examples (cached per dataset and tokenizer).
-
-    ``config.train_file`` set: the user's file, ``premise, explicit_entailment,
-    implied_entailment, contradiction[, neutral]`` for cross/bi, ``anchor, positive[,
-    hard_negative]`` for simcse (``data_pipelines.sentence_files``); else the shipped
-    ``config.train_data``.
+def train_table(config: ml_collections.ConfigDict, tokenizer) -> TokenTable:
+    """Tokenised training examples: ``train_file`` (cross/bi: ``premise,
+    explicit_entailment, implied_entailment, contradiction[, neutral]``; simcse: ``anchor,
+    positive[, hard_negative]``), else the shipped ``train_data``.
 
     Raises:
-      FileNotFoundError: ``train_file`` does not exist.
-      data_pipelines.errors.DataError: malformed training data (file, line, field).
+      FileNotFoundError: no ``train_file``. DataError: malformed data (file, line, field).
     """
     if _field(config, "train_file"):
         table = _own_table(config, tokenizer, _field(config, "train_file"))
     elif config.train_data == "snli":
         rows = snli.read_snli_triplets(snli.snli_triplets_path())
-        table = dualcse_data.simcse_table_from_snli(rows, tokenizer, config.max_length)
+        table = tables.simcse_table_from_snli(rows, tokenizer, config.max_length)
     else:
         rows = inli.read_inli(inli.inli_split_path("train"))
         if config.architecture == "simcse":
-            table = dualcse_data.simcse_table_from_inli(rows, tokenizer, config.max_length)
+            table = tables.simcse_table_from_inli(rows, tokenizer, config.max_length)
         else:
-            table = dualcse_data.inli_table(rows, tokenizer, config.max_length,
-                                            encoder=config.architecture)
+            table = tables.inli_table(rows, tokenizer, config.max_length,
+                                      encoder=config.architecture)
     if config.max_train_examples:
         table = table.take(int(config.max_train_examples))
     return table
@@ -96,22 +104,17 @@ def _rte_examples(config: ml_collections.ConfigDict, split: str) -> list[inli.IN
 
 
 def val_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
-    """The rows RTE tunes its threshold on: ``config.val_file``, else shipped INLI val.
+    """The rows RTE tunes its threshold on: ``val_file``, else shipped INLI val.
 
     Raises:
-      FileNotFoundError: the file does not exist.
-      data_pipelines.errors.DataError: a malformed row; a user file needs ``neutral`` too.
+      FileNotFoundError: no such file. DataError: a malformed row (``neutral`` needed too).
     """
     return _rte_examples(config, "val")
 
 
 def test_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
-    """The rows RTE reports on: ``config.test_file``, else shipped INLI test.
-
-    Raises:
-      FileNotFoundError: the file does not exist.
-      data_pipelines.errors.DataError: a malformed row; a user file needs ``neutral`` too.
-    """
+    """The rows RTE reports on: ``test_file``, else shipped INLI test (errors: as
+    :func:`val_examples`)."""
     return _rte_examples(config, "test")
 
 
@@ -122,13 +125,11 @@ def rte_sets_label(config: ml_collections.ConfigDict) -> str:
     return f"{test}, threshold tuned on {val}"
 
 
-def batch_factory(config: ml_collections.ConfigDict,
-                  table: pipeline.TokenTable | shards.Manifest
+def batch_factory(config: ml_collections.ConfigDict, table: TokenTable | shards.Manifest
                   ) -> Callable[[int], Iterator[dict[str, np.ndarray]]]:
-    """``start_step -> this process's batches``: the order is a pure function of
-    (``seed``, step), premises and hypotheses padded apart when ``group_padding``; a
-    sharded corpus (:func:`train_rows`) is streamed, each host reading its own shards."""
-    groups = dualcse_data.length_groups(config.architecture) if config.group_padding else None
+    """``start_step -> this process's batches`` (:func:`batch_spec`), the order a pure
+    function of (``seed``, step); a sharded corpus streams each host's own shards."""
+    groups = tables.length_groups(config.architecture) if config.group_padding else None
 
     def make(start_step: int):
         return sharded_corpus.batches_of(
@@ -141,28 +142,25 @@ def batch_factory(config: ml_collections.ConfigDict,
 
 
 def train_rows(config: ml_collections.ConfigDict, tokenizer, model_dir
-               ) -> pipeline.TokenTable | shards.Manifest:
-    """The training rows: the sharded corpus of ``config.train_shards`` when set (streamed
-    by :func:`batch_factory`; its manifest must match the architecture's fields,
-    ``max_length`` and the model's tokenizer), else :func:`train_table` in memory.
+               ) -> TokenTable | shards.Manifest:
+    """The corpus of ``train_shards`` (its manifest must match the architecture's fields,
+    ``max_length`` and the tokenizer), else :func:`train_table` in memory.
 
     Raises:
-      FileNotFoundError: no corpus at ``train_shards``.
-      ValueError: a corpus preprocessed for other settings (manifest and field named).
-      data_pipelines.errors.DataError: malformed training data (file, line, field).
+      FileNotFoundError: no corpus. ValueError: a corpus of other settings (field named).
+      DataError: malformed training data (file, line, field).
     """
-    folder = str(config.get("train_shards", "") or "").strip()
+    folder = _field(config, "train_shards")
     if folder:
         return sharded_corpus.open_corpus(
-            folder, fields=dualcse_data.FIELDS[config.architecture],
+            folder, fields=tables.FIELDS[config.architecture],
             max_length=int(config.max_length), model_dir=model_dir)
     return train_table(config, tokenizer)
 
 
 def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSource:
-    """What ``dualcse-jax preprocess`` writes: the rows :func:`train_table` builds for this
-    config (text identities span the whole data, so the table is built whole and written a
-    chunk at a time).
+    """What ``dualcse-jax preprocess`` writes: :func:`train_table`'s rows (text ids span
+    the whole data: the table is built whole, written a chunk at a time).
 
     Raises:
       FileNotFoundError: no model or data file. DataError: malformed training data.

@@ -1,17 +1,10 @@
-"""RTE and EIS evaluation of DualCSE (and of one-vector baselines).
+"""RTE and EIS of DualCSE and one-vector baselines, our reading of Oda et al. 2025
+(``docs/dualcse.md``, "RTE protocol", "EIS protocol").
 
-Protocols are our reading of Oda et al. 2025 (``docs/dualcse.md``):
-
-* RTE: a (premise, hypothesis) pair is called entailed when its score exceeds a threshold
-  tuned on INLI val for accuracy. The score rule is ``config.eval_rte_score_rule``
-  (:data:`~dualcse_jax.configs.RTE_SCORE_RULES`): ``max(cos(r_p, r_h), cos(u_p, r_h))``
-  (default), ``cos(r_p, r_h)`` or ``cos(u_p, r_h)`` with one threshold, or ``pair``: two
-  thresholds, entailed if either cosine exceeds its own. For one-vector models r = u, so
-  every rule is ``cos(e_p, e_h)``. Accuracy is reported per hypothesis class on the test
-  split (explicit and implied should be entailed, neutral and contradiction should not)
-  and as the mean of the four.
-* EIS: ``implicitness(s) = 1 - cos(r_s, u_s)``; accuracy is the share of (implicit,
-  explicit) sentence pairs where the implicit one scores higher.
+RTE: a (premise, hypothesis) pair is entailed when its score (``RTE_SCORE_RULES``; r = u
+for one-vector models) exceeds the threshold(s) tuned on val; accuracy per hypothesis class
+on test and their mean. EIS: ``implicitness(s) = 1 - cos(r_s, u_s)``; accuracy = share of
+(implicit, explicit) pairs whose implicit sentence scores higher.
 """
 
 from __future__ import annotations
@@ -22,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from data_pipelines.inli import INLIExample
+from dualcse_jax import data
 from dualcse_jax.configs import RTE_SCORE_RULES
 from dualcse_jax.inference import Embedder
 from embedding_core import multihost
@@ -49,23 +43,15 @@ def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def check_rule(rule: str) -> str:
-    """``rule`` if it is one of :data:`~dualcse_jax.configs.RTE_SCORE_RULES`.
-
-    Raises:
-      ValueError: naming the rule and the choices.
-    """
+    """``rule`` if it is one of ``RTE_SCORE_RULES``, else ValueError naming the choices."""
     if rule not in RTE_SCORE_RULES:
         raise ValueError(f"RTE score rule {rule!r}: use one of {', '.join(RTE_SCORE_RULES)}")
     return rule
 
 
 def parse_rules(text: str | None) -> list[str] | None:
-    """``--rte_score_rules``: ``"all"``, or rules separated by commas; ``None`` or blank:
-    ``None`` (the run's own rule).
-
-    Raises:
-      ValueError: an unknown rule.
-    """
+    """``--rte_score_rules``: ``"all"`` or rules separated by commas (ValueError for an
+    unknown one); ``None`` or blank: ``None`` (the run's own rule)."""
     if text is None or not text.strip():
         return None
     if text.strip() == "all":
@@ -75,14 +61,8 @@ def parse_rules(text: str | None) -> list[str] | None:
 
 @dataclasses.dataclass(frozen=True)
 class RTEVectors:
-    """One RTE set encoded once: every premise as r and u, each distinct hypothesis as r.
-
-    Attributes:
-      premise_r, premise_u: ``[n_premises, dim]`` float32 (the same array for a one-vector
-        model).
-      hypotheses: the distinct hypothesis sentences, sorted.
-      hypothesis_r: ``[len(hypotheses), dim]`` float32, row i = ``hypotheses[i]``.
-    """
+    """One RTE set encoded once: premises' r and u ``[n_premises, dim]`` float32 (one
+    array for a one-vector model), the distinct hypotheses (sorted) and their r."""
 
     premise_r: np.ndarray
     premise_u: np.ndarray
@@ -97,8 +77,7 @@ class RTEVectors:
 
 def encode_rte(embedder: Embedder, examples: Sequence[INLIExample],
                progress: bool = False) -> RTEVectors:
-    """Encodes an RTE set once (:class:`RTEVectors`). Several processes each encode a
-    slice of the sentences (``embedding_core.multihost.encode``); every process gets all."""
+    """:class:`RTEVectors` of a set; several processes each encode a slice, all get all."""
     premises = [ex.premise for ex in examples]
     unique = sorted({getattr(ex, _FIELDS[c]) for ex in examples for c in CLASSES})
     r_p = multihost.encode(embedder, premises, kind="explicit", show_progress_bar=progress)
@@ -121,30 +100,15 @@ def similarities_of(vectors: RTEVectors, examples: Sequence[INLIExample]
 
 def rte_similarities(embedder: Embedder, examples: Sequence[INLIExample],
                      progress: bool = False) -> dict[str, np.ndarray]:
-    """Both cosines of every (premise, hypothesis) pair, per hypothesis class.
-
-    Each premise is encoded as r and u, each distinct hypothesis as r (terms 3-5 of the
-    loss train r_h = u_h; :func:`encode_rte`).
-
-    Returns:
-      ``{class: [n_premises, 2] float32}``: column 0 ``cos(r_p, r_h)``, column 1
-      ``cos(u_p, r_h)`` (equal for a one-vector model, whose r = u).
-    """
+    """``{class: [n_premises, 2] float32}``: ``cos(r_p, r_h)``, ``cos(u_p, r_h)`` per
+    (premise, hypothesis) pair (hypotheses as r: terms 3-5 train r_h = u_h)."""
     return similarities_of(encode_rte(embedder, examples, progress), examples)
 
 
 def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
                progress: bool = False, rule: str = "max") -> dict[str, np.ndarray]:
-    """Entailment scores per hypothesis class under a one-threshold rule.
-
-    Returns:
-      ``{class: [n_premises] float32}``: ``max(cos(r_p, r_h), cos(u_p, r_h))`` for
-      ``rule="max"``, one of the two cosines for ``"explicit"`` / ``"implicit"``.
-
-    Raises:
-      ValueError: ``rule="pair"`` (two scores, two thresholds: use
-        :func:`rte_similarities`) or an unknown rule.
-    """
+    """``{class: [n_premises] float32}`` scores of a one-threshold rule (ValueError for
+    ``pair``, which has two: :func:`rte_similarities`, or an unknown rule)."""
     sims = rte_similarities(embedder, examples, progress)
     return {c: _one_score(s, rule) for c, s in sims.items()}
 
@@ -158,9 +122,8 @@ def _one_score(sims: np.ndarray, rule: str) -> np.ndarray:
 
 
 def _cut(unique: np.ndarray, k: int) -> float:
-    """The threshold putting ``unique[:k]`` below and ``unique[k:]`` above (``>``): -inf,
-    +inf, or a midpoint kept strictly below ``unique[k]`` (as
-    ``embedding_core.metrics.best_threshold_accuracy`` picks it)."""
+    """The threshold with ``unique[:k]`` below and ``unique[k:]`` above (``>``): -inf, +inf
+    or a midpoint strictly below ``unique[k]`` (as ``metrics.best_threshold_accuracy``)."""
     if k == 0:
         return -np.inf
     if k == len(unique):
@@ -175,24 +138,13 @@ def _cut(unique: np.ndarray, k: int) -> float:
 
 def best_threshold_pair_accuracy(explicit, implicit, labels, *, chunk: int = 256
                                  ) -> tuple[float, float, float]:
-    """Thresholds ``(t_r, t_u)`` that maximise the accuracy of the rule "positive iff
-    ``explicit > t_r`` or ``implicit > t_u``", and that accuracy.
-
-    Every distinct classification is reached: each threshold runs over -inf, the midpoints
-    between consecutive distinct scores and +inf (``t_r = +inf`` is the implicit-only
-    rule, ``t_u = +inf`` the explicit-only one, ``t_r = t_u`` the ``max`` rule, so the
-    tuned accuracy is at least theirs). Among equally accurate pairs the smallest ``t_r``,
-    then the smallest ``t_u``, is returned. For each ``t_r`` the pairs above it are
-    positive and the best ``t_u`` on the rest comes from cumulative counts in ``implicit``
-    order: O(n^2) time in blocks of ``chunk`` candidates (4,000 val pairs: well under a
-    second).
+    """``(t_r, t_u, accuracy)`` maximising the accuracy of "positive iff ``explicit >
+    t_r`` or ``implicit > t_u``" over every distinct classification (each threshold over
+    -inf, midpoints, +inf: at least the explicit-only, implicit-only and ``max`` rules);
+    ties: smallest ``t_r``, then ``t_u``. O(n^2) in blocks of ``chunk`` candidates.
 
     Args:
-      explicit, implicit: ``[n]`` float scores (``cos(r_p, r_h)``, ``cos(u_p, r_h)``).
-      labels: ``[n]`` bool (or 0/1) gold labels.
-
-    Returns:
-      ``(t_r, t_u, accuracy)``: Python floats; accuracy in [0, 1].
+      explicit, implicit: ``[n]`` float scores; labels: ``[n]`` bool (or 0/1).
 
     Raises:
       ValueError: empty or NaN input, shapes that differ, non-binary labels.
@@ -246,17 +198,8 @@ def _predict(sims: np.ndarray, rule: str, thresholds: tuple[float, ...]) -> np.n
 
 
 def tune_rule(val_sims: Mapping[str, np.ndarray], rule: str) -> tuple[float, ...]:
-    """The rule's threshold(s), tuned for accuracy on the pooled val pairs of all classes.
-
-    Args:
-      val_sims: :func:`rte_similarities` of the val set.
-
-    Returns:
-      ``(t,)`` for a one-threshold rule, ``(t_r, t_u)`` for ``pair``.
-
-    Raises:
-      ValueError: an unknown rule.
-    """
+    """``(t,)`` (``(t_r, t_u)`` for ``pair``) tuned for accuracy on the pooled val pairs
+    (:func:`rte_similarities`); ValueError for an unknown rule."""
     check_rule(rule)
     sims = np.concatenate([val_sims[c] for c in CLASSES])
     y = np.concatenate([np.full(len(val_sims[c]), ENTAILED[c]) for c in CLASSES])
@@ -268,20 +211,8 @@ def tune_rule(val_sims: Mapping[str, np.ndarray], rule: str) -> tuple[float, ...
 
 def rte_correct(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.ndarray],
                 rule: str) -> tuple[dict[str, np.ndarray], tuple[float, ...]]:
-    """Per-pair correctness on test with the threshold(s) tuned on val.
-
-    Args:
-      val_sims, test_sims: :func:`rte_similarities` of the val and test sets.
-      rule: one of :data:`~dualcse_jax.configs.RTE_SCORE_RULES`.
-
-    Returns:
-      ``({class: [n_test] bool}, thresholds)``: True where the test pair is classified
-      right (entailed for explicit/implied, not entailed for neutral/contradiction), and
-      :func:`tune_rule`'s thresholds.
-
-    Raises:
-      ValueError: an unknown rule.
-    """
+    """``({class: [n_test] bool}, thresholds)``: whether each test pair is classified
+    right with :func:`tune_rule`'s val thresholds; ValueError for an unknown rule."""
     thresholds = tune_rule(val_sims, rule)
     return ({c: _predict(test_sims[c], rule, thresholds) == ENTAILED[c] for c in CLASSES},
             thresholds)
@@ -289,13 +220,8 @@ def rte_correct(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.n
 
 def rte_result(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.ndarray],
                rule: str) -> dict[str, float]:
-    """Class accuracies, their mean and the threshold(s) of one rule (no encoding).
-
-    Returns:
-      ``{"explicit", "implied", "neutral", "contradiction", "average"}`` in [0, 1], plus
-      ``"threshold"`` (one-threshold rules) or ``"threshold_explicit"`` and
-      ``"threshold_implicit"`` (``pair``).
-    """
+    """``{"explicit", "implied", "neutral", "contradiction", "average"}`` accuracies in
+    [0, 1] and ``"threshold"`` (``pair``: ``"threshold_explicit"``, ``"threshold_implicit"``)."""
     correct, thresholds = rte_correct(val_sims, test_sims, rule)
     result = {c: float(np.mean(correct[c])) for c in CLASSES}
     result["average"] = float(np.mean([result[c] for c in CLASSES]))
@@ -309,11 +235,7 @@ def rte_result(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.nd
 def evaluate_rte_rules(embedder: Embedder, val: Sequence[INLIExample],
                        test: Sequence[INLIExample], rules: Sequence[str],
                        progress: bool = False) -> dict[str, dict[str, float]]:
-    """:func:`rte_result` of several rules from one encoding of val and test.
-
-    Raises:
-      ValueError: an unknown rule (before anything is encoded).
-    """
+    """:func:`rte_result` of several rules from one encoding (rules checked first)."""
     for rule in rules:
         check_rule(rule)
     val_sims = rte_similarities(embedder, val, progress)
@@ -324,35 +246,33 @@ def evaluate_rte_rules(embedder: Embedder, val: Sequence[INLIExample],
 
 def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[INLIExample],
                  progress: bool = False, rule: str | None = None) -> dict[str, float]:
-    """Threshold(s) tuned on ``val`` pairs, accuracies on ``test`` pairs.
-
-    Args:
-      rule: the score rule; ``None`` = the embedder's ``config.eval_rte_score_rule``
-        (``"max"`` for runs saved before the field existed).
-
-    Returns:
-      :func:`rte_result`: accuracies in [0, 1] (``average`` the mean of the four class
-      accuracies) and the threshold(s).
-    """
+    """:func:`rte_result` of ``rule`` (``None``: the run's ``eval_rte_score_rule``)."""
     if rule is None:
         rule = str(embedder.config.get("eval_rte_score_rule", "max"))
     return evaluate_rte_rules(embedder, val, test, (rule,), progress)[rule]
 
 
-def label_conflicts(examples: Sequence[INLIExample]) -> dict:
-    """Rows whose one hypothesis sentence stands under an entailed and a non-entailed class.
+def rte_evaluator(model, tokenizer, config, val: list[INLIExample] | None = None):
+    """``(params, step) -> {val_rte_*}``: RTE on the first ``eval_examples`` val premises
+    (``val``, else ``data.val_examples``), threshold tuned on the same ones."""
+    val = (data.val_examples(config) if val is None else val)[: config.eval_examples]
+    embedder = Embedder(model, None, tokenizer, config)  # compiled once
 
-    Such a row scores the same pair twice (same premise, same sentence: equal scores), so
-    at any threshold exactly one of the two is wrong. Sentences are compared with their
-    whitespace collapsed (the tokenizer does not see the difference). In the shipped INLI,
-    val rows 9 and 264 (file lines 11 and 266) and test row 571 (line 573) give one
-    sentence as both implied entailment and contradiction (``docs/dualcse.md``); a sentence
-    under two classes of the same side (explicit and implied) costs nothing and is not
-    counted.
+    def evaluate(params, step):
+        embedder.params, embedder.step = params, step
+        return {f"val_rte_{k}": v for k, v in evaluate_rte(embedder, val, val).items()}
+
+    return evaluate
+
+
+def label_conflicts(examples: Sequence[INLIExample]) -> dict:
+    """Rows giving one sentence (whitespace collapsed) under an entailed and a
+    non-entailed class: one of the two equal-score pairs is always wrong (shipped INLI: val
+    rows 9, 264, test row 571; ``docs/dualcse.md``).
 
     Returns:
       ``{"rows": n, "index": [0-based row], "line": [file line or None], "classes":
-      [[class, class], ...]}``, one entry per conflicting row, in file order.
+      [[class, class], ...]}``, in file order.
     """
     out: dict = {"rows": 0, "index": [], "line": [], "classes": []}
     for i, ex in enumerate(examples):
@@ -399,14 +319,8 @@ def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
 
 
 def eis_correct(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
-    """Per pair: whether the implicit sentence scores higher, ``[n]`` bool.
-
-    Ties count as failures (no tie is resolved in the model's favour), so a one-vector
-    model (r = u: implicitness 0 for every sentence) gets every pair wrong.
-
-    Raises:
-      ValueError: no pairs.
-    """
+    """``[n]`` bool: the implicit sentence scores higher (ties fail: a one-vector model
+    gets every pair wrong); ValueError for no pairs."""
     if not pairs:
         raise ValueError("evaluate_eis needs at least one (implicit, explicit) pair")
     imp = implicitness(embedder, [p[0] for p in pairs])
@@ -415,25 +329,14 @@ def eis_correct(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> np.ndar
 
 
 def evaluate_eis(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> float:
-    """Share of ``(implicit, explicit)`` pairs whose implicit sentence scores higher
-    (:func:`eis_correct`'s mean).
-
-    Raises:
-      ValueError: no pairs.
-    """
+    """:func:`eis_correct`'s mean over ``(implicit, explicit)`` pairs."""
     return float(np.mean(eis_correct(embedder, pairs)))
 
 
 def inli_eis_proxy_correct(embedder: Embedder, examples: Sequence[INLIExample],
                            vectors: RTEVectors) -> np.ndarray:
-    """:func:`eis_correct` of :func:`inli_eis_proxy_pairs`, reusing ``examples``' RTE
-    vectors (:func:`encode_rte`): only the implied entailments' u is encoded anew (equal
-    up to the float rounding of other batch shapes).
-
-    Returns:
-      ``[n_premises]`` bool, True where the premise is scored more implicit than its
-      implied entailment (ties count as failures).
-    """
+    """:func:`eis_correct` of :func:`inli_eis_proxy_pairs` ``[n_premises]`` from the RTE
+    vectors (only the implied entailments' u is encoded anew)."""
     implied = [ex.implied_entailment for ex in examples]
     r_h = vectors.hypothesis_rows(implied)
     u_h = r_h if embedder.model.architecture == "simcse" else multihost.encode(
@@ -443,12 +346,8 @@ def inli_eis_proxy_correct(embedder: Embedder, examples: Sequence[INLIExample],
 
 
 def inli_eis_proxy_pairs(examples: Sequence[INLIExample]) -> list[tuple[str, str]]:
-    """PROXY for EIS on INLI: (premise, its implied-entailment hypothesis) pairs.
-
-    ImpScore's data is not shipped. Its pairs put an implicit sentence next to an explicit
-    statement of what it implies; an INLI premise and its implied entailment are the
-    closest analogue (``docs/dualcse.md``, "EIS protocol"). Reports must call it a proxy.
-    """
+    """A PROXY for EIS (ImpScore is not shipped): (premise, its implied entailment)
+    pairs (``docs/dualcse.md``, "EIS protocol"); reports must call it a proxy."""
     return [(ex.premise, ex.implied_entailment) for ex in examples]
 
 

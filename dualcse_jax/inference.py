@@ -1,10 +1,5 @@
-"""Encoding sentences with a trained (or untrained) model: ``load(workdir).encode(texts)``.
-
-``load`` restores the checkpoint's parameters alone (no optimizer, no Adam moments) and
-returns an :class:`Embedder`, an ``embedding_core.inference.Encoder``: ``encode(texts,
-kind="explicit")`` gives r, ``kind="implicit"`` gives u, each one float32 ``[N, dim]``
-array (``docs/architecture.md``).
-"""
+"""``load(workdir)``: DualCSE's Encoder, ``encode(texts, kind="explicit")`` -> r and
+``kind="implicit"`` -> u, float32 ``[N, dim]``; its views for export and export-hf."""
 
 from __future__ import annotations
 
@@ -20,43 +15,45 @@ from dualcse_jax.configs import default, validate_config
 from dualcse_jax.model import KINDS, DualEncoder, build_model, init_fn
 from embedding_core import configs, multihost, parallel, storage, training
 from embedding_core.encoders import EncoderConfig
-from embedding_core.inference import Encoder, encode_in_batches, l2_normalize, token_batch_builder
+from embedding_core.inference import Encoder, encode_in_batches, token_batch_builder
 from embedding_core.pretrained import workdir_model_dir
+from embedding_core.serving import HFFolder, View
 
 PROG = "dualcse-jax"
-# Fields without which the model cannot be rebuilt from a saved run_config.json.
 REQUIRED_FIELDS = ("model", "architecture", "pooling", "max_length", "dtype")
 
 
 class Embedder(Encoder):
-    """Turns sentences into DualCSE's explicit (r) and implicit (u) vectors.
-
-    Sentences are sorted by length and padded to a multiple of ``pad_multiple`` per batch
-    (``embedding_core.inference.encode_in_batches``), so few shapes are compiled and little
-    padding is computed; rows come back in input order. For a one-vector model (SimCSE, the
-    untrained baseline) r and u are the same vector.
+    """DualCSE's r and u of sentences (one vector, r = u, for simcse and the baseline).
 
     Attributes:
-      model, params, tokenizer, config: the Flax module, its parameters, the tokenizer and
-        the run's config; ``params`` may be swapped (periodic evaluation does).
-      step: the checkpoint step (``None`` for in-memory params).
+      model, params, tokenizer, config: the module, its parameters (periodic evaluation
+        swaps them), the tokenizer, the run's config.
+      step: the checkpoint step; workdir: where it was loaded from (``None``: in memory).
     """
+
+    views = (View("explicit", encode_kwargs={"kind": "explicit"}),
+             View("implicit", encode_kwargs={"kind": "implicit"}))
 
     def __init__(self, model: DualEncoder, params: Any, tokenizer,
                  config: ml_collections.ConfigDict, *, step: int | None = None,
-                 pad_multiple: int = 8):
-        self.model = model
-        self.params = params
-        self.tokenizer = tokenizer
-        self.config = config
-        self.step = step
+                 pad_multiple: int = 8, workdir: str | os.PathLike | None = None):
+        self.model, self.params, self.tokenizer, self.config = model, params, tokenizer, config
+        self.step, self.workdir, self.pad_multiple = step, workdir, pad_multiple
         self.default_batch_size = int(config.get("eval_batch_size", 64))
-        self.pad_multiple = pad_multiple
         self._apply = jax.jit(self._forward, static_argnums=(4,))
+
+    @property
+    def name(self) -> str:
+        return f"DualCSE-{self.config.architecture}"
 
     @property
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
+
+    @property
+    def default_normalize(self) -> bool:
+        return bool(self.config.get("normalize", False))
 
     def _forward(self, params, ids, mask, types, kind):
         return self.model.apply({"params": params}, ids, mask, types, kind,
@@ -64,8 +61,6 @@ class Embedder(Encoder):
 
     def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
                 kind: str = "explicit") -> np.ndarray:
-        if kind not in KINDS:
-            raise ValueError(f"kind={kind!r}: use 'explicit' (r) or 'implicit' (u)")
         architecture = self.model.architecture
         if architecture == "simcse":
             kind = "explicit"  # one vector: r = u, computed (and compiled) once
@@ -79,57 +74,79 @@ class Embedder(Encoder):
             max_width=tok.input_ids.shape[1], show_progress_bar=show_progress_bar,
             desc=f"encode {kind}")
 
-    def encode(self, texts, *, batch_size: int | None = None, normalize: bool | None = None,
-               show_progress_bar: bool = False, kind: str = "explicit") -> np.ndarray:
-        """Encodes sentences into one float32 ``[len(texts), dim]`` array; row i = texts[i].
-
-        Args:
-          texts: a list of sentences; an empty or whitespace-only one raises ``ValueError``
-            naming its index, a single string ``TypeError``.
-          batch_size: sentences per encoder call (default: the run's ``eval_batch_size``).
-          normalize: unit L2 rows; ``None`` (default) follows the run's
-            ``config.normalize`` (False unless the run asked for it).
-          show_progress_bar: a tqdm bar over batches.
-          kind: ``"explicit"`` for r, ``"implicit"`` for u.
+    def encode(self, texts, *, normalize: bool | None = None, kind: str = "explicit",
+               **kwargs) -> np.ndarray:
+        """``Encoder.encode`` with ``kind`` (``"explicit"``: r, ``"implicit"``: u) and
+        ``normalize=None`` following the run's ``config.normalize``.
 
         Raises:
           TypeError, ValueError: bad texts, ``batch_size`` < 1 or an unknown ``kind``.
         """
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r}: use 'explicit' (r) or 'implicit' (u)")
-        if normalize is None:
-            normalize = bool(self.config.get("normalize", False))
-        elif not isinstance(normalize, (bool, np.bool_)):
-            raise TypeError(f"normalize must be True, False or None, got {normalize!r}")
-        out = super().encode(texts, batch_size=batch_size, normalize=False,
-                             show_progress_bar=show_progress_bar, kind=kind)
-        return l2_normalize(out) if normalize else out
+        normalize = self.default_normalize if normalize is None else normalize
+        return super().encode(texts, normalize=normalize, kind=kind, **kwargs)
+
+    def export_meta(self) -> dict[str, Any]:
+        return {"encoder": self.config.model, "architecture": self.config.architecture,
+                "pooling": self.config.pooling}
+
+    def hf_folders(self) -> list[HFFolder]:
+        """Cross: ``explicit/`` and ``implicit/``, one encoder, the indicator word in each
+        tokenizer; bi: its two towers; simcse (r = u): one folder, the output itself."""
+        from embedding_core import hf_export
+
+        config, arch = self.config, self.config.architecture
+        folders = []
+        for kind in ("explicit",) if arch == "simcse" else KINDS:
+            tower = self.params["encoder" if arch != "bi" else f"{kind}_encoder"]
+            mlp = tower["pooler"]["mlp"] if config.pooling == "cls_mlp" else None
+            head = hf_export.SentenceHead(
+                pooling="mean" if config.pooling == "mean" else "cls",
+                dense_kernel=None if mlp is None else mlp["kernel"],
+                dense_bias=None if mlp is None else mlp["bias"],
+                activation="tanh", normalize=bool(config.normalize))
+            suffix = kind if arch == "cross" else None
+            what = f"{self.name} " + ("sentence encoder (r = u)" if arch == "simcse" else
+                                      f"{kind} view ({'r' if kind == 'explicit' else 'u'})")
+            usage = (f"Input: a plain sentence; the tokenizer appends the indicator word "
+                     f"(a sentence s is read as [CLS] s [SEP] {kind} [SEP]).\n" if suffix else
+                     "Input: a plain sentence.\n")
+            folders.append(HFFolder("" if arch == "simcse" else kind, dict(
+                encoder_params=tower["transformer"], encoder_config=self.model.config,
+                tokenizer=self.tokenizer, max_length=int(config.max_length), head=head,
+                suffix=suffix, pooler=None if mlp is None else (mlp["kernel"], mlp["bias"]),
+                info={"model": self.name, "view": kind, "input_suffix": suffix,
+                      "step": self.step, "workdir": self.workdir and storage.display(self.workdir),
+                      "encoder": config.model, "pooling": config.pooling,
+                      "normalized": bool(config.normalize), "similarity": "cosine"},
+                readme=hf_export.readme(what, usage, step=self.step))))
+        return folders
 
 
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """The training config saved in the workdir (``run_config.json``), on today's defaults.
+    """The run's saved config on today's fields (a field added since gets its default).
 
     Raises:
-      FileNotFoundError: no workdir or no run config. ValueError: it is not a JSON object,
-        lacks a field the model needs, or holds an impossible setting (the message names
-        the file).
+      FileNotFoundError: no workdir or run config. ValueError: not a JSON object, a field
+        the model needs missing, or an impossible setting (the file named).
     """
-    return configs.read_config(workdir, default.get_config, prog=PROG,
-                               required=REQUIRED_FIELDS, validate=validate_config)
+    return configs.read_config(workdir, default.FIELDS, prog=PROG, required=REQUIRED_FIELDS,
+                               validate=_check_saved)
+
+
+def _check_saved(config: ml_collections.ConfigDict) -> None:
+    default.FIELDS.check(config, allow_unknown=True)  # fields a later version dropped
+    validate_config(config)
 
 
 def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
-    """Loads the latest (or a given) checkpoint of a training workdir for encoding.
-
-    Only the checkpoint's parameters are read, onto a data-parallel mesh of all devices;
-    each process keeps its own whole copy (``embedding_core.multihost.localize``), so that
-    several processes can each encode their slice of the texts.
+    """The latest (or ``step``'s) checkpoint's params alone, on a data-parallel mesh of all
+    devices, a whole copy per process (``multihost.localize``).
 
     Raises:
-      FileNotFoundError: no ``run_config.json`` or no checkpoint in ``workdir``, or (a
-        workdir without its ``encoder/`` copy) the config's model is gone.
-      ValueError: a damaged run_config.json; ``embedding_core.checkpoints.
-        IncompatibleCheckpointError`` for a checkpoint of the older layout.
+      FileNotFoundError: no run config or checkpoint, or (no ``encoder/`` copy) no model.
+      ValueError: a damaged run_config.json; ``checkpoints.IncompatibleCheckpointError``.
     """
     config = read_config(workdir)
     # The encoder's shape and tokenizer: the workdir's copy, or the base model for older
@@ -140,4 +157,4 @@ def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
         storage.as_path(workdir) / "checkpoints", init_fn(model), parallel.make_mesh(-1, 1),
         step=step, rules=configs.axis_rules(config))
     return Embedder(model, multihost.localize(params), load_tokenizer(model_dir), config,
-                    step=step)
+                    step=step, workdir=workdir)

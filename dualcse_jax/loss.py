@@ -1,19 +1,16 @@
-"""The DualCSE 5-term contrastive loss and the supervised SimCSE loss (``docs/dualcse.md``).
-
-Both are written on the global batch (all devices' premises are negatives of each other)
-and are built from ``embedding_core.losses.info_nce``.
-"""
+"""The DualCSE 5-term loss and the supervised SimCSE loss on the global batch, from
+``embedding_core.losses.info_nce`` (``docs/dualcse.md``)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from data_pipelines.dualcse_data import sentence_slot
+from dualcse_jax.tables import sentence_slot
 from embedding_core.contrastive import map_rows
 from embedding_core.losses import info_nce
 
-# Sentence slots of an INLI example on the model's sentence axis (dualcse_data.SENTENCES).
+# Sentence slots on the model's sentence axis (tables.SENTENCES).
 PREMISE, EXPLICIT, IMPLIED, CONTRADICTION = (
     sentence_slot("cross", s) for s in ("premise", "explicit_hyp", "implied_hyp",
                                         "contradiction"))
@@ -55,31 +52,25 @@ def dualcse_loss(
               -log v(r+_i2, u+_i2) / sum_j v(r+_i2, u+_j2)
               -log v(r-_i, u-_i) / sum_j v(r-_i, u-_j)
 
-    Ablation switches (our reading of the paper's ablations):
-
-    * ``use_contradiction=False`` removes the contradiction negatives ``r-_j`` from terms
-      1-2 and drops term 5 (contradictions are then unused);
-    * ``use_intra=False`` removes the intra-sentence relations: the premise's other vector
-      (``u_j`` in term 1, ``r_j`` in term 2) and terms 3-5.
+    Ablations (our reading): ``use_contradiction=False`` drops the ``r-_j`` negatives of
+    terms 1-2 and term 5; ``use_intra=False`` drops ``u_j`` / ``r_j`` of terms 1-2 and
+    terms 3-5.
 
     Args:
-      r, u: ``[batch, 4, dim]`` float explicit / implicit vectors of (premise, explicit
-        entailment, implied entailment, contradiction).
-      text_ids: ``[batch, 4]`` int32 sentence identities (one per sentence, not per
-        indicator field: see ``model.sentence_text_ids``); keys whose identity equals the
-        positive's are removed from the denominator (duplicates are not negatives).
-      temperature: tau; the paper uses 0.05.
-      row_chunk: > 0: the query rows are scored in chunks of this many rows per data
-        device (``embedding_core.contrastive.map_rows``; ``config.contrastive_chunk_size``),
-        so a device holds ``[row_chunk, keys]`` scores instead of ``[its rows, keys]``.
+      r, u: ``[batch, 4, dim]`` float vectors of (premise, explicit entailment, implied
+        entailment, contradiction).
+      text_ids: ``[batch, 4]`` int32, one id per sentence (``model.sentence_text_ids``);
+        keys equal to the positive are left out of the denominator.
+      row_chunk: > 0: query rows scored this many per data device at a time
+        (``contrastive.map_rows``; ``config.loss_chunk_size``).
 
     Raises:
       ValueError: ``text_ids`` is not ``[batch, 4]``; ``row_chunk`` does not divide the
         rows per device.
 
     Returns:
-      ``(loss, terms)``: the batch mean of ``l_i`` (float32 scalar) and the mean of each
-      term (``term1`` ... ``term5``; dropped terms are absent).
+      ``(loss, terms)``: the batch mean of ``l_i`` (float32) and each term's mean
+      (``term1`` ... ``term5``; dropped terms absent).
     """
     _check_ids(r, text_ids)
     r = r.astype(jnp.float32)
@@ -127,23 +118,15 @@ def simcse_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Supervised SimCSE (Gao et al. 2021, eq. 5): anchors against positives + hard negatives.
 
-    ``l_i = -log v(h_i, h+_i) / sum_j [v(h_i, h+_j) + v(h_i, h-_j)]``, one direction, over
-    the global batch. A hard negative with the same text identity as its own row's positive
-    is no negative: it is left out of every row's sum (how a row without a hard negative is
-    stored, ``dualcse_jax.data``), so such rows add in-batch negatives only.
-
-    Rows whose anchors share a text identity (SimCSE(INLI) writes two rows per premise,
-    its explicit and its implied entailment as positives) are siblings: a sibling's
-    positive is a positive of this anchor too, so it is left out of this row's sum rather
-    than pushed away (``docs/dualcse.md``, "Baselines"). The siblings' shared hard
-    negative stays a negative.
+    ``l_i = -log v(h_i, h+_i) / sum_j [v(h_i, h+_j) + v(h_i, h-_j)]`` over the global
+    batch. A hard negative with its own row's positive id (a row without one) is left out
+    of every sum; a sibling row's positive (equal anchor ids: SimCSE(INLI)) is left out of
+    this row's sum (``docs/dualcse.md``, "Baselines").
 
     Args:
       e: ``[batch, 3, dim]`` float vectors of (anchor, positive, hard negative).
-      text_ids: ``[batch, 3]`` int32 text identities (duplicates of the positive masked;
-        equal anchor ids mark sibling rows).
-      row_chunk: > 0: anchors scored in chunks of this many rows per data device
-        (:func:`dualcse_loss`).
+      text_ids: ``[batch, 3]`` int32 text identities.
+      row_chunk: as in :func:`dualcse_loss`.
 
     Returns:
       ``(loss, {})``: float32 batch mean.

@@ -1,123 +1,89 @@
-"""dualcse-jax: train, evaluate and export DualCSE sentence embeddings.
-
-Usage:
-  dualcse-jax train    --config=CONFIG.py --workdir=DIR [--config.FIELD=VALUE ...]
-  dualcse-jax evaluate --workdir=DIR [--baseline] [--eis_data=ImpScore.csv]
-                       [--config.val_file=V.csv] [--config.test_file=T.csv]
-                       [--rte_score_rules=max,explicit,implicit,pair | all]
-  dualcse-jax export   --workdir=DIR --input=SENTENCES.txt --output=OUT_DIR [--normalize]
-  dualcse-jax export-hf --workdir=DIR --output=OUT_DIR
-  dualcse-jax demo     --workdir=DIR [--config=PRESET.py] [--config.FIELD=VALUE ...]
-  dualcse-jax preprocess --config=CONFIG.py --output=DIR [--num_shards=8]
-
-train     trains (or resumes) into DIR: run_config.json, encoder/ (HF config and tokenizer),
-          TensorBoard events, orbax checkpoints.
-          CONFIG.py defaults to dualcse_jax/configs/default.py (the paper's settings);
-          dualcse_jax/configs/cross_cpu.py is the small CPU preset of the README.
-          Your own data: --config.train_file=PATH (CSV or JSON Lines, local or gs://;
-          --config.val_file / --config.test_file for RTE; docs/data.md).
-          --config.train_shards=DIR streams a corpus written by preprocess instead.
-evaluate  RTE on INLI test with the threshold tuned on INLI val; prints the table and
-          writes DIR/eval/rte.json ({"explicit","implied","neutral","contradiction",
-          "average","threshold"}, accuracies in [0,1]). --baseline adds MiniLM off
-          the shelf (mean pooling; NLI-trained by its authors) as a row. EIS: on
-          --eis_data (ImpScore CSV, ImpScore's own random.Random(42) split) or,
-          without it, on the INLI proxy (labelled as a proxy).
-          The run's --config.val_file / test_file replace INLI val / test; given on the
-          evaluate line, they change the sets for this evaluation only.
-          RTE score rule: the run's config.eval_rte_score_rule (max: max(cos(r_p, r_h),
-          cos(u_p, r_h)); explicit: cos(r_p, r_h); implicit: cos(u_p, r_h); pair: either
-          cosine above its own val-tuned threshold); --rte_score_rules=all prints a table
-          per rule from one encoding (rte.json: "rules"), without retraining.
-demo      the README's main job: train DualCSE-Cross from MiniLM on INLI with the CPU
-          preset (configs/cross_cpu.py, or --config), evaluate next to MiniLM off
-          the shelf, export the INLI test premises' embeddings, print where everything is.
-export    encodes one sentence per line of --input into OUT_DIR/explicit/ (r) and
-          OUT_DIR/implicit/ (u), each with embeddings.npy (float32 [N, dim], row i =
-          line i), ids.txt and meta.json (model, config, step, normalized, similarity);
-          --normalize writes unit-length rows. embedding_core.export.load_export reads it.
-export-hf writes the trained encoder for Hugging Face / sentence-transformers (no JAX
-          needed to use it): OUT_DIR/explicit/ (r) and OUT_DIR/implicit/ (u), each loaded by
-          SentenceTransformer(folder).encode(sentences) or transformers.AutoModel. The
-          cross-encoder's indicator word is in each folder's tokenizer: pass plain sentences.
-          A simcse run is one folder, OUT_DIR. OUT_DIR must be new or empty (docs/export.md).
-preprocess tokenises the training rows CONFIG.py describes once into --num_shards ArrayRecord
-          shards under --output (local or gs://) with a manifest.json; train with
-          --config.train_shards=DIR and each host reads only its shards (docs/data.md,
-          "Sharded corpora"). --num_shards: a multiple of the number of training hosts.
-"""
+"""dualcse-jax: the command table (its help is generated from :data:`PROGRAM`)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
-from embedding_core import preprocess
-from embedding_core.cli import define_workdir_flags, parse_command, run_app, user_errors
+import dualcse_jax
+from data_pipelines import preprocess
+from dualcse_jax.configs import DATA_FILES
+from dualcse_jax.configs.default import FIELDS
+from embedding_core.commands import Command, Program, define_flags, main
 
-COMMANDS = ("train", "evaluate", "export", "export-hf", "demo", "preprocess")
-
-define_workdir_flags(str(Path(__file__).parent / "configs" / "default.py"))
-flags.DEFINE_string("input", None, "export: text file, one sentence per line (UTF-8).")
-flags.DEFINE_string("output", None, "export, export-hf, preprocess: output directory.")
+DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
+define_flags(DEFAULT_CONFIG)
 flags.DEFINE_bool("baseline", False,
                   "evaluate: also score the pretrained checkpoint as it is (not trained here).")
 flags.DEFINE_string("eis_data", None, "evaluate: ImpScore-format CSV for EIS.")
 flags.DEFINE_string("rte_score_rules", None, "evaluate: comma-separated RTE score rules "
                     "(max, explicit, implicit, pair) or 'all', one table each from one "
                     "encoding (default: the run's config.eval_rte_score_rule).")
-flags.DEFINE_bool("normalize", None, "export: unit-length rows (default: the run's "
-                  "config.normalize, False unless set).")
 preprocess.define_flags()
 FLAGS = flags.FLAGS
 
 
-def main(argv: list[str]) -> None:
-    command = parse_command(argv, COMMANDS)
+def _evaluate(inv):
+    from dualcse_jax import workflows
+    from dualcse_jax.evaluate import parse_rules
+
+    return workflows.evaluate_workdir(
+        inv.workdir, step=inv.step, baseline=FLAGS.baseline, eis_data=FLAGS.eis_data,
+        rules=parse_rules(FLAGS.rte_score_rules), overrides=inv.overrides)
+
+
+def _demo(inv):
     from dualcse_jax import workflows
 
-    with user_errors("dualcse-jax", command):
-        if command == "demo":
-            config = FLAGS.config if FLAGS["config"].present else None
-            workflows.run_demo(FLAGS.workdir, FLAGS.num_train_steps, config=config)
-        elif command == "train":
-            from data_pipelines.paths import absolute_data_paths
-            from dualcse_jax.configs import DATA_FILES
+    return workflows.run_demo(inv.workdir, FLAGS.num_train_steps,
+                              config=inv.config if FLAGS["config"].present else None)
 
-            # Saved with the run: evaluate and resume find the files from any directory.
-            workflows.train(absolute_data_paths(FLAGS.config, (*DATA_FILES, "train_shards")),
-                            FLAGS.workdir)
-        elif command == "preprocess":
-            from dualcse_jax import data
 
-            preprocess.run_preprocess("dualcse-jax", data.corpus_source, FLAGS.config,
-                                      FLAGS.output, FLAGS.num_shards)
-        elif command == "evaluate":
-            given = {arg[len("--config."):].split("=", 1)[0] for arg in sys.argv
-                     if arg.startswith("--config.")}
-            from dualcse_jax.evaluate import parse_rules
+def _preprocess(inv):
+    from dualcse_jax import data
 
-            workflows.evaluate_workdir(FLAGS.workdir, step=FLAGS.step, baseline=FLAGS.baseline,
-                                       eis_data=FLAGS.eis_data,
-                                       rules=parse_rules(FLAGS.rte_score_rules),
-                                       overrides={k: FLAGS.config[k] for k in sorted(given)
-                                                  if k in FLAGS.config})
-        elif command == "export-hf":
-            if not FLAGS.output:
-                raise app.UsageError("export-hf needs --output=DIR")
-            workflows.export_hf_workdir(FLAGS.workdir, FLAGS.output, step=FLAGS.step)
-        else:
-            if not FLAGS.input or not FLAGS.output:
-                raise app.UsageError("export needs --input=FILE and --output=DIR")
-            workflows.export_workdir(FLAGS.workdir, FLAGS.input, FLAGS.output,
-                                     step=FLAGS.step, normalize=FLAGS.normalize)
+    return preprocess.run_preprocess(inv.prog, data.corpus_source, inv.config, FLAGS.output,
+                                     FLAGS.num_shards)
+
+
+PROGRAM = Program(
+    prog="dualcse-jax", summary="train, evaluate and export DualCSE sentence embeddings "
+    "(docs/dualcse.md)", fields=FIELDS, default_config=DEFAULT_CONFIG,
+    train=dualcse_jax.train, load=lambda inv: dualcse_jax.load(inv.workdir, step=inv.step),
+    evaluate=_evaluate, demo=_demo, data_files=(*DATA_FILES, "train_shards"),
+    usage={"evaluate": "--workdir=DIR [--baseline] [--eis_data=ImpScore.csv] "
+                       "[--rte_score_rules=RULE,...|all] [--config.val_file=V.csv] "
+                       "[--config.test_file=T.csv]",
+           "demo": "--workdir=DIR [--config=PRESET.py] [--num_train_steps=N]"},
+    help={
+        "train": "trains (or resumes) into DIR: run_config.json, encoder/, TensorBoard "
+                 "events, orbax checkpoints. CONFIG.py: configs/default.py (the paper's), "
+                 "configs/cross_cpu.py (the README's CPU preset), bi.py, simcse.py; your "
+                 "own data: --config.train_file / val_file / test_file (docs/data.md).",
+        "evaluate": "RTE on INLI test (or the run's test_file), threshold tuned on INLI val "
+                    "(or val_file); writes DIR/eval/rte.json and eis.json. --baseline adds "
+                    "MiniLM off the shelf; EIS on --eis_data, else on an INLI PROXY; "
+                    "--config.val_file / test_file / eval_rte_score_rule apply to this "
+                    "evaluation only; --rte_score_rules=all: a table per rule.",
+        "export": "Views: explicit/ (r) and implicit/ (u).",
+        "export-hf": "Cross: explicit/ and implicit/ (the indicator word is in each "
+                     "tokenizer: pass plain sentences); bi: its two towers; simcse: one "
+                     "folder, OUT_DIR.",
+        "demo": "the README's main job: train DualCSE-Cross from MiniLM on INLI with "
+                "configs/cross_cpu.py (or --config), evaluate next to MiniLM off the shelf, "
+                "export the INLI test premises' r and u."},
+    extra=[Command("preprocess", _preprocess, "--config=CONFIG.py --output=DIR "
+                   "[--num_shards=8]", "tokenises the training rows of CONFIG.py once into "
+                   "ArrayRecord shards under --output; train on them with "
+                   "--config.train_shards=DIR (docs/data.md, \"Sharded corpora\").",
+                   needs_workdir=False)])
 
 
 def run() -> None:
     """Console-script entry point."""
-    run_app(main, sys.modules[__name__])
+    main(PROGRAM, sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -1,14 +1,8 @@
-"""DualCSE encoders (cross and bi) and the one-vector SimCSE sentence encoder.
+"""DualCSE encoders (cross and bi) and the one-vector SimCSE encoder (``docs/dualcse.md``).
 
-DualCSE (Oda et al., arXiv 2510.09293; ``docs/dualcse.md``) gives each sentence two vectors
-in one space: ``r`` (explicit meaning) and ``u`` (implicit meaning).
-
-* cross-encoder: one transformer; ``r`` from ``[CLS] s [SEP] explicit [SEP]`` and ``u`` from
-  ``[CLS] s [SEP] implicit [SEP]`` (the indicator pairing happens in tokenisation);
-* bi-encoder: two transformers, one for ``r`` and one for ``u``, on the plain sentence.
-
-The training batch's fields are those declared in ``data_pipelines.dualcse_data.FIELDS``;
-the model looks them up by name (``sentence_fields``), never by position.
+Cross: one transformer, r from ``[CLS] s [SEP] explicit [SEP]`` and u from ``... implicit
+[SEP]`` (the indicator is paired in tokenisation); bi: two transformers (r, u) on the plain
+sentence. Batch fields are looked up by name in ``dualcse_jax.tables.FIELDS``.
 """
 
 from __future__ import annotations
@@ -17,27 +11,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from data_pipelines import dualcse_data
+from dualcse_jax import tables
 from dualcse_jax.configs import ARCHITECTURES, POOLINGS
 from embedding_core.encoders import EncoderConfig, TransformerEncoder
 from embedding_core.inference import masked_mean
 
-KINDS = dualcse_data.INDICATORS  # ("explicit", "implicit"): r and u
+KINDS = tables.INDICATORS  # ("explicit", "implicit"): r and u
 
 
 class Pooler(nn.Module):
-    """Sentence vector from token states.
-
-    * ``cls``: the first token's final state;
-    * ``cls_mlp``: SimCSE's head, ``tanh(W h_cls + b)`` with a freshly initialised W (not
-      BERT's NSP pooler); used at training *and* evaluation, so the head that was trained
-      is the head that is used (``docs/dualcse.md``);
-    * ``mean``: average over real tokens only (padding excluded; sentence-transformers'
-      MiniLM pooling).
-
-    Input ``hidden [batch, seq_len, hidden]``, ``mask [batch, seq_len] int32``; output
-    ``[batch, hidden]`` float32.
-    """
+    """``hidden [batch, seq_len, hidden]``, ``mask [batch, seq_len]`` -> ``[batch, hidden]``
+    float32: ``cls`` (first token), ``cls_mlp`` (SimCSE's ``tanh(W h_cls + b)``, W fresh,
+    kept at evaluation) or ``mean`` (real tokens only)."""
 
     kind: str = "cls"
 
@@ -76,14 +61,9 @@ class SentenceEncoder(nn.Module):
 
 
 class DualEncoder(nn.Module):
-    """DualCSE cross/bi encoder, or (``architecture="simcse"``) a one-vector encoder.
-
-    Inputs are ``[batch, fields, seq_len]`` int32 arrays of a ``data_pipelines.dualcse_data``
-    table of this architecture (fields as in ``dualcse_data.FIELDS[architecture]``).
-
-    Returns:
-      ``(r, u)``, each ``[batch, sentences, hidden]`` float32, sentences in the order of
-      ``dualcse_data.SENTENCES[architecture]``. For ``simcse`` ``u is r``.
+    """DualCSE cross/bi encoder, or (``architecture="simcse"``) a one-vector encoder:
+    ``[batch, fields, seq_len]`` int32 inputs (``tables.FIELDS[architecture]``) -> ``(r,
+    u)``, each ``[batch, sentences, hidden]`` float32 (``tables.SENTENCES``; simcse: u is r).
     """
 
     config: EncoderConfig
@@ -100,14 +80,10 @@ class DualEncoder(nn.Module):
             self.encoder = SentenceEncoder(self.config, self.pooling)
 
     def __call__(self, input_ids, attention_mask, token_type_ids, *, deterministic=True):
-        """Encodes every field and returns each sentence's r and u.
-
-        Each input is either one ``[batch, fields, seq_len]`` array (fields in table order)
-        or a tuple of them, one per group of ``dualcse_data.length_groups(architecture)``
-        (see ``data_pipelines.pipeline.make_batches(length_groups=...)``).
-        """
+        """Each input: one ``[batch, fields, seq_len]`` array, or a tuple of them, one per
+        group of ``tables.length_groups(architecture)``."""
         if isinstance(input_ids, (tuple, list)):
-            groups = dualcse_data.length_groups(self.architecture)
+            groups = tables.length_groups(self.architecture)
             if len(groups) != len(input_ids):
                 raise ValueError(f"{len(input_ids)} input groups; the {self.architecture} "
                                  f"length groups are {groups}")
@@ -115,7 +91,7 @@ class DualEncoder(nn.Module):
             input_ids, attention_mask, token_type_ids = (
                 (input_ids,), (attention_mask,), (token_type_ids,))
             groups = (tuple(range(input_ids[0].shape[1])),)
-        fields = dualcse_data.FIELDS[self.architecture]
+        fields = tables.FIELDS[self.architecture]
         if sum(len(g) for g in groups) != len(fields):
             raise ValueError(f"{sum(len(g) for g in groups)} fields; {self.architecture} "
                              f"batches have {len(fields)}: {fields}")
@@ -131,7 +107,7 @@ class DualEncoder(nn.Module):
             return jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
 
         def sentences(e, kind):
-            cols = [position[f] for f in dualcse_data.sentence_fields(self.architecture, kind)]
+            cols = [position[f] for f in tables.sentence_fields(self.architecture, kind)]
             return take_fields(e, cols)
 
         if self.architecture == "bi":
@@ -144,11 +120,8 @@ class DualEncoder(nn.Module):
         return sentences(e, "explicit"), sentences(e, "implicit")
 
     def encode_single(self, input_ids, attention_mask, token_type_ids, kind: str = "explicit"):
-        """Encodes ``[n, seq_len]`` inputs with one encoder, for inference.
-
-        For cross and simcse the indicator (if any) is already in the tokens; for bi,
-        ``kind`` picks the explicit (r) or implicit (u) encoder.
-        """
+        """``[n, seq_len]`` inputs -> ``[n, hidden]`` (bi: ``kind`` picks the encoder; cross:
+        the indicator is in the tokens)."""
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r}: use one of {KINDS}")
         if self.architecture == "bi":
@@ -176,7 +149,7 @@ def build_model(config, encoder_config: EncoderConfig) -> DualEncoder:
 
 def init_fn(model: DualEncoder):
     """``rng -> boxed params`` for ``model`` on dummy inputs of its architecture's fields."""
-    num_fields = len(dualcse_data.FIELDS[model.architecture])
+    num_fields = len(tables.FIELDS[model.architecture])
 
     def init(rng):
         ids = jnp.zeros((1, num_fields, 8), jnp.int32)
@@ -185,33 +158,15 @@ def init_fn(model: DualEncoder):
     return init
 
 
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def model_inputs(batch) -> tuple:
-    """``(input_ids, attention_mask, token_type_ids)`` of a batch, grouped or not."""
-    if "input_ids" in batch:
-        return tuple(batch[n] for n in INPUT_NAMES)
-    groups = sorted(int(k.rsplit("_", 1)[1]) for k in batch if k.startswith("input_ids_"))
-    return tuple(tuple(batch[f"{n}_{g}"] for g in groups) for n in INPUT_NAMES)
-
-
 def sentence_text_ids(text_ids, architecture: str):
-    """Per-sentence identities ``[batch, sentences]`` from per-field ``[batch, fields]`` ids.
-
-    The cross-encoder has an (explicit, implicit) field for each sentence, and both carry
-    the sentence's id: keep the explicit field's column of each sentence, so that column k
-    names the sentence of ``r[:, k]`` / ``u[:, k]``. Bi and simcse have one field per
-    sentence already.
-
-    Raises:
-      ValueError: a batch whose field count is not the architecture's.
-    """
-    fields = dualcse_data.FIELDS[architecture]
+    """Per-sentence ids ``[batch, sentences]`` (column k names ``r[:, k]``) from per-field
+    ``[batch, fields]`` ids (a cross sentence's two fields share one); ValueError for a
+    field count that is not the architecture's."""
+    fields = tables.FIELDS[architecture]
     if text_ids.shape[1] != len(fields):
         raise ValueError(f"{architecture} batches have {len(fields)} fields {fields}; got "
                          f"{text_ids.shape[1]} text-id columns")
-    return take_fields(text_ids, dualcse_data.sentence_fields(architecture, "explicit"))
+    return take_fields(text_ids, tables.sentence_fields(architecture, "explicit"))
 
 
 def take_fields(x, cols):

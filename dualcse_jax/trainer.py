@@ -7,20 +7,14 @@ import os
 import ml_collections
 from jax.sharding import Mesh
 
-from data_pipelines import inli, sharded_corpus
+from data_pipelines import sharded_corpus
 from data_pipelines.tokenization import load_tokenizer
 from dualcse_jax import data
-from dualcse_jax.configs import validate_config
+from dualcse_jax.configs import default
+from dualcse_jax.evaluate import rte_evaluator
 from dualcse_jax.loss import dualcse_loss, simcse_loss
-from dualcse_jax.model import (
-    DualEncoder,
-    build_model,
-    init_fn,
-    model_inputs,
-    pretrained_paths,
-    sentence_text_ids,
-)
-from embedding_core import training
+from dualcse_jax.model import DualEncoder, build_model, init_fn, pretrained_paths, sentence_text_ids
+from embedding_core import contrastive, training
 from embedding_core.contrastive import ContrastiveLoss, per_example
 from embedding_core.pretrained import encoder_run_files, load_pretrained
 from embedding_core.run import run
@@ -28,25 +22,19 @@ from embedding_core.task import Task
 
 
 def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> ContrastiveLoss:
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch, split at the
-    sentence vectors (``embedding_core.contrastive.ContrastiveLoss``), so that
-    ``config.contrastive_chunk_size`` can chunk it.
-
-    The embeddings are ``(r, u)`` ``[rows, sentences, hidden]`` float32 (``(r,)`` for
-    simcse); with dropout each row (an example with all its sentences) is encoded with the
-    key ``fold_in(step key, row)`` (``contrastive.per_example``). With
-    ``config.contrastive_chunk_size`` the loss scores its query rows in chunks of that size
-    too (``row_chunk``), so no device holds its rows' full score matrix.
-    """
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` split at the sentence vectors
+    ``(r, u)`` ``[rows, sentences, hidden]`` float32 (``(r,)`` for simcse), so that
+    ``contrastive_chunk_size`` can chunk the encoder; ``loss_chunk_size`` chunks the loss's
+    query rows. With dropout, row i is encoded with ``fold_in(step key, i)``."""
     simcse = config.architecture == "simcse"
-    row_chunk = int(config.get("contrastive_chunk_size", 0))  # the loss's query chunks
+    row_chunk = int(config.get("loss_chunk_size", 0))
 
     def embed(params, batch, rows, rng):
         def apply(inputs, key):
             return model.apply({"params": params}, *inputs, deterministic=key is None,
                                rngs={} if key is None else {"dropout": key})
 
-        r, u = per_example(apply, bool(config.dropout))(model_inputs(batch), rows, rng)
+        r, u = per_example(apply, bool(config.dropout))(data.model_inputs(batch), rows, rng)
         return (r,) if simcse else (r, u)
 
     def loss(params, vectors, batch, rng):
@@ -61,37 +49,21 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> Contr
     return ContrastiveLoss(embed, loss)
 
 
-def rte_evaluator(model: DualEncoder, tokenizer, config: ml_collections.ConfigDict,
-                  val: list[inli.INLIExample] | None = None):
-    """``(params, step) -> {val_rte_*}``: RTE on the first ``eval_examples`` val premises
-    (``val``, else read from ``config.val_file``, else INLI val)."""
-    from dualcse_jax.evaluate import evaluate_rte
-    from dualcse_jax.inference import Embedder
-
-    val = (data.val_examples(config) if val is None else val)[: config.eval_examples]
-    embedder = Embedder(model, None, tokenizer, config)  # compiled once
-
-    def evaluate(params, step):
-        embedder.params, embedder.step = params, step
-        return {f"val_rte_{k}": v for k, v in evaluate_rte(embedder, val, val).items()}
-
-    return evaluate
-
-
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Task:
-    """The DualCSE training task a config describes (data and MiniLM weights load here).
+    """The training task of a config (the user's RTE files are read first, so a fault in
+    them stops the run before training).
 
     Raises:
-      ValueError: fewer training examples than one batch. FileNotFoundError: no model, or
-        no ``val_file``/``test_file``.
-      data_pipelines.errors.DataError: malformed training data, or a malformed
-        ``val_file``/``test_file`` (file, line, field).
+      ValueError: fewer training examples than one batch; a ``loss_chunk_size`` that does
+        not divide the per-device batch. FileNotFoundError: no model or RTE file.
+      DataError: malformed training data or RTE file (file, line, field).
     """
-    # The user's evaluation files are read now, so a fault in them stops the run before
-    # training rather than after it (evaluate reads the test file again; it is small).
     val = data.val_examples(config) if data.has_own_file(config, "val_file") else None
     if data.has_own_file(config, "test_file"):
         data.test_examples(config)
+    if mesh is not None and config.get("loss_chunk_size", 0):
+        contrastive.check_split("loss_chunk_size", int(config.loss_chunk_size),
+                                int(config.batch_size), mesh, chunk=True)
     pretrained = load_pretrained(config.model)
     tokenizer = load_tokenizer(pretrained.model_dir)
     table = data.train_rows(config, tokenizer, pretrained.model_dir)
@@ -105,26 +77,20 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
         loss_fn=make_loss_fn(model, config), make_batches=data.batch_factory(config, table),
         num_examples=table.num_examples,
         steps_per_epoch=sharded_corpus.epoch_steps(table, int(config.batch_size)),
-        global_batch_size=int(config.batch_size),
+        global_batch_size=int(config.batch_size), batch_spec=data.batch_spec(config),
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
-        evaluate=rte_evaluator(model, tokenizer, config, val) if config.eval_every > 0 else None,
-        run_files=encoder_run_files(pretrained.model_dir),
+        evaluate=rte_evaluator(model, tokenizer, config, val) if config.eval_every > 0
+        else None, run_files=encoder_run_files(pretrained.model_dir),
         summary=f"data: {data.train_source(config)}, pooling {config.pooling}",
         logical_axis_sizes={"heads": pretrained.config.num_heads})
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           *, stop_after: int | None = None) -> training.TrainState:
-    """Trains (or resumes) a DualCSE/SimCSE model into ``workdir``.
-
-    Writes ``workdir/run_config.json``, ``workdir/encoder/`` (the encoder's HF config and
-    tokenizer files), TensorBoard events, and orbax checkpoints under
-    ``workdir/checkpoints`` (with the data position, so a killed run resumes in order).
-    Usable from a notebook: nothing here parses flags.
+    """Trains (or resumes) into ``workdir`` (``embedding_core.run.run``: config checked and
+    nothing written before the data loads).
 
     Raises:
-      ValueError: bad config (e.g. batch not divisible by the data-parallel size), checked
-        before compiling. FileNotFoundError: a model path that does not exist.
-      data_pipelines.errors.DataError: malformed training data (file, line, field).
+      ValueError: a bad config (one line). FileNotFoundError: no model. DataError: bad data.
     """
-    return run(build_task, config, workdir, validate=validate_config, stop_after=stop_after)
+    return run(build_task, config, workdir, validate=default.validate, stop_after=stop_after)

@@ -1,7 +1,4 @@
-"""The CLI's work as plain functions: train, evaluate a workdir, export embeddings, the demo.
-
-No flags are parsed here, so notebooks and tests call these directly.
-"""
+"""The CLI's work as plain functions (no flags): train, evaluate, export, the demo."""
 
 from __future__ import annotations
 
@@ -11,10 +8,8 @@ from collections.abc import Sequence
 
 from etils import epath
 
-from embedding_core import multihost, storage
+from embedding_core import multihost, serving, storage
 from embedding_core.files import write_json, write_lines
-
-VIEWS = ("explicit", "implicit")  # export folders: r and u
 
 
 def train(config, workdir: str | os.PathLike, *, stop_after: int | None = None):
@@ -30,17 +25,13 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baseline: bool = False, eis_data: str | None = None,
                      progress: bool = True, overrides: dict | None = None,
                      rules: Sequence[str] | None = None) -> dict:
-    """RTE (+ EIS) of a workdir's checkpoint; writes ``workdir/eval/rte.json`` and prints.
+    """RTE (+ EIS) of a checkpoint, printed and written to ``workdir/eval/``: ``rte.json``
+    (the first rule's accuracies, ``rule``, ``label_conflicts`` ``{"val", "test"}``, and
+    ``rules`` with several), ``eis.json``, ``rte_baseline.json`` with ``baseline``.
 
-    ``rte.json`` holds the accuracies of the first rule, its name (``rule``) and
-    ``label_conflicts`` (``{"val", "test"}``: the rows that give one sentence under an
-    entailed and a non-entailed class, see ``evaluate.label_conflicts``); with several
-    rules, ``rules`` maps each rule to its accuracies as well.
-
-    ``overrides`` (``val_file``, ``test_file``, ``eval_rte_score_rule``) replace the run's
-    evaluation settings for this call. ``rules``: the RTE score rules to report, each as
-    its own table from one encoding (``None``: the run's ``eval_rte_score_rule``); the
-    model is not retrained.
+    Args:
+      overrides: ``val_file``, ``test_file``, ``eval_rte_score_rule`` for this call only.
+      rules: RTE score rules, a table each from one encoding (``None``: the run's).
 
     Raises:
       ValueError: an unknown rule or override field (before the model loads).
@@ -117,127 +108,31 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     return {"rte": rows, "rte_rules": by_rule, "eis": eis, "label_conflicts": conflicts}
 
 
-def read_sentences(path: str | os.PathLike) -> list[str]:
-    """One sentence per line, strict UTF-8; an empty line is an error naming the line."""
-    from data_pipelines.text_lines import read_text_lines
-
-    return read_text_lines(path, "sentence")
-
-
-def export_workdir(workdir: str | os.PathLike, input_path: str, output: str,
-                   *, step: int | None = None, normalize: bool | None = None,
+def export_workdir(workdir: str | os.PathLike, input_path: str, output: str, *,
+                   step: int | None = None, normalize: bool | None = None,
                    chunk: int = 4096) -> epath.Path:
-    """Streams r and u of ``input_path``'s sentences into ``output/explicit`` and
-    ``output/implicit`` (``embeddings.npy``, ``ids.txt``, ``meta.json`` each, written
-    atomically by ``embedding_core.export.export_view``).
-
-    Args:
-      normalize: unit-length rows; ``None`` follows the run's ``config.normalize``.
-
-    Raises:
-      FileExistsError: ``output`` is a file; FileNotFoundError, IsADirectoryError,
-        DataError: a bad ``input_path`` (nothing is written then).
-    """
+    """r and u of ``input_path``'s lines into ``output/explicit`` and ``output/implicit``
+    (``embedding_core.serving.export``; ``normalize=None``: the run's ``config.normalize``)."""
     from dualcse_jax.inference import load
-    from embedding_core.export import ExportFolder
 
-    folder = ExportFolder(output)  # refuses an --output that is a file, before any work
-    sentences = read_sentences(input_path)
-    embedder = load(workdir, step=step)
-    config = embedder.config
-    normalize = bool(config.normalize if normalize is None else normalize)
-
-    def blocks(kind):
-        for start in range(0, len(sentences), chunk):
-            part = sentences[start:start + chunk]
-            # Each process encodes a slice of the chunk; process 0 writes (ExportFolder).
-            yield part, multihost.encode(embedder, part, kind=kind, normalize=normalize)
-
-    with folder:
-        for kind in VIEWS:
-            meta = {"model": f"DualCSE-{config.architecture}", "encoder": config.model,
-                    "config": config.to_dict(), "step": embedder.step,
-                    "normalized": normalize, "similarity": "cosine", "view": kind,
-                    "architecture": config.architecture, "pooling": config.pooling,
-                    "workdir": storage.display(workdir),
-                    "input": storage.display(input_path)}
-            folder.view(kind, blocks(kind), num_rows=len(sentences), dim=embedder.dim,
-                        meta=meta)
-    print(f"wrote {len(sentences)} x {embedder.dim} embeddings to {output}/explicit/ (r) and "
-          f"{output}/implicit/ (u): embeddings.npy, ids.txt, meta.json each")
-    return storage.as_path(output)
+    return serving.export(lambda: load(workdir, step=step), output, input_path=input_path,
+                          normalize=normalize, workdir=workdir, chunk=chunk)
 
 
 def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                       step: int | None = None) -> epath.Path:
-    """Writes the run's encoder as Hugging Face / sentence-transformers folders.
-
-    ``output/explicit/`` encodes r and ``output/implicit/`` u, each a folder that
-    ``SentenceTransformer(folder).encode(texts)`` and ``transformers.AutoModel`` load with
-    no code of this project (``embedding_core.hf_export``, ``docs/export.md``): the
-    cross-encoder's indicator word is written into each folder's tokenizer (``s`` is read as
-    ``[CLS] s [SEP] explicit [SEP]``), so both folders hold the same weights; the
-    bi-encoder's folders hold its two encoders. A ``simcse`` run (r = u) is one folder,
-    ``output`` itself. Pooling ``cls_mlp`` adds a tanh Dense module; ``config.normalize``
-    a Normalize module, so ``encode`` returns what ``load(workdir).encode`` returns.
-
-    Raises:
-      FileExistsError: ``output`` is a file or a non-empty folder (before any work).
-      FileNotFoundError, ValueError: not a training workdir, no checkpoint (at ``step``).
-    """
+    """The run as sentence-transformers folders (``Embedder.hf_folders``,
+    ``embedding_core.serving.export_hf``)."""
     from dualcse_jax.inference import load
-    from embedding_core import hf_export
 
-    with hf_export.staged_output(output) as stage:
-        embedder = load(workdir, step=step)
-        config = embedder.config
-        params = embedder.params
-        kinds = ("explicit",) if config.architecture == "simcse" else VIEWS
-        for kind in kinds:
-            tower = params["encoder" if config.architecture != "bi" else f"{kind}_encoder"]
-            mlp = tower["pooler"]["mlp"] if config.pooling == "cls_mlp" else None
-            head = hf_export.SentenceHead(
-                pooling="mean" if config.pooling == "mean" else "cls",
-                dense_kernel=None if mlp is None else mlp["kernel"],
-                dense_bias=None if mlp is None else mlp["bias"],
-                activation="tanh", normalize=bool(config.normalize))
-            suffix = kind if config.architecture == "cross" else None
-            what = (f"DualCSE-{config.architecture} " +
-                    ("sentence encoder (r = u)" if config.architecture == "simcse" else
-                     f"{kind} view ({'r' if kind == 'explicit' else 'u'})"))
-            usage = (f"Input: a plain sentence; the tokenizer appends the indicator word "
-                     f"(a sentence s is read as [CLS] s [SEP] {kind} [SEP]).\n" if suffix else
-                     "Input: a plain sentence.\n")
-            hf_export.write_sentence_transformer(
-                stage if len(kinds) == 1 else stage / kind,
-                encoder_params=tower["transformer"], encoder_config=embedder.model.config,
-                tokenizer=embedder.tokenizer, max_length=int(config.max_length), head=head,
-                suffix=suffix, pooler=None if mlp is None else (mlp["kernel"], mlp["bias"]),
-                info={"model": f"DualCSE-{config.architecture}", "view": kind,
-                      "input_suffix": suffix, "step": embedder.step,
-                      "workdir": storage.display(workdir), "encoder": config.model,
-                      "pooling": config.pooling, "normalized": bool(config.normalize),
-                      "similarity": "cosine"},
-                readme=hf_export.readme(what, usage, step=embedder.step))
-    where = storage.display(output)
-    print(f"wrote {where}: " + (" and ".join(f"{k}/" for k in kinds) if len(kinds) > 1 else
-                                 "one folder") + " (sentence-transformers / transformers)")
-    return storage.as_path(output)
+    return serving.export_hf(lambda: load(workdir, step=step), output, workdir=workdir)
 
 
 def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
              config=None) -> dict:
-    """The README's main job: train DualCSE-Cross from MiniLM on shipped INLI (CPU preset),
-    evaluate RTE next to MiniLM off the shelf, export both embeddings of INLI test premises.
-
-    Args:
-      workdir: run folder (created; an existing run there is resumed).
-      num_train_steps: overrides the preset's step count.
-      config: an ``ml_collections.ConfigDict`` instead of ``configs/cross_cpu.py``.
-
-    Returns:
-      ``{"rte": {row name: accuracies}, ...}`` as written by :func:`evaluate_workdir`.
-    """
+    """The README's main job: train DualCSE-Cross from MiniLM on INLI (``config``, else
+    ``configs/cross_cpu.py``; resumes a run in ``workdir``), evaluate RTE next to MiniLM off
+    the shelf, export r and u of the INLI test premises; :func:`evaluate_workdir`'s result."""
     workdir = storage.as_path(workdir)
 
     from data_pipelines import inli

@@ -1,12 +1,6 @@
-"""Orbax checkpoints: params, optimizer state and the data position as separate items.
-
-A checkpoint holds three items: ``params`` (the sharded parameter pytree), ``opt_state``
-(the optimizer's state, e.g. Adam moments, with the step counter) and ``data`` (JSON: the
-next step to run, the data seed and the global batch size). Keeping params apart lets
-inference restore them alone (:func:`restore_params`), with no optimizer and no moments.
-The input pipeline is a pure function of (seed, step), so restoring ``data.next_step``
-continues the exact order of an uninterrupted run. Restores are given target shardings, so
-a checkpoint written on one mesh restores onto another (no silent replication).
+"""Orbax checkpoints of items ``params``, ``opt_state`` (with the step) and ``data`` (the
+data position: next step, seed, global batch size), restored onto target shardings
+(``docs/architecture.md``, "Checkpoints").
 """
 
 from __future__ import annotations
@@ -34,26 +28,13 @@ class IncompatibleCheckpointError(ValueError):
     """A checkpoint written by an older version of the library (one ``state`` item)."""
 
 
-def make_manager(
-    directory: str | os.PathLike,
-    *,
-    max_to_keep: int = 3,
-    async_save: bool = True,
-) -> ocp.CheckpointManager:
-    """An ``ocp.CheckpointManager`` for ``{params, opt_state, data}`` items under ``directory``.
-
-    Saves are asynchronous: device arrays are copied to host before ``save`` returns (so
-    donated buffers may be reused right after), files are written in the background.
-    Unfinished saves are never listed as checkpoints (orbax commits by atomic rename
-    locally, by a ``commit_success.txt`` marker on ``gs://``). A ``gs://`` directory reaches
-    orbax as the URI; a local one as an absolute path.
-    """
+def make_manager(directory: str | os.PathLike, *, max_to_keep: int = 3,
+                 async_save: bool = True) -> ocp.CheckpointManager:
+    """An ``ocp.CheckpointManager`` of :data:`ITEMS` under ``directory`` (``gs://`` as the
+    URI, a local one absolute); async saves copy device arrays to host before returning."""
     directory = _directory(directory)
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
-        create=True,
-        enable_async_checkpointing=async_save,
-    )
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=async_save)
     return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
 
 
@@ -64,32 +45,22 @@ def _directory(directory: str | os.PathLike) -> epath.Path:
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_position: dict,
          *, force: bool = True) -> bool:
-    """Saves ``state.params``, ``state.opt_state`` (with ``state.step``) and the data position.
-
-    Args:
-      state: a ``TrainState`` (anything with ``params``, ``opt_state`` and ``step``).
-      data_position: JSON-serialisable (see :func:`check_data_position`).
-    """
-    return manager.save(
-        step,
-        args=ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params),
-            opt_state=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
-            data=ocp.args.JsonSave(data_position),
-        ),
-        force=force,
-    )
+    """Saves ``state.params``, ``state.opt_state`` (with ``state.step``) and the
+    JSON-serialisable ``data_position``."""
+    return manager.save(step, force=force, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(state.params),
+        opt_state=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
+        data=ocp.args.JsonSave(data_position)))
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
     """``ShapeDtypeStruct`` tree with the target shardings, for restoring onto a mesh."""
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-    )
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
 
 
 def check_layout(directory: str | os.PathLike) -> None:
-    """Refuses a checkpoint folder written in the older single-``state`` layout.
+    """Refuses a checkpoint folder of the older single-``state`` layout.
 
     Raises:
       IncompatibleCheckpointError: some step folder holds ``state`` and no ``params``.
@@ -112,8 +83,7 @@ class DamagedCheckpointError(ValueError):
 
 @contextlib.contextmanager
 def _readable(manager: ocp.CheckpointManager, step: int) -> Iterator[None]:
-    # orbax reports a damaged folder as a KeyError, a tree dump or a tensorstore error
-    # several screens long; the user needs the folder, the cause in a line and a way out.
+    # orbax's errors for a damaged folder run to screens: name the folder, cause, way out.
     try:
         yield
     except (IncompatibleCheckpointError, MemoryError):
@@ -136,17 +106,10 @@ def _check_folder(folder: epath.Path) -> None:
             "older version to export the embeddings).")
 
 
-def restore(
-    manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
-) -> tuple[int, Any, dict] | None:
-    """Restores checkpoint ``step`` (default: the newest) onto ``abstract_state``'s shardings.
-
-    Args:
-      abstract_state: the ``TrainState`` as a ``ShapeDtypeStruct`` tree (see
-        ``abstract_like``) giving the target structure, dtypes and shardings.
-
-    Returns:
-      ``(step, state, data_position)`` or ``None`` when the directory has no checkpoint.
+def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
+            ) -> tuple[int, Any, dict] | None:
+    """``(step, state, data_position)`` of checkpoint ``step`` (default: the newest) on
+    ``abstract_state``'s shardings (:func:`abstract_like`), or ``None`` without one.
 
     Raises:
       IncompatibleCheckpointError: the checkpoint predates the params/optimizer split.
@@ -156,15 +119,11 @@ def restore(
         return None
     _check_layout(manager, step)
     with _readable(manager, step):
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract_state.params),
-                opt_state=ocp.args.StandardRestore(
-                    {"step": abstract_state.step, "opt_state": abstract_state.opt_state}),
-                data=ocp.args.JsonRestore(),
-            ),
-        )
+        restored = manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract_state.params),
+            opt_state=ocp.args.StandardRestore(
+                {"step": abstract_state.step, "opt_state": abstract_state.opt_state}),
+            data=ocp.args.JsonRestore()))
     logging.info("restored checkpoint step %d from %s", step, manager.directory)
     opt = restored["opt_state"]
     state = abstract_state.replace(params=restored["params"], step=opt["step"],
@@ -174,15 +133,8 @@ def restore(
 
 def restore_params(directory: str | os.PathLike, abstract_params: Any,
                    step: int | None = None) -> tuple[int, Any]:
-    """Restores only the ``params`` item (no optimizer, no moments) onto the given shardings.
-
-    Args:
-      directory: the run's ``checkpoints`` folder.
-      abstract_params: ``ShapeDtypeStruct`` tree with target shardings (``abstract_like``).
-      step: checkpoint step; default the newest.
-
-    Returns:
-      ``(step, params)``.
+    """``(step, params)``: the ``params`` item alone of checkpoint ``step`` (default: the
+    newest) in the run's ``checkpoints`` folder, on ``abstract_params``' shardings.
 
     Raises:
       FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
@@ -209,16 +161,14 @@ def restore_params(directory: str | os.PathLike, abstract_params: Any,
 
 def check_data_position(position: dict, *, seed: int, global_batch_size: int,
                         directory: str | os.PathLike) -> int:
-    """Validates a restored data position against the config; returns the next step.
+    """The next step of a restored data position.
 
     Raises:
-      CheckpointMismatchError: when seed or batch size changed, since the resumed run would
-        then silently see a different data order.
+      CheckpointMismatchError: seed or batch size changed (another data order).
     """
     for key, want in (("seed", seed), ("global_batch_size", global_batch_size)):
         if position.get(key) != want:
             raise CheckpointMismatchError(
                 f"{directory}: checkpoint was written with {key}={position.get(key)}, "
-                f"the config asks for {key}={want}; use a new --workdir or the old value"
-            )
+                f"the config asks for {key}={want}; use a new --workdir or the old value")
     return int(position["next_step"])

@@ -1,9 +1,5 @@
-"""The config fields every model shares, declared once, and the run's saved config.
-
-Each preset is ``get_config()`` in a package's ``configs/`` that starts from :func:`base` and
-adds only its model's fields (see ``docs/architecture.md``). Fields are flat and commented
-so that ``--config.FIELD=VALUE`` overrides them and ``--help`` can list them.
-"""
+"""The fields every model shares (declared once), the logical-axis rules, and the run's
+saved config: resume check, save, read (``docs/architecture.md``, "Configs")."""
 
 from __future__ import annotations
 
@@ -16,6 +12,7 @@ import ml_collections
 from etils import epath
 
 from embedding_core import parallel, storage
+from embedding_core.fields import Field, Fields
 from embedding_core.files import read_json_object
 
 CONFIG_FILE = "run_config.json"
@@ -24,69 +21,61 @@ take for a model's config (``docs/architecture.md``, "What a workdir holds")."""
 LEGACY_CONFIG_FILE = "config.json"
 """Where workdirs written before ``run_config.json`` keep their run config."""
 LR_DECAYS = ("linear", "cosine", "constant")
-# Fields a resumed run may change: how long, how often, on which devices. Every other field
-# shapes the model, its data or its optimisation, so a run resumed with another value would
-# mix two runs in one workdir (and rewrite the config that inference rebuilds the model from).
-RESUMABLE_FIELDS = frozenset({
-    "num_train_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
-    "eval_every", "eval_batch_size", "eval_examples", "mesh_data", "mesh_model",
-    "coordinator_address", "num_processes", "process_id", "logical_axis_rules",
-    "val_file", "test_file",  # DualCSE's evaluation sets: they do not shape the training
-    "contrastive_chunk_size",  # memory only: the chunked step's gradients are the same
-    "fused_table_update",  # DocEnt: memory only, the same step and optimizer-state layout
-})
-
-
 DEFAULT_AXIS_RULES = tuple((name, axis or "") for name, axis in parallel.LOGICAL_AXIS_RULES)
 """``parallel.LOGICAL_AXIS_RULES`` as the config stores them (``""`` = replicated)."""
 
-RESUMABLE_PREFIXES = ("eval_", "tag_")
-"""Evaluation-only fields (``eval_*``, DocEnt's ``tag_*``) may change on resume as well."""
+BASE = Fields(dict(
+    # Optimisation (AdamW, decoupled weight decay on matrices only).
+    learning_rate=Field(5e-5, "peak learning rate", above=0),
+    warmup_steps=Field(0, "linear warm-up from 0", min=0),
+    lr_decay=Field("linear", "after warm-up", choices=LR_DECAYS),
+    weight_decay=Field(0.0, "AdamW decoupled weight decay (matrices only)", min=0),
+    grad_clip_norm=Field(0.0, "global gradient-norm clip; 0 = off", min=0),
+    num_epochs=Field(1.0, "passes over the training examples", min=0, resumable=True),
+    num_train_steps=Field(0, ">0 overrides num_epochs", min=0, resumable=True),
+    seed=Field(42, "parameter init, dropout and data order"),
+    contrastive_chunk_size=Field(
+        0, "in-batch contrastive losses: rows per data device per GradCache chunk (same "
+        "gradients, one chunk's activations; divides the per-device batch); 0 = off",
+        min=0, resumable=True),
+    grad_accum_steps=Field(
+        1, "other losses (DocEnt-Full MLM, MRWE triplet): micro-batch gradients averaged "
+        "per step; divides the per-device batch", min=1),
+    # Loop.
+    log_every=Field(50, "steps between logged / TensorBoard metrics", min=1, resumable=True),
+    checkpoint_every=Field(500, "steps between checkpoints (also on SIGTERM and at the "
+                           "end)", min=1, resumable=True),
+    keep_checkpoints=Field(3, "checkpoints kept", min=1, resumable=True),
+    eval_every=Field(0, ">0: the model's evaluation every N steps and at the end", min=0,
+                     resumable=True),
+    eval_batch_size=Field(64, "texts per encoder call at evaluation and export", min=1,
+                          resumable=True),
+    # Parallelism.
+    mesh_data=Field(-1, "data-parallel size; -1 = all devices not used by mesh_model",
+                    min=-1, resumable=True),
+    mesh_model=Field(1, "tensor / vocabulary-parallel size", min=1, resumable=True),
+    coordinator_address=Field("", '"host:port" or "auto" for jax.distributed.initialize',
+                              resumable=True),
+    num_processes=Field(0, "jax.distributed processes (0 = from the environment)", min=0,
+                        resumable=True),
+    process_id=Field(-1, "this process (-1 = from the environment)", min=-1,
+                     resumable=True),
+    logical_axis_rules=Field(
+        DEFAULT_AXIS_RULES, "logical axis -> 'data' | 'model' | '' (replicated); names "
+        "given override the defaults, e.g. \"(('heads', ''),)\"", resumable=True),
+))
+"""The loop, optimizer, mesh and logical-axis-rule fields of every model's config."""
 
 
-def resumable(field: str) -> bool:
-    """Whether ``field`` may differ between invocations on one workdir."""
-    return field in RESUMABLE_FIELDS or field.startswith(RESUMABLE_PREFIXES)
+def declare(**fields: Field | object) -> Fields:
+    """:data:`BASE` extended with a package's fields (a plain value changes a shared
+    field's default); see :meth:`Fields.extend`."""
+    return BASE.extend(**fields)
 
 
 def base() -> ml_collections.ConfigDict:
-    """The loop, optimizer, mesh and logical-axis-rule fields of every model's config."""
-    c = ml_collections.ConfigDict()
-    # Optimisation (AdamW, decoupled weight decay on matrices only).
-    c.learning_rate = 5e-5
-    c.warmup_steps = 0  # linear warm-up from 0
-    c.lr_decay = "linear"  # linear | cosine | constant after warm-up
-    c.weight_decay = 0.0
-    c.grad_clip_norm = 0.0  # 0 = off
-    c.num_epochs = 1.0
-    c.num_train_steps = 0  # >0 overrides num_epochs
-    c.seed = 42  # parameter init, dropout and data order
-    # Batches beyond device memory (embedding_core/contrastive.py, docs/architecture.md).
-    c.contrastive_chunk_size = 0  # >0: in-batch contrastive losses (DualCSE, SimCSE, DocEnt
-    #   in-batch) embed the batch in chunks of this many rows per data device and backprop
-    #   chunk by chunk (GradCache): same gradients, activations of one chunk; must divide
-    #   the per-device batch. 0 = off
-    c.grad_accum_steps = 1  # >1: losses that are not in-batch contrastive (DocEnt-Full MLM,
-    #   MRWE triplet) average this many micro-batch gradients per step (triplet mining then
-    #   sees one micro-batch); must divide the per-device batch
-    # Loop.
-    c.log_every = 50  # steps between logged/TensorBoard training metrics
-    c.checkpoint_every = 500  # steps between checkpoints (also on SIGTERM and at the end)
-    c.keep_checkpoints = 3
-    c.eval_every = 0  # >0: the model's evaluation every N steps and at the end
-    c.eval_batch_size = 64  # texts per encoder call at evaluation and export
-    # Parallelism.
-    c.mesh_data = -1  # -1 = all devices not used by mesh_model
-    c.mesh_model = 1  # tensor / vocabulary-parallel size
-    c.coordinator_address = ""  # "host:port" or "auto" for jax.distributed.initialize
-    c.num_processes = 0
-    c.process_id = -1
-    c.logical_axis_rules = DEFAULT_AXIS_RULES  # logical axis -> "data" | "model" | ""
-    #   (replicated). Names given override these defaults, the others stay, e.g.
-    #   --config.logical_axis_rules="(('heads', ''),)". "entities" (DocEnt's table rows) is
-    #   split over model, "vocab" (word pieces) replicated; an axis the mesh size does not
-    #   divide (12 heads, model=8) is replicated with a warning (docs/architecture.md)
-    return c
+    """The shared fields' defaults as a ConfigDict."""
+    return BASE.config()
 
 
 def axis_rules(config: ml_collections.ConfigDict) -> parallel.LogicalRules:
@@ -101,12 +90,7 @@ def axis_rules(config: ml_collections.ConfigDict) -> parallel.LogicalRules:
 
 def check_rule_names(config: ml_collections.ConfigDict, model_axes) -> None:
     """Refuses a ``logical_axis_rules`` name that neither the defaults
-    (``parallel.LOGICAL_AXIS_RULES``) nor any parameter of the model carries: such a rule
-    would do nothing, which is almost always a typo (``"entitys"``).
-
-    Args:
-      model_axes: the model's logical axis names (``parallel.logical_dims`` of its
-        abstract parameters, or any iterable of names).
+    (``parallel.LOGICAL_AXIS_RULES``) nor any of ``model_axes`` carries (a typo).
 
     Raises:
       ValueError: naming the unknown names and the known ones.
@@ -141,46 +125,40 @@ def _check_axis_rules(rules) -> None:
         seen.add(name)
 
 
-def validate_base(config: ml_collections.ConfigDict) -> None:
-    """Checks the shared fields before anything is loaded or compiled.
+def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = None) -> None:
+    """Checks every field against its declaration (``fields``, else the shared ones, with
+    unknown fields let through) and the shared cross-field rules, before anything loads.
 
     Raises:
-      ValueError: naming the field and what it must be.
+      ValueError: one line naming the field and what it must be.
     """
-    if config.lr_decay not in LR_DECAYS:
-        raise ValueError(f"config.lr_decay={config.lr_decay!r}: use one of {LR_DECAYS}")
-    if not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
-        raise ValueError("config.learning_rate must be a finite positive number, got "
-                         f"{config.learning_rate}")
-    # inf or nan here would reach the optimizer and make every parameter non-finite.
-    for name in ("weight_decay", "grad_clip_norm", "num_epochs"):
-        if not math.isfinite(float(config[name])):
-            raise ValueError(f"config.{name} must be a finite number, got {config[name]}")
-    for name in ("log_every", "checkpoint_every", "keep_checkpoints", "eval_batch_size"):
-        if int(config[name]) < 1:
-            raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
-    for name in ("warmup_steps", "eval_every", "num_train_steps"):
-        if int(config[name]) < 0:
-            raise ValueError(f"config.{name} must be >= 0, got {config[name]}")
+    (fields or BASE).check(config, allow_unknown=fields is None)
     if config.num_train_steps == 0 and not config.num_epochs > 0:
         raise ValueError("config.num_epochs must be positive when num_train_steps is 0")
-    if config.weight_decay < 0 or config.grad_clip_norm < 0:
-        raise ValueError("config.weight_decay and config.grad_clip_norm must be >= 0")
-    if config.mesh_model < 1 or (config.mesh_data < 1 and config.mesh_data != -1):
-        raise ValueError(f"config.mesh_data={config.mesh_data}, mesh_model="
-                         f"{config.mesh_model}: sizes >= 1 (mesh_data may be -1 = the rest)")
+    if config.mesh_data == 0:
+        raise ValueError("config.mesh_data must be >= 1 or -1 (the rest), got 0")
     _check_axis_rules(config.get("logical_axis_rules") or ())
     chunk = int(config.get("contrastive_chunk_size", 0))
     accum = int(config.get("grad_accum_steps", 1))
-    if chunk < 0:
-        raise ValueError(f"config.contrastive_chunk_size must be >= 0 (rows per device in "
-                         f"each chunk; 0 = unchunked), got {chunk}")
-    if accum < 1:
-        raise ValueError(f"config.grad_accum_steps must be >= 1 (micro-batches per step; "
-                         f"1 = no accumulation), got {accum}")
     if chunk > 0 and accum > 1:
         raise ValueError(f"config.contrastive_chunk_size={chunk} and config.grad_accum_steps="
                          f"{accum}: set one of them (chunking already bounds the memory)")
+
+
+def validator(fields: Fields, extra: Callable[[ml_collections.ConfigDict], None] | None = None
+              ) -> Callable[[ml_collections.ConfigDict], None]:
+    """A package's whole config check: its declared fields, the shared rules, then its
+    cross-field ``extra``; ``saved=True`` (a run's saved config, :func:`read_config`) lets
+    fields a later version dropped through, so old workdirs load."""
+
+    def validate(config: ml_collections.ConfigDict, *, saved: bool = False) -> None:
+        fields.check(config, allow_unknown=saved)
+        validate_base(config)
+        if extra is not None:
+            extra(config)
+
+    validate.fields = fields  # read by check_resume through run()
+    return validate
 
 
 def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
@@ -193,10 +171,8 @@ def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> 
 def config_path(workdir: str | os.PathLike) -> epath.Path:
     """The file holding ``workdir``'s run config, local or ``gs://``.
 
-    ``run_config.json`` when present; else the ``config.json`` of a workdir trained
-    before that name, unless that file is a Hugging Face model config (it has
-    ``model_type``); else the ``run_config.json`` path (absent: the caller reports it).
-    An unreadable ``config.json`` counts as a run config, so that reading it names it.
+    ``run_config.json`` when present; else an older workdir's ``config.json`` unless it is
+    a Hugging Face model config (has ``model_type``); else the ``run_config.json`` path.
     """
     workdir = storage.as_path(workdir)
     path = workdir / CONFIG_FILE
@@ -210,11 +186,11 @@ def config_path(workdir: str | os.PathLike) -> epath.Path:
     return path if isinstance(raw, dict) and "model_type" in raw else legacy
 
 
-def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
+def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
+                 fields: Fields | None = None) -> None:
     """Refuses to train into a workdir whose saved config describes another run.
 
-    Called before anything is written, so a refused run leaves the workdir as it was.
-    Fields in :data:`RESUMABLE_FIELDS` may change between invocations.
+    Fields declared ``resumable`` (in ``fields``, else :data:`BASE`) may change.
 
     Raises:
       ValueError: the saved run config (:func:`config_path`) is unreadable, belongs to
@@ -236,7 +212,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
         raise ValueError(f"{workdir} holds a run of another model (its {path.name} has "
                          f"fields {foreign[:6]}... this model lacks); use a new --workdir")
     changed = [f"{k}={saved.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(saved) | set(new))
-               if not resumable(k) and saved.get(k) != new.get(k)
+               if not (fields or BASE).resumable(k) and saved.get(k) != new.get(k)
                and k in saved and k in new]
     if changed:
         raise ValueError(f"{workdir} was trained with other settings ({'; '.join(changed)}); "
@@ -244,11 +220,8 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
-    """Writes ``workdir/run_config.json`` (local or ``gs://``) atomically (process 0 only).
-
-    A ``config.json`` left by an older version stays as it was; ``run_config.json`` takes
-    precedence over it from now on (:func:`config_path`).
-    """
+    """Writes ``workdir/run_config.json`` atomically (an older ``config.json`` stays; this
+    file takes precedence: :func:`config_path`)."""
     from embedding_core.files import write_json
 
     write_json(storage.as_path(workdir) / CONFIG_FILE, config.to_dict())
@@ -256,7 +229,7 @@ def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -
 
 def read_config(
     workdir: str | os.PathLike,
-    defaults: Callable[[], ml_collections.ConfigDict],
+    defaults: Fields | Callable[[], ml_collections.ConfigDict],
     *,
     prog: str,
     required: Iterable[str] = (),
@@ -264,14 +237,8 @@ def read_config(
 ) -> ml_collections.ConfigDict:
     """The config a run saved in its workdir (:func:`config_path`), on today's defaults.
 
-    Fields added to the defaults after a run was trained keep their default value; fields
-    the saved config has and the defaults lack are kept too (the saved run is the truth).
-
-    Args:
-      defaults: the package's ``configs/default.py:get_config``.
-      prog: the command-line tool's name, for the message.
-      required: fields without which the model cannot be rebuilt.
-      validate: the package's config check; its error is prefixed with the file.
+    Fields added to the defaults later keep their default; fields only the saved config
+    has are kept. ``required``: fields without which the model cannot be rebuilt.
 
     Raises:
       FileNotFoundError: the workdir or its run config is missing.
@@ -290,7 +257,7 @@ def read_config(
     if missing:
         raise ValueError(f"{path}: missing config fields {missing}; is {workdir} a {prog} "
                          "workdir (of another model, or written by hand)?")
-    config = defaults()
+    config = defaults.config() if isinstance(defaults, Fields) else defaults()
     config.unlock()
     for key, value in raw.items():
         if key in config and isinstance(config[key], tuple) and isinstance(value, list):
@@ -301,7 +268,7 @@ def read_config(
             raise ValueError(f"{path}: field {key!r}: {err}") from None
     if validate is not None:
         try:
-            validate(config)
+            validate(config, saved=True) if hasattr(validate, "fields") else validate(config)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
     return config

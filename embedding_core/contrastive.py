@@ -1,38 +1,9 @@
-"""Batches beyond device memory: chunked contrastive steps and gradient accumulation.
+"""Batches beyond device memory: the chunked (GradCache) contrastive step, per-example
+dropout and gradient accumulation (``docs/architecture.md``, "Batches beyond device memory").
 
-**Chunked contrastive step** (GradCache, Gao et al. 2021, "Scaling Deep Contrastive Learning
-Batch Size under Memory Limited Setup"; ``docs/architecture.md``, "Batches beyond device
-memory"). An in-batch loss ``L(p, E(p))`` whose embeddings ``E = embed(p, batch)`` are
-computed row by row has the gradient ``dL/dp = dL/dp|_E + J_E(p)^T dL/dE``. With
-``config.contrastive_chunk_size = C`` the step
-
-1. embeds the global batch in chunks without keeping activations (a stop-gradient forward,
-   ``lax.map`` over chunks),
-2. computes the loss and its gradient with respect to the embeddings, and to the params the
-   loss uses directly (a learned scale, an entity table), on the full global batch,
-3. runs each chunk's forward again with a VJP against its slice of ``dL/dE`` and sums the
-   parameter gradients (``lax.scan``).
-
-Activation memory is that of one chunk; the loss still sees every row of the global batch as
-a negative. The gradients are those of the unchunked step up to float32 summation order.
-The loss itself scores its query rows in chunks as well (:func:`map_rows`, the packages
-pass ``row_chunk``), so no device holds its rows' whole ``[rows, keys]`` score matrix:
-per-device memory grows with the batch, not with its square.
-
-Chunks are cut from each device's local rows: the global batch ``[D*L]`` (sharded over
-``"data"``, D devices of L rows) is viewed as ``[D, n, C]`` and chunk k is ``[:, k, :]``,
-``D*C`` rows spread over every data device, so no device idles and nothing moves between
-devices to form a chunk.
-
-**Dropout per example.** With dropout on, :func:`per_example` runs the encoder on each
-example alone under ``jax.vmap`` with the key ``fold_in(step_key, global_row_index)``: the
-masks are a function of (seed, step, example) only, so the chunked and unchunked steps draw
-the same masks (and any mesh does).
-
-**Gradient accumulation** (:func:`accumulated_value_and_grad`) for losses that are not
-in-batch contrastive (MLM, batch-hard triplet): ``config.grad_accum_steps = m`` splits the
-global batch into m micro-batches (cut per device as above) and averages their gradients,
-optionally weighted (e.g. by masked-token counts, so a per-token mean is the full batch's).
+GradCache (Gao et al. 2021): ``dL/dp = dL/dp|_E + J_E(p)^T dL/dE`` for embeddings
+``E = embed(p, batch)`` computed row by row. Chunks are cut from each device's own rows:
+the global batch ``[D*L]`` is viewed as ``[D, n, C]`` and chunk k is ``[:, k, :]``.
 """
 
 from __future__ import annotations
@@ -50,8 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 # arrays whose leading dimension is the n rows).
 EmbedFn = Callable[[Any, Mapping[str, jax.Array], jax.Array, jax.Array], Any]
 # (params, embeddings of the whole global batch, global batch, step key) -> (loss, metrics).
-EmbeddingLossFn = Callable[[Any, Any, Mapping[str, jax.Array], jax.Array],
-                           tuple[jax.Array, dict]]
+EmbeddingLossFn = Callable[[Any, Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
 # (params, batch, step key) -> ((loss, metrics), grads): jax.value_and_grad(has_aux=True)'s form.
 ValueAndGradFn = Callable[[Any, Mapping[str, jax.Array], jax.Array],
                           tuple[tuple[jax.Array, dict], Any]]
@@ -59,16 +29,9 @@ ValueAndGradFn = Callable[[Any, Mapping[str, jax.Array], jax.Array],
 
 @dataclasses.dataclass(frozen=True)
 class ContrastiveLoss:
-    """A loss split at its embeddings, so that the step can be chunked.
-
-    Calling it is the plain (unchunked) loss ``loss(params, embed(params, batch, rows, rng),
-    batch, rng)`` with ``rows = arange(batch rows)``: it is a ``Task.loss_fn``.
-
-    Attributes:
-      embed: :data:`EmbedFn`; row i's output may depend on row i's inputs, its global row
-        index and the key only (never on other rows): the expensive encoder part.
-      loss: :data:`EmbeddingLossFn`; the in-batch loss on the whole global batch's
-        embeddings; may use params directly (a temperature, a scale, an entity table).
+    """A loss split at its embeddings; calling it is the plain loss ``loss(params,
+    embed(params, batch, arange(rows), rng), batch, rng)`` (a ``Task.loss_fn``). ``embed``'s
+    row i depends on row i, its global index and the key only.
     """
 
     embed: EmbedFn
@@ -82,21 +45,16 @@ class ContrastiveLoss:
 
 @dataclasses.dataclass(frozen=True)
 class GradAccumulation:
-    """How a task's loss may be accumulated over micro-batches (``config.grad_accum_steps``).
-
-    Attributes:
-      weight: ``metrics -> float32 scalar`` weight of a micro-batch's gradient (from its
-        own loss metrics, e.g. its masked-token count); ``None``: equal weights.
-      summed: metrics that count something in the batch (masked tokens): summed over the
-        micro-batches; the others are averaged.
-    """
+    """How a task's loss may be accumulated over micro-batches (``config.grad_accum_steps``):
+    ``weight`` (``metrics -> float32 scalar``, e.g. a masked-token count; ``None``: equal)
+    and the ``summed`` metrics (the others are averaged)."""
 
     weight: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None
     summed: tuple[str, ...] = ()
 
 
 def batch_rows(batch: Mapping[str, Any]) -> int:
-    """Rows of a batch: the leading dimension its array leaves share.
+    """The leading dimension the batch's array leaves share.
 
     Raises:
       ValueError: no array leaf, or leaves with different leading dimensions.
@@ -126,15 +84,9 @@ def _data_size(mesh: Mesh | None) -> int:
 
 def check_split(field: str, parts_or_size: int, rows: int, mesh: Mesh, *,
                 chunk: bool, what: str = "batch_size") -> None:
-    """Refuses, before compiling, a chunk size or micro-batch count that does not split
-    each device's rows evenly.
-
-    Args:
-      field: the config field (``"contrastive_chunk_size"`` or ``"grad_accum_steps"``).
-      parts_or_size: its value.
-      rows: global rows of a batch (``config.batch_size``, or MRWE's P).
-      chunk: ``True``: the value is rows per device per chunk; ``False``: a number of parts.
-      what: how the rows are named in the message.
+    """Refuses, before compiling, config ``field`` = ``parts_or_size`` (rows per device per
+    chunk when ``chunk``, else a number of parts) that does not split each device's share
+    of ``rows`` evenly.
 
     Raises:
       ValueError: naming the field, the per-device batch and the mesh.
@@ -153,11 +105,8 @@ def check_split(field: str, parts_or_size: int, rows: int, mesh: Mesh, *,
 
 
 def split_rows(tree: Any, parts: int, mesh: Mesh | None) -> Any:
-    """Each leaf ``[N, ...]`` -> ``[parts, N/parts, ...]``, part k holding every device's
-    k-th block of its local rows (so each part stays spread over the ``"data"`` devices).
-
-    Leaf ``[N]`` is viewed as ``[D, parts, N/(D*parts)]`` (D = the mesh's data size, the
-    batch's device blocks) and part k is ``[:, k, :]`` flattened. :func:`merge_rows` undoes it.
+    """Each leaf ``[N, ...]`` -> ``[parts, N/parts, ...]``: viewed as ``[D, parts,
+    N/(D*parts)]`` (D = data devices), part k is ``[:, k, :]`` flattened.
 
     Raises:
       ValueError: a leaf whose leading dimension is not divisible by ``D * parts``.
@@ -190,35 +139,18 @@ def merge_rows(tree: Any, mesh: Mesh | None) -> Any:
 
 
 def _constrain(x: jax.Array, mesh: Mesh | None, axis: int) -> jax.Array:
-    # Rows over "data" on the given axis: tells XLA the chunk layout instead of leaving it
-    # to propagation through the reshapes (which may pick a replicated layout).
+    # Rows over "data": propagation through the reshapes may pick a replicated layout.
     spec = PartitionSpec(*([None] * axis), "data")
     if mesh is not None:
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
     return jax.lax.with_sharding_constraint(x, spec) if _context_data() else x
 
 
-def map_rows(fn: Callable[[Any], Any], rows: Any, chunk_size: int,
-             mesh: Mesh | None = None) -> Any:
-    """``fn(rows)`` computed over chunks of ``chunk_size`` rows per data device, one at a time.
-
-    For a per-row function of a few rows against many shared keys (an in-batch softmax:
-    ``fn`` closes over the keys): only one chunk's ``[rows, keys]`` scores are live, in the
-    forward and in the backward (each chunk is recomputed, ``jax.checkpoint``), so the
-    memory of the loss grows with the batch, not with its square. The gradient of the
-    shared keys is summed over the chunks.
-
-    Args:
-      fn: maps a pytree of ``[c, ...]`` rows to a pytree of ``[c, ...]`` per-row outputs;
-        row i's output may depend on row i and on what ``fn`` closes over only.
-      rows: a pytree of ``[n, ...]`` arrays (the global rows, sharded over ``"data"``).
-      chunk_size: rows per data device in one chunk; 0 (or a chunk holding every row):
-        ``fn(rows)`` at once.
-      mesh: the mesh whose ``"data"`` axis holds the rows; default: the current one
-        (``jax.set_mesh``), else one device.
-
-    Returns:
-      ``fn(rows)``, up to float32 summation order.
+def map_rows(fn: Callable[[Any], Any], rows: Any, chunk_size: int, mesh: Mesh | None = None) -> Any:
+    """``fn(rows)`` over chunks of ``chunk_size`` rows per data device, one at a time, each
+    recomputed in the backward (``jax.checkpoint``); ``fn``: pytree of ``[c, ...]`` rows ->
+    pytree of ``[c, ...]`` outputs; ``rows``: ``[n, ...]`` sharded over ``"data"``;
+    ``chunk_size`` 0: at once; ``mesh`` default: the current one, else one device.
 
     Raises:
       ValueError: rows per device not divisible by ``chunk_size``.
@@ -239,19 +171,10 @@ def per_example(apply: Callable[[Any, jax.Array | None], Any], dropout: bool
                 ) -> Callable[[Any, jax.Array, jax.Array], Any]:
     """A batched encoder call whose dropout masks depend on (key, example) only.
 
-    Args:
-      apply: ``(inputs, key) -> outputs``: runs the encoder on ``inputs`` (a pytree of
-        ``[n, ...]`` arrays) with dropout key ``key``, or deterministically when ``key`` is
-        ``None``; outputs are a pytree of ``[n, ...]`` arrays.
-      dropout: whether the encoder applies dropout.
-
-    Returns:
-      ``(inputs, rows, key) -> outputs`` with ``rows`` the ``[n]`` int32 global row
-      indices. Without dropout: ``apply(inputs, None)`` on the whole batch. With dropout:
-      ``apply`` on each example alone (a batch of one, under ``jax.vmap``) with the key
-      ``fold_in(key, row)``, so a row draws the same masks whichever batch, chunk or mesh
-      it is in. The vmapped axis is the ``"data"`` axis of the active mesh; inside, the
-      logical ``"batch"`` axis is left unsharded (it holds one example).
+    ``apply(inputs, key) -> outputs`` (pytrees of ``[n, ...]``; ``key=None``:
+    deterministic). Returns ``(inputs, rows, key) -> outputs`` (``rows``: ``[n]`` int32
+    global indices): ``apply(inputs, None)`` without dropout, else ``apply`` on each example
+    alone under ``jax.vmap`` (over ``"data"``) with the key ``fold_in(key, row)``.
     """
 
     def embed(inputs: Any, rows: jax.Array, key: jax.Array) -> Any:
@@ -274,17 +197,10 @@ def per_example(apply: Callable[[Any, jax.Array | None], Any], dropout: bool
 
 def chunked_value_and_grad(loss: ContrastiveLoss, chunk_size: int, mesh: Mesh | None,
                            param_shardings: Any = None) -> ValueAndGradFn:
-    """The GradCache gradient of ``loss``: ``(params, batch, rng) -> ((loss, metrics), grads)``.
-
-    Equal to ``jax.value_and_grad(loss, has_aux=True)`` (up to float32 summation order)
-    while holding the activations of ``chunk_size`` rows per data device at a time (module
-    docstring). Costs one more forward pass of the encoder than the plain step.
-
-    Args:
-      loss: the loss split at its embeddings.
-      chunk_size: rows per data device in one chunk; must divide the per-device batch.
-      mesh: the training mesh (``None``: one device).
-      param_shardings: the params' shardings, kept on the accumulated gradients.
+    """The GradCache gradient of ``loss``: ``(params, batch, rng) -> ((loss, metrics),
+    grads)``, equal to ``jax.value_and_grad(loss, has_aux=True)`` up to summation order,
+    holding the activations of ``chunk_size`` rows per data device at a time
+    (``param_shardings`` are kept on the accumulated gradients).
 
     Raises:
       ValueError: (at trace time) rows per device not divisible by ``chunk_size``.
@@ -324,25 +240,15 @@ def chunked_value_and_grad(loss: ContrastiveLoss, chunk_size: int, mesh: Mesh | 
 
 def accumulated_value_and_grad(
     loss_fn: Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]],
-    steps: int,
-    mesh: Mesh | None,
-    accumulation: GradAccumulation | None = None,
+    steps: int, mesh: Mesh | None, accumulation: GradAccumulation | None = None,
     param_shardings: Any = None,
 ) -> ValueAndGradFn:
     """Gradient accumulation: ``(params, batch, rng) -> ((loss, metrics), grads)``.
 
-    The global batch is cut into ``steps`` micro-batches (:func:`split_rows`, each leaf on
-    its own leading dimension, so sides of different sizes, e.g. P paragraphs and P*K
-    questions, stay aligned by device block); micro-batch k gets the key ``fold_in(rng, k)``.
-    Returns ``sum_k w_k grad_k / sum_k w_k`` and the same weighted mean of the losses, with
-    ``w_k = accumulation.weight(metrics_k)`` (1 without a weight; 0 where every weight is
-    0); the other metrics are the plain mean over micro-batches, those named in
-    ``accumulation.summed`` their sum.
-
-    A loss that is a per-token mean ``sum(ce * w) / sum(w)`` weighted by its token count
-    ``sum(w)`` gives exactly the gradient of the concatenated micro-batches. A loss that
-    looks across rows (batch-hard mining, in-batch negatives) sees one micro-batch at a
-    time: not the full batch's loss.
+    ``steps`` micro-batches (:func:`split_rows`, each leaf on its own leading dimension),
+    micro-batch k with the key ``fold_in(rng, k)``; returns ``sum_k w_k grad_k / sum_k w_k``
+    and the same mean of the losses, ``w_k = accumulation.weight(metrics_k)`` (1 without;
+    0 when all are 0); metrics averaged, those in ``accumulation.summed`` summed.
 
     Raises:
       ValueError: (at trace time) a leaf's rows per device not divisible by ``steps``.
@@ -377,21 +283,15 @@ def accumulated_value_and_grad(
 
 
 def _keep(tree: Any, shardings: Any) -> Any:
-    # Accumulators in a scan carry get their layout from propagation, which may replicate
-    # them; pinning them to the params' shardings keeps one shard per device.
+    # Scan-carry accumulators pinned to the params' shardings (propagation may replicate).
     if shardings is None:
         return tree
     return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
 
 
 def check_config(config: Any, mesh: Mesh) -> None:
-    """The config's ``contrastive_chunk_size`` and ``grad_accum_steps`` against its
-    ``batch_size`` on ``mesh`` (skipped for a config without ``batch_size``).
-
-    Raises:
-      ValueError: a chunk size or micro-batch count that does not divide the per-device
-        batch (the field, the per-device batch and the mesh named).
-    """
+    """Raises ValueError (:func:`check_split`) when ``contrastive_chunk_size`` or
+    ``grad_accum_steps`` does not split ``batch_size`` on ``mesh`` (skipped without it)."""
     if "batch_size" not in config:
         return
     rows = int(config.batch_size)
@@ -403,13 +303,9 @@ def check_config(config: Any, mesh: Mesh) -> None:
         check_split("grad_accum_steps", steps, rows, mesh, chunk=False)
 
 
-def check_task(name: str, loss_fn: Any, accumulation: GradAccumulation | None,
-               config: Any) -> None:
+def check_task(name: str, loss_fn: Any, accumulation: GradAccumulation | None, config: Any) -> None:
     """Refuses ``contrastive_chunk_size`` for a loss that is no :class:`ContrastiveLoss`
     and ``grad_accum_steps`` for a task without ``accumulation``.
-
-    Args:
-      name: the task's name, for the message.
 
     Raises:
       ValueError: naming the field, the task and what to set instead.
@@ -428,19 +324,11 @@ def check_task(name: str, loss_fn: Any, accumulation: GradAccumulation | None,
                          f"gradients; {hint}")
 
 
-def step_value_and_grad(
-    name: str,
-    loss_fn: Any,
-    accumulation: GradAccumulation | None,
-    config: Any,
-    mesh: Mesh,
-    param_shardings: Any = None,
-) -> ValueAndGradFn | None:
-    """The gradient a task's train step uses under ``config``; ``None``: the plain one.
-
-    ``config.contrastive_chunk_size > 0`` gives :func:`chunked_value_and_grad` of the
-    task's :class:`ContrastiveLoss`; ``config.grad_accum_steps > 1`` gives
-    :func:`accumulated_value_and_grad` with the task's ``accumulation``.
+def step_value_and_grad(name: str, loss_fn: Any, accumulation: GradAccumulation | None, config: Any,
+                        mesh: Mesh, param_shardings: Any = None) -> ValueAndGradFn | None:
+    """The gradient a task's train step uses under ``config``: chunked
+    (``contrastive_chunk_size > 0``), accumulated (``grad_accum_steps > 1``) or ``None``
+    (the plain one).
 
     Raises:
       ValueError: the task's loss cannot be chunked or accumulated (:func:`check_task`).

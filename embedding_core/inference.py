@@ -1,11 +1,7 @@
 """The one inference layer: pooling, the length-sorted encode loop and the ``Encoder`` base.
 
-Every loaded model (``dualcse_jax.load``, ``docent_jax.load``, ``mrwe_jax.load``) is an
-:class:`Encoder`, whose ``encode(texts, *, batch_size, normalize, show_progress_bar)``
-follows sentence-transformers' habits and returns one float32 ``[N, dim]`` numpy array.
-Texts are encoded longest first in fixed-size batches whose width is rounded up to a
-multiple of ``pad_multiple``, so only a few shapes are ever compiled and little padding is
-computed; rows come back in input order.
+Every loaded model is an :class:`Encoder` whose ``encode`` returns one float32 ``[N, dim]``
+array; texts run longest first, widths rounded up to ``pad_multiple`` (few compiled shapes).
 """
 
 from __future__ import annotations
@@ -25,14 +21,9 @@ Forward = Callable[[Any], Any]
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over the real positions of a padded sequence (sentence-transformers' pooling).
-
-    Args:
-      x: ``[..., L, d]`` vectors (any float dtype; summed in float32).
-      mask: ``[..., L]`` 1/True for real positions.
-
-    Returns:
-      ``[..., d]`` float32; a row with no real position gives zeros.
+    """Mean over the real positions of a padded sequence (sentence-transformers' pooling):
+    ``x`` ``[..., L, d]`` any float (summed in float32), ``mask`` ``[..., L]`` 1/True for
+    real positions -> ``[..., d]`` float32 (zeros for a row with no real position).
     """
     m = mask.astype(jnp.float32)[..., None]
     total = jnp.sum(x.astype(jnp.float32) * m, axis=-2)
@@ -71,22 +62,19 @@ def encode_in_batches(
     max_width: int | None = None,
     show_progress_bar: bool = False,
     desc: str = "encode",
-) -> np.ndarray:
+    rows_out: bool = False,
+) -> np.ndarray | list[np.ndarray]:
     """Runs ``forward`` over texts sorted by length; returns rows in input order.
 
     Args:
-      lengths: ``[N]`` int, each text's length in the unit ``build_batch`` pads (tokens,
-        words).
-      build_batch: see :data:`BatchBuilder`; it must pad the rows to ``batch_size`` so that
-        each width compiles once.
-      forward: see :data:`Forward`.
-      batch_size: texts per call.
-      pad_multiple: widths are rounded up to a multiple of this.
+      lengths: ``[N]`` int, each text's length in the unit ``build_batch`` pads.
+      build_batch: :data:`BatchBuilder`; pads the rows to ``batch_size`` (one compile per
+        width).
       max_width: cap on the width (e.g. the tokenised array's width).
-      show_progress_bar: a tqdm bar over batches.
+      rows_out: return each row's own result (``result[i]``) in a list, not one matrix.
 
     Returns:
-      ``[N, dim]`` float32 (``[0, 0]`` for no texts).
+      ``[N, dim]`` float32 (``[0, 0]`` for no texts), or N float32 arrays (``rows_out``).
 
     Raises:
       ValueError: ``batch_size`` or ``pad_multiple`` below 1.
@@ -101,18 +89,21 @@ def encode_in_batches(
         from tqdm.auto import tqdm
 
         starts = tqdm(starts, desc=desc, unit="batch", leave=False)
-    out: np.ndarray | None = None
+    out: np.ndarray | list | None = [None] * len(lengths) if rows_out else None
 
     def collect(rows: np.ndarray, result: Any) -> None:
         nonlocal out
         vectors = np.asarray(result, dtype=np.float32)[: len(rows)]
+        if rows_out:
+            for row, value in zip(rows, vectors, strict=True):
+                out[row] = value
+            return
         if out is None:
             out = np.zeros((len(lengths), vectors.shape[-1]), np.float32)
         out[rows] = vectors
 
     # One batch in flight: JAX dispatches `forward` asynchronously, so the next batch is
-    # built and dispatched while the device still computes this one, and the host copy of a
-    # result waits only for its own batch.
+    # built while the device computes this one.
     pending: tuple[np.ndarray, Any] | None = None
     for start in starts:
         rows = order[start:start + int(batch_size)]
@@ -127,6 +118,8 @@ def encode_in_batches(
         collect(*pending)
     global _encoded_rows
     _encoded_rows += len(lengths)
+    if rows_out:
+        return out
     return out if out is not None else np.zeros((0, 0), np.float32)
 
 
@@ -154,13 +147,10 @@ def check_texts(texts: Sequence[str]) -> list[str]:
 
     Raises:
       TypeError: a single string instead of a list, or a non-string item.
-      ValueError: an empty or whitespace-only text (its index is given): it has no
-        content to embed, and a silent zero or ``[CLS]``-only vector would rank
-        arbitrarily.
+      ValueError: an empty or whitespace-only text (its index is given).
     """
     if isinstance(texts, (str, bytes)):
-        raise TypeError("encode takes a list of texts, not a single string: "
-                        "encode([text])")
+        raise TypeError("encode takes a list of texts, not a single string: encode([text])")
     texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -171,21 +161,47 @@ def check_texts(texts: Sequence[str]) -> list[str]:
 
 
 class Encoder:
-    """A loaded model that turns texts into vectors; subclasses implement :meth:`_encode`.
+    """A loaded model that turns texts into vectors; subclasses implement :meth:`_encode`
+    and declare their :attr:`views` for export (``embedding_core.serving``).
 
     Attributes:
+      name: the model's name in exports and tables (``DualCSE-cross``).
       config: the run's config (``ml_collections.ConfigDict``).
       step: the checkpoint step (``None`` for an untrained model or in-memory params).
       dim: the width of the vectors :meth:`encode` returns.
+      views: ``serving.View`` s, one export folder each.
+      default_normalize: whether exports are unit rows unless told otherwise.
     """
 
+    name: str = "encoder"
     config: Any = None
     step: int | None = None
     default_batch_size: int = 32
+    default_normalize: bool = False
+    views: tuple = ()
 
     @property
     def dim(self) -> int:
         raise NotImplementedError
+
+    def view_dim(self, view: str) -> int:
+        """Width of ``view``'s vectors (default :attr:`dim`)."""
+        return self.dim
+
+    def export_meta(self) -> dict[str, Any]:
+        """``meta.json`` entries shared by every view of an export."""
+        return {}
+
+    def table(self, view: str, normalize: bool):
+        """``(num_rows, iterator of (ids, [rows, dim] float32))`` of a table view."""
+        raise NotImplementedError(f"{self.name} holds no rows of view {view!r}")
+
+    def hf_folders(self) -> list:
+        """``serving.HFFolder`` s for export-hf; raises ValueError when there is none."""
+        raise ValueError(f"{self.name} has no sentence-transformers form")
+
+    def write_hf_files(self, stage) -> None:
+        """Extra files export-hf writes into the staged output folder (default none)."""
 
     def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
                 **kwargs: Any) -> np.ndarray:
@@ -198,11 +214,8 @@ class Encoder:
         """Encodes texts into one float32 ``[len(texts), dim]`` array; row i = texts[i].
 
         Args:
-          texts: a list of strings. Empty or whitespace-only strings raise ``ValueError``
-            (the same in every model; see :func:`check_texts`).
           batch_size: texts per encoder call (default: the run's ``eval_batch_size``).
           normalize: scale rows to unit L2 norm (then dot product = cosine).
-          show_progress_bar: a tqdm bar over batches.
           **kwargs: the model's own choice of view (DualCSE ``kind``, MRWE ``side``).
 
         Raises:

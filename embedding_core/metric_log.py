@@ -1,26 +1,6 @@
-"""Training metrics a person can read: TensorBoard scalars, ``metrics.jsonl`` and a PNG.
-
-:class:`MetricLog` is what :func:`embedding_core.training.train_loop` writes its metrics to.
-On process 0 each call of :meth:`MetricLog.write` goes to three places:
-
-* a TensorBoard event file in the workdir, one ``Summary.Value.simple_value`` per metric:
-  the classic scalar encoding, which ``EventAccumulator(...).Tags()["scalars"]`` lists and
-  ``tensorboard --logdir`` shows (TF2's ``tf.summary.scalar`` writes tensors instead, which
-  the accumulator lists under ``"tensors"``);
-* ``workdir/metrics.jsonl``, one JSON object a line: ``{"step": 50, "split": "train",
-  "wall_time": 1.7e9, "loss": 0.41, ...}`` (``split`` is ``"train"`` or ``"eval"``; a
-  non-finite value is written as ``null``), for readers without TensorBoard
-  (``pandas.read_json(path, lines=True)``);
-* the log, as one ``[step] name=value, ...`` line (every process).
-
-:func:`write_training_plot` draws ``workdir/plots/training.png`` from ``metrics.jsonl``.
-
-A resumed run continues the same history: rows of ``metrics.jsonl`` after the restored
-step are dropped (the resumed run writes them again) and a ``SessionLog.START`` event at
-the first new step makes TensorBoard drop the old events from that step on. A ``gs://``
-workdir is written through :class:`embedding_core.storage.MirroredFolder` (TensorBoard's
-writer needs local files): the files are uploaded by :meth:`MetricLog.sync` and
-:meth:`MetricLog.close`. See docs/architecture.md, "What a workdir holds".
+"""Training metrics a person can read: TensorBoard scalars, ``metrics.jsonl`` and
+``plots/training.png`` (``docs/architecture.md``, "What a workdir holds"). A row:
+``{"step": 50, "split": "train" | "eval", "wall_time": ..., "<metric>": value | null}``.
 """
 
 from __future__ import annotations
@@ -44,10 +24,8 @@ _RESERVED = ("step", "split", "wall_time")
 
 
 def parse_metrics(text: str, source: str = METRICS_FILE) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` text, in file order.
-
-    A last line without its line break (a run killed while writing it) is skipped; any
-    other line that is not a JSON object with an integer ``step`` is an error.
+    """The rows of a ``metrics.jsonl`` text, in file order; an unfinished last line (a run
+    killed while writing it) is skipped.
 
     Raises:
       ValueError: ``"<source>, line N: ..."`` for a malformed line.
@@ -71,12 +49,8 @@ def parse_metrics(text: str, source: str = METRICS_FILE) -> list[dict[str, Any]]
 
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of ``workdir/metrics.jsonl`` (local or ``gs://``); ``[]`` when it is absent.
-
-    Returns:
-      One dict per logged step and split: ``step`` (int), ``split`` (``"train"`` or
-      ``"eval"``), ``wall_time`` (float, seconds since the epoch) and the metrics (float,
-      or None where the value was not finite).
+    """The rows of ``workdir/metrics.jsonl`` (local or ``gs://``; ``[]`` when absent):
+    ``step`` int, ``split``, ``wall_time`` float, metrics float or None (non-finite).
 
     Raises:
       ValueError: a malformed line (file and line named).
@@ -88,12 +62,8 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class MetricLog:
-    """The metrics of one training invocation (see the module docstring).
-
-    Args:
-      workdir: the run's folder, local or ``gs://``.
-      start_step: the step the run starts from (0, or the restored checkpoint's step).
-      active: whether this process writes files (process 0); others only log.
+    """The metrics of one training invocation from ``start_step``; ``active``: this process
+    writes the files (process 0), others only log.
 
     Raises:
       ValueError: the existing ``metrics.jsonl`` is malformed (file and line named).
@@ -112,22 +82,20 @@ class MetricLog:
         local.mkdir(parents=True, exist_ok=True)
         # Keep the history up to the restored step; later rows are written again.
         kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
-        files.write_text_atomic(local / METRICS_FILE,
-                                "".join(_json_line(r) for r in kept))
+        files.write_text_atomic(local / METRICS_FILE, "".join(_json_line(r) for r in kept))
         self._jsonl = open(local / METRICS_FILE, "a", encoding="utf-8")
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
         self._writer = EventFileWriter(str(local))
-        # TensorBoard drops the events of earlier files from this step on (a resumed run
-        # redoes them; a fresh run replaces a run that stopped before its first checkpoint).
+        # TensorBoard drops earlier files' events from this step on (they are redone).
         self._writer.add_event(event_pb2.Event(
             wall_time=time.time(), step=start_step + 1,
             session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
     def write(self, step: int, metrics: Mapping[str, float], split: str = TRAIN) -> None:
-        """Logs ``metrics`` at ``step``: event file and ``metrics.jsonl`` (process 0), log.
+        """Logs ``metrics`` at ``step`` to the event file, ``metrics.jsonl`` and the log.
 
         Raises:
           ValueError: ``split`` not ``"train"``/``"eval"``, or a metric named ``step``,
@@ -139,8 +107,7 @@ class MetricLog:
         if clash:
             raise ValueError(f"metric names {clash} are reserved in {METRICS_FILE}")
         values = {k: float(v) for k, v in metrics.items()}
-        logging.info("[%d] %s", step, ", ".join(f"{k}={v:.6g}" for k, v in
-                                                 sorted(values.items())))
+        logging.info("[%d] %s", step, ", ".join(f"{k}={v:.6g}" for k, v in sorted(values.items())))
         if not self.active:
             return
         now = time.time()
@@ -172,11 +139,8 @@ class MetricLog:
         self._mirror.sync()
 
     def close(self, *, plot: bool = True) -> None:
-        """Flushes and closes the files, draws ``plots/training.png`` (``plot``), uploads.
-
-        A plot that cannot be drawn is logged as a warning: the metrics stay readable and
-        the run's outcome does not depend on it.
-        """
+        """Flushes and closes the files, draws ``plots/training.png`` (``plot``; a failure
+        is only a warning), uploads."""
         if not self.active or self._writer is None:
             return
         try:
@@ -212,14 +176,8 @@ def _series(rows: Sequence[Mapping[str, Any]], split: str, name: str
 
 
 def plot_metrics(rows: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
-    """A PNG of the training curves in ``rows`` (as :func:`read_metrics` returns them).
-
-    Panels, each against the step: the training ``loss``; the ``learning_rate``; and, when
-    the run evaluated, every evaluation metric whose values all lie in [0, 1] (accuracies,
-    recall, MAP...; counts such as ``heldout_num_queries`` are left out), one line each.
-
-    Returns:
-      The PNG file's bytes.
+    """PNG bytes of the curves in ``rows`` (:func:`read_metrics`) against the step: training
+    ``loss``, ``learning_rate`` and the evaluation metrics whose values lie in [0, 1].
 
     Raises:
       ValueError: no training loss in ``rows``.
@@ -244,8 +202,7 @@ def plot_metrics(rows: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
     width = 4.6 * panels + legend_in
     fig = Figure(figsize=(width, 3.8), dpi=100)
     FigureCanvasAgg(fig)
-    # Fixed margins: a constrained layout would double the drawing time (every run ends
-    # with this plot, tests included).
+    # Fixed margins: a constrained layout doubles the drawing time (every run draws it).
     axes = fig.subplots(1, panels, squeeze=False,
                         gridspec_kw=dict(left=1.0 / width, right=1 - (legend_in + 0.1) / width,
                                          bottom=0.13, top=0.86, wspace=0.28))[0]
@@ -276,8 +233,8 @@ def plot_metrics(rows: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
 
 def write_training_plot(workdir: str | os.PathLike, path: str | os.PathLike | None = None,
                         *, title: str = "") -> None:
-    """Draws ``workdir/metrics.jsonl`` (:func:`plot_metrics`) into ``path`` (default
-    ``workdir/plots/training.png``), atomically, local or ``gs://``.
+    """Draws ``workdir/metrics.jsonl`` into ``path`` (default ``workdir/plots/training.png``),
+    atomically, local or ``gs://``.
 
     Raises:
       ValueError: a malformed ``metrics.jsonl`` or no training loss in it.

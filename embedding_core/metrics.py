@@ -1,25 +1,10 @@
-"""Evaluation metrics for embeddings: classification with a tuned threshold and ranking.
+"""Embedding metrics: tuned-threshold accuracy, recall@k, MRR, MAP, NDCG@k, P@k, LRAP,
+ROC-AUC. Numpy in, Python floats out; NaN scores raise ``ValueError``.
 
-Pure numpy (scikit-learn for ROC-AUC and label-ranking average precision). Every function
-takes array-likes (numpy or jax arrays), rejects NaN scores with ``ValueError`` and returns
-Python floats.
-
-Ties never favour the model:
-
-* ``ranks_of_targets`` (recall@k, MRR) gives a target the *worst* rank among the items that
-  share its score: every other item with a score ``>=`` the target's counts ahead of it.
-* MAP, NDCG@k and P@k sort by score (descending) and, among equal scores, put the relevant
-  items (larger gains) *after* the non-relevant ones (smaller gains). This order is
-  deterministic, so a constant scorer cannot earn credit from an accidental tie order.
-* ``ranks_of_relevant`` (several relevant items per query) gives every relevant item its
-  position in that same order: at equal score it goes behind every non-relevant item, but
-  relevant items tied with each other take consecutive positions (they are not counted
-  against each other, as trec_eval's MRR and recall do not count them). With one relevant
-  item per query it equals ``ranks_of_targets``.
-
-Users: DualCSE (RTE accuracy with a threshold tuned on validation), DocEnt (entity ranking,
-MovieLens tag prediction: P@K, NDCG@K, MAP = LRAP, ROC-AUC), multi-resolution retrieval
-(recall@k of the right paragraph over all paragraphs).
+Ties never favour the model (``docs/pitfalls.md``, "Retrieval metrics"): a single target
+ranks behind every item scoring ``>=`` it; MAP, NDCG@k and P@k put relevant items (larger
+gains) after non-relevant ones at equal score; several relevant items tied with each other
+take consecutive positions (not counted against each other, as in trec_eval).
 """
 
 from __future__ import annotations
@@ -30,9 +15,6 @@ import numpy as np
 import sklearn.metrics
 
 DEFAULT_RECALL_KS: tuple[int, ...] = (1, 2, 3, 5, 10, 20, 50)
-
-
-# --------------------------------------------------------------------------- validation
 
 
 def _scores(x, ndim: int, name: str = "scores") -> np.ndarray:
@@ -80,29 +62,15 @@ def _positive_int(k, name: str = "k") -> int:
 
 
 def _pessimistic_order(scores: np.ndarray, tie_key: np.ndarray) -> np.ndarray:
-    """Indices sorting each row by score descending, ties by ``tie_key`` ascending.
-
-    ``lexsort`` sorts ascending by its last key; sorting by (score asc, tie_key desc) and
-    reversing gives (score desc, tie_key asc) without negating the scores (which would wrap
-    unsigned integers).
-    """
+    """Indices sorting each row by score descending, ties by ``tie_key`` ascending
+    (without negating the scores, which would wrap unsigned integers)."""
     inverted = ~tie_key if tie_key.dtype == np.bool_ else -tie_key.astype(np.float64)
     return np.lexsort((inverted, scores), axis=-1)[..., ::-1]
 
 
-# ------------------------------------------------------------- threshold classification
-
-
 def accuracy_at_threshold(scores, labels, threshold: float) -> float:
-    """Accuracy of the rule ``predict positive iff score > threshold``.
-
-    Args:
-      scores: ``[n]`` float (or int) scores, e.g. cosine similarities.
-      labels: ``[n]`` bool (or 0/1) gold labels, True = positive.
-      threshold: float, may be ``-inf`` / ``inf``.
-
-    Returns:
-      Fraction of the ``n`` examples classified correctly, in [0, 1].
+    """Accuracy in [0, 1] of ``score > threshold`` (``[n]`` scores, ``[n]`` bool or 0/1
+    labels; the threshold may be ``-inf`` / ``inf``).
 
     Raises:
       ValueError: empty input, NaN scores, shape mismatch or non-binary labels.
@@ -115,25 +83,11 @@ def accuracy_at_threshold(scores, labels, threshold: float) -> float:
 
 
 def best_threshold_accuracy(scores, labels) -> tuple[float, float]:
-    """Threshold that maximises the accuracy of ``score > threshold``, and that accuracy.
+    """``(threshold, accuracy)`` maximising the accuracy of ``score > threshold``
+    (``docs/dualcse.md``: tuned on validation, applied to test).
 
-    The candidates are ``-inf``, the midpoint between each pair of consecutive distinct
-    scores and ``+inf``: every distinct classification of the data is reached by exactly
-    one of them. Among equally accurate candidates the smallest threshold is returned.
-    O(n log n) (one sort plus cumulative counts). This is the usual protocol of tuning the
-    decision threshold on a validation set and applying it to the test set (DualCSE RTE,
-    see ``docs/dualcse.md``; SentEval-style binary evaluation of similarity scores).
-
-    Midpoints are computed in the scores' floating dtype (float64 for integer scores) and
-    kept strictly below the upper score, so ``scores > threshold`` evaluated in either the
-    input dtype or float64 reproduces the reported accuracy.
-
-    Args:
-      scores: ``[n]`` float (or int) scores.
-      labels: ``[n]`` bool (or 0/1) gold labels.
-
-    Returns:
-      ``(threshold, accuracy)``: Python floats; accuracy in [0, 1].
+    Candidates: ``-inf``, the midpoint of each pair of consecutive distinct scores (in the
+    scores' float dtype, kept below the upper score), ``+inf``; the smallest best wins.
 
     Raises:
       ValueError: empty input, NaN scores, shape mismatch or non-binary labels.
@@ -170,24 +124,10 @@ def best_threshold_accuracy(scores, labels) -> tuple[float, float]:
     return float(threshold), float(correct[best] / s.size)
 
 
-# ----------------------------------------------------------- single-target retrieval
-
-
 def ranks_of_targets(scores, targets) -> np.ndarray:
-    """1-based rank of each query's target item, pessimistic on ties.
-
-    ``rank_i = 1 + #{j != t_i : scores[i, j] >= scores[i, t_i]}``: every other item that
-    scores at least as high as the target is counted ahead of it, so ties (and a constant
-    scorer) never favour the model. This avoids the off-by-one and optimistic-tie faults
-    listed in ``docs/pitfalls.md``.
-
-    Args:
-      scores: ``[n_queries, n_items]`` float (or int) similarity scores, higher = better.
-        ``-inf`` is allowed (e.g. masked items).
-      targets: ``[n_queries]`` int, column index of each query's correct item.
-
-    Returns:
-      ``[n_queries]`` int64 ranks in ``[1, n_items]``.
+    """``rank_i = 1 + #{j != t_i : scores[i, j] >= scores[i, t_i]}``: ``[n_queries]`` int64
+    in ``[1, n_items]`` from ``[n_queries, n_items]`` float (or int; ``-inf`` allowed) scores,
+    higher = better, and ``[n_queries]`` int targets (each query's correct column).
 
     Raises:
       ValueError: NaN scores, wrong shapes, non-integer or out-of-range targets.
@@ -206,19 +146,8 @@ def ranks_of_targets(scores, targets) -> np.ndarray:
 
 
 def recall_at_k_from_ranks(ranks, ks: Iterable[int] = DEFAULT_RECALL_KS) -> dict[int, float]:
-    """Recall@k from precomputed 1-based target ranks (for streamed, blockwise scoring).
-
-    ``recall@k = #{i : rank_i <= k} / n_queries``: a target at rank exactly ``k`` counts,
-    one at rank ``k + 1`` does not. A ``k`` larger than the number of items is allowed and
-    gives 1.0. With one relevant item per query this is also the hit rate / top-k accuracy.
-
-    Args:
-      ranks: ``[n_queries]`` int ranks (>= 1), e.g. from :func:`ranks_of_targets`,
-        concatenated over blocks of queries.
-      ks: cut-offs, positive ints.
-
-    Returns:
-      ``{k: recall}`` in the order of ``ks``; floats in [0, 1].
+    """``{k: #{i : rank_i <= k} / n_queries}`` (in the order of ``ks``) from ``[n_queries]``
+    int 1-based ranks; a ``k`` above the number of items gives 1.0.
 
     Raises:
       ValueError: empty or non-positive ranks, bad ``k``.
@@ -228,28 +157,13 @@ def recall_at_k_from_ranks(ranks, ks: Iterable[int] = DEFAULT_RECALL_KS) -> dict
 
 
 def recall_at_k(scores, targets, ks: Iterable[int] = DEFAULT_RECALL_KS) -> dict[int, float]:
-    """Recall@k of the single correct item per query (retrieval of the right paragraph).
-
-    Args:
-      scores: ``[n_queries, n_items]`` float scores.
-      targets: ``[n_queries]`` int index of the correct item.
-      ks: cut-offs; default ``(1, 2, 3, 5, 10, 20, 50)`` as in the ConvRR/FCRR papers.
-
-    Returns:
-      ``{k: recall}``; see :func:`ranks_of_targets` (pessimistic ties) and
-      :func:`recall_at_k_from_ranks` (definition).
-    """
+    """``{k: recall}`` of the one correct item per query: :func:`ranks_of_targets` then
+    :func:`recall_at_k_from_ranks` (default ks as in the ConvRR/FCRR papers)."""
     return recall_at_k_from_ranks(ranks_of_targets(scores, targets), ks)
 
 
 def mrr(ranks) -> float:
-    """Mean reciprocal rank, ``mean_i 1 / rank_i``.
-
-    Args:
-      ranks: ``[n_queries]`` int 1-based ranks (e.g. from :func:`ranks_of_targets`).
-
-    Returns:
-      Float in (0, 1].
+    """``mean_i 1 / rank_i`` of ``[n_queries]`` int 1-based ranks, in (0, 1].
 
     Raises:
       ValueError: empty or non-positive ranks.
@@ -267,42 +181,18 @@ def _ranks(ranks) -> np.ndarray:
         raise ValueError(f"ranks are 1-based, got a rank of {r.min()}")
     return r
 
-
-# ------------------------------------------------------------ multi-relevant ranking
-
-_MAX_COMPARISONS = 1 << 22
-"""Score comparisons held in memory at once by :func:`ranks_of_relevant` (about 4M, i.e.
-a few tens of MB for float32 scores plus the boolean mask)."""
+_MAX_COMPARISONS = 1 << 22  # held at once by ranks_of_relevant (a few tens of MB)
 
 
 def ranks_of_relevant(scores, relevant) -> tuple[np.ndarray, np.ndarray]:
-    """1-based rank of every relevant item, in the worst-case tie order for the model.
+    """1-based rank of every relevant item, in the worst-case tie order for the model::
 
-    The ``j``-th relevant item of a query (0-based, relevant items by descending score) has
+        rank_j = j + 1 + #{non-relevant items i : score_i >= score_j}
 
-        ``rank_j = j + 1 + #{non-relevant items i : score_i >= score_j}``
-
-    i.e. its position when the row is sorted by descending score with relevant items behind
-    the non-relevant ones they tie with. Relevant items tied with each other take the
-    consecutive positions ``j + 1 + ...``, so any order among them gives the same ranks: they
-    are not counted against each other. This is the order :func:`mean_average_precision`
-    and :func:`ndcg_at_k` (binary gains) already use, so MAP, MRR, recall@k and NDCG@k
-    computed from these ranks agree with each other. Without ties the ranks are the plain
-    positions of the relevant items (what ``trec_eval`` computes for tie-free runs).
-
-    Cost: ``O(n_pairs * n_items)`` comparisons, done in chunks of pairs so that at most
-    ``_MAX_COMPARISONS`` are held in memory at once (no full sort of the rows).
-
-    Args:
-      scores: ``[n_queries, n_items]`` float (or int) scores, higher = better; ``-inf`` is
-        allowed.
-      relevant: ``[n_queries, n_items]`` bool (or 0/1) relevance.
-
-    Returns:
-      ``(query, rank)``: two ``[n_pairs]`` int64 arrays, one entry per relevant
-      ``(query, item)`` pair, sorted by query and then by rank (strictly increasing within
-      a query, so a query's ``j``-th entry is its ``j``-th relevant item). Queries without
-      a relevant item have no entry. Ranks lie in ``[1, n_items]``.
+    for the ``j``-th relevant item of a query (0-based, by descending score), as in
+    :func:`mean_average_precision`. Scores ``[n_queries, n_items]`` float (or int; ``-inf``
+    allowed), relevance of that shape bool (or 0/1). Returns ``(query, rank)``: ``[n_pairs]``
+    int64 each, one per relevant ``(query, item)``, sorted by query then rank.
 
     Raises:
       ValueError: NaN scores, wrong shapes or non-binary relevance.
@@ -311,18 +201,15 @@ def ranks_of_relevant(scores, relevant) -> tuple[np.ndarray, np.ndarray]:
     rel = _binary(relevant, s.shape, "relevant")
     query, item = np.nonzero(rel)
     pair_scores = s[query, item]
-    # Non-relevant items scoring at least as high as each relevant one, in chunks of pairs:
-    # a [pairs, n_items] comparison at once would not fit for large entity sets.
+    # Non-relevant items scoring >= each relevant one, in chunks of pairs.
     ahead = np.empty(query.size, dtype=np.int64)
     step = max(1, _MAX_COMPARISONS // max(1, s.shape[1]))
     for start in range(0, query.size, step):
         q = query[start : start + step]
         at_least = s[q] >= pair_scores[start : start + step, None]
         ahead[start : start + step] = np.count_nonzero(at_least & ~rel[q], axis=1)
-    # j = number of the query's relevant items placed before this one. Sorting by (query,
-    # score ascending) and counting from the end of each query's run avoids negating the
-    # scores (which would wrap unsigned integers); tied relevant items get consecutive j in
-    # some order, which does not matter since they share ``ahead``.
+    # j = the query's relevant items placed before this one, counted from the end of each
+    # query's ascending run (no negated scores); tied items share ``ahead``.
     by_score = np.lexsort((pair_scores, query))
     per_query = np.bincount(query, minlength=s.shape[0])
     run_end = np.cumsum(per_query)  # one past the last pair of each query
@@ -331,7 +218,6 @@ def ranks_of_relevant(scores, relevant) -> tuple[np.ndarray, np.ndarray]:
     rank = j + 1 + ahead
     order = np.lexsort((rank, query))
     return query[order].astype(np.int64), rank[order]
-
 
 
 def _relevance_in_rank_order(scores: np.ndarray, relevant: np.ndarray) -> np.ndarray:
@@ -347,20 +233,9 @@ def _ap_rows(sorted_relevant: np.ndarray) -> np.ndarray:
 
 
 def average_precision(scores, relevant) -> float:
-    """Average precision of one ranked list.
-
-    ``AP = (1 / R) * sum_{r : item at rank r is relevant} precision@r`` with ``R`` the
-    number of relevant items (the standard IR definition, e.g. Manning et al.,
-    *Introduction to Information Retrieval*, sec. 8.4). Ties are ordered pessimistically
-    (relevant after non-relevant at equal score). Without ties it equals
-    ``sklearn.metrics.average_precision_score(relevant, scores)``.
-
-    Args:
-      scores: ``[n_items]`` float scores.
-      relevant: ``[n_items]`` bool (or 0/1) relevance.
-
-    Returns:
-      Float in (0, 1].
+    """``AP = (1 / R) sum_{r: rank r relevant} precision@r`` of ``[n_items]`` scores and
+    bool (or 0/1) relevance, in (0, 1] (Manning et al., IIR sec. 8.4; sklearn's
+    ``average_precision_score`` without ties).
 
     Raises:
       ValueError: NaN scores, shape mismatch, or no relevant item.
@@ -373,14 +248,8 @@ def average_precision(scores, relevant) -> float:
 
 
 def mean_average_precision(scores, relevant) -> float:
-    """MAP: mean of :func:`average_precision` over queries with at least one relevant item.
-
-    Args:
-      scores: ``[n_queries, n_items]`` float scores.
-      relevant: ``[n_queries, n_items]`` bool (or 0/1) relevance.
-
-    Returns:
-      Float in (0, 1].
+    """Mean :func:`average_precision` over the queries (rows of ``[n_queries, n_items]``)
+    with a relevant item, in (0, 1].
 
     Raises:
       ValueError: NaN scores, shape mismatch, or no query with a relevant item.
@@ -390,22 +259,13 @@ def mean_average_precision(scores, relevant) -> float:
 
 
 def ndcg_at_k(scores, gains, k: int) -> float:
-    """Mean NDCG@k over queries whose ideal DCG@k is positive.
+    """Mean NDCG@k in [0, 1] over queries with a positive ideal DCG@k.
 
-    ``DCG@k = sum_{r=1}^{min(k, n)} gain_(r) / log2(r + 1)`` with ``gain_(r)`` the gain of
-    the item at rank ``r``; ``NDCG@k = DCG@k / IDCG@k`` where ``IDCG@k`` is the DCG of the
-    gains sorted descending (Jarvelin & Kekalainen 2002, the linear-gain form used by the
-    DocEnt tag-prediction notebooks with gain = count or log(1 + count)). Ties are ordered
-    pessimistically (smaller gain first at equal score). Queries with zero ideal DCG (no
-    positive gain) are skipped.
+    ``DCG@k = sum_{r=1}^{min(k, n)} gain_(r) / log2(r + 1)``, ``NDCG@k = DCG@k / IDCG@k``
+    (Jarvelin & Kekalainen 2002, linear gains).
 
-    Args:
-      scores: ``[n_queries, n_items]`` float scores.
-      gains: ``[n_queries, n_items]`` float gains, >= 0 (bool = binary relevance).
-      k: cut-off, positive int; a ``k`` above ``n_items`` uses all items.
-
-    Returns:
-      Float in [0, 1].
+    ``scores`` and ``gains`` (>= 0; bool = binary) ``[n_queries, n_items]`` float; a ``k``
+    above ``n_items`` uses all items.
 
     Raises:
       ValueError: NaN scores or gains, negative gains, shape mismatch, bad ``k``, or no
@@ -430,20 +290,9 @@ def ndcg_at_k(scores, gains, k: int) -> float:
 
 
 def precision_at_k(scores, relevant, k: int, min_positives: int | None = None) -> float:
-    """Mean precision@k over queries with at least ``min_positives`` relevant items.
-
-    ``P@k = #{relevant items among the top k} / k``. The DocEnt tag-prediction protocol
-    averages P@K only over movies with at least K positive tags (``min_positives = k``, the
-    default), so that a perfect ranking scores 1. Ties are ordered pessimistically.
-
-    Args:
-      scores: ``[n_queries, n_items]`` float scores.
-      relevant: ``[n_queries, n_items]`` bool (or 0/1) relevance.
-      k: cut-off, ``1 <= k <= n_items``.
-      min_positives: minimum number of relevant items for a query to count; default ``k``.
-
-    Returns:
-      Float in [0, 1].
+    """Mean ``P@k = #{relevant in the top k} / k`` in [0, 1] over the queries with at least
+    ``min_positives`` (default ``k``; ``docs/docent.md``) relevant items;
+    ``[n_queries, n_items]`` scores and bool (or 0/1) relevance, ``1 <= k <= n_items``.
 
     Raises:
       ValueError: NaN scores, shape mismatch, bad ``k``, or no query qualifies.
@@ -462,20 +311,10 @@ def precision_at_k(scores, relevant, k: int, min_positives: int | None = None) -
 
 
 def label_ranking_average_precision(scores, relevant) -> float:
-    """Label-ranking average precision over queries with at least one relevant item.
+    """LRAP in (0, 1] over the queries with a relevant item (sklearn's
+    ``label_ranking_average_precision_score``; DocEnt's tag "MAP")::
 
-    ``LRAP = mean_i (1/|Y_i|) sum_{j in Y_i} |{l in Y_i : s_il >= s_ij}| / |{l : s_il >= s_ij}|``
-    (Tsoumakas et al.; ``sklearn.metrics.label_ranking_average_precision_score``, which this
-    calls). Ties count against the model (``>=``). This is the "MAP" of the DocEnt
-    tag-prediction notebooks. Queries without a relevant item are dropped first (sklearn
-    would score them 1).
-
-    Args:
-      scores: ``[n_queries, n_labels]`` float scores.
-      relevant: ``[n_queries, n_labels]`` bool (or 0/1) relevance.
-
-    Returns:
-      Float in (0, 1].
+        LRAP = mean_i (1/|Y_i|) sum_{j in Y_i} |{l in Y_i : s_il >= s_ij}| / |{l : s_il >= s_ij}|
 
     Raises:
       ValueError: NaN scores, shape mismatch, or no query with a relevant item.
@@ -485,18 +324,8 @@ def label_ranking_average_precision(scores, relevant) -> float:
 
 
 def roc_auc(scores, labels) -> float:
-    """ROC-AUC over all entries of ``scores`` / ``labels`` flattened together.
-
-    The probability that a random positive scores above a random negative, ties counting
-    one half (``sklearn.metrics.roc_auc_score``, which this calls). The DocEnt notebooks
-    compute it over the flattened movie x tag matrix.
-
-    Args:
-      scores: float array of any shape.
-      labels: bool (or 0/1) array of the same shape.
-
-    Returns:
-      Float in [0, 1].
+    """ROC-AUC (``sklearn.metrics.roc_auc_score``, ties count 1/2) over every entry of
+    ``scores`` and bool (or 0/1) ``labels`` of one shape, flattened.
 
     Raises:
       ValueError: NaN scores, shape mismatch, or only one class present.

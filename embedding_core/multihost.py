@@ -1,21 +1,8 @@
-"""Evaluation and export on several processes: each encodes its slice, process 0 writes.
+"""Evaluation and export on several processes: each computes its slice, process 0 writes
+(``docs/architecture.md``, "Several processes").
 
-In a multi-process JAX program (``jax.distributed``, e.g. a TPU pod slice) every process
-runs the same ``evaluate`` or ``export`` call. Instead of each repeating all of the work,
-the rows of each piece of work (texts to encode, queries to rank) are cut into
-``process_count`` contiguous slices in process order (:func:`process_rows`); each process
-computes its slice on its own devices with no cross-process collective inside the model
-(the model's params are made process-local by :func:`localize`), and the slices are
-gathered so that every process ends with the same array as a single process would
-compute (:func:`split_map`). Result files are written by process 0 alone
-(:func:`is_primary`; ``embedding_core.export`` does so for exports). See
-``docs/architecture.md`` ("Several processes").
-
-Every function that gathers is a collective: all processes call it in the same order with
-the same ``total``, as they do in the SPMD programs of this library. An exception raised
-by one process's slice is reported to all of them (each raises), so no process is left
-waiting for a peer that stopped. In a single process nothing is split, gathered or
-synchronised.
+Every function that gathers is a collective (same order, same ``total`` on all processes);
+an exception in one process's slice is raised on all of them.
 """
 
 from __future__ import annotations
@@ -31,9 +18,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 T = TypeVar("T")
-# Bytes of the status message each process sends before a gather (longer text is cut).
-_STATUS_BYTES = 4096
-# Exception types re-raised under their own name on the processes that did not fail.
+_STATUS_BYTES = 4096  # of the status each process sends before a gather (longer: cut)
+# Re-raised under their own name on the processes that did not fail.
 _KNOWN_ERRORS = {cls.__name__: cls for cls in (ValueError, TypeError, KeyError,
                                                 FileNotFoundError, OSError, RuntimeError)}
 
@@ -47,16 +33,10 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
-def process_rows(total: int, index: int | None = None, count: int | None = None
-                 ) -> tuple[int, int]:
-    """This process's contiguous slice ``[start, stop)`` of ``total`` rows.
-
-    The first ``total % count`` processes get one row more; slices follow process order
-    (e.g. 10 rows on 3 processes: ``[0, 4)``, ``[4, 7)``, ``[7, 10)``).
-
-    Args:
-      total: rows to split, >= 0.
-      index, count: the process and the process count (default: this JAX process).
+def process_rows(total: int, index: int | None = None, count: int | None = None) -> tuple[int, int]:
+    """Process ``index``'s (default: this one's) contiguous slice ``[start, stop)`` of
+    ``total`` rows, the first ``total % count`` one row longer (10 on 3: ``[0, 4)``,
+    ``[4, 7)``, ``[7, 10)``).
 
     Raises:
       ValueError: a negative ``total`` or an ``index`` outside ``[0, count)``.
@@ -72,8 +52,7 @@ def process_rows(total: int, index: int | None = None, count: int | None = None
 
 
 def splits(total: int) -> bool:
-    """Whether :func:`split_map` splits ``total`` rows: several processes, and at least one
-    row for each (fewer rows are computed whole by every process: too few to matter)."""
+    """Whether :func:`split_map` splits ``total`` rows (several processes, a row each)."""
     return jax.process_count() > 1 and total >= jax.process_count()
 
 
@@ -97,21 +76,11 @@ def _status(payload: bytes) -> dict[str, Any]:
 
 
 def agree(error: BaseException | None, what: str, **info: Any) -> list[dict[str, Any]]:
-    """Exchanges every process's outcome of a step; raises on all if any failed.
+    """Exchanges every process's outcome (``error`` or None, JSON-serialisable ``info``).
 
-    A collective: each process passes the exception its own part raised (or None). A
-    process that failed re-raises its own exception; the others raise the same type (or
-    :class:`PeerProcessError`) with the first failed peer's message, so none waits for a
-    peer that has stopped.
-
-    Args:
-      error: this process's exception, or None.
-      what: names the step in the peers' messages.
-      **info: JSON-serialisable facts sent along (e.g. result shapes to compare).
-
-    Returns:
-      The exchanged status of every process (``{"ok": True, **info}``), when all
-      succeeded.
+    Returns every process's ``{"ok": True, **info}`` when all succeeded; otherwise a
+    failed process re-raises its own error and the others the same type (or
+    :class:`PeerProcessError`) with the first failed peer's message, naming ``what``.
     """
     if jax.process_count() == 1:
         if error is not None:
@@ -143,10 +112,8 @@ def _gather_leaf(local: np.ndarray, total: int) -> np.ndarray:
     width = int(np.prod(row_shape, dtype=np.int64)) * local.dtype.itemsize
     if width == 0:
         return np.zeros((total, *row_shape), local.dtype)
-    # Bytes, not values: float64 and int64 survive JAX's default 32-bit types unchanged.
-    # The buffer is padded to a power of two so that few gather programs are compiled,
-    # and is never the status message's size: a process that is one exchange behind its
-    # peers fails on the shape instead of reading rows as a status.
+    # Bytes survive JAX's 32-bit default types. A power of two (few compiled gathers), never
+    # the status size: a process one exchange behind fails on the shape.
     raw = np.zeros(max(2 * _STATUS_BYTES, 1 << (per * width - 1).bit_length()), np.uint8)
     raw[:len(local) * width] = local.reshape(-1).view(np.uint8)
     stacked = np.asarray(multihost_utils.process_allgather(raw))
@@ -155,23 +122,13 @@ def _gather_leaf(local: np.ndarray, total: int) -> np.ndarray:
 
 
 def split_map(fn: Callable[[int, int], T], total: int, *, what: str = "rows") -> T:
-    """``fn(0, total)`` computed as one slice per process and gathered on every process.
+    """``fn(0, total)`` computed as one slice per process, gathered on every process.
 
-    Args:
-      fn: ``(start, stop) -> result`` for rows ``[start, stop)``: an array, or a dict /
-        tuple of arrays, each with ``stop - start`` leading rows; the same dtypes and
-        trailing shapes on every process. It must not run collectives itself (params
-        process-local, see :func:`localize`).
-      total: the number of rows.
-      what: names the work in log lines and errors.
-
-    Returns:
-      Equal to ``fn(0, total)`` up to float reordering: every leaf ``[total, ...]``, rows
-      in order, on every process.
+    ``fn(start, stop)``: a pytree of arrays with ``stop - start`` leading rows; no collective.
 
     Raises:
-      Whatever ``fn`` raised on this process, or, on the other processes, the same type
-      with that process's message (:func:`agree`); ValueError: results of another shape.
+      Whatever ``fn`` raised (on the others: the same type, :func:`agree`); ValueError:
+        results of another shape.
     """
     if not splits(total):
         return fn(0, total)
@@ -197,8 +154,7 @@ def split_map(fn: Callable[[int, int], T], total: int, *, what: str = "rows") ->
 
 
 def is_local(tree: Any) -> bool:
-    """Whether every array of ``tree`` lives on this process's devices alone (numpy and
-    other non-JAX leaves count as local); a local model runs without collectives."""
+    """Whether every ``jax.Array`` of ``tree`` lives on this process's devices alone."""
     return all(not isinstance(x, jax.Array) or x.is_fully_addressable
                for x in jax.tree.leaves(tree))
 
@@ -209,8 +165,7 @@ def _local_mesh(mesh: Mesh, process: int) -> Mesh:
     mine = np.vectorize(lambda d: d.process_index == process)(devices)
     coords = [np.unique(ix) for ix in np.nonzero(mine)]
     block = devices[np.ix_(*coords)]
-    if block.size != int(mine.sum()) or not all(d.process_index == process
-                                                for d in block.flat):
+    if block.size != int(mine.sum()) or not all(d.process_index == process for d in block.flat):
         raise ValueError(f"the devices of process {process} do not form a block of the mesh "
                          f"{dict(mesh.shape)}; cannot copy the params onto them alone")
     return Mesh(block, mesh.axis_names, axis_types=mesh.axis_types)
@@ -226,24 +181,11 @@ def _spec_axes(spec: PartitionSpec) -> set[str]:
 
 
 def localize(tree: Any) -> Any:
-    """``tree``'s arrays as arrays of this process's devices alone, without copying data.
-
-    Params restored onto a mesh of all processes' devices are global arrays: a jitted
-    call on them is a collective, which per-process slices of different shapes cannot
-    make. When every mesh axis that splits an array lies inside one process (e.g. params
-    replicated over ``data``, and ``model`` within a host), this process already holds a
-    whole copy in its shards; they are re-wrapped on the process's block of the mesh
-    with the same partition spec.
-
-    Args:
-      tree: a pytree; leaves that are not global ``jax.Array`` are returned as they are.
-
-    Returns:
-      The same structure, every array fully addressable (a no-op in a single process).
+    """``tree``'s global arrays re-wrapped, without copying, on this process's block of the
+    mesh with the same partition spec (a jitted call on them is then no collective).
 
     Raises:
-      ValueError: an array split across processes (a ``model`` axis spanning hosts): this
-        process does not hold all of it.
+      ValueError: an array split across processes (a ``model`` axis spanning hosts).
     """
     if jax.process_count() == 1:
         return tree
@@ -270,24 +212,12 @@ def localize(tree: Any) -> Any:
 
 
 def encode(encoder: Any, texts: Sequence[str], **kwargs: Any) -> np.ndarray:
-    """``encoder.encode(texts, **kwargs)``, each process encoding its slice of ``texts``.
-
-    Args:
-      encoder: an ``embedding_core.inference.Encoder``. When its ``params`` are global
-        (the training loop's sharded params), the texts are not split: every process
-        encodes all of them in step, as a jitted call on global arrays requires.
-      texts: the same list on every process; checked whole first
-        (``embedding_core.inference.check_texts``), so an empty text is reported with
-        its index in ``texts`` by every process.
-      **kwargs: passed to ``encoder.encode`` (``kind``, ``side``, ``normalize``, ...).
-
-    Returns:
-      ``[len(texts), dim]`` float32 on every process, row i = ``texts[i]``.
-    """
+    """``encoder.encode(texts, **kwargs)`` as ``[len(texts), dim]`` float32 on every
+    process, each encoding its slice (all of it when the encoder's params are global).
+    ``texts`` (the same everywhere) are checked whole first (``inference.check_texts``)."""
     from embedding_core.inference import check_texts
 
     texts = check_texts(texts)
     if not is_local(getattr(encoder, "params", None)):
         return encoder.encode(texts, **kwargs)
-    return split_map(lambda a, b: encoder.encode(texts[a:b], **kwargs), len(texts),
-                     what="encode")
+    return split_map(lambda a, b: encoder.encode(texts[a:b], **kwargs), len(texts), what="encode")

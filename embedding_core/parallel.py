@@ -1,17 +1,15 @@
-"""Device mesh, logical-axis rules, host-to-global batches and multi-host start-up.
+"""Device mesh, logical-axis rules, host batch <-> global arrays, multi-host start-up.
 
-The one way (docs/architecture.md): a 2-D mesh ``("data", "model")`` with Auto axis
-types; parameters carry logical axis names and rules (``config.logical_axis_rules``, by
-default ``LOGICAL_AXIS_RULES``) map them onto mesh axes, fitted to the mesh
-(:func:`fit_rules`); host batches enter as global ``jax.Array`` through
-``jax.make_array_from_process_local_data``.
+``docs/architecture.md`` ("Mesh and logical axes"): a ``("data", "model")`` mesh with
+Auto axes; logical names map to mesh axes by rules fitted to the mesh (:func:`fit_rules`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -24,12 +22,7 @@ LogicalRules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 MESH_AXES = ("data", "model")
 """The mesh axes every run has (:func:`make_mesh`); rules may name only these."""
 
-# Logical names used by the encoders and heads -> mesh axes (the defaults of
-# ``config.logical_axis_rules``, docs/architecture.md "Mesh and logical axes"). Batch goes
-# over "data". Entity tables ("entities") are split over "model" by rows: their row count
-# is padded to a multiple of the model size (DocEnt's table_multiple). Word-piece tables
-# ("vocab": BERT's 30,522 rows divide few mesh sizes) stay replicated; attention heads and
-# the MLP width are split over "model" where the model size divides them.
+# Defaults of config.logical_axis_rules (the table in docs/architecture.md).
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", "data"),
     ("vocab", None),
@@ -53,11 +46,10 @@ def _axis_size(mesh: Mesh, axes: str | tuple[str, ...]) -> int:
 
 
 def logical_dims(abstract_tree: Any) -> dict[str, set[int]]:
-    """``{logical axis name: sizes of the array dimensions that carry it}`` over the
-    ``nn.LogicallyPartitioned`` leaves of ``abstract_tree`` (params or a train state)."""
+    """``{logical axis name: sizes of the dimensions carrying it}`` over the
+    ``nn.LogicallyPartitioned`` leaves of ``abstract_tree``."""
     dims: dict[str, set[int]] = {}
-    boxes = jax.tree.leaves(abstract_tree,
-                            is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    boxes = jax.tree.leaves(abstract_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
     for box in boxes:
         if not isinstance(box, nn.LogicallyPartitioned):
             continue
@@ -69,26 +61,11 @@ def logical_dims(abstract_tree: Any) -> dict[str, set[int]]:
 
 def fit_rules(rules: LogicalRules, mesh: Mesh, abstract_tree: Any = None,
               sizes: Mapping[str, int] | None = None) -> tuple[tuple[str, Any], ...]:
-    """The rules with every logical axis the mesh cannot split evenly replicated instead.
+    """The rules, with every logical axis the mesh cannot split evenly replicated.
 
     A rule ``(name, mesh axis)`` is kept when the mesh axis size divides every dimension
-    named ``name`` in ``abstract_tree`` and ``sizes[name]`` (a count the shapes do not
-    show, e.g. ``{"heads": 12}``: the ``"heads"`` columns hold 12 attention heads, which
-    are never cut). Otherwise the whole logical axis is replicated (``(name, None)``,
-    the same for every array carrying it) and one warning names the axis, its sizes, the
-    mesh axis and the fields to change; the run goes on. DocEnt's entity table is never
-    replicated this way: its padding is checked against ``mesh_model`` first
-    (``docent_jax.configs.validate_config``).
-
-    Args:
-      rules: ``(logical name, mesh axis | tuple of mesh axes | None)`` pairs.
-      mesh: the mesh the arrays go to.
-      abstract_tree: a tree whose leaves may be ``nn.LogicallyPartitioned`` boxes
-        (``jax.eval_shape`` of an initialiser); None checks ``sizes`` alone.
-      sizes: extra ``{logical name: count}`` the mesh axis must also divide.
-
-    Returns:
-      The rules, same order, with non-dividing entries set to ``None``.
+    named ``name`` in ``abstract_tree`` and ``sizes[name]`` (e.g. ``{"heads": 12}``);
+    otherwise it becomes ``(name, None)`` with one warning.
 
     Raises:
       ValueError: a rule names a mesh axis the mesh lacks.
@@ -119,15 +96,10 @@ def fit_rules(rules: LogicalRules, mesh: Mesh, abstract_tree: Any = None,
 
 
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """Builds the ``("data", "model")`` mesh with Auto axis types.
-
-    Args:
-      data: data-parallel size; ``-1`` takes all devices left after ``model``.
-      model: tensor/vocabulary-parallel size.
-      devices: defaults to ``jax.devices()`` (all processes).
+    """The ``("data", "model")`` mesh with Auto axis types; ``data=-1`` takes the rest.
 
     Raises:
-      ValueError: if ``data * model`` does not equal the number of devices.
+      ValueError: ``data * model`` is not the number of devices.
     """
     devices = list(devices if devices is not None else jax.devices())
     n = len(devices)
@@ -138,8 +110,7 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | No
     if data * model != n:
         raise ValueError(
             f"mesh data={data} x model={model} = {data * model} devices, but {n} are available; "
-            "set config.mesh_data=-1 to use all devices"
-        )
+            "set config.mesh_data=-1 to use all devices")
     if devices == list(jax.devices()):
         return jax.make_mesh((data, model), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     return Mesh(np.asarray(devices).reshape(data, model), ("data", "model"),
@@ -148,19 +119,15 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | No
 
 def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES,
                       sizes: Mapping[str, int] | None = None):
-    """NamedShardings for a tree whose leaves may be ``nn.LogicallyPartitioned`` boxes.
-
-    The rules are first fitted to the mesh (:func:`fit_rules`: a logical axis the mesh
-    axis does not divide is replicated, with one warning). Unboxed leaves (optimizer
-    counters, scalars) are replicated.
-    """
+    """NamedShardings for a tree of ``nn.LogicallyPartitioned`` boxes, rules fitted to the
+    mesh (:func:`fit_rules`); unboxed leaves are replicated."""
     rules = fit_rules(rules, mesh, abstract_tree, sizes)
     specs = nn.get_partition_spec(abstract_tree)
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Sharding of a batch: leading axis over ``data``, the rest replicated."""
+    """Leading axis over ``data``, the rest replicated."""
     return NamedSharding(mesh, PartitionSpec("data"))
 
 
@@ -169,54 +136,87 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def check_global_batch(global_batch_size: int, mesh: Mesh) -> None:
-    """Fails before any compilation when the batch cannot be split over the data axis.
-
-    Raises:
-      ValueError: naming the batch size, the data-parallel size and the process count.
-    """
+    """Raises ValueError (before any compilation) when the batch does not split over the
+    data axis or the processes."""
     data = mesh.shape["data"]
     if global_batch_size % data:
         raise ValueError(
             f"batch_size={global_batch_size} is not divisible by the data-parallel size "
-            f"{data} (mesh data={data}, model={mesh.shape['model']}); choose a multiple of {data}"
-        )
+            f"{data} (mesh data={data}, model={mesh.shape['model']}); choose a multiple of {data}")
     if global_batch_size % jax.process_count():
-        raise ValueError(
-            f"batch_size={global_batch_size} is not divisible by the process count "
-            f"{jax.process_count()}"
-        )
+        raise ValueError(f"batch_size={global_batch_size} is not divisible by the process "
+                         f"count {jax.process_count()}")
 
 
 def host_to_global(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """Assembles each process's slice of the batch into global arrays sharded over ``data``.
-
-    Args:
-      batch: this process's rows, ``[global_batch / process_count, ...]`` per entry;
-        processes hold contiguous slices in process order.
-
-    Returns:
-      Global arrays ``[global_batch, ...]`` with a ``PartitionSpec("data")`` sharding.
-    """
+    """This process's rows (``[global_batch / process_count, ...]``, contiguous slices in
+    process order) as global ``[global_batch, ...]`` arrays sharded over ``data``."""
     sharding = batch_sharding(mesh)
-    return {
-        k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-        for k, v in batch.items()
-    }
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+            for k, v in batch.items()}
 
 
-def maybe_initialize_distributed(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-    local_device_ids: Sequence[int] | None = None,
-) -> None:
-    """Calls ``jax.distributed.initialize`` when a multi-process run is asked for.
+def iter_row_blocks(array: Any, num_rows: int | None = None, block_rows: int = 8192
+                    ) -> Iterator[tuple[int, np.ndarray]]:
+    """Rows ``[0, num_rows)`` of a ``[rows, ...]`` array as ``(start, numpy block)``.
 
-    On TPU pods ``jax.distributed.initialize()`` finds everything itself; pass
-    ``coordinator_address="auto"`` for that. On CPU (tests, local multi-process runs) the
-    gloo collectives are selected so cross-process all-reduces work.
-    Nothing happens when ``coordinator_address`` is empty and ``JAX_COORDINATOR_ADDRESS`` is
-    unset, or when this process has already started (a later call in the same program).
+    A ``jax.Array`` split by rows is read shard by shard (no device gathers the table);
+    blocks end every ``block_rows`` rows and at shard boundaries.
+
+    Raises:
+      ValueError: ``block_rows < 1``, ``num_rows`` out of range, or rows held only by
+        another process's devices.
+    """
+    total = int(array.shape[0])
+    num_rows = total if num_rows is None else int(num_rows)
+    if isinstance(block_rows, bool) or int(block_rows) != block_rows or block_rows < 1:
+        raise ValueError(f"block_rows must be a positive integer, got {block_rows!r}")
+    if not 0 <= num_rows <= total:
+        raise ValueError(f"num_rows={num_rows} must lie in [0, {total}]")
+    if not isinstance(array, jax.Array):
+        for start in range(0, num_rows, block_rows):
+            yield start, np.asarray(array[start:min(start + block_rows, num_rows)])
+        return
+    pieces: dict[int, tuple[int, Any]] = {}
+    for shard in array.addressable_shards:
+        rows = shard.index[0] if shard.index else slice(None)
+        start = rows.start or 0
+        stop = total if rows.stop is None else rows.stop
+        pieces.setdefault(start, (stop, shard.data))
+    position = 0
+    while position < num_rows:
+        if position not in pieces:
+            raise ValueError(f"rows from {position} of a [{total}, ...] array lie on another "
+                             "process's devices; read the array where it is whole (e.g. a "
+                             "model axis within one host)")
+        stop, data = pieces[position]
+        stop = min(stop, num_rows)
+        rows_here = int(data.shape[0])
+        size = min(int(block_rows), rows_here)
+        for begin in range(0, stop - position, size):
+            n = min(size, stop - position - begin)
+            if size == rows_here:
+                block = np.asarray(data)[begin:begin + n]
+            else:  # the slice is taken on the shard's device; only it is copied
+                first = min(begin, rows_here - size)
+                block = np.asarray(_device_rows(size)(data, first))[begin - first:
+                                                                   begin - first + n]
+            yield position + begin, block
+        position = stop
+
+
+@functools.lru_cache(maxsize=8)
+def _device_rows(size: int):
+    return jax.jit(lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, size, axis=0))
+
+
+def maybe_initialize_distributed(coordinator_address: str | None = None,
+                                 num_processes: int | None = None, process_id: int | None = None,
+                                 local_device_ids: Sequence[int] | None = None) -> None:
+    """``jax.distributed.initialize`` when a multi-process run is asked for.
+
+    ``"auto"``: JAX finds everything (TPU pods); on CPU gloo. A no-op without
+    ``coordinator_address`` / ``JAX_COORDINATOR_ADDRESS``, or when already initialised.
     """
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if not coordinator_address or jax.distributed.is_initialized():
@@ -226,24 +226,16 @@ def maybe_initialize_distributed(
     if coordinator_address == "auto":
         jax.distributed.initialize()
     else:
-        jax.distributed.initialize(
-            coordinator_address=coordinator_address,
-            num_processes=num_processes,
-            process_id=process_id,
-            local_device_ids=local_device_ids,
-        )
-    logging.info(
-        "process %d of %d, %d local / %d global devices",
-        jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
-    )
+        jax.distributed.initialize(coordinator_address=coordinator_address,
+                                   num_processes=num_processes, process_id=process_id,
+                                   local_device_ids=local_device_ids)
+    logging.info("process %d of %d, %d local / %d global devices", jax.process_index(),
+                 jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
 def mesh_from_config(config: Any) -> Mesh:
-    """Multi-host start-up (if asked) and the mesh, from the fields every config shares.
-
-    Reads ``coordinator_address``, ``num_processes``, ``process_id`` (``-1`` = unset),
-    ``mesh_data`` and ``mesh_model``.
-    """
+    """Multi-host start-up (if asked) and the mesh from ``coordinator_address``,
+    ``num_processes``, ``process_id`` (-1 = unset), ``mesh_data``, ``mesh_model``."""
     maybe_initialize_distributed(
         config.coordinator_address or None,
         config.num_processes or None,

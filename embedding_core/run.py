@@ -1,10 +1,5 @@
-"""``run(make_task, config, workdir)``: the one way every model is trained.
-
-The core owns everything that is not a model, a loss or a protocol: config checks before
-anything compiles, multi-host start-up and the mesh, the sharded state (pretrained weights
-placed in it), resume with the data position, the loop, periodic evaluation, checkpoints,
-pre-emption and TensorBoard. A package's ``trainer.py`` only builds its :class:`Task`.
-"""
+"""``run(make_task, config, workdir)``: the one way every model is trained
+(``docs/architecture.md``, "The Task seam")."""
 
 from __future__ import annotations
 
@@ -22,12 +17,13 @@ from embedding_core import (
     checkpoints,
     configs,
     contrastive,
+    loop,
     parallel,
     run_control,
     run_lock,
     training,
 )
-from embedding_core.task import Task
+from embedding_core.task import Task, checked_batches
 
 
 def default_optimizer(config: ml_collections.ConfigDict, total_steps: int
@@ -49,27 +45,8 @@ def run(
 ) -> training.TrainState:
     """Trains (or resumes) the task ``make_task(config, mesh)`` into ``workdir``.
 
-    Order: shared and model config checks (``validate``), the workdir check (a saved
-    config that differs in a non-resumable field is refused only when the workdir holds a
-    checkpoint: with none there is nothing to resume and the new config replaces it), multi-host
-    start-up and the mesh, the global batch against the data-parallel size (when the
-    config has ``batch_size``), then the task (data and pretrained weights load here), the
-    saved config and run files, the sharded state and the loop. Nothing compiles before
-    the checks pass, and nothing is written before the task has loaded its data.
-
-    Writes ``workdir/run_config.json``, the task's run files, TensorBoard events and orbax
-    checkpoints under ``workdir/checkpoints`` (params, optimizer state and data position).
-    While it trains, ``workdir/run.lock`` keeps a second run out (``run_lock``); SIGTERM
-    and Ctrl-C save a checkpoint and stop (``run_control``), during start-up (before the
-    lock) they stop at once; a diverged run stops without saving its non-finite state.
-
-    Args:
-      make_task: builds the task for this config on this mesh.
-      validate: the package's config check (raises ``ValueError``).
-      stop_after: stop with a checkpoint after this many steps of this call (tests).
-
-    Returns:
-      The final train state.
+    Checks every config field and the workdir before anything compiles, and writes nothing
+    before the task has loaded its data (``docs/architecture.md``, "The Task seam").
 
     Raises:
       ValueError: a bad config; NotADirectoryError: ``workdir`` is a file; whatever the
@@ -80,19 +57,19 @@ def run(
         (or before the first step, with nothing to save).
       run_control.Aborted: a second Ctrl-C (names the latest complete checkpoint).
     """
-    # SIGTERM / Ctrl-C from here on exit 75 / 130 (start-up: at once, nothing to save). A
-    # multi-process run leaves them to JAX's preemption service, which jax.distributed
-    # starts: decided from the config, since asking JAX would start its backend too early.
+    # SIGTERM / Ctrl-C from here on exit 75 / 130. Multi-process is decided from the config:
+    # asking JAX would start its backend too early.
     distributed = bool(config.get("coordinator_address")
                        or os.environ.get("JAX_COORDINATOR_ADDRESS")
                        or jax.distributed.is_initialized())
     with run_control.StopSignals(multiprocess=distributed, immediate=True) as stops:
-        configs.validate_base(config)
+        fields = getattr(validate, "fields", None)  # configs.validator's declarations
+        configs.validate_base(config, fields)
         if validate is not None:
             validate(config)
         workdir = training.check_workdir(workdir)
         checkpoints.check_layout(workdir / "checkpoints")
-        _check_resume(config, workdir)
+        _check_resume(config, workdir, fields)
         mesh = parallel.mesh_from_config(config)
         if distributed and jax.process_count() == 1:
             stops.multiprocess = False
@@ -116,13 +93,12 @@ def run(
                           stop_after=stop_after)
 
 
-def _check_resume(config: ml_collections.ConfigDict, workdir) -> None:
-    # A run that stopped before its first checkpoint (bad data, SIGTERM at start-up) left
-    # its config and nothing to resume: a retry with corrected settings is a fresh run,
-    # whose config replaces the saved one.
+def _check_resume(config: ml_collections.ConfigDict, workdir, fields=None) -> None:
+    # A run that stopped before its first checkpoint left its config and nothing to resume:
+    # a retry with corrected settings is a fresh run, whose config replaces the saved one.
     where = workdir / "checkpoints"
     if where.is_dir() and ocp.utils.checkpoint_steps(where):
-        configs.check_resume(config, workdir)
+        configs.check_resume(config, workdir, fields)
     elif configs.config_path(workdir).is_file():
         logging.info("%s holds no checkpoint: nothing to resume, training afresh with this "
                      "config (it replaces %s)", workdir, configs.config_path(workdir).name)
@@ -132,9 +108,8 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
            num_steps: int, *, stops: run_control.StopSignals,
            lock: run_lock.WorkdirLock | None, stop_after: int | None
            ) -> training.TrainState:
-    # Rules fitted to this mesh once (an axis it cannot split is replicated, one warning),
-    # so that the state and the step's activation constraints agree; checked before the
-    # workdir's config is written, so a mistyped rule leaves no run behind.
+    # Rules fitted to this mesh once, so that the state and the step's constraints agree;
+    # checked before the config is written, so a mistyped rule leaves no run behind.
     abstract_params = jax.eval_shape(task.init_params, jax.random.key(0))
     configs.check_rule_names(config, parallel.logical_dims(abstract_params))
     rules = parallel.fit_rules(configs.axis_rules(config), mesh, abstract_params,
@@ -160,11 +135,9 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
                  "batch %d, mesh %s%s", task.name, num_steps, task.num_examples,
                  task.steps_per_epoch, task.global_batch_size, dict(mesh.shape),
                  f"; {task.summary}" if task.summary else "")
-    return training.train_loop(
+    settings = loop.LoopSettings.from_config(config, num_steps, task.global_batch_size, stop_after)
+    return loop.train_loop(
         workdir=workdir, state=state, state_shardings=shardings, train_step=step_fn,
-        make_batches=task.make_batches, mesh=mesh, num_train_steps=num_steps,
-        rng=dropout_rng, seed=int(config.seed), global_batch_size=task.global_batch_size,
-        log_every=int(config.log_every), checkpoint_every=int(config.checkpoint_every),
-        keep_checkpoints=int(config.keep_checkpoints), eval_every=int(config.eval_every),
-        eval_fn=eval_fn, hparams=config.to_dict(), stop_after=stop_after, stops=stops,
-        lock=lock)
+        make_batches=checked_batches(task.make_batches, task.batch_spec, task.name),
+        mesh=mesh, rng=dropout_rng, settings=settings, eval_fn=eval_fn,
+        hparams=config.to_dict(), stops=stops, lock=lock)

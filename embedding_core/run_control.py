@@ -1,20 +1,7 @@
-"""How a training run stops: signals, the exit codes of ``train`` and the errors behind them.
-
-A run that stops early always says why, in one line, with an exit code a job scheduler can
-act on (``docs/architecture.md``, "Stopping a run"):
-
-====  =====================================================================================
-code  meaning
-====  =====================================================================================
-0     finished (or ``stop_after`` reached)
-1     bad input, bad settings, a diverged run (non-finite loss, gradient or params), a
-      workdir in use
-75    preempted (SIGTERM, ``EX_TEMPFAIL``): a checkpoint was saved (or, during start-up,
-      nothing was there to save); run the same command again to resume
-130   interrupted (Ctrl-C): a checkpoint was saved; a second Ctrl-C aborts without one
-====  =====================================================================================
-
-This module imports nothing heavy, so the CLI can name these errors before JAX loads.
+"""How a training run stops: signals, the exit codes of ``train`` (0 finished; 1 bad
+input or settings, diverged, workdir in use; 75 preempted; 130 Ctrl-C) and the errors
+behind them (``docs/architecture.md``, "Stopping a run"). Imports nothing heavy, so the
+CLI can name these errors before JAX loads.
 """
 
 from __future__ import annotations
@@ -23,11 +10,8 @@ import logging
 import signal
 import threading
 
-EXIT_PREEMPTED = 75
-"""``train`` was stopped by SIGTERM after saving a checkpoint: resume it (``EX_TEMPFAIL``)."""
-
-EXIT_INTERRUPTED = 130
-"""``train`` was stopped by Ctrl-C (SIGINT, 128 + 2), after saving a checkpoint."""
+EXIT_PREEMPTED = 75  # SIGTERM, after saving: resume it (EX_TEMPFAIL)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), after saving
 
 EXIT_CODES_HELP = f"""
 Exit codes of train: 0 finished; 1 bad input or settings, a diverged run (non-finite loss,
@@ -48,11 +32,7 @@ class WorkdirInUseError(RuntimeError):
 
 
 class Preempted(Exception):  # noqa: N818 - an outcome, not a fault
-    """Training stopped on SIGTERM after saving; ``exit_code`` is :data:`EXIT_PREEMPTED`.
-
-    Attributes:
-      step: the step of the checkpoint it saved (or of the latest one, when nothing new ran).
-    """
+    """Training stopped on SIGTERM after saving the checkpoint of ``step``."""
 
     exit_code = EXIT_PREEMPTED
 
@@ -62,10 +42,8 @@ class Preempted(Exception):  # noqa: N818 - an outcome, not a fault
 
 
 class Interrupted(KeyboardInterrupt):
-    """Training stopped on Ctrl-C after saving; ``exit_code`` is :data:`EXIT_INTERRUPTED`.
-
-    A ``KeyboardInterrupt``, so notebooks and ``except Exception`` treat it as one.
-    """
+    """Training stopped on Ctrl-C after saving the checkpoint of ``step`` (a
+    ``KeyboardInterrupt``, as notebooks expect)."""
 
     exit_code = EXIT_INTERRUPTED
 
@@ -75,22 +53,15 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Aborted(KeyboardInterrupt):
-    """A second Ctrl-C stopped training at once; ``exit_code`` is :data:`EXIT_INTERRUPTED`.
-
-    The message names the latest complete checkpoint (the one a rerun resumes from), or
-    says there is none; a save in flight when it came is lost.
-    """
+    """A second Ctrl-C stopped training at once; the message names the latest complete
+    checkpoint (or none)."""
 
     exit_code = EXIT_INTERRUPTED
 
 
 class StopRequested(BaseException):
-    """Raised by the handlers of a :class:`StopSignals` in start-up mode; its ``__exit__``
-    turns it into :class:`Preempted` or :class:`Interrupted` (before the first step).
-
-    A ``BaseException``, so data readers that wrap ``Exception`` cannot turn it into a
-    data error.
-    """
+    """A signal in start-up mode; :class:`StopSignals` turns it into :class:`Preempted` or
+    :class:`Interrupted`. A ``BaseException``: readers wrapping ``Exception`` keep it."""
 
 
 def _drop_orbax(record: logging.LogRecord) -> bool:
@@ -98,34 +69,20 @@ def _drop_orbax(record: logging.LogRecord) -> bool:
 
 
 def quiet_orbax() -> None:
-    """Drops orbax's log records from now on (every handler of the root logger).
-
-    After a second Ctrl-C, the save in flight fails in orbax's threads, each failure logged
-    with its traceback (~140 lines); the abort is reported in one line instead.
-    """
+    """Drops orbax's log records from now on (after a second Ctrl-C its failing threads
+    would log ~140 lines of tracebacks)."""
     for handler in [*logging.getLogger().handlers, logging.lastResort]:
         if handler is not None and _drop_orbax not in handler.filters:
             handler.addFilter(_drop_orbax)
 
 
 class StopSignals:
-    """Turns SIGTERM and the first Ctrl-C into a request the loop reads between steps.
+    """Turns SIGTERM and the first Ctrl-C into a request the loop reads between steps; a
+    second Ctrl-C raises ``KeyboardInterrupt`` at once. A context manager; ``signum`` is
+    the signal that asked to stop, or None.
 
-    The loop finishes the step it is in, saves a checkpoint and raises :class:`Preempted`
-    (SIGTERM) or :class:`Interrupted` (SIGINT). A Ctrl-C after a stop was requested raises
-    ``KeyboardInterrupt`` at once (abort without a checkpoint). Handlers are installed only
-    from the main thread (a notebook worker thread keeps Python's defaults). In a
-    multi-process run SIGTERM is left to JAX's preemption service, which makes every
-    process stop at the same step (:meth:`should_stop`), and Ctrl-C keeps its default
-    (one process alone cannot save a sharded checkpoint).
-
-    ``immediate=True`` is the start-up mode (``run`` enters it before the config checks
-    and the data load): a signal stops at once, nothing being there to save, and the block
-    ends with :class:`Preempted` / :class:`Interrupted` "before the first step", so SIGTERM
-    exits 75 at any time; :meth:`defer` switches to the loop's mode before anything is
-    written.
-
-    Use as a context manager; ``signum`` is the signal that asked to stop, or None.
+    Handlers go in from the main thread only (multi-process: SIGTERM via JAX's preemption
+    service). ``immediate``: a signal stops at once (until :meth:`defer`).
     """
 
     def __init__(self, *, multiprocess: bool = False, immediate: bool = False):
@@ -179,11 +136,8 @@ class StopSignals:
         return self.signum is not None
 
     def should_stop(self, step: int) -> bool:
-        """Stop after ``step``? Multi-process: all processes agree on the same step.
-
-        Must be called after every step in multi-process runs (JAX's preemption sync
-        protocol counts them).
-        """
+        """Stop after ``step``? Multi-process: all agree on the step (call after every
+        step: JAX's preemption sync counts them)."""
         if self.multiprocess:
             from jax.experimental import multihost_utils
 
@@ -194,10 +148,8 @@ class StopSignals:
         return self.requested
 
     def stopped(self, step: int, where: str) -> Preempted | Interrupted:
-        """The exception to raise once the checkpoint of ``step`` is saved in ``where``.
-
-        ``step < 0``: stopped before the first step of a fresh run (nothing to save).
-        """
+        """The exception to raise once the checkpoint of ``step`` is saved in ``where``
+        (``step < 0``: before the first step, nothing to save)."""
         saved = (f"at step {step}: checkpoint saved in {where}" if step >= 0
                  else "before the first step (nothing to save)")
         if self.signum == signal.SIGINT:

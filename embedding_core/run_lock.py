@@ -1,18 +1,8 @@
-"""One training run per workdir: a lock file with a heartbeat, local or on ``gs://``.
+"""One training run per workdir: ``WORKDIR/run.lock``, a JSON record with a heartbeat,
+local or on ``gs://`` (``docs/architecture.md``, "Stopping a run", "One run per workdir").
 
-An object store has no ``flock``, so the lock is a small JSON object ``WORKDIR/run.lock``
-(``token``, ``host``, ``pid``, ``started``, ``heartbeat``: Unix seconds) that the live run
-rewrites every ``heartbeat_s`` seconds from a background thread. A lock is *stale*, and
-the next run takes it over with a warning, when its heartbeat is older than
-``stale_after_s`` or when its process, on this same machine, is gone (a SIGKILLed run is
-resumed at once). Creation is exclusive where the backend allows it (``O_EXCL`` locally,
-``ifGenerationMatch=0`` on ``gs://`` through gcsfs), and every write is read back: the run
-whose token is in the file owns the workdir. A run that finds its token replaced (two
-runs took over one stale lock at the same moment) stops before its next step.
-
-Multi-process runs: only process 0 touches the lock; the others learn its verdict through
-a broadcast, so all processes stop together. See ``docs/architecture.md`` ("One run per
-workdir").
+Created exclusively (``O_EXCL``, ``ifGenerationMatch=0``) and read back after every write;
+stale when its heartbeat is older than ``stale_after_s`` or its process here is gone.
 """
 
 from __future__ import annotations
@@ -34,17 +24,14 @@ from embedding_core import storage
 from embedding_core.run_control import WorkdirInUseError
 
 LOCK_NAME = "run.lock"
-HEARTBEAT_S = 30.0
-"""How often a live run rewrites its heartbeat."""
-STALE_AFTER_S = 300.0
-"""A lock whose heartbeat is older than this is taken over (a crash on another machine)."""
+HEARTBEAT_S = 30.0  # seconds between a live run's heartbeats
+STALE_AFTER_S = 300.0  # a heartbeat older than this is taken over (a crash elsewhere)
 
 _T = TypeVar("_T")
 
 
 def _boot_id() -> str:
-    # Tells two machines with one host name apart (and a reboot), so that a pid is only
-    # checked on the machine it belongs to.
+    # Tells machines sharing a host name (and reboots) apart: a pid is checked only at home.
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
@@ -84,15 +71,9 @@ def _is_local(path: epath.Path) -> bool:
 
 
 class WorkdirLock:
-    """The lock of one workdir, held by this process (see the module docstring).
-
-    Args:
-      workdir: the run's folder (local path or ``gs://`` URI); created if missing.
-      heartbeat_s: seconds between heartbeats.
-      stale_after_s: a heartbeat older than this makes the lock stale.
-
-    Use ``with WorkdirLock(w):`` or :meth:`acquire` / :meth:`release`.
-    """
+    """The lock of one workdir (created if missing), held by this process; a context
+    manager, or :meth:`acquire` / :meth:`release`. Raises ValueError unless
+    ``stale_after_s > heartbeat_s``."""
 
     def __init__(self, workdir: str | os.PathLike, *, heartbeat_s: float = HEARTBEAT_S,
                  stale_after_s: float = STALE_AFTER_S):
@@ -109,8 +90,6 @@ class WorkdirLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = 0.0
-
-    # ------------------------------------------------------------------ records
 
     def _record(self) -> dict:
         return {"token": self.token, "host": socket.gethostname(), "boot_id": _boot_id(),
@@ -194,8 +173,6 @@ class WorkdirLock:
             f"machine), delete {self.path}; a lock without a heartbeat for "
             f"{self.stale_after_s:.0f} s is taken over automatically")
 
-    # ------------------------------------------------------------------ public
-
     def check_free(self) -> None:
         """Refuses early, writing nothing, when a live run holds the lock.
 
@@ -246,8 +223,7 @@ class WorkdirLock:
                 record = self.read()
                 if record is None or record["token"] != self.token:
                     self.lost = record or {"host": "?", "pid": "?", "token": ""}
-                    logging.error("the lock %s is no longer this run's (now %s)", self.path,
-                                  record)
+                    logging.error("the lock %s is no longer this run's (now %s)", self.path, record)
                     return
                 self._write(self._record())
             except Exception as err:  # noqa: BLE001 - a missed beat must not kill training
@@ -291,11 +267,8 @@ class WorkdirLock:
 
 
 def on_process_zero(fn: Callable[[], _T]) -> _T | None:
-    """Runs ``fn`` on process 0 only; a ``WorkdirInUseError`` there is raised everywhere.
-
-    Every process must call this at the same point (multi-process runs broadcast the
-    outcome). Returns ``fn()`` on process 0 and None elsewhere.
-    """
+    """``fn()`` on process 0 (None elsewhere; a collective); a ``WorkdirInUseError`` there
+    is raised on every process."""
     import jax
 
     if jax.process_count() == 1:
@@ -320,10 +293,8 @@ def on_process_zero(fn: Callable[[], _T]) -> _T | None:
 
 @contextlib.contextmanager
 def hold(workdir: str | os.PathLike, **kwargs: Any) -> Iterator[WorkdirLock | None]:
-    """Holds ``workdir``'s lock on process 0 for the block (``None`` on other processes).
-
-    Released on every way out of the block: return, exception, SIGTERM or Ctrl-C (both
-    end the loop through :class:`~embedding_core.run_control.StopSignals`).
+    """Holds ``workdir``'s lock on process 0 for the block (``None`` on other processes),
+    released on every way out.
 
     Raises:
       WorkdirInUseError: on every process, when process 0 cannot take the lock.

@@ -1,15 +1,5 @@
-"""Significance of a difference between two systems evaluated on the same queries.
-
-:func:`paired_bootstrap` gives a percentile bootstrap confidence interval of the mean
-per-query difference ``mean(a - b)`` (Efron & Tibshirani 1993, *An Introduction to the
-Bootstrap*, ch. 13, percentile interval; the paired form, where both systems are scored on
-the same resampled test set, is Koehn 2004, *Statistical Significance Tests for Machine
-Translation Evaluation*). Pairing matters: per-query scores of two systems are strongly
-correlated (hard queries are hard for both), so resampling the differences gives a much
-narrower, correct interval than resampling each system on its own.
-
-Per-query inputs come e.g. from ``docent_jax.evaluate.evaluate_scores(..., per_query=True)``.
-Pure numpy.
+"""Paired percentile bootstrap of a mean per-query difference (Efron & Tibshirani 1993,
+ch. 13; Koehn 2004): both systems scored on the same resampled queries.
 """
 
 from __future__ import annotations
@@ -18,22 +8,13 @@ import dataclasses
 
 import numpy as np
 
-_MAX_ENTRIES = 1 << 22
-"""Resampled entries (queries x resamples) held at once by default: about 4M, i.e. a few
-arrays of 32 MB each, well under a 50M-entry ceiling; larger chunks would not be faster."""
+_MAX_ENTRIES = 1 << 22  # resampled entries held at once by default (a few 32 MB arrays)
 
 
 @dataclasses.dataclass(frozen=True)
 class BootstrapInterval:
-    """A bootstrap confidence interval of ``mean(a - b)``.
-
-    Attributes:
-      mean_difference: ``mean(a - b)`` on the original queries.
-      low, high: the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of the
-        resampled means (``low <= high``).
-      num_samples: number of bootstrap resamples.
-      confidence: the interval's nominal coverage, in (0, 1).
-    """
+    """``mean(a - b)`` and the ``(1 -/+ confidence) / 2`` quantiles ``low <= high`` of its
+    ``num_samples`` resampled means."""
 
     mean_difference: float
     low: float
@@ -63,42 +44,15 @@ def _positive_int(x, name: str) -> int:
     return int(x)
 
 
-def paired_bootstrap(
-    a,
-    b,
-    *,
-    num_samples: int = 10_000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    chunk_size: int | None = None,
-) -> BootstrapInterval:
-    """Percentile bootstrap confidence interval of ``mean(a - b)`` over queries (paired).
+def paired_bootstrap(a, b, *, num_samples: int = 10_000, confidence: float = 0.95, seed: int = 0,
+                     chunk_size: int | None = None) -> BootstrapInterval:
+    """Percentile bootstrap interval of ``mean(a - b)`` over paired queries.
 
-    Each resample draws ``n`` query indices uniformly with replacement and takes the mean of
-    ``a[idx] - b[idx]``: the *same* indices for both systems, so the resample statistic is
-    the mean of the resampled differences. The interval is the ``(1 - confidence) / 2`` and
-    ``(1 + confidence) / 2`` quantiles (numpy's linear interpolation, as
-    ``scipy.stats.bootstrap(..., method='percentile')``) of the ``num_samples`` resampled
-    means. The interval is exact for degenerate data: ``a == b`` gives ``0 [0, 0]`` and a
-    constant difference ``c`` gives ``c [c, c]``.
-
-    Resamples are drawn ``chunk_size`` at a time (vectorised), so at most
-    ``chunk_size * n`` indices are in memory; the result does not depend on ``chunk_size``.
-
-    Args:
-      a: ``[n_queries]`` real per-query scores of system A (float, int or bool; cast to
-        float64), e.g. a metric's values from ``docent_jax.evaluate.evaluate_scores(...,
-        per_query=True)``.
-      b: ``[n_queries]`` the same metric of system B on the same queries, same order.
-      num_samples: number of bootstrap resamples, a positive int (10,000 is customary).
-      confidence: nominal coverage, in (0, 1).
-      seed: seed of ``np.random.default_rng``; the same seed gives the same interval.
-      chunk_size: resamples drawn at once, a positive int; default keeps
-        ``chunk_size * n_queries`` around 4M entries (never above 50M unless one resample
-        alone is larger).
-
-    Returns:
-      A :class:`BootstrapInterval` of Python floats (differences in the units of ``a``).
+    Each resample draws ``n`` indices with replacement, the same for ``a`` and ``b``; the
+    interval is numpy's linearly interpolated quantiles (as ``scipy.stats.bootstrap(...,
+    method='percentile')``); the result does not depend on ``chunk_size``. ``a``, ``b``:
+    ``[n_queries]`` real per-query scores of two systems. Returns a
+    :class:`BootstrapInterval` of Python floats.
 
     Raises:
       ValueError: ``a`` or ``b`` not 1-D, empty, non-numeric or not finite (NaN, inf);
@@ -124,9 +78,8 @@ def paired_bootstrap(
     means = np.empty(num_samples, dtype=np.float64)
     for start in range(0, num_samples, chunk):
         rows = min(chunk, num_samples - start)
-        # Indices from uniform doubles, not rng.integers: Generator.integers buffers 32-bit
-        # draws within one call, so its stream would depend on how the resamples are
-        # chunked; rng.random consumes one 64-bit draw per value in any chunking.
+        # Uniform doubles, not rng.integers (which buffers 32-bit draws per call, so its
+        # stream would depend on the chunking).
         u = rng.random((rows, n))
         u *= n
         idx = u.astype(np.intp)
@@ -145,18 +98,9 @@ def paired_bootstrap(
 
 
 def format_interval(interval: BootstrapInterval, scale: float = 100, digits: int = 2) -> str:
-    """``"+1.23 [-0.45, +2.87]"``: the mean difference and its interval, times ``scale``.
+    """``"+1.23 [-0.45, +2.87]"``: the interval times ``scale`` (100: points), signed."""
 
-    Args:
-      interval: from :func:`paired_bootstrap`.
-      scale: multiplier, 100 for metrics in [0, 1] reported in points (percent).
-      digits: decimals.
-
-    Returns:
-      The signed mean difference followed by the signed bounds in brackets.
-    """
     def fmt(x: float) -> str:
         return f"{scale * x:+.{digits}f}"
 
-    return (f"{fmt(interval.mean_difference)} "
-            f"[{fmt(interval.low)}, {fmt(interval.high)}]")
+    return f"{fmt(interval.mean_difference)} [{fmt(interval.low)}, {fmt(interval.high)}]"

@@ -1,24 +1,8 @@
-"""One path type for local files and ``gs://`` URIs, and the GCS emulator wiring.
+"""One path type for local files and ``gs://`` URIs (:func:`as_path`), and the GCS
+emulator wiring (:func:`configure`, run on ``import embedding_core``).
 
-Every path the library reads or writes (workdir, config, data files, model folders,
-exports, evaluation outputs) goes through :func:`as_path`, which returns an
-``etils.epath.Path``: a local path, or a ``gs://bucket/...`` URI kept as a URI (never
-collapsed by ``pathlib`` into a local folder named ``gs:``). ``gs://`` is served by
-fsspec/gcsfs, not by TensorFlow's file system, because only the former honours
-``STORAGE_EMULATOR_HOST`` (see docs/architecture.md, "Storage").
-
-:func:`configure` runs when ``embedding_core`` is imported. Setting
-``STORAGE_EMULATOR_HOST`` (``host:port`` or ``http://host:port``) is then enough for every
-layer: gcsfs and google-cloud-storage read it themselves (it is rewritten with ``http://``
-when given as ``host:port``, which only gcsfs accepts); tensorstore (orbax's array writer) is
-given ``TENSORSTORE_GCS_HTTP_URL``; gcsfs's bucket-type probe, which needs the real control
-API, is turned off.
-
-What stays local: the compile and token caches, the memory-mapped temporary files of an
-export (uploaded when complete), the metric files of a ``gs://`` workdir (TensorBoard
-events, ``metrics.jsonl``, ``plots/``: written locally and uploaded by
-:class:`MirroredFolder`, see ``embedding_core/metric_log.py``), and local copies of ``gs://`` model
-folders (:func:`local_copy`).
+``gs://`` goes through fsspec/gcsfs, which honours ``STORAGE_EMULATOR_HOST``; what stays
+local and why: ``docs/architecture.md``, "Storage".
 """
 
 from __future__ import annotations
@@ -27,11 +11,12 @@ import os
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from etils import epath
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+CACHE_ENV = "EMBEDDING_JAX_CACHE"
 TENSORSTORE_URL_ENV = "TENSORSTORE_GCS_HTTP_URL"
 _SCHEME = "gs://"
 _COPY_CHUNK = 1 << 22
@@ -48,12 +33,9 @@ def emulator_url() -> str | None:
 def configure() -> None:
     """Routes ``gs://`` through fsspec/gcsfs and points every layer at the emulator, if any.
 
-    Idempotent; cheap (imports nothing heavy). Called on ``import embedding_core``, so
-    library users and the command-line tools get it alike. Sets ``EPATH_USE_TF=false``
-    (epath would otherwise use ``tf.io.gfile``, which cannot reach an emulator) and, when
-    ``STORAGE_EMULATOR_HOST`` is set, ``TENSORSTORE_GCS_HTTP_URL`` to the same endpoint
-    and ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, and gives ``STORAGE_EMULATOR_HOST``
-    its ``http://`` scheme.
+    Idempotent. Sets ``EPATH_USE_TF=false`` and, with ``STORAGE_EMULATOR_HOST``,
+    ``TENSORSTORE_GCS_HTTP_URL`` and ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, and gives
+    ``STORAGE_EMULATOR_HOST`` its ``http://`` scheme.
     """
     os.environ["EPATH_USE_TF"] = "false"
     # epath caches its "is TensorFlow installed" answer; a path built before this call
@@ -74,23 +56,40 @@ def configure() -> None:
         os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 
+def cache_dir() -> pathlib.Path:
+    """The folder for derived, re-creatable files (token, feature, compile and GCS caches):
+    ``$EMBEDDING_JAX_CACHE``, else ``~/.cache/embedding_jax``; not created here."""
+    env = os.environ.get(CACHE_ENV)
+    return pathlib.Path(env).expanduser() if env else (
+        pathlib.Path.home() / ".cache" / "embedding_jax")
+
+
+def absolute_data_paths(config, fields: Iterable[str]):
+    """Makes the path fields of a config absolute, in place, and returns the config.
+
+    Each field: a path or comma-separated paths ("" = unset; missing = skipped); local paths
+    are resolved against the current directory, URIs (``gs://...``) kept.
+    """
+    for name in fields:
+        if name not in config:
+            continue
+        parts = [p.strip() for p in str(config.get(name, "") or "").split(",") if p.strip()]
+        config[name] = ",".join(p if "://" in p else str(pathlib.Path(p).expanduser().resolve())
+                                for p in parts)
+    return config
+
+
 def is_remote(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a ``gs://`` URI (a str or an ``epath.Path``)."""
     return os.fspath(path).startswith(_SCHEME)
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
-    """The one way to turn a user's path into a path object.
-
-    Args:
-      path: a local path (``~`` is expanded; relative paths stay relative) or a
-        ``gs://bucket/object`` URI; a str, ``pathlib.Path`` or ``epath.Path``.
-
-    Returns:
-      An ``epath.Path``: ``open``, ``read_bytes``, ``iterdir``, ``exists``, ``/`` ... work
-      alike for both kinds; ``os.fspath`` of a ``gs://`` path is the URI.
+    """A local path (``~`` expanded; relative stays relative) or ``gs://bucket/object`` URI
+    as an ``epath.Path`` (``os.fspath`` of a ``gs://`` path is the URI).
 
     Raises:
+      TypeError: bytes.
       ValueError: another URI scheme (``s3://``, ``http://``...), a ``gs://`` URI without a
         bucket, or ``gs:/...`` with one slash (what ``pathlib.Path("gs://b/x")`` makes of a
         URI: the caller converted it to a local path on the way).
@@ -142,14 +141,10 @@ def _source_key(path: epath.Path) -> str:
     return f"size:{info.get('size')}:{info.get('mtime')}"
 
 
-def local_copy(path: str | os.PathLike, cache: str | os.PathLike | None = None
-               ) -> pathlib.Path:
+def local_copy(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> pathlib.Path:
     """A local path for ``path``: itself when local, else a cached copy of the ``gs://``
-    file or folder (for readers that need a real file: safetensors, tokenizers, mmap).
-
-    The copy lives under ``cache`` (default ``$EMBEDDING_JAX_CACHE/gcs/<bucket>/<object>``);
-    each file is fetched again when its GCS generation changed (it was overwritten), written to
-    a temporary name and renamed, so concurrent processes on one host never read half a file.
+    file or folder under ``cache`` (default ``$EMBEDDING_JAX_CACHE/gcs/<bucket>/<object>``),
+    fetched again when its GCS generation changed, renamed into place when complete.
 
     Raises:
       FileNotFoundError: nothing at ``path``.
@@ -158,8 +153,6 @@ def local_copy(path: str | os.PathLike, cache: str | os.PathLike | None = None
     if not is_remote(path):
         return pathlib.Path(os.fspath(path))
     if cache is None:
-        from data_pipelines.paths import cache_dir
-
         cache = cache_dir() / "gcs"
     cache = pathlib.Path(cache)
     rel = os.fspath(path)[len(_SCHEME):].rstrip("/")
@@ -202,18 +195,9 @@ def _fetch(src: epath.Path, cache: pathlib.Path, rel: str) -> None:
 
 
 class MirroredFolder:
-    """A folder to write into locally, uploaded to its ``gs://`` target on :meth:`sync`.
-
-    For writers that only work on local files (TensorBoard's event writer goes through
-    ``tf.io.gfile``, which ignores ``STORAGE_EMULATOR_HOST``). For a local target,
+    """A folder to write into locally, uploaded to its ``gs://`` target on :meth:`sync`
+    (for TensorBoard's writer, which cannot reach an emulator); for a local target,
     :attr:`local` is the target itself and :meth:`sync` does nothing.
-
-    Usage::
-
-        mirror = MirroredFolder(workdir)
-        writer = make_writer(mirror.local)
-        ...; writer.flush(); mirror.sync()   # e.g. after each checkpoint
-        writer.close(); mirror.close()       # last upload, local copy removed
     """
 
     def __init__(self, target: str | os.PathLike) -> None:

@@ -1,22 +1,7 @@
-"""Ranking the rows of a row-sharded table on device: merged top-k and exact ranks.
-
-A table of millions of rows (DocEnt's entity table) lies split by rows over the ``"model"``
-mesh axis; queries are scored against it where it lies, and only small results leave the
-devices (docs/architecture.md, "Scale patterns"):
-
-* :func:`top_k`: each device takes the top k of its own rows, the candidates are gathered
-  over ``"model"`` (``[queries, model * k]``) and the top k of them is the answer;
-* :func:`relevant_counts`: for each relevant row of a query, its score and the number of
-  rows scoring at least as high, counted per shard and summed over ``"model"``; from
-  these :func:`ranks_from_counts` gives exactly the ranks of
-  ``embedding_core.metrics.ranks_of_relevant`` (a relevant row ranks behind every
-  non-relevant row it ties with), so MAP, MRR and recall@k need no ``[queries, rows]``
-  matrix on the host.
-
-Rows at or beyond ``num_rows`` (padding of the table) never rank. Queries are split over
-``"data"`` (padded to a multiple of its size). The score of a query and a row is a
-caller's function (:data:`ScoreFn`), the same one a host path uses, so both give the same
-values.
+"""Ranking the rows of a row-sharded table on device: merged top-k and exact ranks
+(``docs/architecture.md``, "Several processes"). Scores are computed where the rows lie
+(over ``"model"``, queries over ``"data"``); only small results leave the devices. Rows at
+or beyond ``num_rows`` (padding) never rank.
 """
 
 from __future__ import annotations
@@ -30,17 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+# (queries [n, d], rows [r, d], row_args sliced like the rows, replicated consts)
+# -> [n, r] float32 scores, higher = better.
 ScoreFn = Callable[[jax.Array, jax.Array, tuple, tuple], jax.Array]
-"""``(queries [n, d], rows [r, d], row_args, consts) -> [n, r]`` float32 scores, higher =
-better: ``row_args`` are arrays with one entry per row (a bias), sliced like the rows;
-``consts`` are replicated values (a scale)."""
 
 P = PartitionSpec
 
 
 def table_mesh(table: Any, data_axis: str = "data", model_axis: str = "model") -> Mesh:
-    """The mesh a table lies on: its ``NamedSharding``'s mesh, else a 1 x 1 mesh of its
-    (first) device (numpy tables: the default device).
+    """The table's ``NamedSharding`` mesh, else a 1 x 1 mesh of its (first) device.
 
     Raises:
       ValueError: a mesh without ``data_axis`` and ``model_axis``.
@@ -71,8 +54,7 @@ def _check(queries, table, num_rows: int, mesh: Mesh, model_axis: str) -> tuple[
 
 
 def _pad_queries(queries, mesh: Mesh, data_axis: str, extra: Sequence = ()) -> tuple:
-    # Host inputs stay numpy (a jitted call on a multi-process mesh takes them as
-    # replicated); padded query rows list no relevant row (-1).
+    # Host inputs stay numpy (replicated on a multi-process mesh); padded rows list -1.
     xp = jnp if isinstance(queries, jax.Array) else np
     queries = xp.asarray(queries, xp.float32)
     extra = [xp.asarray(x, xp.int32) for x in extra]
@@ -84,8 +66,7 @@ def _pad_queries(queries, mesh: Mesh, data_axis: str, extra: Sequence = ()) -> t
 
 
 def _host_consts(consts: tuple) -> tuple:
-    # Small replicated values (a scale) as numpy: they may live on other devices than the
-    # table (params on a data mesh, a table given as numpy).
+    # As numpy: they may live on other devices than the table.
     return tuple(np.asarray(jax.device_get(c)) for c in consts)
 
 
@@ -100,26 +81,13 @@ def top_k(score_fn: ScoreFn, queries: jax.Array, table: jax.Array, k: int, *,
           num_rows: int | None = None, row_args: tuple = (), consts: tuple = (),
           mesh: Mesh | None = None, data_axis: str = "data",
           model_axis: str = "model") -> tuple[jax.Array, jax.Array]:
-    """The ``k`` best rows of the table for each query, computed shard by shard.
+    """The ``k`` best rows for each query: each shard's top ``k``, gathered over
+    ``model_axis`` and reduced; equal to ``lax.top_k`` of the whole score matrix (ties:
+    lower row first).
 
-    Each device scores its ``rows / model`` rows (``[n / data, rows / model]`` float32 at
-    most), keeps its best ``min(k, rows / model)``, and the candidates of all shards are
-    gathered over ``model_axis`` and reduced to the best ``k``: the same rows and scores
-    as ``lax.top_k`` of the whole score matrix (ties: the lower row index first).
-
-    Args:
-      score_fn: see :data:`ScoreFn`.
-      queries: ``[n, d]`` float.
-      table: ``[rows, d]``; rows divisible by the mesh's ``model_axis`` size.
-      k: ``1 <= k <= num_rows``.
-      num_rows: real rows; rows at or beyond it are padding and never returned
-        (default: all).
-      row_args: ``[rows, ...]`` arrays sliced like the table (e.g. a per-row bias).
-      consts: replicated arrays or scalars (e.g. a learned scale).
-      mesh: default: the table's (:func:`table_mesh`).
-
-    Returns:
-      ``(scores [n, k] float32, rows [n, k] int32)``, best first.
+    ``queries`` ``[n, d]`` float; ``1 <= k <= num_rows``; ``table`` ``[rows, d]`` (rows
+    divisible by ``model_axis``); ``row_args``: ``[rows, ...]`` sliced like the table.
+    Returns ``(scores [n, k] float32, rows [n, k] int32)``, best first.
 
     Raises:
       ValueError: shapes, ``k`` or ``num_rows`` out of range, rows not divisible.
@@ -138,13 +106,11 @@ def top_k(score_fn: ScoreFn, queries: jax.Array, table: jax.Array, k: int, *,
 
 
 @functools.lru_cache(maxsize=32)
-def _top_k_fn(score_fn, k, num_rows, per_shard, mesh, data_axis, model_axis, n_args,
-              n_consts):
+def _top_k_fn(score_fn, k, num_rows, per_shard, mesh, data_axis, model_axis, n_args, n_consts):
     local_k = min(k, per_shard)
 
     def local(q, w, row_args, consts):
-        s, offset = _local_scores(score_fn, q, w, row_args, consts, num_rows, per_shard,
-                                  model_axis)
+        s, offset = _local_scores(score_fn, q, w, row_args, consts, num_rows, per_shard, model_axis)
         values, index = jax.lax.top_k(s, local_k)
         # Shards in mesh order: at equal scores the lower row comes first after the merge.
         values = jax.lax.all_gather(values, model_axis, axis=1, tiled=True)
@@ -165,20 +131,11 @@ def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
                     row_args: tuple = (), consts: tuple = (), mesh: Mesh | None = None,
                     data_axis: str = "data", model_axis: str = "model"
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Each relevant row's score and how many real rows score at least as high.
+    """Each relevant row's score and how many real rows (itself included) score ``>=`` it,
+    counted per shard and summed over ``model_axis``; arguments as :func:`top_k`, with
+    ``relevant`` ``[n, R]`` int rows (``-1`` = none; each once, below ``num_rows``).
 
-    Per shard: the scores of its rows, a masked lookup of the relevant rows it holds and,
-    one relevant column at a time (``[n / data, rows / model]`` at most), the count of its
-    real rows ``>=`` that score; lookups and counts are summed over ``model_axis``.
-
-    Args:
-      score_fn, queries, table, num_rows, row_args, consts, mesh: as in :func:`top_k`.
-      relevant: ``[n, R]`` int, each query's relevant rows, ``-1`` = no entry; each row
-        at most once per query and below ``num_rows``.
-
-    Returns:
-      ``(scores [n, R] float32, at_least [n, R] int64)`` on the host; entries of ``-1``
-      columns are meaningless. ``at_least`` counts the relevant row itself.
+    Returns ``(scores [n, R] float32, at_least [n, R] int64)`` on the host.
 
     Raises:
       ValueError: shapes, a relevant row out of range or repeated in a query.
@@ -188,8 +145,7 @@ def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
     per_shard, _ = _check(queries, table, num_rows, mesh, model_axis)
     relevant = np.asarray(relevant)
     if relevant.ndim != 2 or relevant.shape[0] != queries.shape[0] or relevant.shape[1] < 1:
-        raise ValueError(f"relevant must be [{queries.shape[0]}, R >= 1], got "
-                         f"{relevant.shape}")
+        raise ValueError(f"relevant must be [{queries.shape[0]}, R >= 1], got {relevant.shape}")
     if ((relevant < -1) | (relevant >= num_rows)).any():
         raise ValueError(f"relevant rows must lie in [0, {num_rows}) (or -1 = none)")
     ordered = np.sort(relevant, axis=1)
@@ -206,8 +162,7 @@ def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
 @functools.lru_cache(maxsize=32)
 def _counts_fn(score_fn, num_rows, per_shard, mesh, data_axis, model_axis, n_args, n_consts):
     def local(q, w, rel, row_args, consts):
-        s, offset = _local_scores(score_fn, q, w, row_args, consts, num_rows, per_shard,
-                                  model_axis)
+        s, offset = _local_scores(score_fn, q, w, row_args, consts, num_rows, per_shard, model_axis)
         here = rel - offset
         mine = (rel >= 0) & (here >= 0) & (here < per_shard)
         picked = jnp.take_along_axis(s, jnp.clip(here, 0, per_shard - 1), axis=1)
@@ -227,20 +182,8 @@ def _counts_fn(score_fn, num_rows, per_shard, mesh, data_axis, model_axis, n_arg
 
 def ranks_from_counts(relevant: np.ndarray, scores: np.ndarray, at_least: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """``embedding_core.metrics.ranks_of_relevant`` from :func:`relevant_counts`' output.
-
-    The ``j``-th relevant row of a query (by descending score) ranks
-    ``j + 1 + #{non-relevant rows scoring >= it}``, where that count is ``at_least``
-    minus the query's relevant rows scoring ``>=`` it.
-
-    Args:
-      relevant: ``[n, R]`` int, ``-1`` = no entry.
-      scores, at_least: ``[n, R]`` from :func:`relevant_counts`.
-
-    Returns:
-      ``(query, rank)``: ``[n_pairs]`` int64 arrays sorted by query, then rank (the format
-      of ``ranks_of_relevant``).
-    """
+    """``metrics.ranks_of_relevant``'s ``(query, rank)`` from :func:`relevant_counts`:
+    ``rank_j = j + 1 + (at_least - #{relevant rows scoring >= it})``."""
     relevant = np.asarray(relevant)
     valid = relevant >= 0
     query, col = np.nonzero(valid)

@@ -1,42 +1,15 @@
 """Fused table update: the optimizer step of a row-sharded softmax table, block by block.
 
-The tiled full softmax (``embedding_core.losses.vocab_parallel_logsumexp`` with
-``block_size``) never holds more than ``[b / data, block]`` logits, but the gradient of its
-table is a ``[V / model, d]`` buffer per device that XLA builds in full before the
-optimizer reads it (10M x 256 on a 2x4 mesh: 2.56 GB of the step's 2.64 GB of
-temporaries). :class:`FusedTableUpdate` folds the table's optimizer step into a blockwise
-pass instead, so the table's gradient never exists whole (``docs/docent.md``, "Fused table
-update"):
+``docs/docent.md`` ("Fused table update"): the loss stops the table's gradient and returns
+:class:`SoftmaxTableStats`; the step recomputes each block's gradient from them, clips it
+with the global norm (one extra blockwise pass when clipping) and runs ``tx.update`` on
+that block of the table and its moments, so the ``[V / model, d]`` gradient never exists.
 
-1. The loss runs with the table's gradient stopped (``table_gradient=False``): the
-   queries, the scale and every other parameter get their gradients as before. The loss
-   hands over the per-query statistics the table's gradient is made of
-   (:class:`SoftmaxTableStats`, under the metrics key :data:`TABLE_STATS`).
-2. With gradient clipping, one blockwise pass recomputes each block's gradient and sums
-   its squares, so that the global norm (table and the rest together) is known first.
-3. One blockwise pass recomputes each block's gradient, clips it, runs the step's own
-   optimizer (``tx.update``) on that block of the table and of the table's optimizer
-   moments, and writes the results into the (donated) buffers.
+Block gradient, per-query weights ``c_i = dL/dce_i``, ``p_ij = exp(z_ij - lse_i)``::
 
-A device then holds ``[b / data, block]`` logits and a few ``[block, d]`` blocks at a time.
+    dL/dw_j = sum_i c_i (p_ij - [t_i = j]) dz_ij/dw_j,   z_ij = s cos(q_i, w_j)  (or s q_i . w_j)
 
-**Why the update is the regular one.** Once the global gradient norm is fixed, every
-transformation of the project's optimizers (clipping, Adam's moments, decoupled weight
-decay and its mask, the schedule, per-parameter rate factors) acts on each parameter leaf
-alone, given the shared step count. ``tx.update`` is therefore called on *views* of the
-parameter tree: once with the table replaced by an empty ``[0, d]`` array (every other
-parameter updated as usual, the step count advanced), then once per block with the table
-replaced by that block and every other parameter by an empty array of its rank (the old
-step count, so the block sees the same count as the rest). Gradients enter already clipped
-by the global norm, so a clipping transformation in ``tx`` sees a view whose norm is at
-most the clip norm and leaves it as it is. The optimizer state keeps its layout: a
-checkpoint written with the fused update on restores with it off, and back.
-
-The block gradient is that of the softmax cross-entropy with per-query weights
-``c_i = dL/dce_i``: ``dL/dw_j = sum_i c_i (p_ij - [t_i = j]) dz_ij/dw_j`` with
-``p_ij = exp(z_ij - lse_i)``, ``z_ij = s cos(q_i, w_j)`` (or ``s q_i . w_j``) and the chain
-rule through the row normalisation by ``jax.vjp``; rows at or beyond ``num_classes`` are
-padding (zero gradient; weight decay still reaches them, as in the regular step).
+Rows at or beyond ``num_classes`` get zero gradient (weight decay still reaches them).
 """
 
 from __future__ import annotations
@@ -51,11 +24,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedding_core.losses import _block_logits, _block_rows, l2_normalize
+from embedding_core.losses import l2_normalize
+from embedding_core.vocab_softmax import _block_logits, _block_rows
 
 TABLE_STATS = "table_softmax_stats"
-"""The metrics key under which a loss returns its :class:`SoftmaxTableStats`; the train
-step removes it before the metrics are logged."""
+"""Metrics key of a loss's :class:`SoftmaxTableStats`; the train step removes it."""
 
 _TABLE, _PARAM, _OTHER = "table", "param", "other"
 
@@ -64,13 +37,10 @@ class SoftmaxTableStats(NamedTuple):
     """What the table's gradient is made of, per query (gradients stopped).
 
     Attributes:
-      queries: ``[b, d]`` float32 queries as given to the softmax (normalised here for the
-        cosine form), sharded over ``data``.
-      targets: ``[b]`` int32 target row of each query (one outside ``[0, num_classes)``
-        has no target term).
-      weights: ``[b]`` float32 ``c_i = dL/dce_i``, the weight of query i's cross-entropy
-        in the loss (``1 / b`` for a batch mean).
-      logsumexp: ``[b]`` float32 log-partition over every real row (all shards).
+      queries: ``[b, d]`` float32 (normalised here for the cosine form), sharded over data.
+      targets: ``[b]`` int32 target row (outside ``[0, num_classes)``: no target term).
+      weights: ``[b]`` float32 ``c_i = dL/dce_i`` (``1 / b`` for a batch mean).
+      logsumexp: ``[b]`` float32 log-partition over every real row.
       scale: float32 scalar logit scale ``s``.
     """
 
@@ -83,12 +53,7 @@ class SoftmaxTableStats(NamedTuple):
 
 def softmax_table_stats(queries: jax.Array, targets: jax.Array, weights: jax.Array,
                         logsumexp: jax.Array, scale: jax.Array | float) -> SoftmaxTableStats:
-    """:class:`SoftmaxTableStats` from a loss's values, cast and with gradients stopped.
-
-    Args:
-      queries: ``[b, d]`` float; targets: ``[b]`` int; weights: ``[b]`` float;
-      logsumexp: ``[b]`` float (``VocabParallelStats.logsumexp``); scale: float scalar.
-    """
+    """:class:`SoftmaxTableStats` from a loss's values, cast and with gradients stopped."""
     cast = (jnp.float32, jnp.int32, jnp.float32, jnp.float32, jnp.float32)
     values = (queries, targets, weights, logsumexp, scale)
     return SoftmaxTableStats(*(jax.lax.stop_gradient(jnp.asarray(x, dtype))
@@ -101,22 +66,16 @@ def block_table_gradient(q: jax.Array, w_block: jax.Array, logsumexp: jax.Array,
     """Gradient of ``sum_i c_i ce_i`` with respect to one block of table rows.
 
     Args:
-      q: ``[b, d]`` float32 queries (already normalised for the cosine form).
-      w_block: ``[block, d]`` float rows.
-      logsumexp: ``[b]`` float32 log-partition of each query over the whole table.
-      local_targets: ``[b]`` int32 target as a row index of ``rows``' numbering.
-      weights: ``[b]`` float32 ``c_i``. scale: float32 scalar ``s``.
-      rows: ``[block]`` int32 row index of each block row; counted: ``[block]`` bool, False
-        for padding rows (no softmax term, zero gradient).
-      cosine: logits ``s cos(q, w)`` (else ``s q . w``).
+      q: ``[b, d]`` float32 (normalised for the cosine form); w_block: ``[block, d]``.
+      logsumexp, weights: ``[b]`` float32; local_targets: ``[b]`` int32 in ``rows``'
+        numbering; scale: float32 scalar.
+      rows: ``[block]`` int32 row indices; counted: ``[block]`` bool, False for padding.
 
     Returns:
-      ``[block, d]`` float32 ``sum_i c_i (p_ij - [t_i = j]) dz_ij / dw_j``; under
-      ``shard_map`` summed over the axes ``q`` varies on and ``w_block`` does not.
+      ``[block, d]`` float32 ``sum_i c_i (p_ij - [t_i = j]) dz_ij / dw_j``.
     """
     zero_bias = jnp.zeros(w_block.shape[:1], jnp.float32)
-    logits, pullback = jax.vjp(lambda w: _block_logits(q, w, zero_bias, scale, cosine),
-                               w_block)
+    logits, pullback = jax.vjp(lambda w: _block_logits(q, w, zero_bias, scale, cosine), w_block)
     prob = jnp.where(counted[None, :], jnp.exp(logits - logsumexp[:, None]), 0.0)
     hit = (rows[None, :] == local_targets[:, None]) & counted[None, :]
     g_logits = weights[:, None] * prob - jnp.where(hit, weights[:, None], 0.0)
@@ -124,8 +83,7 @@ def block_table_gradient(q: jax.Array, w_block: jax.Array, logsumexp: jax.Array,
 
 
 def _empty_like(shape: Sequence[int], dtype) -> jax.Array:
-    """An array of ``shape``'s rank with no elements (a scalar stays a zero scalar): a
-    parameter's stand-in in a view, so masks that look at ranks see the same ranks."""
+    """A parameter's stand-in in a view: ``shape``'s rank, no elements (scalars stay)."""
     if not shape:
         return jnp.zeros((), dtype)
     return jnp.zeros((0, *shape[1:]), dtype)
@@ -149,20 +107,14 @@ def _clip(t: jax.Array, norm: jax.Array, max_norm: float | None) -> jax.Array:
 class FusedTableUpdate:
     """The optimizer step of one softmax table, folded into a blockwise pass.
 
-    For optimizers whose transformations act elementwise given the step count (AdamW with
-    its weight-decay mask and schedule, per-parameter rate factors, SGD) after a global-norm
-    clip named here; a statistic over a whole leaf (LAMB's trust ratio, per-leaf clipping)
-    would see one block instead of the table. The table must enter the loss through the
-    softmax of :class:`SoftmaxTableStats` alone.
+    ``tx`` must act elementwise given the step count after a global-norm clip (AdamW with
+    its mask and schedule, per-parameter rate factors, SGD; not LAMB or per-leaf clipping).
 
     Attributes:
       path: keys of the table in the parameter tree, e.g. ``("entity_embeddings",)``.
       num_classes: real rows; rows at or beyond are padding.
       block_size: rows per block (>= 1; capped at the rows per shard).
-      cosine: logits ``s cos(q, w)`` (DocEnt-Dual) or ``s q . w``.
-      grad_clip_norm: the clip norm of ``tx``'s ``optax.clip_by_global_norm`` (``None``:
-        no clipping); must be the one ``tx`` was built with.
-      data_axis, model_axis: mesh axes of the batch and of the table's rows.
+      grad_clip_norm: the clip norm ``tx`` was built with (``None``: no clipping).
     """
 
     path: tuple[str, ...]
@@ -182,20 +134,11 @@ class FusedTableUpdate:
         if self.grad_clip_norm is not None and not float(self.grad_clip_norm) > 0:
             raise ValueError(f"grad_clip_norm must be > 0 or None, got {self.grad_clip_norm}")
 
-    # ------------------------------------------------------------------ checks
-
     def check_sharding(self, param_shardings: Any) -> None:
-        """Refuses a table that is not split by rows over ``model_axis`` alone (the blocks
-        are local to a shard and written back in place).
-
-        Raises:
-          ValueError: no parameter at ``path``, or its sharding is not
-            ``PartitionSpec(model_axis, None)``.
-        """
+        """Raises ValueError unless the table is split by rows over ``model_axis`` alone."""
         sharding = self._table_leaf(param_shardings)[1]
         spec = tuple(sharding.spec) if isinstance(sharding, NamedSharding) else None
-        if spec is None or (spec + (None, None))[:2] != (self.model_axis, None) or any(
-                spec[2:]):
+        if spec is None or (spec + (None, None))[:2] != (self.model_axis, None) or any(spec[2:]):
             raise ValueError(
                 f"the fused table update needs the table {'/'.join(self.path)} split by rows "
                 f"over {self.model_axis!r} alone, got {sharding}; map its row axis to "
@@ -211,8 +154,7 @@ class FusedTableUpdate:
 
     def _state_roles(self, tx: optax.GradientTransformation, opt_state: Any, params: Any,
                      table_index: int) -> list[str]:
-        """Each optimizer-state leaf's role: a moment of the table, a moment of another
-        parameter, or something else (a step count)."""
+        """Each optimizer-state leaf's role: table moment, other moment, or other."""
         param_def = jax.tree.structure(params)
         marker = jax.tree.unflatten(param_def, [i == table_index
                                                 for i in range(param_def.num_leaves)])
@@ -237,28 +179,16 @@ class FusedTableUpdate:
                                  "elementwise moments: turn it off")
         return role_leaves
 
-    # ------------------------------------------------------------------ the step
-
     def apply_gradients(self, state: Any, grads: Any, stats: SoftmaxTableStats,
                         mesh: Mesh) -> tuple[Any, jax.Array]:
         """``state.apply_gradients(grads)`` with the table's gradient made and used block
-        by block.
+        by block (``grads``' table entry is ignored: the loss stopped it).
 
-        Args:
-          state: a flax ``TrainState`` (``params``, ``opt_state``, ``tx``, ``step``).
-          grads: gradients of every parameter; the table's entry is ignored (the loss ran
-            with its gradient stopped).
-          stats: the loss's :class:`SoftmaxTableStats`.
-          mesh: the training mesh.
-
-        Returns:
-          ``(new_state, grad_norm)``: the state after one optimizer step (``step + 1``)
-          and the global norm of the whole gradient, table included, before clipping.
+        Returns ``(new_state, grad_norm)``: grad_norm of the whole gradient before clipping.
 
         Raises:
-          ValueError: (at trace time) a table whose rows ``model_axis`` does not divide, a
-            batch ``data_axis`` does not divide, or an optimizer state that is not
-            elementwise.
+          ValueError: (at trace time) table rows not divisible by ``model_axis``, a batch
+            not divisible by ``data_axis``, or an optimizer state that is not elementwise.
         """
         tx, params = state.tx, state.params
         table_index, table = self._table_leaf(params)
@@ -288,8 +218,7 @@ class FusedTableUpdate:
 
         # Every parameter but the table: one tx.update on the view without it.
         empty_table = _empty_like(table.shape, table.dtype)
-        rest_params = [empty_table if i == table_index else p
-                       for i, p in enumerate(param_leaves)]
+        rest_params = [empty_table if i == table_index else p for i, p in enumerate(param_leaves)]
         rest_grads = [empty_table if i == table_index else _clip(g, norm, clip)
                       for i, g in enumerate(grad_leaves)]
         rest_state = [_empty_like(leaf.shape, leaf.dtype) if role == _TABLE else leaf
@@ -317,14 +246,10 @@ class FusedTableUpdate:
     def _blockwise(self, tx, param_leaves, param_def, table_index, state_leaves, state_def,
                    roles, stats: SoftmaxTableStats, mesh: Mesh, rest_sq, norm, *,
                    update: bool):
-        """One pass over every block of every table shard (``shard_map``): the whole
-        gradient's squared norm, ``rest_sq`` + the table's (``update=False``), or the
-        updated table and moments and that squared norm (``update=True``).
-
-        The sum starts from ``rest_sq`` (on the first model shard) rather than having it
-        added afterwards: the pass then depends on the rest's gradients, hence runs after
-        the loss's backward loop, the table's last reader, and XLA updates the donated
-        table in place instead of keeping a copy of it for that reader."""
+        """One ``shard_map`` pass over every table block: the gradient's squared norm, and
+        with ``update`` the updated table and moments. The sum starts from ``rest_sq`` (on
+        model shard 0) so the pass runs after the backward and XLA updates the donated
+        table in place."""
         table = param_leaves[table_index]
         rows_per_shard = table.shape[0] // mesh.shape[self.model_axis]
         block = min(int(self.block_size), rows_per_shard)
@@ -344,8 +269,7 @@ class FusedTableUpdate:
             local_t = jnp.where((local_t >= 0) & (local_t < limit), local_t, -1)
 
             def gradient(k, w):
-                start, row, fresh = _block_rows(k, block, rows_per_shard,
-                                                jnp.int32(rows_per_shard))
+                start, row, fresh = _block_rows(k, block, rows_per_shard, jnp.int32(rows_per_shard))
                 w_block = jax.lax.dynamic_slice_in_dim(w, start, block)
                 g = block_table_gradient(q, w_block, lse, local_t, c, s, row, row < limit,
                                          self.cosine)
@@ -363,11 +287,8 @@ class FusedTableUpdate:
                          for m, b in zip(moments, blocks[1:], strict=True)])
 
             def body(k, carry):
-                # Block k's new rows are written at the start of step k + 1, from the loop
-                # carry: were they written where they are computed, XLA would fuse the
-                # reads of the old table and moments (the cosine chain rule reads the rows,
-                # Adam's update the moments) into each buffer's in-place write and keep a
-                # copy of every buffer for the others' reads.
+                # Block k's rows are written at step k + 1 from the carry: written where
+                # computed, XLA would keep a copy of every buffer.
                 w, moments = write(*carry[:2], carry[3])
                 sq = carry[2]
                 start, fresh, w_block, g, g_sq = gradient(k, w)
@@ -385,8 +306,7 @@ class FusedTableUpdate:
                 updates, new_view = tx.update(jax.tree.unflatten(param_def, view_grads),
                                               jax.tree.unflatten(state_def, view_state),
                                               jax.tree.unflatten(param_def, view_params))
-                new_block = optax.apply_updates(w_block,
-                                                jax.tree.leaves(updates)[table_index])
+                new_block = optax.apply_updates(w_block, jax.tree.leaves(updates)[table_index])
                 new_moments = [leaf for leaf, role in zip(jax.tree.leaves(new_view), roles,
                                                           strict=True) if role == _TABLE]
                 # Rows the shifted last block shares with the block before keep their values.
@@ -401,8 +321,7 @@ class FusedTableUpdate:
             # Nothing written yet: the first step writes block 0's own values back.
             first = (jnp.int32(0), [jax.lax.dynamic_slice_in_dim(x, 0, block)
                                     for x in (w, *moments)])
-            w, moments, sq, last = jax.lax.fori_loop(0, num_blocks, body,
-                                                     (w, moments, sq, first))
+            w, moments, sq, last = jax.lax.fori_loop(0, num_blocks, body, (w, moments, sq, first))
             w, moments = write(w, moments, last)
             return w, moments, jax.lax.psum(sq, model)
 

@@ -1,8 +1,5 @@
-"""The Task seam: what a model package tells the core so that the core can train it.
-
-A package describes its model as a :class:`Task`; :func:`embedding_core.run.run` does the
-rest (config checks, mesh and multi-host start-up, sharded state, resume, the loop,
-periodic evaluation, checkpoints, TensorBoard). See ``docs/architecture.md``.
+"""The Task seam: what a model package tells the core (:func:`embedding_core.run.run`) so
+that the core can train it (``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -19,6 +16,66 @@ import optax
 from embedding_core.contrastive import GradAccumulation
 from embedding_core.table_update import FusedTableUpdate
 
+
+@dataclasses.dataclass(frozen=True)
+class BatchField:
+    """One field of a package's batch contract: dtype kind and named dimensions.
+
+    ``kind``: ``"int"``, ``"float"`` or ``"bool"``; ``shape``: names (``"batch"``,
+    ``"seq"``: equal wherever the same name appears) or fixed ints.
+    """
+
+    kind: str
+    shape: tuple[str | int, ...]
+
+
+BatchSpec = Mapping[str, BatchField]
+_KINDS = {"int": "iu", "float": "f", "bool": "b"}
+
+
+def check_batch(spec: BatchSpec, batch: Mapping[str, np.ndarray], what: str) -> None:
+    """Checks a host batch against its contract (fields, kinds, ranks, named sizes).
+
+    Raises:
+      ValueError: one line naming ``what`` and the first bad field.
+    """
+    extra = sorted(set(batch) - set(spec) - {"step"})
+    missing = sorted(set(spec) - set(batch))
+    if extra or missing:
+        raise ValueError(f"{what} batch: fields {missing} missing, {extra} not in its "
+                         f"contract {sorted(spec)}")
+    sizes: dict[str, int] = {}
+    for name, field in spec.items():
+        value = np.asarray(batch[name])
+        if value.dtype.kind not in _KINDS[field.kind]:
+            raise ValueError(f"{what} batch field {name!r}: dtype {value.dtype}, expected "
+                             f"{field.kind}")
+        if value.ndim != len(field.shape):
+            raise ValueError(f"{what} batch field {name!r}: shape {value.shape}, expected "
+                             f"{field.shape}")
+        for dim, size in zip(field.shape, value.shape, strict=True):
+            expected = dim if isinstance(dim, int) else sizes.setdefault(dim, size)
+            if size != expected:
+                raise ValueError(f"{what} batch field {name!r}: shape {value.shape}, "
+                                 f"{dim!r} should be {expected} ({field.shape})")
+
+
+def checked_batches(factory: BatchFactory, spec: BatchSpec | None, what: str) -> BatchFactory:
+    """``factory`` whose first batch is checked against ``spec`` (``None``: unchecked)."""
+    if spec is None:
+        return factory
+
+    def make(start_step: int) -> Iterator[Mapping[str, np.ndarray]]:
+        batches = iter(factory(start_step))
+        for first in batches:
+            check_batch(spec, first, what)
+            yield first
+            break
+        yield from batches
+
+    return make
+
+
 # (params, global batch, dropout key) -> (scalar loss, {name: scalar}); traced under jit.
 LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
 # start_step -> iterator over this process's host batches ({name: numpy array}), in order.
@@ -32,42 +89,17 @@ OptimizerFactory = Callable[[ml_collections.ConfigDict, int],
 
 @dataclasses.dataclass
 class Task:
-    """One model's training, as the core needs it.
+    """One model's training, as the core needs it (``docs/architecture.md``, "The Task seam").
 
     Attributes:
-      name: shown in logs (e.g. ``"DualCSE-cross"``).
-      init_params: ``rng -> params`` whose leaves are ``nn.LogicallyPartitioned`` boxes
-        (``module.init(...)["params"]``); traced for shapes and shardings, run once under
-        jit to build the state in place.
-      loss_fn: the loss on the *global* batch (see :data:`LossFn`). An in-batch contrastive
-        loss given as an ``embedding_core.contrastive.ContrastiveLoss`` (split at its
-        embeddings) can be chunked by ``config.contrastive_chunk_size`` (GradCache).
-      make_batches: resumable host batches (see :data:`BatchFactory`); a ``"step"`` entry,
-        when present, is checked against the loop's step.
-      num_examples: training examples (for logs and the epoch count).
-      steps_per_epoch: optimizer steps in one pass over the examples.
-      global_batch_size: rows of one global batch, recorded with the data position so
-        that a resume with another batch size is refused.
-      pretrained: ``{param path: numpy tree}`` placed over the fresh init (e.g.
-        ``{("encoder", "transformer"): minilm}``); structures and shapes must match.
-      evaluate: optional periodic evaluation, called every ``config.eval_every`` steps.
-      run_files: ``{file name: writer(path)}``, files the run keeps beside its config
-        (tokenizer, entity ids, feature recipe); written once by process 0.
-      make_optimizer: a package-specific optimizer; default AdamW from the config's
-        shared fields (``embedding_core.run.default_optimizer``).
-      summary: one line for the log (data, sizes).
-      grad_accumulation: set when the loss may be averaged over micro-batches
-        (``config.grad_accum_steps``; ``embedding_core.contrastive.GradAccumulation``:
-        the micro-batch weight); ``None`` refuses accumulation (an in-batch contrastive
-        loss would lose negatives: it chunks instead).
-      fused_table: set when the loss stops a softmax table's gradient and hands over its
-        statistics: the step updates that table block by block
-        (``embedding_core.table_update.FusedTableUpdate``; DocEnt's
-        ``config.fused_table_update``).
-      logical_axis_sizes: counts of logical axes that parameter shapes do not show, which a
-        mesh axis must divide to split them (``embedding_core.parallel.fit_rules``), e.g.
-        ``{"heads": 12}``: the ``"heads"`` columns of a 12-head encoder are split over
-        ``model`` only when its size divides 12 (whole heads per device).
+      init_params: ``rng -> params`` with ``nn.LogicallyPartitioned`` leaves.
+      loss_fn: :data:`LossFn` on the global batch; a ``contrastive.ContrastiveLoss`` can be
+        chunked by ``config.contrastive_chunk_size`` (GradCache).
+      global_batch_size: recorded with the data position (a resume may not change it).
+      pretrained: ``{param path: numpy tree}`` placed over the fresh init.
+      run_files: ``{file name: writer(path)}`` kept beside the config (process 0).
+      grad_accumulation: ``None`` refuses ``config.grad_accum_steps``.
+      logical_axis_sizes: axis counts shapes do not show (``{"heads": 12}``).
     """
 
     name: str
@@ -85,3 +117,4 @@ class Task:
     grad_accumulation: GradAccumulation | None = None
     logical_axis_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     fused_table: FusedTableUpdate | None = None
+    batch_spec: BatchSpec | None = None

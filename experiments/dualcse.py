@@ -96,7 +96,7 @@ def run_config(key: str, preset: str, seed: int, steps: int | None = None):
     Raises:
       KeyError: an unknown key. ValueError: an unknown preset.
     """
-    from dualcse_jax.configs import cross_cpu, default, validate_config
+    from dualcse_jax.configs import cross_cpu, default
 
     _, architecture, overrides = SYSTEMS[key]
     if preset == "cpu":
@@ -123,7 +123,7 @@ def run_config(key: str, preset: str, seed: int, steps: int | None = None):
     c.seed = seed
     c.eval_every = 0  # scored once at the end, on every rule
     c.keep_checkpoints = 1
-    validate_config(c)
+    default.validate(c)
     return c
 
 

@@ -139,7 +139,7 @@ def corpus_and_features(weights: str, source_weights: str = "uniform"):
             _DATA[(weights, "uniform")] = data.load_data(feature_config(weights))
         corpus, feats = _DATA[(weights, "uniform")]
         if source_weights != "uniform":
-            from data_pipelines.word_features import resolve_source_weights
+            from mrwe_jax.features.cache import resolve_source_weights
 
             u = resolve_source_weights(source_weights, feats.names,
                                        {n: feats.paragraphs[n].vectors for n in feats.names})

@@ -1,10 +1,6 @@
-"""Multi-resolution word embeddings with ConvRR / FCRR retrieval (``docs/mrwe.md``).
+"""Multi-resolution word embeddings with ConvRR / FCRR retrieval (``docs/mrwe.md``)::
 
-Python API (nothing parses flags at import)::
-
-    import mrwe_jax
-    from mrwe_jax.configs import convrr_cpu
-    mrwe_jax.train(convrr_cpu.get_config(), "workdirs/convrr")
+    mrwe_jax.train(mrwe_jax.configs.convrr_cpu.get_config(), "workdirs/convrr")
     vectors = mrwe_jax.load("workdirs/convrr").encode(["Who founded the NFL?"],
                                                       side="question", normalize=True)
 """
@@ -20,8 +16,7 @@ def train(config, workdir, **kwargs):
 
 
 def load(workdir, **kwargs):
-    """See ``mrwe_jax.inference.load``: an ``Encoder`` whose ``encode(texts, side=...)``
-    returns float32 ``[n, d'']``."""
+    """See ``mrwe_jax.inference.load``: a ``Retriever`` (``encode(texts, side=...)``)."""
     from mrwe_jax.inference import load as _load
 
     return _load(workdir, **kwargs)

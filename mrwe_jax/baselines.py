@@ -1,10 +1,6 @@
-"""Lexical retrieval baselines: TF-IDF cosine (scikit-learn) and Okapi BM25 (``bm25s``).
-
-Both return dense score matrices ``[n_questions, n_paragraphs]`` float32 (higher = more
-relevant) for ``embedding_core.metrics`` recall@k. Both use the method's word tokenisation
-(``data_pipelines.word_sources.tokenize_words``: lowercase ``\\w+``, no stop-word removal, no
-stemming) unless another tokenizer is passed, so every system sees the same words.
-"""
+"""Lexical baselines: TF-IDF cosine (scikit-learn) and Okapi BM25 (``bm25s``), each a dense
+``[n_questions, n_paragraphs]`` float32 score matrix (higher = more relevant), on the
+method's words (``mrwe_jax.features.sources.tokenize_words``) unless told otherwise."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from data_pipelines.word_sources import tokenize_words
+from mrwe_jax.features.sources import tokenize_words
 
 Tokenizer = Callable[[str], list[str]]
 
@@ -26,20 +22,9 @@ def tfidf_scores(
     tokenizer: Tokenizer = tokenize_words,
     **vectorizer_kwargs: Any,
 ) -> np.ndarray:
-    """Cosine similarity of TF-IDF vectors (``sklearn.feature_extraction.text.TfidfVectorizer``).
-
-    Args:
-      questions: n_q query texts.
-      paragraphs: n_p candidate texts.
-      fit_on: ``"paragraphs"`` (vocabulary and IDF from the knowledge base only) or
-        ``"all"`` (paragraphs and questions, as the authors' code did).
-      tokenizer: text -> words.
-      **vectorizer_kwargs: passed to ``TfidfVectorizer`` (sklearn defaults otherwise:
-        ``smooth_idf=True``, ``sublinear_tf=False``, ``norm="l2"``; the authors' code used
-        ``smooth_idf=False, sublinear_tf=True``).
-
-    Returns:
-      ``[n_q, n_p]`` float32 cosine similarities (0 for a text with no known word).
+    """``[n_q, n_p]`` float32 cosine of ``TfidfVectorizer`` rows (0 for no known word),
+    fitted on ``"paragraphs"`` or ``"all"`` texts (the authors' code; it also used
+    ``smooth_idf=False, sublinear_tf=True``: ``vectorizer_kwargs``).
 
     Raises:
       ValueError: unknown ``fit_on``; empty ``paragraphs``.
@@ -69,25 +54,10 @@ def bm25_scores(
     method: str = "lucene",
     tokenizer: Tokenizer = tokenize_words,
 ) -> np.ndarray:
-    """Okapi BM25 scores from the ``bm25s`` package (Lu 2024).
-
-    With ``method="lucene"`` (the package default) the score of paragraph d for query q is::
-
-        sum_{t in q} ln(1 + (N - df_t + 0.5) / (df_t + 0.5))
-                     * tf_{t,d} / (tf_{t,d} + k1 * (1 - b + b * |d| / avgdl))
-
-    (Kamphuis et al. 2020); a query word repeated r times counts r times, and query words
-    absent from every paragraph add nothing.
-
-    Args:
-      questions: n_q query texts.
-      paragraphs: n_p candidate texts (the index).
-      k1, b: BM25 parameters (package defaults 1.5 and 0.75).
-      method: a ``bm25s`` variant: "robertson", "lucene", "atire", "bm25l", "bm25+".
-      tokenizer: text -> words.
-
-    Returns:
-      ``[n_q, n_p]`` float32 scores (0 row for a query with no indexed word).
+    """``[n_q, n_p]`` float32 Okapi BM25 scores (``bm25s``, ``method`` one of its
+    variants; "lucene": ``sum_{t in q} ln(1 + (N - df_t + 0.5) / (df_t + 0.5)) tf_{t,d} /
+    (tf_{t,d} + k1 (1 - b + b |d| / avgdl))``, Kamphuis et al. 2020; a repeated query word
+    counts each time; 0 row for a query with no indexed word).
 
     Raises:
       ValueError: empty ``paragraphs`` or an unknown method (from ``bm25s``).

@@ -1,16 +1,5 @@
-"""MRWE's data: corpus features through the model's mixture, and P x K triplet batches.
-
-1. :func:`load_data`: the SQuAD retrieval corpus (``data_pipelines.retrieval_corpus``) and
-   its cached per-source word features (``data_pipelines.word_features``), computed with
-   the model's ``f_mixture`` (:func:`mixture`, :func:`embed_texts`).
-2. :func:`ensemble_vectors`: host-side ``f_ensemble`` of the pooled text vectors (the
-   baselines' rows; the training input applies it on device, ``mrwe_jax.model.text_batch``).
-3. :class:`PKBatches`: P x K batches for the batch-hard triplet loss: P paragraphs, and K
-   of each paragraph's questions (labels = paragraph index; questions are the anchors,
-   paragraphs the candidates), deterministic per ``(seed, step)`` and so resumable.
-
-``docs/mrwe.md`` describes the method and the protocol.
-"""
+"""MRWE's batch contract (:data:`BATCH`), the corpus features through the model's mixture,
+and the P x K triplet batches (``docs/mrwe.md``)."""
 
 from __future__ import annotations
 
@@ -22,33 +11,40 @@ import jax
 import ml_collections
 import numpy as np
 
-from data_pipelines import word_features
 from data_pipelines.pk_sampler import pk_sample_batches
 from data_pipelines.retrieval_corpus import RetrievalCorpus, load_corpus
-from data_pipelines.word_features import FeatureSet, SourceSpec, normalized_weights
-from data_pipelines.word_sources import IdfTable, WordSource, tokenize_words
+from embedding_core.task import BatchField
+from mrwe_jax.features import cache as word_features
+from mrwe_jax.features.cache import FeatureSet, SourceSpec, normalized_weights
+from mrwe_jax.features.sources import IdfTable, WordSource, tokenize_words
 from mrwe_jax.model import MultiResolutionEmbedding, ensemble_sources
 
-# Most padded word slots (rows x width) in one call of the mixture or of the tower: a
-# batch of texts is padded to its longest text, so without a budget one long text costs
-# batch_size times its own size (64 x 32768 slots x L x d for a 20,000-word text at the
-# default batch sizes). 64 texts of up to 512 words fit as they are.
-MAX_BATCH_WORDS = 64 * 512
+_LABELS = {"q_label": BatchField("int", ("questions",)),
+           "p_label": BatchField("int", ("paragraphs",))}
+BATCH = {
+    # ConvRR: per-source word matrices side by side (``FeatureSet.widths`` columns each)
+    # and the real-word masks; q_label / p_label: paragraph index, questions group-major.
+    "convrr": {**_LABELS,
+               "q_features": BatchField("float", ("questions", "q_words", "features")),
+               "q_mask": BatchField("bool", ("questions", "q_words")),
+               "p_features": BatchField("float", ("paragraphs", "p_words", "features")),
+               "p_mask": BatchField("bool", ("paragraphs", "p_words"))},
+    # FCRR: the pooled per-source text vectors side by side.
+    "fcrr": {**_LABELS,
+             "q_features": BatchField("float", ("questions", "features")),
+             "p_features": BatchField("float", ("paragraphs", "features"))},
+}
+"""The training batch of each tower (``embedding_core.task.BatchField``)."""
 
-# --------------------------------------------------------------------------- features
+# Most padded word slots (rows x width) per call of the mixture or the tower: without a
+# budget one long text costs batch_size times its own size. 64 texts of 512 words fit.
+MAX_BATCH_WORDS = 64 * 512
 
 
 @dataclasses.dataclass
 class MultiResolutionTexts:
-    """Multi-resolution embeddings of n texts.
-
-    Attributes:
-      word_matrices: n arrays ``[num_words_i, d'']`` float32 (ConvRR input; ``[0, d'']`` for
-        an empty text).
-      vectors: ``[n, d'']`` float32 text vectors (zero for an empty text).
-      idf_weights: n arrays ``[num_words_i]`` float32, the IDF of each word.
-      is_empty: ``[n]`` bool, true for texts with no word.
-    """
+    """n texts: ``word_matrices`` (n ``[num_words_i, d'']``), ``vectors [n, d'']``,
+    ``idf_weights`` (n ``[num_words_i]``), ``is_empty [n]`` bool; float32."""
 
     word_matrices: list[np.ndarray]
     vectors: np.ndarray
@@ -56,36 +52,14 @@ class MultiResolutionTexts:
     is_empty: np.ndarray
 
 
-def embed_texts(
-    texts: Sequence[str],
-    sources: Sequence[WordSource],
-    idf_table: IdfTable,
-    module: MultiResolutionEmbedding | None = None,
-    *,
-    batch_size: int = 128,
-    max_batch_words: int | None = MAX_BATCH_WORDS,
-) -> MultiResolutionTexts:
-    """Sources, ``f_mixture``, ``f_ensemble`` and pooling with fixed coefficients on texts.
+def embed_texts(texts: Sequence[str], sources: Sequence[WordSource], idf_table: IdfTable,
+                module: MultiResolutionEmbedding | None = None, *, batch_size: int = 128,
+                max_batch_words: int | None = MAX_BATCH_WORDS) -> MultiResolutionTexts:
+    """Sources, ``f_mixture``, ``f_ensemble`` and pooling with fixed coefficients.
 
-    Each call of the module gets ``[rows, width, L_j, d_j]`` per source, ``width`` the
-    batch's longest text rounded up to a power of two; ``rows`` is ``batch_size``, or
-    fewer (:func:`batch_rows`) when ``batch_size x width`` would exceed
-    ``max_batch_words``, so memory grows linearly with a long text's word count instead of
-    with ``batch_size`` times it. Batches within the budget are computed exactly as before.
-
-    Args:
-      texts: n strings.
-      sources: the embedding models, in the order ``module.layer_counts`` expects.
-      idf_table: from ``data_pipelines.word_sources.idf`` (OOV words: ``oov_idf``).
-      module: fixed-coefficient :class:`MultiResolutionEmbedding` (learned coefficients
-        need its params: apply it yourself); default: uniform m and u, layer sum, source
-        concatenation, word average.
-      batch_size: texts per call of the sources and of the module.
-      max_batch_words: most padded word slots (rows x width) per module call; a single
-        longer text is one row (``None``: always ``batch_size`` rows).
-
-    Returns:
-      :class:`MultiResolutionTexts`.
+    Each module call gets ``[rows, width, L_j, d_j]`` per source (width a power of two,
+    ``rows x width <= max_batch_words``); ``module`` default: uniform m and u, layer sum,
+    concatenation, word average.
 
     Raises:
       ValueError: the module learns coefficients, or the sources disagree on word counts.
@@ -107,7 +81,6 @@ def embed_texts(
                 raise ValueError(f"source {sources[j].name} disagrees on the number of words")
         weights = [idf_table.weights(tokenize_words(text)) for text in chunk]
         idfs += weights
-        # Fixed batch rows and bucketed widths: few compilations; fewer rows for long texts.
         width = bucket_width(max(counts + [1]))
         rows = batch_rows(width, batch_size, max_batch_words)
         for g in range(0, len(chunk), rows):
@@ -144,13 +117,7 @@ def mixture(texts: Sequence[str], source: WordSource, idf_table: IdfTable, *,
             layer_weights: Sequence[float] | None, layer_aggregate: str, word_aggregate: str,
             batch_size: int = 64, max_batch_words: int | None = MAX_BATCH_WORDS
             ) -> tuple[list[np.ndarray], np.ndarray]:
-    """``f_mixture`` and word pooling of one source (``data_pipelines.word_features.Mixture``).
-
-    ``max_batch_words``: see :func:`embed_texts`.
-
-    Returns:
-      ``(word matrices [num_words_i, d_j] per text, text vectors [n, d_j])`` float32.
-    """
+    """``f_mixture`` and pooling of one source (``mrwe_jax.features.cache.Mixture``)."""
     weights = None if layer_weights is None else (tuple(layer_weights),)
     module = MultiResolutionEmbedding(
         (source.num_layers,), layer_weights=weights, source_weights=(1.0,),
@@ -165,7 +132,7 @@ def mixture(texts: Sequence[str], source: WordSource, idf_table: IdfTable, *,
 def build_features(config: ml_collections.ConfigDict, corpus: RetrievalCorpus, *,
                    use_cache: bool = True, specs: Sequence[SourceSpec] | None = None
                    ) -> FeatureSet:
-    """``data_pipelines.word_features.build_features`` with the model's :func:`mixture`."""
+    """``mrwe_jax.features.cache.build_features`` with the model's :func:`mixture`."""
     return word_features.build_features(config, corpus, mixture=mixture, use_cache=use_cache,
                                         specs=specs)
 
@@ -188,30 +155,30 @@ def load_data(config: ml_collections.ConfigDict, *, use_cache: bool = True
     return corpus, build_features(config, corpus, use_cache=use_cache)
 
 
+def pool_indices(corpus: RetrievalCorpus, pool: str) -> np.ndarray:
+    """``[n_pool]`` int64 paragraphs of the retrieval pool: ``"all"`` or ``"test"`` (the
+    test articles' paragraphs; ``docs/mrwe.md``)."""
+    if pool == "test":
+        return np.flatnonzero(corpus.test_pool)
+    if pool == "all":
+        return np.arange(len(corpus.paragraph_ids))
+    raise ValueError(f"pool must be 'test' or 'all', got {pool!r}")
+
+
 def ensemble_vectors(features: FeatureSet, side: str, names: Sequence[str] | None = None,
                      indices: np.ndarray | None = None) -> np.ndarray:
-    """Text vectors of the ensemble (``f_ensemble`` of the pooled per-source vectors).
-
-    Pooling over words is linear and so is the ensemble, so this equals pooling the
-    ensembled word matrices. With ``names`` a subset, only those sources (weights
-    renormalised); a single name gives that source's own text vectors.
-
-    Returns:
-      ``[n, d'']`` float32.
-    """
+    """``[n, d'']`` float32 ``f_ensemble`` of the pooled per-source vectors (pooling and
+    ensemble are linear, so this equals pooling the ensembled words); ``names``: a subset
+    of the sources, their u renormalised."""
     names = list(features.names if names is None else names)
     keep = [features.names.index(n) for n in names]
     u = normalized_weights(features.source_weights[keep], "source weights")
     feats = features.side(side)
-    parts = [feats[n].vectors if indices is None else feats[n].vectors[indices]
-             for n in names]
+    parts = [feats[n].vectors if indices is None else feats[n].vectors[indices] for n in names]
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
         out = ensemble_sources([np.asarray(p) for p in parts], np.asarray(u),
                                features.source_aggregate)
     return np.asarray(out, np.float32)
-
-
-# --------------------------------------------------------------------------- batches
 
 
 def bucket_width(length: int, minimum: int = 16) -> int:
@@ -222,15 +189,9 @@ def bucket_width(length: int, minimum: int = 16) -> int:
     return size
 
 
-def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BATCH_WORDS
-               ) -> int:
-    """Rows of a batch padded to ``width`` words: ``batch_size``, or when ``batch_size x
-    width`` exceeds ``max_batch_words`` the largest power of two (below ``batch_size``,
-    at least 1) that keeps ``rows x width`` within it (``None``: no limit).
-
-    A batch then holds at most ``max(max_batch_words, width)`` padded word slots: memory
-    is linear in the longest text's word count, whatever the batch size.
-    """
+def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BATCH_WORDS) -> int:
+    """Rows of a batch padded to ``width`` words: ``batch_size``, or the largest power of
+    two below it (>= 1) with ``rows x width <= max_batch_words`` (``None``: no limit)."""
     batch_size = int(batch_size)
     if not max_batch_words or batch_size * int(width) <= int(max_batch_words):
         return batch_size
@@ -241,78 +202,38 @@ def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BA
 
 
 def side_arrays(features: FeatureSet, side: str, indices: np.ndarray, *, with_words: bool,
-                width: int | None = None, prefix: str = "") -> dict[str, np.ndarray]:
-    """Host arrays of one side for ``mrwe_jax.model.text_batch``.
-
-    With words: ``{prefix+name: [b, width, d_j] float32, prefix+"mask": [b, width] bool}``
-    (``width`` default: :func:`bucket_width` of the longest text); without:
-    ``{prefix+name: [b, d_j] float32}`` pooled vectors (FCRR needs no word matrix).
-    """
+                width: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(features, mask)`` of one side's rows as ``mrwe_jax.model.text_batch`` reads them:
+    word matrices ``[b, width, sum_j d_j]`` float32 with ``[b, width]`` bool (``width``
+    default: :func:`bucket_width` of the longest), or pooled ``[b, sum_j d_j]`` and None."""
     feats = features.side(side)
     indices = np.asarray(indices, np.int64)
     if not with_words:
-        return {prefix + n: np.asarray(feats[n].vectors[indices], np.float32)
-                for n in features.names}
+        return np.concatenate([np.asarray(feats[n].vectors[indices], np.float32)
+                               for n in features.names], axis=-1), None
     lengths = feats[features.names[0]].lengths[indices]
     if width is None:
         width = bucket_width(int(lengths.max(initial=1)))
-    out = {prefix + n: feats[n].padded(indices, width) for n in features.names}
-    out[prefix + "mask"] = np.arange(width)[None, :] < lengths[:, None]
-    return out
+    words = np.concatenate([feats[n].padded(indices, width) for n in features.names], axis=-1)
+    return words, np.arange(width)[None, :] < lengths[:, None]
 
 
 class PKBatches:
-    """P x K batches of (paragraph, its questions) for the batch-hard triplet loss.
+    """P x K batches of :data:`BATCH` (plus ``"step"``) for the batch-hard triplet loss.
 
-    Step s belongs to epoch ``s // steps_per_epoch``; the epoch's batches come from
-    ``data_pipelines.pk_sampler.pk_sample_batches(question_paragraph, P, K, seed, epoch)``
-    over the training questions (an epoch visits every training paragraph once; a
-    paragraph with fewer than K questions repeats some, ``small_groups="replace"``), so
-    the batch of a step depends only on ``(seed, step)`` and a resumed run continues the
-    same sequence.
-
-    Each batch (global; a process gets its contiguous share of both sides):
-      - questions: ``"q_<source>"`` and ``"q_mask"`` (words) or ``"q_<source>"`` vectors,
-        ``"q_label"`` ``[P*K]`` int32 paragraph index, group-major;
-      - paragraphs: ``"p_<source>"`` (and ``"p_mask"``), ``"p_label"`` ``[P]`` int32;
-      - ``"step"``: the step (checked by the training loop).
-
-    Question word matrices have one width for the whole run (the longest question, rounded
-    up to a multiple of 8); paragraph widths are powers of two per batch (few compiled
-    shapes), or ``max_paragraph_words`` when set (longer paragraphs are cut: the word
-    matrix and the pooled text vector then see only the first words).
-
-    Args:
-      features: the corpus features.
-      question_paragraph: ``[n_q]`` int paragraph of each question (all questions).
-      train_questions: ``[n_q]`` bool.
-      P, K: paragraphs per batch, questions per paragraph.
-      seed: sampling seed.
-      with_words: include word matrices (ConvRR) or only vectors (FCRR).
-      small_groups: ``pk_sample_batches`` policy for paragraphs with < K questions.
-      max_paragraph_words: 0 = no cap.
-      process_index, process_count: this process's share.
+    Step s is batch ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch`` from
+    ``pk_sampler.pk_sample_batches``: a batch depends only on ``(seed, step)``. Paragraph
+    widths: powers of two from 64, at most ``max_paragraph_words`` (longer ones are cut).
 
     Raises:
-      ValueError: fewer than P eligible training paragraphs; P or P*K not divisible by
-        ``process_count``.
+      ValueError: no training question, too few paragraphs for P, or P, P*K not divisible
+        by ``process_count``.
     """
 
-    def __init__(
-        self,
-        features: FeatureSet,
-        question_paragraph: np.ndarray,
-        train_questions: np.ndarray,
-        *,
-        P: int,
-        K: int,
-        seed: int,
-        with_words: bool,
-        small_groups: str = "replace",
-        max_paragraph_words: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> None:
+    def __init__(self, features: FeatureSet, question_paragraph: np.ndarray,
+                 train_questions: np.ndarray, *, P: int, K: int, seed: int, with_words: bool,
+                 small_groups: str = "replace", max_paragraph_words: int = 0,
+                 process_index: int = 0, process_count: int = 1) -> None:
         if P % process_count or (P * K) % process_count:
             raise ValueError(f"P={P} and P*K={P * K} must be divisible by the process count "
                              f"{process_count}")
@@ -345,24 +266,25 @@ class PKBatches:
         return self._epoch_batches(epoch)[within]
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        """This process's host batch of ``step`` (see the class docstring)."""
+        """This process's host batch of ``step``."""
         q = self.question_indices(step)
         p = self.question_paragraph[q[:: self.K]]  # group-major: one per group
         qs = _process_slice(q, self.process_index, self.process_count)
         ps = _process_slice(p, self.process_index, self.process_count)
-        out: dict[str, np.ndarray] = {"step": np.asarray(step, np.int64)}
-        out.update(side_arrays(self.features, "questions", qs, with_words=self.with_words,
-                               width=self.question_width, prefix="q_"))
         width = None
         if self.with_words:
-            longest = int(self.features.lengths("paragraphs")[p].max(initial=1))
-            width = bucket_width(longest, 64)
+            width = bucket_width(int(self.features.lengths("paragraphs")[p].max(initial=1)), 64)
             if self.max_paragraph_words:
                 width = min(width, self.max_paragraph_words)
-        out.update(side_arrays(self.features, "paragraphs", ps, with_words=self.with_words,
-                               width=width, prefix="p_"))
-        out["q_label"] = self.question_paragraph[qs].astype(np.int32)
-        out["p_label"] = ps.astype(np.int32)
+        q_x, q_mask = side_arrays(self.features, "questions", qs, with_words=self.with_words,
+                                  width=self.question_width)
+        p_x, p_mask = side_arrays(self.features, "paragraphs", ps, with_words=self.with_words,
+                                  width=width)
+        out = {"step": np.asarray(step, np.int64), "q_features": q_x, "p_features": p_x,
+               "q_label": self.question_paragraph[qs].astype(np.int32),
+               "p_label": ps.astype(np.int32)}
+        if self.with_words:
+            out.update(q_mask=q_mask, p_mask=p_mask)
         return out
 
     def iterator(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:

@@ -1,17 +1,7 @@
-"""Recall@k of the right paragraph for each test question, the comparison table and t-SNE.
-
-Protocol (``docs/mrwe.md``; recall@k as in Manning et al. 2008): for each test question,
-all paragraphs of the pool are ranked by cosine similarity (the towers' outputs are unit
-vectors, so this is also the Euclidean order the triplet loss trains); ``recall@k`` is the
-share of questions whose paragraph is among the first k. Ties are pessimistic
-(``embedding_core.metrics.ranks_of_targets``: every other paragraph scoring at least as
-high counts ahead), so rank k counts and rank k+1 does not.
-
-Pools: ``"all"`` (the default): every paragraph of the corpus (the paper's "recall@k out
-of all possible documents"; with the article split the training paragraphs are extra
-distractors, never answers); ``"test"``: only the paragraphs of the test articles
-(article split: unseen in training). With the seen-paragraph split both pools are every
-paragraph.
+"""Recall@k of the right paragraph for each test question over a pool of paragraphs, the
+comparison table and t-SNE (``docs/mrwe.md``, "Evaluation"). Ranks are pessimistic
+(``embedding_core.metrics.ranks_of_targets``: every paragraph scoring at least as high
+counts ahead); pools: ``"all"`` (every paragraph, the default) or ``"test"``.
 """
 
 from __future__ import annotations
@@ -25,11 +15,12 @@ import numpy as np
 from etils import epath
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
-from data_pipelines.word_features import FeatureSet, resolve_source_weights
 from embedding_core import multihost, storage
 from embedding_core.files import write_bytes_atomic
 from embedding_core.metrics import ranks_of_targets, recall_at_k_from_ranks
 from mrwe_jax import baselines, data
+from mrwe_jax.data import pool_indices
+from mrwe_jax.features.cache import FeatureSet, resolve_source_weights
 from mrwe_jax.inference import Retriever
 
 # (side "questions" | "paragraphs", row indices) -> [n, d] vectors of those rows.
@@ -42,27 +33,8 @@ SOURCE_LABELS = {
 }
 
 
-# --------------------------------------------------------------------------- ranking
-
-
-def pool_indices(corpus: RetrievalCorpus, pool: str) -> np.ndarray:
-    """``[n_pool]`` int64 paragraph indices of the retrieval pool (``"test"`` or ``"all"``)."""
-    if pool == "test":
-        return np.flatnonzero(corpus.test_pool)
-    if pool == "all":
-        return np.arange(len(corpus.paragraph_ids))
-    raise ValueError(f"pool must be 'test' or 'all', got {pool!r}")
-
-
 def targets_in_pool(question_paragraph: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    """Column of each question's paragraph in the pool.
-
-    Args:
-      question_paragraph: ``[n_q]`` int paragraph index of each evaluated question.
-      pool: ``[n_pool]`` int paragraph indices, no repeats.
-
-    Returns:
-      ``[n_q]`` int64 positions into ``pool``.
+    """``[n_q]`` int64 column in ``pool`` (paragraph indices) of each question's paragraph.
 
     Raises:
       ValueError: a question's paragraph is not in the pool, or the pool repeats one.
@@ -86,22 +58,9 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def cosine_ranks(question_vectors: np.ndarray, pool_vectors: np.ndarray, targets: np.ndarray,
                  *, block: int = 1024, split: bool = True) -> np.ndarray:
-    """1-based pessimistic rank of each question's target among the pool, by cosine.
-
-    A zero vector (a text without words) has cosine 0 to everything, so its target ties
-    with every paragraph and gets the worst rank.
-
-    Args:
-      question_vectors: ``[n_q, d]`` float.
-      pool_vectors: ``[n_pool, d]`` float.
-      targets: ``[n_q]`` int columns into the pool.
-      block: questions scored at a time (bounds the ``[block, n_pool]`` score matrix).
-      split: with several processes, each ranks a slice of the questions and the ranks
-        are gathered (``embedding_core.multihost.split_map``, a collective).
-
-    Returns:
-      ``[n_q]`` int64 ranks in ``[1, n_pool]``.
-    """
+    """``[n_q]`` int64 1-based pessimistic rank, by cosine, of each question's ``targets``
+    column among ``[n_pool, d]`` pool vectors (a zero vector gets the worst rank), scored
+    ``block`` questions at a time; ``split``: each process ranks a slice (a collective)."""
     q, p = _unit(question_vectors), _unit(pool_vectors)
     targets = np.asarray(targets)
 
@@ -119,9 +78,6 @@ def score_ranks(scores: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return ranks_of_targets(scores, targets)
 
 
-# --------------------------------------------------------------------------- the table
-
-
 def evaluate_retrieval(
     corpus: RetrievalCorpus,
     features: FeatureSet,
@@ -133,16 +89,9 @@ def evaluate_retrieval(
     ensemble_variants: Sequence[str] = (),
     progress: bool = False,
 ) -> dict[str, dict[int, float]]:
-    """Recall@k of every system on the test questions, one row per system.
-
-    Rows, in order: TF-IDF and BM25 (``mrwe_jax.baselines``, fitted on the pool's
-    paragraphs), each single source's text vectors, the multi-resolution ensemble (with
-    the features' ``u``, then with each of ``ensemble_variants``, ``config.source_weights``
-    values such as ``"balanced"``), then each trained tower (which uses the features' ``u``).
-
-    Returns:
-      ``{row label: {k: recall in [0, 1]}}``.
-    """
+    """``{row label: {k: recall}}`` on the test questions: TF-IDF and BM25 (fitted on the
+    pool), each source, the ensemble (the features' u, then each ``ensemble_variants``
+    u such as ``"balanced"``), then each tower."""
     q_idx = np.flatnonzero(corpus.test_questions)
     p_idx = pool_indices(corpus, pool)
     targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)
@@ -156,8 +105,7 @@ def evaluate_retrieval(
         p_texts = [corpus.paragraph_texts[i] for i in p_idx]
         add("TF-IDF (lexical, sklearn)",
             score_ranks(baselines.tfidf_scores(q_texts, p_texts), targets))
-        add("BM25 (lexical, bm25s)", score_ranks(baselines.bm25_scores(q_texts, p_texts),
-                                                 targets))
+        add("BM25 (lexical, bm25s)", score_ranks(baselines.bm25_scores(q_texts, p_texts), targets))
     for name in features.names:
         add(SOURCE_LABELS.get(name, name),
             cosine_ranks(features.questions[name].vectors[q_idx],
@@ -187,12 +135,9 @@ def evaluate_retrieval(
 
 def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "all", *,
                 split: bool = False) -> np.ndarray:
-    """``[n_test_questions]`` ranks of each test question's paragraph among the pool.
-
-    ``split``: with several processes, each encodes and ranks a slice of the rows
-    (``embedding_core.multihost.split_map``); ``encode_rows`` must then compute on this
-    process alone (a loaded tower's process-local params, not the training loop's).
-    """
+    """``[n_test_questions]`` ranks of each test question's paragraph among the pool;
+    ``split``: each process encodes a slice (``encode_rows`` then must run on this process
+    alone: a loaded tower's local params, not the training loop's)."""
     q_idx = np.flatnonzero(corpus.test_questions)
     p_idx = pool_indices(corpus, pool)
     targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)
@@ -221,23 +166,13 @@ def format_table(rows: Mapping[str, Mapping[int, float]], title: str = "") -> st
     head = f"{'system':<{width}} | " + " ".join(f"{'R@' + str(k):>6}" for k in ks)
     lines = ([title] if title else []) + [head, "-" * len(head)]
     for label, recall in rows.items():
-        lines.append(f"{label:<{width}} | "
-                     + " ".join(f"{100 * recall[k]:6.2f}" for k in ks))
+        lines.append(f"{label:<{width}} | " + " ".join(f"{100 * recall[k]:6.2f}" for k in ks))
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- t-SNE
-
-
-def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.ndarray,
-                                                                                np.ndarray]:
-    """Test questions of the ``num_paragraphs`` test paragraphs with the most questions.
-
-    Ties in question count go to the earlier paragraph.
-
-    Returns:
-      ``(question indices [m] int64, their paragraph indices [m] int64)``.
-    """
+def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(question indices [m], their paragraphs [m])`` int64: the test questions of the
+    ``num_paragraphs`` test paragraphs with the most questions (ties: the earlier)."""
     q_idx = np.flatnonzero(corpus.test_questions)
     paragraphs, counts = np.unique(corpus.question_paragraph[q_idx], return_counts=True)
     order = np.lexsort((paragraphs, -counts))[:num_paragraphs]
@@ -248,19 +183,8 @@ def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.nda
 
 def plot_tsne(panels: Sequence[tuple[str, np.ndarray]], labels: np.ndarray,
               path: str | os.PathLike, *, seed: int = 0, title: str = "") -> epath.Path:
-    """t-SNE (van der Maaten & Hinton 2008; ``sklearn.manifold.TSNE``) of each panel's vectors.
-
-    Vectors are unit-normalised first (Euclidean distance then orders like cosine). One
-    colour per label (paragraph). Written atomically as PNG (matplotlib, Agg backend).
-
-    Args:
-      panels: ``[(title, [m, d] float vectors)]``, same rows in each.
-      labels: ``[m]`` int paragraph of each row.
-      path: output ``.png``.
-
-    Returns:
-      The path written.
-    """
+    """t-SNE (``sklearn.manifold.TSNE``) of each panel's ``[m, d]`` unit-normalised
+    vectors, one colour per ``labels`` entry, written atomically as a PNG at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")

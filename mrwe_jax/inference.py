@@ -1,13 +1,7 @@
-"""``load(workdir)``: a trained ConvRR / FCRR run as an ``embedding_core.inference.Encoder``.
-
-``load(w).encode(texts, side="question"|"paragraph")`` embeds new texts the way the run's
-training texts were embedded (``docs/mrwe.md``): the run's word sources, the IDF table of
-its corpus's paragraphs (kept in the workdir as ``idf.json``), ``f_mixture`` and
-``f_ensemble`` with the run's ``u`` (``features.json``), then the tower. Only the
-checkpoint's params are restored (no optimizer); neither the corpus nor its cached
-features are needed. :meth:`Retriever.encode_features` encodes already computed features
-(the evaluation and the export use the feature cache).
-"""
+"""``load(workdir)``: a trained ConvRR / FCRR run as an ``embedding_core.inference.Encoder``
+whose ``encode(texts, side="question"|"paragraph")`` embeds new texts as the run's were
+(its sources, ``idf.json``, ``features.json``, then the tower; ``docs/mrwe.md``); its
+views ``questions`` and ``paragraphs`` are the corpus's rows for export."""
 
 from __future__ import annotations
 
@@ -21,51 +15,44 @@ import jax
 import ml_collections
 import numpy as np
 
-from data_pipelines import word_features
 from data_pipelines.squad import squad_dev_path
-from data_pipelines.word_features import FeatureSet
-from data_pipelines.word_sources import IdfTable, WordSource, tokenize_words
 from embedding_core import configs, multihost, parallel, storage, training
-from embedding_core.files import read_json_object
+from embedding_core.files import read_json_object, write_json
 from embedding_core.inference import Encoder, encode_in_batches
+from embedding_core.serving import View
 from mrwe_jax import data
 from mrwe_jax.configs import default
+from mrwe_jax.features import cache as word_features
+from mrwe_jax.features.cache import FeatureSet
+from mrwe_jax.features.sources import IdfTable, WordSource, tokenize_words
 from mrwe_jax.model import SiameseRetriever, build_model, init_fn, side_inputs, with_words
 
 FEATURES_FILE = "features.json"
-# The run's IDF table (``IdfTable.to_json``): a trained model does not need its corpus.
-IDF_FILE = "idf.json"
-# encode(side=...) -> the feature side it reads.
-SIDES = {"question": "questions", "paragraph": "paragraphs"}
+IDF_FILE = "idf.json"  # the run's IdfTable.to_json: a trained model needs no corpus
+TOWER_FILE = "tower.safetensors"
+SIDES = {"question": "questions", "paragraph": "paragraphs"}  # encode(side=) -> view
+EXPORT_SPLITS = ("all", "test")
 
 
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """The run's saved config on today's defaults (``embedding_core.configs.read_config``)."""
-    return configs.read_config(workdir, default.get_config, prog="mrwe-jax",
-                               required=("tower", "sources"),
-                               validate=default.validate_config)
+    """The run's saved config on today's fields (``embedding_core.configs.read_config``)."""
+    return configs.read_config(workdir, default.FIELDS, prog="mrwe-jax",
+                               required=("tower", "sources"), validate=default.validate_config)
 
 
 def read_recipe(workdir: str | os.PathLike) -> dict[str, Any]:
-    """``features.json``: sources, their widths, the resolved ``u`` and the aggregates.
-
-    Raises:
-      FileNotFoundError: the workdir has none; ValueError: not a JSON object.
-    """
+    """``features.json`` (FileNotFoundError: none; ValueError: not a JSON object)."""
     return read_json_object(storage.as_path(workdir) / FEATURES_FILE,
                             f"is {workdir} a mrwe-jax training workdir?")
 
 
 def read_idf(workdir: str | os.PathLike,
              config: ml_collections.ConfigDict | None = None) -> IdfTable:
-    """The IDF table the run was trained with: ``idf.json`` of the workdir.
-
-    A workdir trained before runs kept ``idf.json`` gets the table rebuilt from its
-    training corpus (``config.squad_path``, or the shipped dev set), with a warning: the
-    vectors match the training ones only if that file is unchanged.
+    """The run's ``idf.json``; a workdir trained before runs kept it gets the table rebuilt
+    from its corpus, with a warning.
 
     Raises:
-      FileNotFoundError: no ``idf.json`` and the corpus file is gone (both are named).
+      FileNotFoundError: no ``idf.json`` and the corpus file is gone (both named).
       ValueError: an ``idf.json`` that is not an IDF table.
     """
     path = storage.as_path(workdir) / IDF_FILE
@@ -97,21 +84,27 @@ def tower_label(config: ml_collections.ConfigDict, step: int | None) -> str:
 
 
 class Retriever(Encoder):
-    """A ConvRR / FCRR tower with its feature recipe; ``encode(texts, side=...)``.
+    """A ConvRR / FCRR tower with its feature recipe (``features``: a ``FeatureSet`` of no
+    texts, or the corpus's); ``name`` is its evaluation-table label. ``split``: the
+    corpus rows its export views hold, ``"all"`` or ``"test"`` (the test questions and
+    the ``config.eval_pool`` paragraphs); ``None``: not exporting the corpus."""
 
-    Attributes:
-      model, params, config, step: the restored run.
-      features: the run's feature recipe (``FeatureSet`` of no texts, or the corpus's).
-      name: the row label of evaluation tables.
-    """
+    default_normalize = True  # the tower's outputs are unit rows
 
     def __init__(self, model: SiameseRetriever, params: Any, config: ml_collections.ConfigDict,
-                 features: FeatureSet, *, step: int | None = None, workdir: str = "") -> None:
+                 features: FeatureSet, *, step: int | None = None, workdir: str = "",
+                 split: str | None = None) -> None:
+        if split not in (None, *EXPORT_SPLITS):
+            raise ValueError(f"split must be one of {EXPORT_SPLITS}, got {split!r}")
         self.model, self.params, self.config, self.features = model, params, config, features
-        self.step, self.workdir = step, workdir
+        self.step, self.workdir, self.split = step, workdir, split
         self.default_batch_size = int(config.eval_batch_size)
         self.name = tower_label(config, step)
+        similarity = "cosine" if config.distance == "cosine" else "euclidean"
+        self.views = tuple(View(view, similarity, encode_kwargs={"side": side}, table=True,
+                                meta={"side": view}) for side, view in SIDES.items())
         self._sources: dict[str, WordSource] = {}
+        self._corpus: tuple | None = None
         # Most padded word slots per call of the mixture and the tower (data.batch_rows).
         self.max_batch_words: int | None = data.MAX_BATCH_WORDS
         self._forward = {q: jax.jit(self._forward_fn(q)) for q in (True, False)}
@@ -121,28 +114,20 @@ class Retriever(Encoder):
         return self.features.dim
 
     def _forward_fn(self, is_question: bool):
-        model, features, config = self.model, self.features, self.config
+        model, features = self.model, self.features
 
-        def forward(params, arrays):
-            return model.apply({"params": params}, side_inputs(arrays, "x_", features, config),
-                               is_question, method=SiameseRetriever.encode)
+        def forward(params, x, mask):
+            return model.apply({"params": params}, side_inputs(x, mask, features), is_question,
+                               method=SiameseRetriever.encode)
 
         return forward
 
     def encode_features(self, features: FeatureSet, side: str,
                         indices: np.ndarray | None = None, *, batch_size: int | None = None,
                         show_progress_bar: bool = False, params: Any = None) -> np.ndarray:
-        """Tower outputs of computed features: ``"questions"`` or ``"paragraphs"`` rows.
-
-        Args:
-          features: features of the run's recipe (sources, ``u``, aggregates).
-          indices: rows of that side (default all), returned in this order.
-          params: other params of the same model (the training loop's evaluation).
-
-        Returns:
-          ``[len(indices), d'']`` float32 unit vectors (zero for a text with no word when the
-          tower is skipped, e.g. paragraphs with ``question_only``).
-        """
+        """``[len(indices), d'']`` float32 unit tower outputs of computed features' rows of
+        ``side`` (``"questions"`` / ``"paragraphs"``; default all; zero for a text with no
+        word when the tower is skipped). ``params``: others of the same model (training)."""
         if list(features.names) != list(self.features.names):
             raise ValueError(f"features of sources {features.names}, the run has "
                              f"{self.features.names}")
@@ -155,8 +140,7 @@ class Retriever(Encoder):
         run = self._forward[side == "questions"]
         words = with_words(self.config)
         lengths = features.lengths(side)[indices]
-        # ConvRR's batches are padded to their longest text: long texts go in batches of
-        # fewer rows (data.batch_rows), so memory is linear in a text's word count.
+        # Padded to the longest text: long texts go in batches of fewer rows.
         if words:
             rows_of = np.array([data.batch_rows(data.bucket_width(max(int(n), 1)), batch_size,
                                                 self.max_batch_words) for n in lengths])
@@ -167,16 +151,18 @@ class Retriever(Encoder):
             sel = np.flatnonzero(rows_of == rows_per_batch)
             group = indices[sel]
 
-            def build(rows: np.ndarray, width: int, group=group, size=rows_per_batch
-                      ) -> dict[str, np.ndarray]:
-                arrays = data.side_arrays(features, side, group[rows], with_words=words,
-                                          width=data.bucket_width(width), prefix="x_")
+            def build(rows: np.ndarray, width: int, group=group, size=rows_per_batch):
+                x, mask = data.side_arrays(features, side, group[rows], with_words=words,
+                                           width=data.bucket_width(width))
                 pad = size - len(rows)
-                return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)])
-                        for k, v in arrays.items()} if pad else arrays
+                if pad:
+                    x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
+                    mask = None if mask is None else np.concatenate(
+                        [mask, np.zeros((pad,) + mask.shape[1:], mask.dtype)])
+                return x, mask
 
             out[sel] = encode_in_batches(
-                lengths[sel], build, lambda arrays: run(params, arrays),
+                lengths[sel], build, lambda batch: run(params, *batch),
                 batch_size=rows_per_batch, pad_multiple=16,
                 show_progress_bar=show_progress_bar, desc=f"encode {side}")
         return out
@@ -197,9 +183,8 @@ class Retriever(Encoder):
 
     def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
                 side: str = "question") -> np.ndarray:
-        """See ``Encoder.encode``; ``side="question"`` or ``"paragraph"`` (they differ only
-        with ``question_only``). A text with no word (e.g. ``"?!"``) raises ``ValueError``
-        like an empty one: it has nothing to embed."""
+        """``side``: ``"question"`` or ``"paragraph"`` (they differ with ``question_only``);
+        a text with no word (``"?!"``) raises ValueError like an empty one."""
         if side not in SIDES:
             raise ValueError(f"side must be one of {tuple(SIDES)}, got {side!r}")
         for i, text in enumerate(texts):
@@ -208,30 +193,120 @@ class Retriever(Encoder):
         return self.encode_features(self.text_features(texts), SIDES[side],
                                     batch_size=batch_size, show_progress_bar=show_progress_bar)
 
+    def _corpus_features(self):
+        if self._corpus is None:
+            try:
+                self._corpus = data.load_data(self.config)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(
+                    f"export writes the questions and paragraphs of {self.workdir}'s training "
+                    f"corpus, which cannot be read ({err}); put it back or set squad_path in "
+                    f"{configs.config_path(self.workdir)} (load(workdir).encode needs no "
+                    "corpus)") from None
+        return self._corpus
 
-def load(workdir: str | os.PathLike, *, step: int | None = None) -> Retriever:
-    """Restores the params of a training workdir's checkpoint (default: the latest).
+    def export_meta(self) -> dict[str, Any]:
+        meta = {"model": f"mrwe-jax {self.name}", "tower": self.config.tower,
+                "sources": list(self.features.names),
+                "source_weights": [float(x) for x in self.features.source_weights]}
+        if self.split is not None:
+            meta.update(split=self.split, corpus=self._corpus_features()[0].source)
+        return meta
 
-    The params are placed on a mesh of all devices (``config.mesh_model`` wide); nothing of
-    the optimizer is read. Each process keeps its own whole copy
-    (``embedding_core.multihost.localize``; ``mesh_model`` must not span hosts).
+    def table(self, view: str, normalize: bool):
+        """The corpus rows of ``view`` (the tower's unit vectors, whatever ``normalize``)."""
+        corpus, features = self._corpus_features()
+        test = (self.split or "all") == "test"
+        if view == "questions":
+            ids = corpus.question_ids
+            indices = np.flatnonzero(corpus.test_questions) if test else np.arange(len(ids))
+        else:
+            ids = corpus.paragraph_ids
+            indices = data.pool_indices(corpus, self.config.eval_pool if test else "all")
 
-    The IDF table is the run's ``idf.json`` (:func:`read_idf`): the training corpus is
-    not read (except for a workdir trained before runs kept it).
+        def blocks(chunk: int = 2048):
+            for s in range(0, len(indices), chunk):
+                part = indices[s:s + chunk]
+                # Each process encodes a slice of the chunk; process 0 writes.
+                yield [ids[i] for i in part], multihost.split_map(
+                    lambda a, b, part=part: self.encode_features(features, view, part[a:b]),
+                    len(part), what=f"encode {view}")
+
+        return len(indices), blocks()
+
+    def hf_folders(self) -> list:
+        return []  # a tower reads word features, not tokens: no sentence-transformers form
+
+    def write_hf_files(self, stage) -> None:
+        """``tower.safetensors`` (the Flax params), ``run_config.json``, ``features.json``,
+        ``idf.json``, ``export_info.json``, ``README.md``: :func:`load_tower_export`."""
+        from embedding_core import hf_export, param_files
+
+        config = self.config
+        param_files.save_param_tree(stage / TOWER_FILE, self.params,
+                                  {"tower": config.tower, "step": self.step})
+        configs.save_config(config, stage)
+        write_json(stage / FEATURES_FILE, self.features.recipe())
+        write_json(stage / IDF_FILE, self.features.idf_table.to_json())
+        write_json(stage / hf_export.INFO_FILE, {
+            "model": f"mrwe-jax {self.name}", "tower": config.tower, "step": self.step,
+            "workdir": storage.display(self.workdir), "sources": list(self.features.names),
+            "dim": self.dim, "normalized": True,
+            "similarity": "cosine" if config.distance == "cosine" else "euclidean"})
+        (stage / "README.md").write_text(
+            f"# {self.name}\n\nExported by `mrwe-jax export-hf`. A text's vector is the "
+            "run's multi-resolution features (features.json: word sources, their layer and "
+            "source weights; idf.json) through the tower (tower.safetensors, Flax layout).\n"
+            "\n```python\nfrom mrwe_jax.workflows import load_tower_export\n\n"
+            "model = load_tower_export(\"THIS_FOLDER\")\n"
+            "q = model.encode([\"a question\"], side=\"question\")\n```\n",
+            encoding="utf-8")
+
+
+def load(workdir: str | os.PathLike, *, step: int | None = None,
+         split: str | None = None) -> Retriever:
+    """The params alone of a workdir's checkpoint (default: the latest) on a mesh of all
+    devices, a whole copy per process; the IDF table from ``idf.json`` (:func:`read_idf`).
 
     Raises:
-      FileNotFoundError: not a mrwe-jax workdir, or no checkpoint (at ``step``); an old
+      FileNotFoundError: not a mrwe-jax workdir, no checkpoint (at ``step``); an old
         workdir without ``idf.json`` whose corpus file is gone.
       ValueError: a bad saved config, feature recipe or IDF table.
     """
     config = read_config(workdir)
-    recipe = read_recipe(workdir)
-    features = FeatureSet.from_recipe(recipe, read_idf(workdir, config))
+    features = FeatureSet.from_recipe(read_recipe(workdir), read_idf(workdir, config))
     model = build_model(config)
     mesh = parallel.make_mesh(-1, int(config.mesh_model))
     step, params = training.restore_params(
         storage.as_path(workdir) / "checkpoints", init_fn(model, features, config), mesh,
-        step=step,
-        rules=configs.axis_rules(config))
+        step=step, rules=configs.axis_rules(config))
     return Retriever(model, multihost.localize(params), config, features, step=step,
-                     workdir=str(workdir))
+                     workdir=str(workdir), split=split)
+
+
+def load_tower_export(folder: str | os.PathLike) -> Retriever:
+    """The ``Retriever`` of an export-hf folder (local or ``gs://``), no checkpoint needed.
+
+    Raises:
+      FileNotFoundError: a file of the folder is missing.
+      ValueError: ``tower.safetensors`` does not fit the saved config's tower.
+    """
+    import flax.linen as nn
+    from flax import traverse_util
+
+    from embedding_core.param_files import load_param_tree
+
+    config = read_config(folder)
+    features = FeatureSet.from_recipe(read_recipe(folder), read_idf(folder, config))
+    model = build_model(config)
+    tower_file = storage.local_copy(storage.as_path(folder) / TOWER_FILE)
+    params, meta = load_param_tree(tower_file)
+    expected = jax.eval_shape(lambda: nn.unbox(init_fn(model, features, config)(jax.random.key(0))))
+    want = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(expected).items()}
+    got = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(params).items()}
+    if want != got:
+        raise ValueError(f"{tower_file} does not fit the {config.tower} tower of "
+                         f"{configs.config_path(folder)}: file {sorted(got.items())}, config "
+                         f"{sorted(want.items())}")
+    step = int(meta["step"]) if meta.get("step", "None").isdigit() else None
+    return Retriever(model, params, config, features, step=step, workdir=os.fspath(folder))

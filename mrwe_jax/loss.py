@@ -1,42 +1,32 @@
 """The batch-hard triplet loss of questions against paragraphs (``docs/mrwe.md``).
 
-The Siamese set-up: questions (anchors) and paragraphs (candidates) go through one tower;
-for each question the hardest positive is its paragraph (the only one with its label in the
-batch) and the hardest negative the nearest other paragraph of the batch (batch-hard,
-``embedding_core.losses.batch_hard_triplet_loss``). Negatives are the P - 1 other paragraphs
-of the *global* batch (the loss is written on the global batch; XLA inserts the
-collectives).
+Questions are anchors, paragraphs candidates, labelled by paragraph index; negatives are
+the other paragraphs of the *global* batch (``embedding_core.triplet``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from data_pipelines.word_features import FeatureSet
-from embedding_core.losses import batch_hard_triplet_loss
-from mrwe_jax.model import SiameseRetriever, encode_batch
+from embedding_core.triplet import batch_hard_triplet_loss
+from mrwe_jax.features.cache import FeatureSet
+from mrwe_jax.model import SiameseRetriever, side_inputs
 
 
 def question_paragraph_triplet_loss(
     q: jax.Array, p: jax.Array, q_label: jax.Array, p_label: jax.Array, *, margin: float,
     soft_margin: bool, distance: str,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``mean_i max(0, max_{p+} d(q_i, p+) - min_{p-} d(q_i, p-) + margin)``.
+    """``mean_i max(0, max_{p+} d(q_i, p+) - min_{p-} d(q_i, p-) + margin)`` over the
+    paragraphs only (``soft_margin``: softplus for the hinge).
 
-    The hardest positive and negative of question ``q_i`` are searched among the
-    paragraphs only (questions are anchors, never candidates); ``soft_margin`` replaces the
-    hinge by ``softplus``.
-
-    Args:
-      q: ``[n_q, d]`` question vectors; p: ``[n_p, d]`` paragraph vectors.
-      q_label, p_label: paragraph index of each question / paragraph.
-      distance: ``"euclidean"``, ``"squared"`` or ``"cosine"``.
-
-    Returns:
-      ``(loss, stats)``: the triplet statistics (``active_fraction``, ``mean_d_ap``,
-      ``mean_d_an``, ...; both distances near 0 with the loss near the margin is collapse).
+    ``q`` ``[n_q, d]``, ``p`` ``[n_p, d]``, labels: paragraph indices. Returns ``(loss,
+    stats)``: ``active_fraction``, ``mean_d_ap``, ``mean_d_an``, ...
     """
     n_q, n_p = q.shape[0], p.shape[0]
     embeddings = jnp.concatenate([q, p], axis=0)
@@ -47,8 +37,7 @@ def question_paragraph_triplet_loss(
                                    candidates=~is_question)
 
 
-def batch_top1(q: jax.Array, p: jax.Array, q_label: jax.Array, p_label: jax.Array
-               ) -> jax.Array:
+def batch_top1(q: jax.Array, p: jax.Array, q_label: jax.Array, p_label: jax.Array) -> jax.Array:
     """Share of questions whose own paragraph is the most similar (dot product) of the batch."""
     sims = jnp.einsum("qd,pd->qp", q, p, precision=jax.lax.Precision.HIGHEST)
     own = q_label[:, None] == p_label[None, :]
@@ -57,18 +46,25 @@ def batch_top1(q: jax.Array, p: jax.Array, q_label: jax.Array, p_label: jax.Arra
     return jnp.mean((own_score > other_best).astype(jnp.float32))
 
 
-def make_loss_fn(model: SiameseRetriever, config: ml_collections.ConfigDict,
-                 features: FeatureSet):
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch.
+def encode_batch(model: SiameseRetriever, params: Any, batch: Mapping[str, jax.Array],
+                 features: FeatureSet, *, deterministic: bool = True,
+                 rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """``(questions [b_q, d''], paragraphs [b_p, d''])`` float32 unit vectors of a
+    ``mrwe_jax.data.BATCH`` batch (the masks are there for ConvRR only)."""
+    questions = side_inputs(batch["q_features"], batch.get("q_mask"), features)
+    paragraphs = side_inputs(batch["p_features"], batch.get("p_mask"), features)
+    rngs = {"dropout": rng} if rng is not None else {}
+    return model.apply({"params": params}, questions, paragraphs,
+                       deterministic=deterministic, rngs=rngs)
 
-    Rows: the ``P*K`` questions (anchors only) and the ``P`` paragraphs (candidates only),
-    labelled by paragraph index. Metrics: the triplet statistics and :func:`batch_top1`.
-    """
+
+def make_loss_fn(model: SiameseRetriever, config: ml_collections.ConfigDict, features: FeatureSet):
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch: the triplet
+    statistics and :func:`batch_top1`."""
     deterministic = not float(config.dropout_rate)
 
     def loss_fn(params, batch, rng):
-        q, p = encode_batch(model, params, batch, features, config,
-                            deterministic=deterministic, rng=rng)
+        q, p = encode_batch(model, params, batch, features, deterministic=deterministic, rng=rng)
         loss, stats = question_paragraph_triplet_loss(
             q, p, batch["q_label"], batch["p_label"], margin=float(config.margin),
             soft_margin=bool(config.soft_margin), distance=config.distance)

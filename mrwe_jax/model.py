@@ -1,25 +1,14 @@
-"""The multi-resolution word embedding's equations, ConvRR and FCRR, and their Siamese use.
+"""The multi-resolution word embedding's equations, ConvRR and FCRR (``docs/mrwe.md``).
 
-Equations (``docs/mrwe.md``): ``f_mixture`` (:func:`mix_layers`: a source's layers weighted
-by ``m^j`` and the word's IDF), ``f_ensemble`` (:func:`ensemble_sources`: the sources
-weighted by ``u``) and the text vector (:func:`pool_words`); :class:`MultiResolutionEmbedding`
-is the three as a Flax module with fixed or learned coefficients. :func:`text_batch` applies
-``f_ensemble`` and the pooling on device to the cached per-source features
-(``data_pipelines.word_features``).
-
-Towers: ConvRR (convolutional residual retrieval) and FCRR (fully connected residual
-retrieval), both mapping a text to ``normalize(x + sf * f(x))``: a residual correction of
-the pre-trained multi-resolution text embedding ``x`` scaled by the constant ``sf``, so
-training with little data adjusts the embedding rather than replacing it.
-
-Parameters carry logical axis names: ``"embed"`` for the embedding width d'', ``"mlp"`` for
-the hidden / kernel width, ``"conv_in"`` for the input channels of the second and later
-convolutions (a separate name so that no kernel maps two axes to one mesh axis).
+``f_mixture`` (:func:`mix_layers`), ``f_ensemble`` (:func:`ensemble_sources`) and the text
+vector (:func:`pool_words`), also as one Flax module (:class:`MultiResolutionEmbedding`);
+the towers map a text to ``normalize(x + sf * f(x))``. Logical axes: ``"embed"`` (d''),
+``"mlp"`` (hidden / kernels), ``"conv_in"`` (input channels of later convolutions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -28,18 +17,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from data_pipelines.word_features import FeatureSet, normalized_weights
 from embedding_core.inference import masked_mean
 from embedding_core.losses import l2_normalize
+from mrwe_jax.features.cache import FeatureSet, normalized_weights
 
 AGGREGATES = ("sum", "average", "concatenate")
 WORD_AGGREGATES = ("sum", "average")
-SIDES = ("q_", "p_")  # batch key prefixes of the question and paragraph sides
 
 __all__ = ["normalized_weights"]  # re-exported: the coefficient constraint of m and u
-
-
-# --------------------------------------------------------------------------- equations
 
 
 def _check_aggregate(aggregate: str, allowed: tuple[str, ...]) -> None:
@@ -47,32 +32,14 @@ def _check_aggregate(aggregate: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"aggregate must be one of {allowed}, got {aggregate!r}")
 
 
-def mix_layers(
-    layers: jax.Array,
-    layer_weights: jax.Array,
-    idf_weights: jax.Array,
-    aggregate: str = "sum",
-) -> jax.Array:
-    """``f_mixture`` of one embedding model (``docs/mrwe.md``, ``x_i^j``).
+def mix_layers(layers: jax.Array, layer_weights: jax.Array, idf_weights: jax.Array,
+               aggregate: str = "sum") -> jax.Array:
+    """``x_i^j = f_mixture(m^j, E_i^j, w_idf)``: layer l weighted by ``m_l`` and the word's
+    IDF, then ``"sum"`` (``w sum_l m_l e_l``), ``"average"`` (``w/L sum_l m_l e_l``) or
+    ``"concatenate"`` (``w [m_1 e_1; ...; m_L e_L]``).
 
-    ``x_i^j = f_mixture(m^j, E_i^j, w_idf)``: layer l of word i is weighted by ``m^j_l`` and
-    by the word's IDF, then the layers are aggregated:
-
-    - ``"sum"``: ``w_idf * sum_l m_l e_l``, ``d' = d``;
-    - ``"average"``: ``w_idf * (1/L) sum_l m_l e_l``, ``d' = d``;
-    - ``"concatenate"``: ``w_idf * [m_1 e_1; ...; m_L e_L]``, ``d' = L * d``.
-
-    Args:
-      layers: ``[..., num_words, L, d]`` float.
-      layer_weights: ``[L]`` float, ``m^j`` (callers keep them summing to 1).
-      idf_weights: ``[..., num_words]`` float.
-      aggregate: one of :data:`AGGREGATES`.
-
-    Returns:
-      ``[..., num_words, d']`` float32.
-
-    Raises:
-      ValueError: unknown ``aggregate``.
+    ``layers`` ``[..., num_words, L, d]``, ``layer_weights`` ``[L]``, ``idf_weights``
+    ``[..., num_words]`` -> ``[..., num_words, d']`` float32 (``d' = d``, or ``L d``).
     """
     _check_aggregate(aggregate, AGGREGATES)
     weighted = (
@@ -87,29 +54,17 @@ def mix_layers(
     return weighted.reshape(*weighted.shape[:-2], -1)
 
 
-def ensemble_sources(
-    mixtures: Sequence[jax.Array],
-    source_weights: jax.Array,
-    aggregate: str = "concatenate",
-) -> jax.Array:
-    """``f_ensemble`` over n embedding models (``docs/mrwe.md``, ``x_i``).
+def ensemble_sources(mixtures: Sequence[jax.Array], source_weights: jax.Array,
+                     aggregate: str = "concatenate") -> jax.Array:
+    """``x_i = f_ensemble(u, {x_i^1..x_i^n})``: ``"sum"`` (``sum_j u_j x^j``),
+    ``"average"`` (``1/n sum_j u_j x^j``) or ``"concatenate"`` (``[u_1 x^1; ...]``).
 
-    ``x_i = f_ensemble(u, X'_i)`` with ``X'_i = {x_i^1, ..., x_i^n}``: model j weighted by
-    ``u_j``, aggregated by ``"sum"`` (``sum_j u_j x^j``), ``"average"`` (``(1/n) sum_j u_j
-    x^j``) or ``"concatenate"`` (``[u_1 x^1; ...; u_n x^n]``, ``d'' = sum_j d'_j``).
-
-    Args:
-      mixtures: n arrays ``[..., num_words, d'_j]``.
-      source_weights: ``[n]`` float, ``u``.
-      aggregate: one of :data:`AGGREGATES`.
-
-    Returns:
-      ``[..., num_words, d'']`` float32.
+    ``mixtures``: n arrays ``[..., num_words, d'_j]``; ``source_weights``: ``[n]`` u ->
+    ``[..., num_words, d'']`` float32.
 
     Raises:
-      ValueError: no sources; ``u`` of the wrong length; sum/average over sources of
-        different widths (the paper "coerces to a common length"; we require it of the
-        caller instead of guessing a projection: choose equal widths or "concatenate").
+      ValueError: no sources; u of the wrong length; sum / average over different widths
+        (the paper "coerces to a common length"; we ask the caller to).
     """
     _check_aggregate(aggregate, AGGREGATES)
     if not mixtures:
@@ -132,35 +87,27 @@ def ensemble_sources(
     return total / len(parts) if aggregate == "average" else total
 
 
+def pool_words(words: jax.Array, mask: jax.Array, aggregate: str = "average") -> jax.Array:
+    """``[..., d]`` float32 text vector of ``[..., num_words, d]`` words over the real ones
+    (``mask``): ``"average"`` (no word: zeros) or ``"sum"``."""
+    _check_aggregate(aggregate, WORD_AGGREGATES)
+    if aggregate == "average":
+        return masked_mean(words, mask)
+    m = mask.astype(jnp.float32)
+    return jnp.einsum("...wd,...w->...d", words.astype(jnp.float32), m,
+                      precision=jax.lax.Precision.HIGHEST)
 
 
 class MultiResolutionEmbedding(nn.Module):
-    """Steps 3 to 5 of the method with fixed or learned coefficients m^j and u.
+    """Mixture, ensemble and pooling with fixed or learned m^j and u (learned:
+    ``softmax(logits)`` started at the given values, uniform by default).
 
-    Learned coefficients are ``softmax(logits)`` (so they stay positive and sum to 1),
-    initialised to the given fixed values (uniform by default); fixed ones are the given
-    values scaled to sum 1 (:func:`normalized_weights`).
-
-    Attributes:
-      layer_counts: L_j of each source, in the order of the ``layers`` argument.
-      layer_weights: per source ``m^j`` (or its initial value); None: uniform.
-      source_weights: ``u`` (or its initial value); None: uniform.
-      learn_layer_weights, learn_source_weights: make m / u trainable.
-      layer_aggregate, source_aggregate: see :func:`mix_layers`, :func:`ensemble_sources`.
-      word_aggregate: see :func:`pool_words`.
-
-    Call:
-      layers: n arrays ``[batch, num_words, L_j, d_j]`` float.
-      idf_weights: ``[batch, num_words]`` float.
-      mask: ``[batch, num_words]`` bool, true for real words.
-
-    Returns:
-      ``(words [batch, num_words, d''] float32`` with padding rows zero,
-      ``text [batch, d''] float32)``.
+    Call: ``layers`` (n arrays ``[batch, num_words, L_j, d_j]``), ``idf_weights``
+    ``[batch, num_words]``, ``mask`` ``[batch, num_words]`` bool -> ``(words [batch,
+    num_words, d''], text [batch, d''])`` float32, padding rows zero.
 
     Raises:
-      ValueError: the number of sources or of layers differs from the configuration, a
-      weight vector has the wrong length or is not non-negative, or an unknown aggregate.
+      ValueError: sources, layers or weights that do not fit the configuration.
     """
 
     layer_counts: tuple[int, ...]
@@ -186,13 +133,10 @@ class MultiResolutionEmbedding(nn.Module):
         return jax.nn.softmax(logits)
 
     @nn.compact
-    def __call__(
-        self, layers: Sequence[jax.Array], idf_weights: jax.Array, mask: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, layers: Sequence[jax.Array], idf_weights: jax.Array, mask: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
         if len(layers) != len(self.layer_counts):
-            raise ValueError(
-                f"got {len(layers)} sources, configured for {len(self.layer_counts)}"
-            )
+            raise ValueError(f"got {len(layers)} sources, configured for {len(self.layer_counts)}")
         if self.layer_weights is not None and len(self.layer_weights) != len(layers):
             raise ValueError(
                 f"layer_weights has {len(self.layer_weights)} entries for {len(layers)} sources"
@@ -211,40 +155,10 @@ class MultiResolutionEmbedding(nn.Module):
         words = words * mask.astype(words.dtype)[..., None]
         return words, pool_words(words, mask, self.word_aggregate)
 
-def pool_words(words: jax.Array, mask: jax.Array, aggregate: str = "average") -> jax.Array:
-    """Text vector from its word vectors; padding rows are excluded.
-
-    Args:
-      words: ``[..., num_words, d]`` float.
-      mask: ``[..., num_words]`` bool / int, true for real words.
-      aggregate: ``"sum"`` or ``"average"`` (``embedding_core.inference.masked_mean``:
-        divides by the number of real words; a text with none gets the zero vector, not NaN).
-
-    Returns:
-      ``[..., d]`` float32.
-
-    Raises:
-      ValueError: unknown ``aggregate``.
-    """
-    _check_aggregate(aggregate, WORD_AGGREGATES)
-    if aggregate == "average":
-        return masked_mean(words, mask)
-    m = mask.astype(jnp.float32)
-    return jnp.einsum("...wd,...w->...d", words.astype(jnp.float32), m,
-                      precision=jax.lax.Precision.HIGHEST)
-
-
-# --------------------------------------------------------------------------- towers
-
 
 class TextBatch(NamedTuple):
-    """Inputs of one side (questions or paragraphs).
-
-    Attributes:
-      text: ``[batch, d'']`` float32 multi-resolution text vectors.
-      words: ``[batch, num_words, d'']`` float32 word matrices (ConvRR only), zero-padded.
-      mask: ``[batch, num_words]`` bool, true for real words (ConvRR only).
-    """
+    """One side's tower input: ``text [batch, d'']``, and for ConvRR ``words [batch,
+    num_words, d'']`` (zero-padded) with ``mask [batch, num_words]`` bool; float32."""
 
     text: jax.Array
     words: jax.Array | None = None
@@ -260,29 +174,13 @@ def _bias_init(axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
 
 
 class ConvRR(nn.Module):
-    """Convolutional Residual Retrieval network (``docs/mrwe.md``).
+    """Convolutional residual retrieval: ``o = normalize(x + sf * pool(blocks(X)))`` with
+    ``num_blocks`` SAME 1-D convolutions of ``kernels`` (None: d'') kernels over
+    ``window_size`` words + ReLU, average pooling over the real words (``docs/mrwe.md``).
 
-    ``o = normalize(x + sf * pool(conv_blocks(X)))``: ``num_blocks`` blocks of a 1-D
-    convolution (``kernels`` = d'' kernels of ``window_size`` = ws words, SAME padding) and
-    ReLU over the word matrix X, average pooling over the real words, scaling by ``sf``,
-    residual addition to the text embedding x, unit l2 norm.
-
-    Padding: the word matrix is zeroed at padded positions before the first convolution and
-    after every block, so a padded position acts exactly like SAME's zero padding at the end
-    of the text, and the pooling divides by the number of real words; the output of a text
-    does not depend on how much padding its batch has. A text with no word gets pooled 0,
-    so its output is ``normalize(x)`` (0 for a zero x, with finite gradients).
-
-    With ``kernels`` != d'' a bias-free dense projection ``("mlp", "embed")`` maps the pooled
-    features back to d'' (our addition; the paper uses d'' kernels). The authors' code used
-    stride 2 and min-pooling in one variant; the paper's stride-1 convolution and average
-    pooling are what is implemented.
-
-    Attributes:
-      num_blocks: convolution + ReLU blocks (>= 1).
-      window_size: ws, words per kernel.
-      kernels: d'', number of kernels; None: the input width.
-      scale: sf, the constant residual scale.
+    Padded positions are zeroed around every block (output independent of the batch's
+    padding); no word gives ``normalize(x)``; ``kernels != d''`` adds a bias-free
+    projection back to d'' (our addition).
     """
 
     num_blocks: int = 1
@@ -298,9 +196,7 @@ class ConvRR(nn.Module):
         text = batch.text.astype(jnp.float32)
         dim = text.shape[-1]
         if batch.words.shape[-1] != dim:
-            raise ValueError(
-                f"word width {batch.words.shape[-1]} differs from text width {dim}"
-            )
+            raise ValueError(f"word width {batch.words.shape[-1]} differs from text width {dim}")
         if self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         features = dim if self.kernels is None else self.kernels
@@ -309,13 +205,9 @@ class ConvRR(nn.Module):
         for i in range(self.num_blocks):
             in_axis = "embed" if i == 0 else "conv_in"
             h = nn.Conv(
-                features,
-                kernel_size=(self.window_size,),
-                padding="SAME",
-                kernel_init=_kernel_init((None, in_axis, "mlp")),
-                bias_init=_bias_init(("mlp",)),
-                precision=jax.lax.Precision.HIGHEST,
-                name=f"conv_{i}",
+                features, kernel_size=(self.window_size,), padding="SAME",
+                kernel_init=_kernel_init((None, in_axis, "mlp")), bias_init=_bias_init(("mlp",)),
+                precision=jax.lax.Precision.HIGHEST, name=f"conv_{i}",
             )(h)
             h = nn.relu(h) * keep
         pooled = masked_mean(h, batch.mask)
@@ -328,19 +220,9 @@ class ConvRR(nn.Module):
 
 
 class FCRR(nn.Module):
-    """Fully Connected Residual Retrieval network (``docs/mrwe.md``).
-
-    ``num_blocks`` residual blocks on the text vector, each
-    ``x <- x + sf * W2 dropout(relu(W1 x + b1)) + sf * b2`` (hidden width ``hidden``,
-    output width d''), then unit l2 norm. The word matrices are not used.
-
-    Attributes:
-      num_blocks: residual blocks (the authors' logged run: 2).
-      hidden: width of each block's ReLU layer.
-      scale: sf (the authors' logged run: 0.05).
-      dropout_rate: dropout after the ReLU (0 disables; needs a ``"dropout"`` rng when
-        ``deterministic=False``).
-    """
+    """Fully connected residual retrieval: ``num_blocks`` blocks
+    ``x <- x + sf * (W2 dropout(relu(W1 x + b1)) + b2)`` on the text vector, then unit norm
+    (dropout needs a ``"dropout"`` rng when ``deterministic=False``)."""
 
     num_blocks: int = 2
     hidden: int = 1024
@@ -369,15 +251,8 @@ class FCRR(nn.Module):
 
 
 class SiameseRetriever(nn.Module):
-    """The same tower for questions and paragraphs (the paper's Siamese set-up, ``docs/mrwe.md``).
-
-    ``question_only=True`` reproduces the authors' code: only questions go through the tower,
-    paragraphs keep their (unit-normalised) pre-trained text vectors.
-
-    Attributes:
-      tower: a :class:`ConvRR` or :class:`FCRR` (one parameter set for both sides).
-      question_only: see above.
-    """
+    """One tower for questions and paragraphs; ``question_only`` (the authors' code) leaves
+    paragraphs at their unit-normalised pre-trained vectors."""
 
     tower: nn.Module
     question_only: bool = False
@@ -389,17 +264,11 @@ class SiameseRetriever(nn.Module):
             return l2_normalize(batch.text.astype(jnp.float32))
         return self.tower(batch, deterministic=deterministic)
 
-    def __call__(
-        self, questions: TextBatch, paragraphs: TextBatch, *, deterministic: bool = True
-    ) -> tuple[jax.Array, jax.Array]:
-        """Returns ``(questions [b_q, d''], paragraphs [b_p, d''])`` float32 unit vectors."""
-        return (
-            self.encode(questions, True, deterministic=deterministic),
-            self.encode(paragraphs, False, deterministic=deterministic),
-        )
-
-
-# --------------------------------------------------------------------------- config -> model
+    def __call__(self, questions: TextBatch, paragraphs: TextBatch, *,
+                 deterministic: bool = True) -> tuple[jax.Array, jax.Array]:
+        """``(questions [b_q, d''], paragraphs [b_p, d''])`` float32 unit vectors."""
+        return (self.encode(questions, True, deterministic=deterministic),
+                self.encode(paragraphs, False, deterministic=deterministic))
 
 
 def with_words(config: ml_collections.ConfigDict) -> bool:
@@ -418,70 +287,39 @@ def build_model(config: ml_collections.ConfigDict) -> SiameseRetriever:
     return SiameseRetriever(tower=tower, question_only=bool(config.question_only))
 
 
-def text_batch(
-    batch: Mapping[str, jax.Array], prefix: str, names: Sequence[str], source_weights: Any,
-    source_aggregate: str, word_aggregate: str, words: bool,
-) -> TextBatch:
-    """One side of a batch as the tower's input: the multi-resolution ensemble on device.
-
-    :func:`ensemble_sources` of the per-source mixtures; with ``words`` the word matrices
-    ``[b, L, d'']`` are ensembled and pooled over the real words into the text vector, else
-    the pooled per-source vectors ``[b, d_j]`` are.
+def text_batch(features: jax.Array, mask: jax.Array | None, widths: Sequence[int],
+               source_weights: Any, source_aggregate: str, word_aggregate: str) -> TextBatch:
+    """One side's tower input from its per-source features side by side: ``f_ensemble``
+    on device, then (with a ``mask``) the pooling of the ensembled word matrices.
 
     Args:
-      batch: ``{prefix + name: [b, L, d_j] or [b, d_j], prefix + "mask": [b, L] bool}``.
-      prefix: ``"q_"`` or ``"p_"``.
-      source_weights: ``[n_sources]`` ``u``.
-
-    Returns:
-      :class:`TextBatch` (float32).
+      features: ``[b, L, sum_j d_j]`` word matrices (with ``mask [b, L]`` bool) or
+        ``[b, sum_j d_j]`` pooled vectors (``mask`` None); source j is the j-th
+        ``widths[j]`` columns. source_weights: ``[n_sources]`` u.
     """
     u = jnp.asarray(source_weights, jnp.float32)
-    parts = [batch[prefix + n] for n in names]
+    parts = jnp.split(features, np.cumsum(widths)[:-1].tolist(), axis=-1)
     mixed = ensemble_sources(parts, u, source_aggregate)
-    if not words:
+    if mask is None:
         return TextBatch(text=mixed)
-    mask = batch[prefix + "mask"]
     return TextBatch(text=pool_words(mixed, mask, word_aggregate), words=mixed, mask=mask)
 
 
-def side_inputs(batch: Mapping[str, jax.Array], prefix: str, features: FeatureSet,
-                config: ml_collections.ConfigDict) -> TextBatch:
-    """:func:`text_batch` with the features' sources, ``u`` and aggregates."""
-    return text_batch(batch, prefix, features.names, np.asarray(features.source_weights),
-                      features.source_aggregate, features.word_aggregate, with_words(config))
-
-
-def example_batch(features: FeatureSet, config: ml_collections.ConfigDict,
-                  rows: int = 1, width: int = 8) -> dict[str, np.ndarray]:
-    """Zero inputs of the right widths (parameter shapes do not depend on rows or width)."""
-    out: dict[str, np.ndarray] = {}
-    for prefix in SIDES:
-        for n in features.names:
-            dim = features.questions[n].dim
-            shape = (rows, width, dim) if with_words(config) else (rows, dim)
-            out[prefix + n] = np.zeros(shape, np.float32)
-        if with_words(config):
-            out[prefix + "mask"] = np.ones((rows, width), bool)
-    return out
+def side_inputs(features: jax.Array, mask: jax.Array | None, feature_set: FeatureSet) -> TextBatch:
+    """:func:`text_batch` with ``feature_set``'s widths, u and aggregates."""
+    return text_batch(features, mask, feature_set.widths,
+                      np.asarray(feature_set.source_weights), feature_set.source_aggregate,
+                      feature_set.word_aggregate)
 
 
 def init_fn(model: SiameseRetriever, features: FeatureSet, config: ml_collections.ConfigDict):
     """``rng -> params`` boxed with logical axis names (the ``Task``'s ``init_params``)."""
-    example = example_batch(features, config)
-    sides = [side_inputs(example, p, features, config) for p in SIDES]
+    width = sum(features.widths)
+    words = with_words(config)
+    x = np.zeros((1, 8, width) if words else (1, width), np.float32)
+    side = side_inputs(x, np.ones((1, 8), bool) if words else None, features)
 
     def init(rng):
-        return model.init(rng, *sides)["params"]
+        return model.init(rng, side, side)["params"]
 
     return init
-
-
-def encode_batch(model: SiameseRetriever, params: Any, batch: Mapping[str, jax.Array],
-                 features: FeatureSet, config: ml_collections.ConfigDict, *,
-                 deterministic: bool = True, rng: jax.Array | None = None
-                 ) -> tuple[jax.Array, jax.Array]:
-    """``(questions [b_q, d''], paragraphs [b_p, d''])`` float32 unit vectors of a batch."""
-    sides = [side_inputs(batch, p, features, config) for p in SIDES]
-    rngs = {"dropout": rng} if rng is not None else {}
-    return model.apply({"params": params}, *sides, deterministic=deterministic, rngs=rngs)

@@ -1,8 +1,4 @@
-"""ConvRR / FCRR as a ``Task``: P x K batches, the batch-hard triplet loss (``docs/mrwe.md``).
-
-``train(config, workdir)`` hands the task to ``embedding_core.run.run``, which owns the
-checks, the mesh, the sharded state, resume, the loop, evaluation and checkpoints.
-"""
+"""ConvRR / FCRR as a ``Task``: P x K batches, the batch-hard triplet loss (``docs/mrwe.md``)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,6 @@ import ml_collections
 from jax.sharding import Mesh
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
-from data_pipelines.word_features import FeatureSet, parse_list
 from embedding_core.contrastive import GradAccumulation, check_split
 from embedding_core.files import write_json
 from embedding_core.run import run
@@ -21,6 +16,7 @@ from embedding_core.task import Task
 from embedding_core.training import TrainState
 from mrwe_jax import data, evaluate
 from mrwe_jax.configs.default import validate_config
+from mrwe_jax.features.cache import FeatureSet, parse_list
 from mrwe_jax.inference import FEATURES_FILE, IDF_FILE, Retriever
 from mrwe_jax.loss import make_loss_fn
 from mrwe_jax.model import build_model, init_fn, with_words
@@ -44,11 +40,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
             f"{data_size} and the process count {jax.process_count()} (mesh "
             f"{dict(mesh.shape)}); choose a multiple of {data_size}")
     steps = int(config.get("grad_accum_steps", 1))
-    if steps > 1:
-        # Micro-batch j takes each device's j-th block of paragraphs and of their questions
-        # (embedding_core.contrastive.split_rows): P/data paragraphs per device must split.
-        check_split("grad_accum_steps", steps, P, mesh, chunk=False,
-                    what="paragraphs_per_batch")
+    if steps > 1:  # micro-batch j: each device's j-th block of paragraphs and questions
+        check_split("grad_accum_steps", steps, P, mesh, chunk=False, what="paragraphs_per_batch")
     if corpus is None or features is None:
         corpus, features = data.load_data(config)
     batches = data.PKBatches(
@@ -71,8 +64,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
         loss_fn=make_loss_fn(model, config, features), make_batches=batches.iterator,
         num_examples=len(batches.train_q), steps_per_epoch=batches.steps_per_epoch,
         global_batch_size=P * (1 + K), evaluate=evaluate_test_pool,
-        # Batch-hard mining then looks within a micro-batch (P / grad_accum_steps
-        # paragraphs), not the whole batch: docs/mrwe.md.
+        batch_spec=data.BATCH[config.tower],
+        # Batch-hard mining then looks within a micro-batch (docs/mrwe.md).
         grad_accumulation=GradAccumulation(),
         run_files={FEATURES_FILE: lambda path: write_json(path, features.recipe()),
                    IDF_FILE: lambda path: write_json(path, features.idf_table.to_json())},
@@ -82,16 +75,12 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
           stop_after: int | None = None, corpus: RetrievalCorpus | None = None,
           features: FeatureSet | None = None) -> TrainState:
-    """Trains (or resumes) ConvRR / FCRR on the training questions into ``workdir``.
-
-    Writes ``workdir/run_config.json``, ``features.json`` (sources, widths, resolved ``u``),
-    ``idf.json`` (the IDF table, so ``load`` needs no corpus), TensorBoard events and
-    orbax checkpoints with the data position (a killed run resumes with the same batches).
-    ``corpus`` and ``features`` may be passed to skip loading (tests, the demo). Nothing
-    here parses flags.
+    """Trains (or resumes) into ``workdir``: ``run_config.json``, ``features.json`` (the
+    recipe), ``idf.json`` (``load`` needs no corpus), TensorBoard events, checkpoints with
+    the data position. ``corpus`` / ``features``: skip loading them (tests, the demo).
 
     Raises:
-      ValueError: bad config (checked before compiling).
+      ValueError: a bad config (checked before anything is written or compiled).
       data_pipelines.errors.DataError: malformed SQuAD input (file and record).
       FileNotFoundError: a missing data file or model package.
     """

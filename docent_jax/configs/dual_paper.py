@@ -1,14 +1,6 @@
-"""DocEnt-Dual at the paper's scale: BERT-base on Amazon Movies & TV reviews, for pod slices.
-
-The paper (Zemlyanskiy et al., EACL 2021; ``docs/docent.md``) trains BERT-base on the
-Amazon Movies & TV reviews (reviews under 5 words and movies with under 5 reviews dropped,
-81,057 movies), entity = the Reviews2Movielens canonical ASIN, the movie's name removed from
-its reviews. It does not give batch size, steps or learning rates: those below are our
-choice for a v4-32-sized slice and are meant to be overridden.
-
-Nothing downloads at run time: pass a local BERT-base folder (``config.json``,
-``model.safetensors`` or ``flax_model.msgpack``, ``tokenizer.json`` / ``vocab.txt``) with
-``--config.model=/path/to/bert-base-uncased``, and your review files::
+"""DocEnt-Dual at the paper's scale: BERT-base on Amazon Movies & TV reviews, for pod slices
+(``docs/docent.md``). Batch, steps and rates are our choice for a v4-32 slice. Nothing
+downloads at run time: pass a local BERT-base folder and your review files::
 
   docent-jax train --config=docent_jax/configs/dual_paper.py --workdir=runs/dual \\
       --config.model=/models/bert-base-uncased \\

@@ -1,11 +1,6 @@
-"""DocEnt-Full at the paper's scale (BERT-base, Amazon reviews); see ``dual_paper.py`` for
-the data, the model folder to pass and the example command (``--config=...full_paper.py``).
-
-The input is ``[CLS] <entity> [SEP] sentence [SEP]`` (128 tokens in all), BERT's masking of
-word pieces (15%, at most 20 predictions a sequence, 80/10/10) and of the entity token;
-``L_MLM + lambda * L_E`` with lambda = 1. The entity rows (81,057, hidden width) and their
-softmax are split over the ``model`` mesh axis, as DocEnt-Dual's table.
-"""
+"""DocEnt-Full at the paper's scale (see ``dual_paper.py`` for data, model and command):
+``[CLS] <entity> [SEP] sentence [SEP]`` in 128 tokens, BERT's masking, ``L_MLM + L_E``; the
+81,057 entity rows and their softmax are split over ``model`` as Dual's table."""
 
 from docent_jax.configs import dual_paper
 

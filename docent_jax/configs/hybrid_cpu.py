@@ -1,10 +1,6 @@
-"""CPU-sized DocEnt-Hybrid preset for the SQuAD Wikipedia demo (2 cores).
-
-DocEnt-Hybrid: DocEnt-Dual's objective (same softmax, pooling, scale as ``dual_cpu.py``)
-plus the entity-conditioned MLM head on ``[f(s_-J)_t ; g(e)]``. The dual term sees the
-clean sentence (a second encoder pass: about twice Dual's step cost). The head starts with
-a 50-step head-only warm-up (MiniLM ships no MLM head; ``docs/docent.md``).
-"""
+"""DocEnt-Hybrid on the shipped SQuAD corpus, CPU-sized: ``dual_cpu.py`` plus the
+entity-conditioned MLM head on ``[f(s_-J)_t ; g(e)]`` (about twice Dual's step: the dual
+term encodes the clean sentence again), with a 50-step head-only warm-up."""
 
 from docent_jax.configs import dual_cpu
 

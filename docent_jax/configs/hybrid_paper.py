@@ -1,9 +1,5 @@
-"""DocEnt-Hybrid at the paper's scale (BERT-base, Amazon reviews); see ``dual_paper.py`` for
-the data, the model folder to pass and the example command (``--config=...hybrid_paper.py``).
-
-DocEnt-Dual's in-batch objective plus the MLM head on ``[f(s_-J)_t ; g(e)]``; the dual term
-encodes the clean sentence in a second pass (``hybrid_dual_input="clean"``).
-"""
+"""DocEnt-Hybrid at the paper's scale (see ``dual_paper.py``): Dual's in-batch objective plus
+the MLM head, the dual term on the clean sentence (``hybrid_dual_input="clean"``)."""
 
 from docent_jax.configs import dual_paper
 

@@ -1,10 +1,6 @@
-"""Supervised SimCSE baseline (Gao et al. 2021) trained by the same loop.
-
-``--config.train_data=snli`` trains on the shipped SNLI triplets, ``inli`` on INLI
-(premise, each entailment as a positive, the contradiction as hard negative);
-``--config.train_file=FILE`` on your own ``anchor, positive[, hard_negative]`` CSV or JSON
-Lines file (docs/data.md).
-"""
+"""Supervised SimCSE baseline (Gao et al. 2021) trained by the same loop: ``train_data``
+snli (shipped triplets) or inli, or ``train_file`` rows ``anchor, positive[,
+hard_negative]`` (docs/data.md)."""
 
 from dualcse_jax.configs import default
 

@@ -28,8 +28,20 @@ def open_files_under(folder: str) -> list[str]:
     return sorted(set(names))
 
 
+def _generous_distributed_timeouts() -> None:
+    """jax.distributed's start-up and shut-down barriers get 30 min instead of 5: on a
+    loaded machine one process may reach them long after the other (a hang guard only)."""
+    import functools
+
+    import jax
+
+    jax.distributed.initialize = functools.partial(
+        jax.distributed.initialize, initialization_timeout=1800, shutdown_timeout_seconds=1800)
+
+
 def main() -> None:
     overrides, workdir, coordinator, nproc, pid, out = sys.argv[1:]
+    _generous_distributed_timeouts()
     from dualcse_jax import trainer
     from dualcse_jax.configs import default
 

@@ -210,8 +210,8 @@ def test_missing_file_and_unknown_list_field(tmp_path):
 
 def test_gs_uris_read_like_local_files(gcs_emulator):
     from data_pipelines import squad
-    from data_pipelines.paths import absolute_data_paths
     from embedding_core import storage
+    from embedding_core.storage import absolute_data_paths
 
     bucket = "gs://test-bucket/own_data"
     for name in ("my_pairs.csv", "my_simcse.jsonl", "my_docs.jsonl", "my_queries.jsonl",

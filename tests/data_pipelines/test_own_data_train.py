@@ -30,7 +30,7 @@ def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir, capsys):
          f"--config.model={tiny_bert_dir}", "--config.num_train_steps=2",
          "--config.batch_size=8", "--config.max_length=32", "--config.log_every=1",
          "--config.eval_every=2", "--config.eval_examples=8", f"--workdir={workdir}"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+        capture_output=True, text=True, timeout=1800, cwd=REPO,
         # One device (the tests' 8 fake ones cost compile time and add nothing here) and the
         # tests' persistent compile cache.
         env={**os.environ, "EMBEDDING_JAX_CACHE": str(tmp_path / "cache"), "XLA_FLAGS": "",

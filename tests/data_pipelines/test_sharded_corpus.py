@@ -43,8 +43,8 @@ def _config(model_dir, **extra):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, tiny_bert_dir):
     """(folder, manifest, in-memory table) of DualCSE-cross INLI rows, 8 shards."""
+    from data_pipelines.preprocess import run_preprocess
     from dualcse_jax import data
-    from embedding_core.preprocess import run_preprocess
 
     folder = tmp_path_factory.mktemp("sharded") / "corpus"
     config = _config(tiny_bert_dir)
@@ -87,7 +87,7 @@ def _assert_batches_equal(got, want):
 
 def test_preprocess_writes_shards_and_manifest(corpus, tiny_bert_dir):
     folder, manifest, table = corpus
-    from data_pipelines import dualcse_data
+    from dualcse_jax import tables as dualcse_data
 
     names = sorted(os.listdir(folder))
     shard_files = [n for n in names if ".array_record-" in n]
@@ -115,7 +115,7 @@ def test_preprocess_writes_shards_and_manifest(corpus, tiny_bert_dir):
 
 def test_streamed_batches_follow_the_order_and_equal_the_table(corpus, tiny_bert_dir):
     folder, manifest, table = corpus
-    from data_pipelines import dualcse_data
+    from dualcse_jax import tables as dualcse_data
 
     config = _config(tiny_bert_dir, train_shards=str(folder))
     streamed = _streamed(config, manifest)
@@ -219,7 +219,7 @@ def test_two_processes_train_on_their_own_shards(corpus, tiny_bert_dir, tmp_path
          str(tmp_path / f"host_{pid}.npz")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for pid in range(2)]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    outputs = [p.communicate(timeout=1800)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-4000:]
     hosts = [dict(np.load(tmp_path / f"host_{pid}.npz")) for pid in range(2)]
@@ -227,7 +227,7 @@ def test_two_processes_train_on_their_own_shards(corpus, tiny_bert_dir, tmp_path
     for pid, host in enumerate(hosts):
         assert int(host["process_index"]) == pid and int(host["local_devices"]) == 4
         assert host["open_files"].tolist() == shard_names[4 * pid:4 * pid + 4]
-    from data_pipelines import dualcse_data
+    from dualcse_jax import tables as dualcse_data
 
     in_memory = list(pipeline.make_batches(
         table, global_batch_size=BATCH, seed=SEED, num_steps=STEPS, pad_multiple=8,
@@ -245,11 +245,11 @@ def test_docent_preprocess_and_train_task_stream_the_shards(tmp_path, tiny_bert_
                                                            monkeypatch):
     """docent-jax's preprocess keeps the entities and queries beside the shards; its
     training task reads them from there (no sentence loaded) and streams the table's rows."""
+    from data_pipelines.preprocess import run_preprocess
     from docent_jax import data as docent_data
     from docent_jax import trainer
     from docent_jax.configs import default
     from embedding_core import parallel
-    from embedding_core.preprocess import run_preprocess
 
     words = ["river", "castle", "music", "engine", "forest"]
     tiny = docent_data.EntityData(

@@ -45,7 +45,7 @@ def test_import_is_light():
     code = (
         "import sys, data_pipelines, data_pipelines.inli, data_pipelines.snli, "
         "data_pipelines.impscore, data_pipelines.tokenization, data_pipelines.table, "
-        "data_pipelines.dualcse_data; "
+        "dualcse_jax.tables; "
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; "
         "assert 'flax' not in sys.modules and 'jax' not in sys.modules"
     )

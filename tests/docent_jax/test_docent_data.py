@@ -6,7 +6,7 @@ import pytest
 from data_pipelines import squad
 from data_pipelines.errors import DataError
 from data_pipelines.tokenization import load_tokenizer
-from docent_jax import data
+from docent_jax import corpus, data
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def articles():
 
 
 def test_paragraph_split_is_a_seeded_partition_of_each_article(articles):
-    train, held = data.paragraph_split(articles, 0.2, seed=0)
+    train, held = corpus.paragraph_split(articles, 0.2, seed=0)
     assert [a.title for a in train] == [a.title for a in held] == [a.title for a in articles]
     for a, t, h in zip(articles, train, held, strict=True):
         ids = [p.paragraph_id for p in a.paragraphs]
@@ -26,18 +26,18 @@ def test_paragraph_split_is_a_seeded_partition_of_each_article(articles):
         assert t_ids == [i for i in ids if i in set(t_ids)]  # file order kept
         n = len(ids)
         assert len(h_ids) == min(max(round(0.2 * n), 1), n - 1)
-    again = data.paragraph_split(articles, 0.2, seed=0)[1]
-    other = data.paragraph_split(articles, 0.2, seed=1)[1]
+    again = corpus.paragraph_split(articles, 0.2, seed=0)[1]
+    other = corpus.paragraph_split(articles, 0.2, seed=1)[1]
     key = lambda side: [[p.paragraph_id for p in a.paragraphs] for a in side]  # noqa: E731
     assert key(again) == key(held) != key(other)
     with pytest.raises(ValueError, match="heldout_fraction"):
-        data.paragraph_split(articles, 1.0, seed=0)
+        corpus.paragraph_split(articles, 1.0, seed=0)
 
 
 def test_heldout_queries_are_the_questions_of_heldout_paragraphs_only(articles):
     # One "sentence" per paragraph keeps this fast; the protocol does not depend on pySBD.
-    d = data.squad_entity_data(None, 0.2, 0, lambda text: [text])
-    train, held = data.paragraph_split(articles, 0.2, seed=0)
+    d = corpus.squad_entity_data(None, 0.2, 0, lambda text: [text])
+    train, held = corpus.paragraph_split(articles, 0.2, seed=0)
     assert d.entity_ids == [a.title for a in articles]
     expected = [(q.question, (i,)) for i, a in enumerate(held)
                 for p in a.paragraphs for q in p.questions]
@@ -61,18 +61,18 @@ def test_entity_sentence_table_carries_entity_ids(minilm_dir):
 
 def test_entity_id_files_round_trip_and_name_bad_lines(tmp_path):
     path = tmp_path / "ids.txt"
-    data.write_entity_ids(path, ["Super_Bowl_50", "Warsaw"])
-    assert data.read_entity_ids(path) == ["Super_Bowl_50", "Warsaw"]
+    corpus.write_entity_ids(path, ["Super_Bowl_50", "Warsaw"])
+    assert corpus.read_entity_ids(path) == ["Super_Bowl_50", "Warsaw"]
     path.write_text("a\n\nb\n")
     with pytest.raises(DataError, match=r"ids.txt:2: field 'entity_id': empty id"):
-        data.read_entity_ids(path)
+        corpus.read_entity_ids(path)
     path.write_text("a\nb\na\n")
     with pytest.raises(DataError, match=r":3: .*repeats line 1"):
-        data.read_entity_ids(path)
+        corpus.read_entity_ids(path)
     with pytest.raises(ValueError, match="line break"):
-        data.write_entity_ids(path, ["a\nb"])
+        corpus.write_entity_ids(path, ["a\nb"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        data.read_entity_ids(tmp_path / "missing.txt")
+        corpus.read_entity_ids(tmp_path / "missing.txt")
 
 
 def test_batches_name_the_entity_column_entity_ids(minilm_dir):
@@ -105,16 +105,16 @@ def test_entity_id_file_is_readable_by_others(tmp_path):
 
     old = os.umask(0o022)
     try:
-        data.write_entity_ids(tmp_path / "ids.txt", ["a", "b"])
+        corpus.write_entity_ids(tmp_path / "ids.txt", ["a", "b"])
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "ids.txt").stat().st_mode) == 0o644
 
 
 def test_a_resume_whose_data_names_other_entities_is_refused(tmp_path):
-    path = tmp_path / data.ENTITY_IDS_FILE
-    data.keep_entity_ids(path, ["a", "b", "c"])  # first start: written
-    data.keep_entity_ids(path, ["a", "b", "c"])  # same data: accepted
+    path = tmp_path / corpus.ENTITY_IDS_FILE
+    corpus.keep_entity_ids(path, ["a", "b", "c"])  # first start: written
+    corpus.keep_entity_ids(path, ["a", "b", "c"])  # same data: accepted
     with pytest.raises(ValueError, match="entities changed since this run started"):
-        data.keep_entity_ids(path, ["a", "c"])
-    assert data.read_entity_ids(path) == ["a", "b", "c"]  # nothing rewritten
+        corpus.keep_entity_ids(path, ["a", "c"])
+    assert corpus.read_entity_ids(path) == ["a", "b", "c"]  # nothing rewritten

@@ -68,12 +68,13 @@ def test_max_length_beyond_the_models_positions_is_refused(tiny_bert_dir):
 
 def test_train_saves_data_paths_absolute(tmp_path, monkeypatch):
     from docent_jax import main
+    from embedding_core import storage
 
     monkeypatch.chdir(tmp_path)
     config = importlib.import_module("docent_jax.configs.default").get_config()
     config.amazon_paths, config.mapping_path = "a.json.gz, sub/b.json", "m.csv"
     config.eval_reddit_path = "gs://bucket/r.json"
-    main._absolute_paths(config)
+    storage.absolute_data_paths(config, main.PROGRAM.data_files)
     assert config.amazon_paths == f"{tmp_path / 'a.json.gz'},{tmp_path / 'sub/b.json'}"
     assert config.mapping_path == str(tmp_path / "m.csv")
     assert config.eval_reddit_path == "gs://bucket/r.json" and config.squad_path == ""

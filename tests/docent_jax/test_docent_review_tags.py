@@ -18,11 +18,11 @@ import jax
 import numpy as np
 import pytest
 
-from data_pipelines import movielens
 from data_pipelines.errors import DataError
 from docent_jax import data as docent_data
 from docent_jax import review_data, tags, trainer
 from docent_jax.configs import default, validate_config
+from docent_jax.corpora import movielens
 from docent_jax.tag_finetune import FinetuneSettings, TagScorer, finetune_closed, finetune_open
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "docent_formats"

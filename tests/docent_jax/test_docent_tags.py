@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import label_ranking_average_precision_score, roc_auc_score
 
-from data_pipelines import movielens
 from docent_jax import tag_eval
+from docent_jax.corpora import movielens
 
 # ----------------------------------------------------------------------------- hand-worked
 

@@ -18,6 +18,7 @@ from docent_jax.configs import default
 from docent_jax.inference import EntityRanker
 from docent_jax.model import DocEntDual
 from embedding_core import export as export_lib
+from embedding_core import export_reader, serving
 from embedding_core.encoders import EncoderConfig
 from embedding_core.inference import Encoder
 
@@ -124,7 +125,7 @@ def test_export_views_equal_entity_embeddings_and_encode(trained, tmp_path, monk
     monkeypatch.setattr(export_lib.EmbeddingWriter, "write", spy)
     out = workflows.export_workdir(workdir, tmp_path / "exp", input_path=queries, block_rows=2)
     assert sizes[:3] == [(0, 2), (2, 2), (4, 1)]  # the table streams in blocks
-    views = export_lib.load_export(out)
+    views = export_reader.load_export(out)
     assert sorted(views) == ["entities", "queries"]
     ranker = load(workdir)
     entities, ids, meta = views["entities"]
@@ -169,16 +170,18 @@ def test_large_table_export_holds_one_block_at_a_time(tmp_path, monkeypatch):
     original = export_lib.EmbeddingWriter.write
     monkeypatch.setattr(export_lib.EmbeddingWriter, "write", lambda self, start, blocks, ids_:
                         (largest.append(len(ids_)), original(self, start, blocks, ids_))[1])
-    workflows.export_entities(ranker, tmp_path / "big", block_rows=4096)
+    ranker.block_rows = 4096
+    serving.export(lambda: ranker, tmp_path / "big")
     assert max(largest) == 4096 and sum(largest) == n
-    vectors, read_ids, _ = export_lib.load_view(tmp_path / "big", mmap_mode="r")
+    vectors, read_ids, _ = export_reader.load_view(tmp_path / "big" / "entities",
+                                                   mmap_mode="r")
     assert read_ids == ids
     np.testing.assert_array_equal(vectors, table[:n])  # padding rows dropped
 
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "docent_jax.main", *args],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+                          capture_output=True, text=True, timeout=1800, cwd=REPO)
 
 
 def test_cli_export_with_input_writes_both_views(trained, tmp_path):
@@ -187,7 +190,7 @@ def test_cli_export_with_input_writes_both_views(trained, tmp_path):
     proc = _cli("export", f"--workdir={workdir}", f"--output={tmp_path / 'o'}",
                 f"--input={tmp_path / 'q.txt'}")
     assert proc.returncode == 0, proc.stderr
-    views = export_lib.load_export(tmp_path / "o")
+    views = export_reader.load_export(tmp_path / "o")
     assert views["entities"][0].shape == (5, 32) and views["queries"][1] == ["castle", "river"]
     (tmp_path / "bad.txt").write_text("castle\n\nriver\n", encoding="utf-8")
     proc = _cli("export", f"--workdir={workdir}", f"--output={tmp_path / 'o2'}",
@@ -289,7 +292,7 @@ def test_mlm_variants_load_score_and_export(trained_mlm, tmp_path, monkeypatch):
     monkeypatch.setattr(docent_data, "load_data", lambda config: pytest.fail("data loaded"))
     out = tmp_path / "out"
     workflows.export_workdir(workdir, out)
-    views = export_lib.load_export(out)
+    views = export_reader.load_export(out)
     emb, ids, meta = views["entities"]
     np.testing.assert_array_equal(emb, table)
     assert ids == ENTITIES and meta["model"] == f"DocEnt-{variant.capitalize()}"

@@ -14,7 +14,7 @@ from docent_jax.configs import default
 from docent_jax.inference import EntityRanker
 from docent_jax.model import DocEntFull
 from embedding_core import export as export_lib
-from embedding_core import parallel
+from embedding_core import export_reader, parallel
 from embedding_core.encoders import EncoderConfig
 
 WORDS = ["river", "castle", "music", "engine", "forest"]
@@ -132,9 +132,9 @@ def test_export_streams_the_split_table_shard_by_shard(runs, tmp_path, monkeypat
         return original(self, start, blocks, ids)
 
     monkeypatch.setattr(export_lib.EmbeddingWriter, "write", spy)
-    whole = export_lib.load_export(workflows.export_workdir(workdir, tmp_path / "one"))
+    whole = export_reader.load_export(workflows.export_workdir(workdir, tmp_path / "one"))
     sizes.clear()
-    split = export_lib.load_export(workflows.export_workdir(workdir, tmp_path / "eight",
+    split = export_reader.load_export(workflows.export_workdir(workdir, tmp_path / "eight",
                                                             mesh_model=8))
     assert sizes == [(0, 2), (2, 2), (4, 1)]  # 2 rows a device; padding rows never read
     np.testing.assert_array_equal(split["entities"][0], whole["entities"][0])

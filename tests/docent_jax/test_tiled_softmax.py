@@ -20,7 +20,7 @@ import pytest
 
 from docent_jax.configs import default, dual_paper, full_paper, validate_config
 from docent_jax.loss import union_cross_entropy
-from embedding_core import losses, parallel
+from embedding_core import parallel, vocab_softmax
 
 REPO = Path(__file__).resolve().parents[2]
 B, ROWS, D, CLASSES, BLOCK = 16, 64, 8, 45, 3
@@ -87,7 +87,7 @@ def tiled_results(inputs):
             mesh = parallel.make_mesh(data, model)
 
             def tiled(q, w, b, s, cosine):
-                stats = losses.vocab_parallel_logsumexp(
+                stats = vocab_softmax.vocab_parallel_logsumexp(
                     q, w, jnp.asarray(targets), mesh, s, bias=b, cosine=cosine,
                     num_classes=CLASSES, block_size=BLOCK)
                 return jnp.mean(stats.logsumexp - stats.target_logit), stats.max_logit
@@ -193,7 +193,7 @@ def test_block_size_is_validated_before_compile(inputs):
     queries, table, bias, targets = inputs
     mesh = parallel.make_mesh(2, 4)
     with pytest.raises(ValueError, match="block_size must be >= 0"):
-        losses.vocab_parallel_logsumexp(jnp.asarray(queries), jnp.asarray(table),
+        vocab_softmax.vocab_parallel_logsumexp(jnp.asarray(queries), jnp.asarray(table),
                                         jnp.asarray(targets), mesh, 1.0, block_size=-1)
     config = default.get_config()
     assert config.vocab_block_size == 0

@@ -6,11 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from data_pipelines import dualcse_data, inli, pipeline
-from data_pipelines.dualcse_data import length_groups
+from data_pipelines import inli, pipeline
 from data_pipelines.tokenization import load_tokenizer
+from dualcse_jax import tables as dualcse_data
 from dualcse_jax.configs import default
-from dualcse_jax.model import Pooler, build_model, init_fn, model_inputs
+from dualcse_jax.data import model_inputs
+from dualcse_jax.model import Pooler, build_model, init_fn
+from dualcse_jax.tables import length_groups
 from embedding_core.pretrained import load_pretrained
 
 

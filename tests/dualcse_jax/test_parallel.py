@@ -16,8 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from data_pipelines import dualcse_data, inli, pipeline
+from data_pipelines import inli, pipeline
 from data_pipelines.tokenization import load_tokenizer
+from dualcse_jax import tables as dualcse_data
 from dualcse_jax.configs import default
 from dualcse_jax.model import build_model, init_fn, pretrained_paths
 from dualcse_jax.trainer import make_loss_fn
@@ -118,7 +119,7 @@ def test_two_processes_match_single_process(tmp_path, tiny_bert_dir, dualcse_tin
              str(tmp_path / f"params_{pid}.npz")],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for pid in range(2)]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    outputs = [p.communicate(timeout=1800)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-4000:]
 

@@ -14,7 +14,7 @@ from dualcse_jax.configs import default
 from tests import shared_runs
 
 
-def _cli(*args, timeout=600, check=True):
+def _cli(*args, timeout=1800, check=True):
     cmd = [sys.executable, "-m", "dualcse_jax.main", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if check and out.returncode != 0:
@@ -47,7 +47,7 @@ STEPS = shared_runs.DUALCSE_TINY["num_train_steps"]
 
 def test_export_equals_fresh_encode(tmp_path, uninterrupted):
     from data_pipelines import inli
-    from embedding_core.export import load_export
+    from embedding_core.export_reader import load_export
 
     sentences = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))[:37]]
     src = tmp_path / "sentences.txt"
@@ -81,7 +81,7 @@ def test_short_run_loads_encodes_and_exports(tmp_path, uninterrupted):
     unit-norm float32 row per text, and an export whose two views equal ``encode`` of the
     same texts."""
     from dualcse_jax import load, workflows
-    from embedding_core.export import load_export
+    from embedding_core.export_reader import load_export
 
     workdir = uninterrupted
     model = load(workdir)
@@ -117,9 +117,10 @@ def test_short_run_loads_encodes_and_exports(tmp_path, uninterrupted):
 
 
 @pytest.mark.parametrize("content,expect,cli", [
-    (b"A fine sentence.\n\nAnother.\n", ":2: field 'sentence': empty sentence", True),
+    # embedding_core.serving.export reads --input for every model: a line is a 'text'.
+    (b"A fine sentence.\n\nAnother.\n", ":2: field 'text': empty text", True),
     # The same path in this process: the CLI's one-line report is the case above.
-    (b"ok\n\xff\xfe bad\n", ":2: field 'sentence': invalid UTF-8", False),
+    (b"ok\n\xff\xfe bad\n", ":2: field 'text': invalid UTF-8", False),
 ])
 def test_export_bad_input_names_line_and_writes_nothing(tmp_path, uninterrupted, content, expect,
                                                         cli):

@@ -12,7 +12,7 @@ import pytest
 
 from data_pipelines.inli import INLIExample
 from dualcse_jax import evaluate
-from dualcse_jax.configs import RTE_SCORE_RULES, default, validate_config
+from dualcse_jax.configs import RTE_SCORE_RULES, default
 
 
 def _cuts(values):
@@ -91,7 +91,7 @@ def test_unknown_rule_is_refused_and_the_flag_parses():
     config = default.get_config()
     config.eval_rte_score_rule = "u"
     with pytest.raises(ValueError, match="config.eval_rte_score_rule='u'"):
-        validate_config(config)
+        default.validate(config)
 
 
 class FakeEmbedder:

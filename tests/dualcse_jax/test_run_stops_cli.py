@@ -23,7 +23,7 @@ DIVERGING = ["--config=dualcse_jax/configs/cross_cpu.py", "--config.log_every=3"
 
 def _train(*args):
     return subprocess.run([sys.executable, "-m", "dualcse_jax.main", "train", *args],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1800)
 
 
 def test_a_diverging_run_ends_with_one_line_and_keeps_a_finite_checkpoint(

@@ -77,8 +77,9 @@ def test_sibling_entailment_leaves_the_denominator():
 
 
 def test_inli_table_marks_siblings_by_anchor_identity(minilm_dir):
-    from data_pipelines import dualcse_data, inli
+    from data_pipelines import inli
     from data_pipelines.tokenization import load_tokenizer
+    from dualcse_jax import tables as dualcse_data
 
     rows = inli.read_inli(inli.inli_split_path("val"))[:3]
     table = dualcse_data.simcse_table_from_inli(rows, load_tokenizer(minilm_dir), 32)

@@ -91,9 +91,21 @@ def gather_checks() -> dict:
             "error": error}
 
 
+def _generous_distributed_timeouts() -> None:
+    """jax.distributed's start-up and shut-down barriers get 30 min instead of 5: on a
+    loaded machine one process may reach them long after the other (a hang guard only)."""
+    import functools
+
+    import jax
+
+    jax.distributed.initialize = functools.partial(
+        jax.distributed.initialize, initialization_timeout=1800, shutdown_timeout_seconds=1800)
+
+
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as f:
         spec = json.load(f)
+    _generous_distributed_timeouts()
     from embedding_core import parallel
 
     parallel.maybe_initialize_distributed(spec["coordinator"], spec["num_processes"],

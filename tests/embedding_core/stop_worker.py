@@ -3,8 +3,12 @@
 ``python stop_worker.py WORKDIR NUM_STEPS SLOW_FROM``: trains ``y = x @ [1, 2, 3, 4]`` with
 ``embedding_core.run.run`` inside ``cli.user_errors`` (so the exit code is the CLI's). When
 the loop asks for the batch of step ``SLOW_FROM`` or later it prints ``READY <step>`` once
-on stdout and then takes 0.05 s per batch, so a test can signal it mid-run; a negative
-``SLOW_FROM`` prints ``READY load`` while the task loads its data (start-up) and waits there.
+on stdout and waits there until the file ``WORKDIR.go`` exists (then takes 0.05 s per
+batch); a negative ``SLOW_FROM`` prints ``READY load`` while the task loads its data
+(start-up), waits there for ``WORKDIR.go`` the same way and prints ``LOADED`` once the load
+ends. A test signals the worker after ``READY`` and only then creates ``WORKDIR.go``
+(:func:`release`): the signal is always handled at that point of the run, however slowly a
+loaded machine runs either process, and no outcome depends on a wall-clock time.
 ``test_run_stops.py`` imports ``make_task`` and ``config`` for its uninterrupted reference.
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -31,6 +36,24 @@ class Linear(nn.Module):
         return (x @ w)[:, 0]
 
 
+def go_file(workdir) -> Path:
+    """The file whose creation lets a waiting worker go on (beside its workdir, which a
+    test checks for files the run wrote)."""
+    return Path(f"{workdir}.go")
+
+
+def release(workdir) -> None:
+    """Lets the worker training into ``workdir`` go on from where it printed ``READY``."""
+    go_file(workdir).touch()
+
+
+def _wait_for(go: Path) -> None:
+    # A signal sent before ``go`` was created interrupts the sleep (or arrives with the
+    # stat that finds ``go``): its handler has run before this returns.
+    while not go.exists():
+        time.sleep(0.01)
+
+
 def config(num_steps: int, **overrides):
     c = configs.base()
     c.batch_size = BATCH
@@ -45,8 +68,10 @@ def config(num_steps: int, **overrides):
     return c
 
 
-def make_task(slow_from: int | None = None, on_slow=None):
-    """The task; ``on_slow(step)`` (default: print ``READY step``) runs once at ``slow_from``."""
+def make_task(slow_from: int | None = None, on_slow=None, go: Path | None = None):
+    """The task; ``on_slow(step)`` (default: print ``READY step``, then wait until the file
+    ``go`` exists when given) runs once at ``slow_from``; a negative ``slow_from`` prints
+    ``READY load`` in the data load and waits for ``go`` there (``LOADED`` when it ends)."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(ROWS, DIM)).astype(np.float32)
     y = x @ np.arange(1, DIM + 1, dtype=np.float32)
@@ -59,6 +84,8 @@ def make_task(slow_from: int | None = None, on_slow=None):
                 if not told:
                     if on_slow is None:
                         print(f"READY {step}", flush=True)
+                        if go is not None:
+                            _wait_for(go)
                     else:
                         on_slow(step)
                     told = True
@@ -72,9 +99,11 @@ def make_task(slow_from: int | None = None, on_slow=None):
         return jnp.mean(err ** 2), {}
 
     def make(config, mesh):
-        if slow_from is not None and slow_from < 0:  # start-up: the data "loads" for 60 s
+        if slow_from is not None and slow_from < 0:  # start-up: the data "loads" until go
             print("READY load", flush=True)
-            time.sleep(60)
+            if go is not None:
+                _wait_for(go)
+            print("LOADED", flush=True)
         return Task(name="linear", init_params=lambda k: model.init(k, x[:1])["params"],
                     loss_fn=loss_fn, make_batches=make_batches, num_examples=ROWS,
                     steps_per_epoch=ROWS // BATCH, global_batch_size=BATCH)
@@ -88,5 +117,5 @@ if __name__ == "__main__":
 
     workdir, num_steps, slow_from = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     with user_errors("stop-worker", "train"):
-        run(make_task(slow_from), config(num_steps), workdir)
+        run(make_task(slow_from, go=go_file(workdir)), config(num_steps), workdir)
     print("DONE", flush=True)

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from data_pipelines import dualcse_data
+from dualcse_jax import tables as dualcse_data
 from embedding_core import configs, contrastive, parallel, training
 from embedding_core.encoders import EncoderConfig
 from embedding_core.run import run
@@ -124,8 +124,8 @@ def _dualcse(architecture, dropout):
     c.pooling = "mean" if architecture == "simcse" else "cls"
     model = build_model(c, TINY)
 
-    def make_loss(chunk):
-        c.contrastive_chunk_size = chunk
+    def make_loss(chunk):  # the encoder (GradCache) and the loss's query rows chunked
+        c.contrastive_chunk_size = c.loss_chunk_size = chunk
         return make_loss_fn(model, c)
 
     return make_loss, init_fn(model)

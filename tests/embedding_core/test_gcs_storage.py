@@ -182,7 +182,8 @@ def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path, monkeypatch):
 
 
 def test_export_to_gs_round_trips_and_a_failed_export_leaves_nothing(gcs_emulator):
-    from embedding_core.export import ExportFolder, load_export
+    from embedding_core.export import ExportFolder
+    from embedding_core.export_reader import load_export
 
     vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
     ids = ["a", "b", "c"]
@@ -225,10 +226,10 @@ def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, dualcse_tiny_run, t
     uninterrupted run (the session's shared run of the same config, tests/shared_runs.py,
     whose compiled step the CLI and the resume read from the compile cache); export to
     gs:// and read it back with load_export."""
-    from data_pipelines.paths import absolute_data_paths
     from dualcse_jax import load, workflows
     from dualcse_jax.configs import DATA_FILES, default
-    from embedding_core.export import load_export
+    from embedding_core.export_reader import load_export
+    from embedding_core.storage import absolute_data_paths
 
     assert dualcse_tiny_run.overrides["num_train_steps"] == 3
     # Checkpoints at every step (kept): where the run saves does not change its parameters.
@@ -271,7 +272,7 @@ def test_docent_on_gs_killed_resumed_exported(gcs_emulator, docent_tiny_run, tmp
     run, tests/shared_runs.py, trained on a local copy of them, is the reference)."""
     from docent_jax import load, trainer, workflows
     from docent_jax.configs import default
-    from embedding_core.export import load_export
+    from embedding_core.export_reader import load_export
     from tests.shared_runs import DOCENT_DOCS, DOCENT_WORDS
 
     storage.as_path(f"{BUCKET}/docs.jsonl").write_text(DOCENT_DOCS)

@@ -237,7 +237,7 @@ def test_bi_views_equal_encode(bi):
 
 def test_docent_queries_and_entities(docent):
     from docent_jax import load
-    from embedding_core.export import load_view
+    from embedding_core.export_reader import load_view
 
     workdir, out = docent
     ranker = load(workdir)
@@ -287,7 +287,7 @@ def test_transformers_loads_every_folder_without_jax(cross, bi, docent, tmp_path
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
     done = subprocess.run([sys.executable, "-c", script, json.dumps([folders, TEXTS[:2]])],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+                          capture_output=True, text=True, timeout=1800, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["ok", "4"]
 
@@ -355,10 +355,10 @@ def test_cli_export_hf_is_wired_and_refuses_a_used_output_in_one_line(tmp_path):
     (out / "keep.txt").write_text("mine")
     done = subprocess.run([sys.executable, "-m", "dualcse_jax.main", "export-hf",
                            f"--workdir={tmp_path / 'no_run'}", f"--output={out}"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=1800)
     assert done.returncode == 1, done.stderr
     assert f"export-hf: error: --output {out} exists and is not an empty folder" in done.stderr
     assert "Traceback" not in done.stderr
     done = subprocess.run([sys.executable, "-m", "docent_jax.main", "export-hf",
-                           f"--workdir={tmp_path}"], capture_output=True, text=True, timeout=300)
+                           f"--workdir={tmp_path}"], capture_output=True, text=True, timeout=1800)
     assert done.returncode == 1 and "export-hf needs --output=DIR" in done.stderr

@@ -1,5 +1,5 @@
 """Logical-axis rules in the config, fitted to the mesh; ranking and reading a row-sharded
-table on device (embedding_core.parallel, configs, table_ranking, export.iter_row_blocks)."""
+table on device (embedding_core.parallel, configs, table_ranking, parallel.iter_row_blocks)."""
 
 import logging
 
@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embedding_core import configs, metrics, parallel, table_ranking
-from embedding_core.export import iter_row_blocks
+from embedding_core.parallel import iter_row_blocks
 
 
 def _mesh(data, model):

@@ -118,7 +118,7 @@ def _spec(root: Path, name: str, nproc: int, pid: int, port: int) -> dict:
 
 
 def _same_export(multi: Path, single: Path) -> None:
-    from embedding_core.export import load_export
+    from embedding_core.export_reader import load_export
 
     a, b = load_export(multi), load_export(single)
     assert sorted(a) == sorted(b)
@@ -164,7 +164,7 @@ def test_two_processes_split_the_work_and_write_one_file_set(workdirs):
     # The reference: this process alone (8 devices), while the two run.
     reference = worker.run(_spec(root, "single", 1, 0, port))
     for p in procs:
-        out = p.communicate(timeout=600)[0]
+        out = p.communicate(timeout=1800)[0]
         assert p.returncode == 0, out[-4000:]
     multi, single = root / "multi", root / "single"
     reports = [json.loads((multi / f"report_{pid}.json").read_text()) for pid in range(2)]

@@ -138,7 +138,7 @@ def test_bad_shared_config_is_refused_before_anything_runs(tmp_path):
                                 ("log_every", 0, "log_every"),
                                 ("learning_rate", 0.0, "learning_rate"),
                                 ("learning_rate", float("inf"), "learning_rate must be a "
-                                 "finite positive number, got inf"),
+                                 "finite number, got inf"),
                                 ("grad_clip_norm", float("nan"), "grad_clip_norm must be a "
                                  "finite number")):
         with pytest.raises(ValueError, match=match):

@@ -22,6 +22,30 @@ _spec = importlib.util.spec_from_file_location(
 worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
 
+HANG_GUARD_S = 1800  # only against a hang: no check depends on how fast the machine runs
+
+
+class _StoppedClock:
+    """``run_lock``'s ``time`` module with its clock stopped at ``now``: the ages it reports
+    are exactly the planted ones, however long the test takes between two lines."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def _until(condition, what: str) -> None:
+    """Waits for the heartbeat thread to make ``condition()`` true (its next beat)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {HANG_GUARD_S} s"
+        time.sleep(0.01)
+
 
 def _plant(workdir: Path, **fields) -> dict:
     """Writes a lock record as another run would have left it."""
@@ -56,12 +80,14 @@ def test_a_second_run_is_refused_until_the_first_releases(tmp_path):
         assert again.read()["token"] == again.token
 
 
-def test_stale_locks_are_taken_over_live_ones_are_not(tmp_path, caplog):
+def test_stale_locks_are_taken_over_live_ones_are_not(tmp_path, caplog, monkeypatch):
+    now = time.time()
+    monkeypatch.setattr(run_lock, "time", _StoppedClock(now))
     lock = run_lock.WorkdirLock(tmp_path, stale_after_s=300)
-    _plant(tmp_path, heartbeat=time.time() - 10)  # another machine, heartbeat fresh
+    _plant(tmp_path, heartbeat=now - 10)  # another machine, heartbeat fresh
     with pytest.raises(WorkdirInUseError, match="pid 4321, .*heartbeat 10 s ago"):
         lock.acquire()
-    _plant(tmp_path, heartbeat=time.time() - 301)  # another machine, silent for too long
+    _plant(tmp_path, heartbeat=now - 301)  # another machine, silent for too long
     with caplog.at_level("WARNING"):
         lock.acquire()
     assert "its last heartbeat was 301 s ago (over 300 s)" in caplog.text
@@ -92,11 +118,20 @@ def test_the_heartbeat_refreshes_and_a_taken_over_run_stops(tmp_path):
     lock.acquire()
     try:
         beat = lock.read()["heartbeat"]
-        time.sleep(0.4)
+        _until(lambda: lock.read()["heartbeat"] > beat, "no heartbeat refreshed the lock")
         assert lock.read()["heartbeat"] > beat
         lock.check()  # still ours: no error
-        _plant(tmp_path, token="thief", host="other-host", pid=99)
-        time.sleep(0.4)
+        thief = {"token": "thief", "host": "other-host", "pid": 99}
+        _plant(tmp_path, **thief)
+
+        def noticed() -> bool:
+            # The next beat reads the thief's record and marks the lock lost; a beat that
+            # had read the lock just before the plant rewrites it once: plant it again.
+            if lock.lost is None and lock.read()["token"] != "thief":
+                _plant(tmp_path, **thief)
+            return lock.lost is not None
+
+        _until(noticed, "the heartbeat never noticed the take-over")
         with pytest.raises(WorkdirInUseError, match="host other-host, pid 99.*stops without"):
             lock.check()
     finally:

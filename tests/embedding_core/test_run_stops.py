@@ -19,6 +19,9 @@ from embedding_core import parallel, run_control, training
 from embedding_core.run import run
 
 WORKER = Path(__file__).with_name("stop_worker.py")
+# A hang guard only: what a test checks never depends on how fast the machine is (the
+# worker waits for the test's signal at a fixed point of its run, stop_worker.py).
+HANG_GUARD_S = 1800
 _spec = importlib.util.spec_from_file_location("stop_worker", WORKER)
 worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
@@ -130,7 +133,8 @@ def test_sigterm_saves_and_exits_75(tmp_path):
     workdir, steps = tmp_path / "w", 40
     proc = _start(workdir, steps, slow_from=3)  # steps 1-3 ran; SIGTERM mid-run
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    worker.release(workdir)  # the loop goes on only now, the signal handled
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == run_control.EXIT_PREEMPTED == 75, err[-3000:]
     line = _last_line(err)
     assert line.startswith("stop-worker train: preempted (SIGTERM) at step "), line
@@ -144,8 +148,12 @@ def test_sigterm_during_start_up_exits_75_at_once(tmp_path):
     workdir = tmp_path / "w"
     proc = _start(workdir, 10, slow_from=-1)  # the task is loading its data
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    # The load may end now: a run that waited for it (instead of stopping at once) would
+    # print LOADED and go on to its first step, whatever the machine's speed.
+    worker.release(workdir)
+    out, err = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 75, err[-3000:]
+    assert "LOADED" not in out, out  # stopped in the load, not after it
     assert _last_line(err) == ("stop-worker train: preempted (SIGTERM) before the first step "
                                "(nothing to save); run the same command to resume (exit "
                                "code 75)")

@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedding_core import losses, parallel, training
+from embedding_core import parallel, training, vocab_softmax
 from embedding_core.table_update import (
     TABLE_STATS,
     FusedTableUpdate,
@@ -52,7 +52,7 @@ def _run(problem, data, model, fused):
     def loss_fn(p, x):
         q = x @ p["proj"]["kernel"] + p["proj"]["bias"]
         scale = jnp.exp(p["log_scale"])
-        stats = losses.vocab_parallel_logsumexp(q, p["table"], t, mesh, scale,
+        stats = vocab_softmax.vocab_parallel_logsumexp(q, p["table"], t, mesh, scale,
                                                 num_classes=CLASSES, block_size=BLOCK,
                                                 table_gradient=not fused)
         metrics = {}

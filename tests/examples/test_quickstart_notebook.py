@@ -42,7 +42,7 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     work = tmp_path / "run"
     work.mkdir()
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=600,
+    client = nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=1800,
                                      resources={"metadata": {"path": str(work)}})
     client.execute(env=_kernel_env())
 

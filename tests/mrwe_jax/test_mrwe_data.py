@@ -11,11 +11,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from data_pipelines import word_features
-from data_pipelines import word_sources as ws
 from data_pipelines.errors import DataError
 from data_pipelines.retrieval_corpus import load_corpus
 from mrwe_jax import data
+from mrwe_jax.features import cache as word_features
+from mrwe_jax.features import sources as ws
 
 WORDS = ("river city music king war film school church energy water law team army ship "
          "bird tree gold light stone north").split()
@@ -115,7 +115,7 @@ def test_cli_reports_the_bad_record(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "mrwe_jax.main", "train", f"--workdir={tmp_path / 'w'}",
          f"--config.squad_path={path}", "--config.sources=tfidf"],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2],
+        capture_output=True, text=True, timeout=1800, cwd=Path(__file__).parents[2],
         env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 1
     assert "mrwe-jax train: error: " in proc.stderr and str(path) in proc.stderr
@@ -220,10 +220,10 @@ def test_pk_batches_hold_paragraphs_and_their_questions(tmp_path, monkeypatch):
         np.testing.assert_array_equal(b["q_mask"].sum(1), lengths)
         f = feats.questions["tfidf"]
         i = int(q_idx[1])
-        np.testing.assert_array_equal(b["q_tfidf"][1, :lengths[1]],
+        np.testing.assert_array_equal(b["q_features"][1, :lengths[1]],
                                       f.words[f.offsets[i]:f.offsets[i + 1]])
-        assert not b["q_tfidf"][~b["q_mask"]].any()
-        assert b["p_tfidf"].shape[1] in (64, 128)
+        assert not b["q_features"][~b["q_mask"]].any()
+        assert b["p_features"].shape[1] in (64, 128)
     assert len(seen) == 4 * batches.steps_per_epoch  # an epoch visits paragraphs once
     # Deterministic per (seed, step): a resumed iterator gives the same batches.
     it = batches.iterator(start_step=3)
@@ -238,5 +238,6 @@ def test_pk_batches_hold_paragraphs_and_their_questions(tmp_path, monkeypatch):
     # Without words: pooled vectors only.
     vb = data.PKBatches(feats, corpus.question_paragraph, corpus.train_questions,
                         P=4, K=2, seed=5, with_words=False).batch(0)
-    assert "q_mask" not in vb and vb["q_tfidf"].shape == (8, 8)
-    np.testing.assert_array_equal(vb["p_tfidf"], feats.paragraphs["tfidf"].vectors[vb["p_label"]])
+    assert "q_mask" not in vb and vb["q_features"].shape == (8, 8)
+    np.testing.assert_array_equal(vb["p_features"],
+                                  feats.paragraphs["tfidf"].vectors[vb["p_label"]])

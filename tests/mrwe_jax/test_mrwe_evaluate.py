@@ -5,9 +5,9 @@ import pytest
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.squad import SquadSkips
-from data_pipelines.word_features import FeatureSet, TextFeatures
-from data_pipelines.word_sources import IdfTable
 from mrwe_jax import data, evaluate
+from mrwe_jax.features.cache import FeatureSet, TextFeatures
+from mrwe_jax.features.sources import IdfTable
 
 KS = (1, 2, 3, 5, 10)
 

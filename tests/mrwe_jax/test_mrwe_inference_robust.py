@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import mrwe_jax
-from data_pipelines import word_sources as ws
 from data_pipelines.retrieval_corpus import load_corpus
-from data_pipelines.word_features import FeatureSet
 from mrwe_jax import data, inference, trainer
 from mrwe_jax.configs import default
+from mrwe_jax.features import sources as ws
+from mrwe_jax.features.cache import FeatureSet
 from mrwe_jax.model import build_model, init_fn
 
 VOCAB = ("river city music king war film school church energy water law team army ship "
@@ -153,7 +153,7 @@ def test_best_window_equals_the_dense_score_table():
 @pytest.mark.parametrize("tower", ["convrr", "fcrr"])
 def test_vectors_are_unchanged_by_the_row_budget(tower):
     """Normal texts: bit-identical to unbudgeted batches (the code before the budget);
-    long texts in batches of fewer rows: within 1e-6, in input order."""
+    long texts in batches of fewer rows: within float32 rounding, in input order."""
     retriever = untrained_retriever(tower)
     normal = ["Who founded the city?", "The army of the north.", long_text(300, 1), "gold"]
     texts = [long_text(1200, 2), *normal, long_text(2000, 3), long_text(40, 4)]
@@ -165,7 +165,9 @@ def test_vectors_are_unchanged_by_the_row_budget(tower):
     np.testing.assert_array_equal(got[data.MAX_BATCH_WORDS][0], got[None][0])
     for budget in (data.MAX_BATCH_WORDS, 1024):
         for a, b in zip(got[None], got[budget], strict=True):
-            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+            # Other batch widths reduce in another order: a few ulp of unit-scale values
+            # (1.07e-6 seen on an AVX-512 machine).
+            np.testing.assert_allclose(a, b, rtol=0, atol=5e-6)
     assert np.abs(got[None][1][0] - got[None][1][1]).max() > 1e-3  # rows are not all one
 
 

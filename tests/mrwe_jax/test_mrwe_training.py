@@ -13,14 +13,14 @@ import pytest
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.squad import SquadSkips
-from data_pipelines.word_features import FeatureSet, TextFeatures
-from data_pipelines.word_sources import IdfTable
 from embedding_core import parallel, training
-from embedding_core.export import load_export
-from embedding_core.losses import batch_hard_triplet_loss
+from embedding_core.export_reader import load_export
 from embedding_core.run import default_optimizer
+from embedding_core.triplet import batch_hard_triplet_loss
 from mrwe_jax import data, evaluate, inference, loss, model, trainer
 from mrwe_jax.configs import default
+from mrwe_jax.features.cache import FeatureSet, TextFeatures
+from mrwe_jax.features.sources import IdfTable
 
 P, K = 8, 2
 TINY = dict(num_blocks=2, window_size=3, kernels=8, fcrr_hidden=16,
@@ -119,8 +119,7 @@ def test_loss_is_the_triplet_loss_of_questions_against_paragraphs():
     params = nn.unbox(model.init_fn(retriever, feats, config)(jax.random.key(3)))
     loss_fn = loss.make_loss_fn(retriever, config, feats)
     loss_value, metrics = jax.jit(loss_fn)(params, batch, jax.random.key(0))
-    encode = jax.jit(lambda params, batch: model.encode_batch(
-        retriever, params, batch, feats, config))
+    encode = jax.jit(lambda params, batch: loss.encode_batch(retriever, params, batch, feats))
     q, p = (np.asarray(x) for x in encode(params, batch))
     per = []
     for i in range(len(q)):
@@ -190,7 +189,7 @@ def trained(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "mrwe_jax.main", "train", f"--workdir={straight}",
          *[f"--config.{k}={v}" for k, v in overrides.items()]],
-        capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2],
+        capture_output=True, text=True, timeout=1800, cwd=Path(__file__).parents[2],
         # This process's compile cache: the CLI reads the steps compiled above from it.
         env=dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -328,4 +327,17 @@ def test_bad_settings_fail_before_anything_loads(tmp_path):
     config.tower = "transformer"
     with pytest.raises(ValueError, match="config.tower='transformer'"):
         trainer.train(config, workdir, corpus=object(), features=feats)
+    assert not workdir.exists()
+
+
+def test_unknown_config_field_is_refused_and_nothing_is_written(tmp_path):
+    import mrwe_jax
+
+    config = tiny_config()
+    config.paragraphs_per_btch = 8
+    workdir = tmp_path / "w"
+    with pytest.raises(ValueError) as err:
+        mrwe_jax.train(config, workdir)
+    assert str(err.value) == ("config has no field 'paragraphs_per_btch' (did you mean "
+                              "'paragraphs_per_batch'?)")
     assert not workdir.exists()

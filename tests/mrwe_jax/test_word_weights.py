@@ -7,10 +7,10 @@ import pytest
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.squad import SquadSkips
-from data_pipelines.word_features import SourceSpec, idf_fingerprint, word_weight_table
-from data_pipelines.word_sources import IdfTable, tokenize_words
 from mrwe_jax import data, evaluate
 from mrwe_jax.configs import default
+from mrwe_jax.features.cache import SourceSpec, idf_fingerprint, word_weight_table
+from mrwe_jax.features.sources import IdfTable, tokenize_words
 
 # Two layers of width 2 per word; with m = (1/2, 1/2) and the layer sum the mixture is
 # a -> (2, 0), b -> (0, 3), c -> (1, 1).

@@ -13,7 +13,15 @@ import json
 import numpy as np
 import pytest
 
-from data_pipelines.amazon import (
+from data_pipelines.errors import DataError
+from data_pipelines.paths import data_dir
+from data_pipelines.text import (
+    count_words,
+    entity_name_variants,
+    remove_entity_name,
+    split_sentences,
+)
+from docent_jax.corpora.amazon import (
     EntityVocab,
     ReviewCorpusStats,
     build_review_corpus,
@@ -21,8 +29,7 @@ from data_pipelines.amazon import (
     iter_entity_sentences,
     select_entities,
 )
-from data_pipelines.errors import DataError
-from data_pipelines.movielens import (
+from docent_jax.corpora.movielens import (
     human_cv_folds,
     read_genome_tags,
     read_links,
@@ -30,19 +37,12 @@ from data_pipelines.movielens import (
     read_tags,
     tag_count_matrix,
 )
-from data_pipelines.paths import data_dir
-from data_pipelines.reddit import read_reddit_suggestions
-from data_pipelines.reviews2movielens import (
+from docent_jax.corpora.reddit import read_reddit_suggestions
+from docent_jax.corpora.reviews2movielens import (
     canonical_asins,
     canonical_movielens_ids,
     canonical_names,
     read_reviews2movielens,
-)
-from data_pipelines.text import (
-    count_words,
-    entity_name_variants,
-    remove_entity_name,
-    split_sentences,
 )
 
 # ---------------------------------------------------------------- text

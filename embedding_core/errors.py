@@ -1,0 +1,41 @@
+"""The one exception type for bad input data: it names the file, the line and the field."""
+
+from __future__ import annotations
+
+import os
+
+
+class DataError(ValueError):
+    """Bad input data, located as precisely as the reader can.
+
+    Attributes:
+      path: the file, as given to the reader (str).
+      line: 1-based physical line number, as a text editor shows it; None when the fault is
+        not on one line (for example a file with no rows).
+      field: the column name (or, in a header, a description of the column); None when the
+        fault is not in one field (for example a row with the wrong number of fields).
+      reason: what is wrong, in words.
+
+    The message is ``"{path}:{line}: field '{field}': {reason}"``; the ``:{line}`` and the
+    ``field '...'`` parts are left out when they are None, so editors and terminals can still
+    jump to ``path:line``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        line: int | None,
+        field: str | None,
+        reason: str,
+    ) -> None:
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.reason = reason
+        where = self.path if line is None else f"{self.path}:{line}"
+        what = reason if field is None else f"field '{field}': {reason}"
+        super().__init__(f"{where}: {what}")
+
+    def __reduce__(self):
+        # Keep the attributes when the error crosses a process boundary (multiprocessing).
+        return (type(self), (self.path, self.line, self.field, self.reason))

@@ -1,0 +1,56 @@
+"""A Flax parameter tree as one safetensors file, a tensor per leaf (``docs/export.md``,
+"MRWE"): readable with ``safetensors.numpy.load_file`` alone."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+def save_param_tree(path: str | os.PathLike, params: Mapping[str, Any],
+                    metadata: Mapping[str, str] | None = None) -> None:
+    """Writes a Flax parameter tree (boxed or not) as one local safetensors file: float32
+    leaves in Flax layout named by their ``/``-joined paths, ``metadata`` strings in the
+    header.
+
+    Raises:
+      ValueError: a key holding ``/`` or an empty tree.
+    """
+    import flax.linen as nn
+    import jax
+    from flax import traverse_util
+
+    flat = traverse_util.flatten_dict(jax.device_get(nn.unbox(dict(params))))
+    if not flat:
+        raise ValueError("no parameters to save")
+    bad = ["/".join(map(str, k)) for k in flat if any("/" in str(part) for part in k)]
+    if bad:
+        raise ValueError(f"parameter keys may not contain '/': {bad}")
+    from safetensors.numpy import save_file
+
+    save_file({"/".join(k): np.ascontiguousarray(np.asarray(v, np.float32))
+               for k, v in flat.items()}, str(path),
+              metadata={"format": "flax", **{str(k): str(v) for k, v in (metadata or {}).items()}})
+
+
+def load_param_tree(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(nested dict of float32 numpy arrays, header metadata)`` of a
+    :func:`save_param_tree` file.
+
+    Raises:
+      FileNotFoundError: no such file.
+    """
+    from flax import traverse_util
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such parameter file")
+    with safe_open(path, framework="np") as f:
+        metadata = dict(f.metadata() or {})
+    flat = {tuple(name.split("/")): array for name, array in load_file(path).items()}
+    return traverse_util.unflatten_dict(flat), metadata

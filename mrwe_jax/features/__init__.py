@@ -1,0 +1,1 @@
+"""Word sources and their cached per-text features (multi-resolution word embeddings)."""
