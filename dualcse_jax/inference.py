@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 
 from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
-from dualcse_jax.configs import default, validate_config
+from dualcse_jax.configs import default
 from dualcse_jax.model import KINDS, DualEncoder, build_model, init_fn
 from embedding_core import configs, multihost, parallel, storage, training
 from embedding_core.encoders import EncoderConfig
@@ -132,12 +132,7 @@ def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
         the model needs missing, or an impossible setting (the file named).
     """
     return configs.read_config(workdir, default.FIELDS, prog=PROG, required=REQUIRED_FIELDS,
-                               validate=_check_saved)
-
-
-def _check_saved(config: ml_collections.ConfigDict) -> None:
-    default.FIELDS.check(config, allow_unknown=True)  # fields a later version dropped
-    validate_config(config)
+                               validate=default.validate)
 
 
 def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
