@@ -10,11 +10,12 @@ on test and their mean. EIS: ``implicitness(s) = 1 - cos(r_s, u_s)``; accuracy =
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
 from data_pipelines.inli import INLIExample
+from data_pipelines.tokenization import tokenize
 from dualcse_jax import data
 from dualcse_jax.configs import RTE_SCORE_RULES
 from dualcse_jax.inference import Embedder
@@ -265,20 +266,24 @@ def rte_evaluator(model, tokenizer, config, val: list[INLIExample] | None = None
     return evaluate
 
 
-def label_conflicts(examples: Sequence[INLIExample]) -> dict:
-    """Rows giving one sentence (whitespace collapsed) under an entailed and a
-    non-entailed class: one of the two equal-score pairs is always wrong (shipped INLI: val
-    rows 9, 264, test row 571; ``docs/dualcse.md``).
+def label_conflicts(examples: Sequence[INLIExample],
+                    key: Callable[[str], Hashable] | None = None) -> dict:
+    """Rows giving one sentence under an entailed and a non-entailed class: one of the two
+    equal-score pairs is always wrong (shipped INLI: val rows 9, 264, test row 571;
+    ``docs/dualcse.md``). Two hypotheses are one sentence when ``key`` maps them to equal
+    values: default whitespace collapsed; :func:`token_key` compares them as the model's
+    tokenizer sees them (an uncased tokenizer joins "The dog" and "the dog").
 
     Returns:
       ``{"rows": n, "index": [0-based row], "line": [file line or None], "classes":
       [[class, class], ...]}``, in file order.
     """
+    key = key or (lambda text: " ".join(text.split()))
     out: dict = {"rows": 0, "index": [], "line": [], "classes": []}
     for i, ex in enumerate(examples):
-        by_text: dict[str, list[str]] = {}
+        by_text: dict[Hashable, list[str]] = {}
         for c in CLASSES:
-            by_text.setdefault(" ".join(getattr(ex, _FIELDS[c]).split()), []).append(c)
+            by_text.setdefault(key(getattr(ex, _FIELDS[c])), []).append(c)
         for classes in by_text.values():
             if len({ENTAILED[c] for c in classes}) > 1:
                 out["rows"] += 1
@@ -286,6 +291,15 @@ def label_conflicts(examples: Sequence[INLIExample]) -> dict:
                 out["line"].append(getattr(ex, "line", None))
                 out["classes"].append(classes)
     return out
+
+
+def token_key(embedder: Embedder) -> Callable[[str], tuple[int, ...]]:
+    """A :func:`label_conflicts` key: a hypothesis's token ids as ``embedder`` encodes it
+    (its tokenizer, its ``max_length`` truncation)."""
+    def key(text: str) -> tuple[int, ...]:
+        tok = tokenize(embedder.tokenizer, [text], int(embedder.config.max_length))
+        return tuple(int(t) for t in tok.input_ids[0, :int(tok.lengths[0])])
+    return key
 
 
 def format_label_conflicts(conflicts: dict[str, dict]) -> str:

@@ -82,7 +82,10 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                            "(explicit) — a PROXY"}
     out_dir = storage.as_path(workdir) / "eval"
     # Rows that score one pair under two opposite labels: counted next to the accuracies.
-    conflicts = {"val": evaluate.label_conflicts(val), "test": evaluate.label_conflicts(test)}
+    # As the tokenizer sees them: an uncased tokenizer makes "The dog" and "the dog" one input.
+    key = evaluate.token_key(embedder)
+    conflicts = {"val": evaluate.label_conflicts(val, key),
+                 "test": evaluate.label_conflicts(test, key)}
     extra = {"rules": by_rule} if len(rules) > 1 else {}
     if multihost.is_primary():  # every process holds the same results; one writes them
         write_json(out_dir / "rte.json", dict(rows[name], rule=rules[0], **extra,

@@ -338,3 +338,58 @@ def roc_auc(scores, labels) -> float:
     if y.all() or not y.any():
         raise ValueError("roc_auc needs both positive and negative labels")
     return float(sklearn.metrics.roc_auc_score(y, s))
+
+
+def _binary_rows(scores, labels, caller: str) -> tuple[np.ndarray, np.ndarray]:
+    s = _scores(scores, np.ndim(scores)).astype(np.float64)
+    y = _binary(labels, s.shape, "labels")
+    if s.ndim < 1 or s.shape[-1] == 0:
+        raise ValueError(f"{caller} needs [..., n_items] scores with n_items >= 1")
+    positives = y.sum(axis=-1)
+    if (positives == 0).any() or (positives == y.shape[-1]).any():
+        raise ValueError(f"{caller} needs both positive and negative labels in every row")
+    return s, y
+
+
+def roc_auc_rows(scores, labels) -> np.ndarray:
+    """ROC-AUC of each row of ``[..., n]`` scores against bool (or 0/1) labels of the same
+    shape: the Mann-Whitney form ``(sum of the positives' mid-ranks - P(P+1)/2) / (P N)``,
+    ties counting 1/2 (equal to ``sklearn.metrics.roc_auc_score`` row by row). Returns a
+    float64 array of the leading shape.
+
+    Raises:
+      ValueError: NaN scores, shape mismatch, or a row with one class only.
+    """
+    from scipy.stats import rankdata
+
+    s, y = _binary_rows(scores, labels, "roc_auc_rows")
+    ranks = rankdata(s, method="average", axis=-1)
+    p = y.sum(axis=-1).astype(np.float64)
+    n = y.shape[-1] - p
+    return (np.sum(ranks * y, axis=-1) - p * (p + 1) / 2) / (p * n)
+
+
+def average_precision_rows(scores, labels) -> np.ndarray:
+    """Average precision of each row of ``[..., n]`` scores against bool (or 0/1) labels,
+    ``AP = sum_t (R_t - R_{t-1}) P_t`` over the distinct score thresholds ``t`` in
+    descending order (tied items enter together; equal to
+    ``sklearn.metrics.average_precision_score`` row by row). Returns float64 of the
+    leading shape.
+
+    Raises:
+      ValueError: NaN scores, shape mismatch, or a row with one class only.
+    """
+    s, y = _binary_rows(scores, labels, "average_precision_rows")
+    order = np.argsort(-s, axis=-1, kind="stable")
+    ss = np.take_along_axis(s, order, axis=-1)
+    ys = np.take_along_axis(y, order, axis=-1)
+    n = s.shape[-1]
+    tp = np.cumsum(ys, axis=-1)
+    position = np.arange(n)
+    group_end = np.ones(s.shape, bool)
+    group_end[..., :-1] = ss[..., :-1] != ss[..., 1:]
+    # Each item takes the precision at the end of its tie group (the threshold it enters at).
+    end_index = np.minimum.accumulate(np.where(group_end, position, n)[..., ::-1],
+                                      axis=-1)[..., ::-1]
+    precision = np.take_along_axis(tp, end_index, axis=-1) / (end_index + 1)
+    return np.sum(precision * ys, axis=-1) / tp[..., -1]

@@ -1,10 +1,12 @@
 """Paired percentile bootstrap of a mean per-query difference (Efron & Tibshirani 1993,
-ch. 13; Koehn 2004): both systems scored on the same resampled queries.
+ch. 13; Koehn 2004): both systems scored on the same resampled queries; and of a
+difference of whole-sample statistics (ROC-AUC, AP) with class-stratified resampling.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -95,6 +97,75 @@ def paired_bootstrap(a, b, *, num_samples: int = 10_000, confidence: float = 0.9
         num_samples=num_samples,
         confidence=float(confidence),
     )
+
+
+def _seed_columns(x, name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"{name} must be [n] or [n, seeds], got shape {arr.shape}")
+    cols = arr.reshape(arr.shape[0], -1).T  # [seeds, n]
+    return np.stack([_per_query(c, name) for c in cols])
+
+
+def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                               a, b, labels, *, num_samples: int = 10_000,
+                               confidence: float = 0.95, seed: int = 0,
+                               chunk_size: int | None = None) -> BootstrapInterval:
+    """Percentile bootstrap interval of ``S(a) - S(b)`` for a statistic of a whole sample
+    (ROC-AUC, average precision), not a per-item mean.
+
+    ``a``, ``b``: ``[n]`` or ``[n, seeds]`` scores of two systems on the same items (a
+    system's ``S`` is the mean of ``statistic`` over its seed columns); ``labels``: ``[n]``
+    bool. ``statistic(scores [B, n], labels [B, n]) -> [B]`` (``metrics.roc_auc_rows``).
+    Resampling is stratified (positives and negatives drawn with replacement within their
+    own class, pROC's default), so every resample keeps both classes and their counts; the
+    same items for every seed and both systems; independent of ``chunk_size``.
+
+    Raises:
+      ValueError: as :func:`paired_bootstrap`; labels of another length or of one class.
+    """
+    a_arr, b_arr = _seed_columns(a, "a"), _seed_columns(b, "b")
+    y = np.asarray(labels).astype(bool)
+    n = a_arr.shape[1]
+    if b_arr.shape[1] != n or y.shape != (n,):
+        raise ValueError(f"a, b and labels must have one length, got {n}, {b_arr.shape[1]} "
+                         f"and {y.size}")
+    if y.all() or not y.any():
+        raise ValueError("labels need both classes")
+    num_samples = _positive_int(num_samples, "num_samples")
+    if not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    columns = a_arr.shape[0] + b_arr.shape[0]
+    chunk = (max(1, _MAX_ENTRIES // (4 * n * columns)) if chunk_size is None
+             else _positive_int(chunk_size, "chunk_size"))
+    groups = (np.flatnonzero(y), np.flatnonzero(~y))
+
+    def s_of(x: np.ndarray, idx: np.ndarray) -> np.ndarray:  # x [seeds, n], idx [B, n]
+        scores = x[:, idx]  # [seeds, B, n]
+        yy = np.broadcast_to(y[idx], scores.shape)
+        flat = statistic(scores.reshape(-1, n), yy.reshape(-1, n))
+        return flat.reshape(scores.shape[:2]).mean(axis=0)
+
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(num_samples, dtype=np.float64)
+    for start in range(0, num_samples, chunk):
+        rows = min(chunk, num_samples - start)
+        # One [rows, n] draw (as paired_bootstrap: chunking-independent), its first
+        # columns picking positives and the rest negatives.
+        u = rng.random((rows, n))
+        idx = np.empty((rows, n), dtype=np.intp)
+        lo = 0
+        for g in groups:
+            cols = slice(lo, lo + g.size)
+            idx[:, cols] = g[np.minimum((u[:, cols] * g.size).astype(np.intp), g.size - 1)]
+            lo += g.size
+        diffs[start:start + rows] = s_of(a_arr, idx) - s_of(b_arr, idx)
+    alpha = (1.0 - float(confidence)) / 2.0
+    low, high = np.quantile(diffs, [alpha, 1.0 - alpha])
+    whole = np.arange(n)[None]
+    point = s_of(a_arr, whole)[0] - s_of(b_arr, whole)[0]
+    return BootstrapInterval(mean_difference=float(point), low=float(low), high=float(high),
+                             num_samples=num_samples, confidence=float(confidence))
 
 
 def format_interval(interval: BootstrapInterval, scale: float = 100, digits: int = 2) -> str:

