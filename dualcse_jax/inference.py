@@ -74,18 +74,21 @@ class Embedder(Encoder):
             max_width=tok.input_ids.shape[1], show_progress_bar=show_progress_bar,
             desc=f"encode {kind}")
 
-    def encode(self, texts, *, normalize: bool | None = None, kind: str = "explicit",
-               **kwargs) -> np.ndarray:
-        """``Encoder.encode`` with ``kind`` (``"explicit"``: r, ``"implicit"``: u) and
-        ``normalize=None`` following the run's ``config.normalize``.
+    def encode(self, sentences, *args, normalize: bool | None = None,
+               normalize_embeddings: bool | None = None, kind: str = "explicit",
+               **kwargs) -> Any:
+        """``Encoder.encode`` with ``kind`` (``"explicit"``: r, ``"implicit"``: u); without
+        ``normalize`` / ``normalize_embeddings`` rows follow the run's ``config.normalize``.
 
         Raises:
           TypeError, ValueError: bad texts, ``batch_size`` < 1 or an unknown ``kind``.
         """
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r}: use 'explicit' (r) or 'implicit' (u)")
-        normalize = self.default_normalize if normalize is None else normalize
-        return super().encode(texts, normalize=normalize, kind=kind, **kwargs)
+        chosen = normalize if normalize is not None else normalize_embeddings
+        chosen = self.default_normalize if chosen is None else chosen
+        return super().encode(sentences, *args, normalize_embeddings=chosen, kind=kind,
+                              **kwargs)
 
     def export_meta(self) -> dict[str, Any]:
         return {"encoder": self.config.model, "architecture": self.config.architecture,

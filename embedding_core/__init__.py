@@ -7,3 +7,12 @@ Importing the package wires storage first (:func:`embedding_core.storage.configu
 from embedding_core import storage as _storage
 
 _storage.configure()
+
+
+def load_encoder(name_or_path):
+    """A pretrained encoder (folder, ``gs://``, installed package or hub id) as an
+    ``inference.Encoder`` with ``SentenceTransformer.encode``'s arguments
+    (``embedding_core.st_models.load_encoder``)."""
+    from embedding_core.st_models import load_encoder as _load
+
+    return _load(name_or_path)

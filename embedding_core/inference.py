@@ -6,6 +6,7 @@ array; texts run longest first, widths rounded up to ``pad_multiple`` (few compi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -208,22 +209,54 @@ class Encoder:
         """``[len(texts), dim]`` raw vectors of non-empty, checked texts."""
         raise NotImplementedError
 
-    def encode(self, texts: Sequence[str], *, batch_size: int | None = None,
-               normalize: bool = False, show_progress_bar: bool = False,
-               **kwargs: Any) -> np.ndarray:
-        """Encodes texts into one float32 ``[len(texts), dim]`` array; row i = texts[i].
+    prompts: dict[str, str] = {}
+    default_prompt_name: str | None = None
+    similarity_fn_name: str = "cosine"
+
+    def encode(self, sentences: str | Sequence[str], prompt_name: str | None = None,
+               prompt: str | None = None, batch_size: int | None = None,
+               show_progress_bar: bool | None = None,
+               output_value: str | None = "sentence_embedding", precision: str = "float32",
+               convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               device: str | None = None, normalize_embeddings: bool = False,
+               truncate_dim: int | None = None, *, normalize: bool | None = None,
+               **kwargs: Any) -> Any:
+        """Encodes texts with ``SentenceTransformer.encode``'s arguments and results: a
+        float32 ``[len(sentences), dim]`` array by default (row i = sentences[i]; one row,
+        ``[dim]``, for a single string); ``embedding_core.st_compat`` for the rest.
 
         Args:
+          prompt_name, prompt: text prepended to every input (``prompt`` wins).
           batch_size: texts per encoder call (default: the run's ``eval_batch_size``).
-          normalize: scale rows to unit L2 norm (then dot product = cosine).
+          output_value: ``sentence_embedding`` (``token_embeddings`` where a model has it).
+          precision: float32 | int8 | uint8 | binary | ubinary (calibrated on this call).
+          convert_to_tensor: a ``jax.Array`` on ``device`` (a JAX platform name).
+          normalize_embeddings (alias ``normalize``): unit rows, after ``truncate_dim``.
           **kwargs: the model's own choice of view (DualCSE ``kind``, MRWE ``side``).
 
         Raises:
-          TypeError, ValueError: see :func:`check_texts`; ``batch_size`` < 1.
+          TypeError, ValueError: see :func:`check_texts`; a bad argument value.
         """
+        from embedding_core import st_compat
+
+        texts, single = st_compat.texts_of(sentences)
         texts = check_texts(texts)
-        if not isinstance(normalize, (bool, np.bool_)):
-            raise TypeError(f"normalize must be True or False, got {normalize!r}")
+        if normalize is not None:
+            normalize_embeddings = normalize
+        if not isinstance(normalize_embeddings, (bool, np.bool_)):
+            raise TypeError(f"normalize must be True or False, got {normalize_embeddings!r}")
+        if output_value not in ("sentence_embedding", None):
+            if output_value != "token_embeddings":
+                raise ValueError(f"output_value {output_value!r}: use 'sentence_embedding' or "
+                                 "'token_embeddings'")
+            raise ValueError(f"{self.name} gives sentence embeddings only "
+                             "(output_value='sentence_embedding')")
+        if precision not in st_compat.PRECISIONS:
+            raise ValueError(f"precision {precision!r}: use one of {st_compat.PRECISIONS}")
+        st_compat.check_device(device)
+        prefix = st_compat.resolve_prompt(self.prompts, prompt, prompt_name,
+                                          self.default_prompt_name)
+        texts = [prefix + t for t in texts] if prefix else texts
         if batch_size is None:
             batch_size = self.default_batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
@@ -238,4 +271,66 @@ class Encoder:
             out = np.asarray(self._encode(texts, batch_size=batch_size,
                                           show_progress_bar=bool(show_progress_bar),
                                           **kwargs), dtype=np.float32)
-        return l2_normalize(out) if normalize else out
+        if truncate_dim is not None:
+            out = out[:, :int(truncate_dim)]
+        if normalize_embeddings:
+            out = l2_normalize(out)
+        return st_compat.finish(out, single=single, precision=precision,
+                                convert_to_numpy=convert_to_numpy,
+                                convert_to_tensor=convert_to_tensor, device=device)
+
+    query_kwargs: dict[str, Any] = {}
+    document_kwargs: dict[str, Any] = {}
+
+    def encode_query(self, sentences: str | Sequence[str], **kwargs: Any) -> Any:
+        """:meth:`encode` for search queries: the ``query`` prompt when the model has one
+        (sentence-transformers 5), and the model's query side (:attr:`query_kwargs`)."""
+        return self._encode_side(sentences, "query", self.query_kwargs, kwargs)
+
+    def encode_document(self, sentences: str | Sequence[str], **kwargs: Any) -> Any:
+        """:meth:`encode` for the searched texts: the ``document`` prompt (or ``passage``,
+        ``corpus``) when the model has one, and its document side (:attr:`document_kwargs`)."""
+        return self._encode_side(sentences, "document", self.document_kwargs, kwargs)
+
+    def _encode_side(self, sentences, side: str, side_kwargs: dict, kwargs: dict) -> Any:
+        names = ("query",) if side == "query" else ("document", "passage", "corpus")
+        if kwargs.get("prompt") is None and kwargs.get("prompt_name") is None:
+            found = next((n for n in names if n in self.prompts), None)
+            if found is not None:
+                kwargs["prompt_name"] = found
+        return self.encode(sentences, **{**side_kwargs, **kwargs})
+
+    def similarity(self, a, b) -> np.ndarray:
+        """``[n, m]`` similarities by :attr:`similarity_fn_name` (``st_compat.similarity``)."""
+        from embedding_core import st_compat
+
+        return st_compat.similarity(a, b, self.similarity_fn_name)
+
+    def similarity_pairwise(self, a, b) -> np.ndarray:
+        """``[n]`` similarity of row i with row i (``st_compat.similarity_pairwise``)."""
+        from embedding_core import st_compat
+
+        return st_compat.similarity_pairwise(a, b, self.similarity_fn_name)
+
+    def get_sentence_embedding_dimension(self) -> int:
+        """The width of :meth:`encode`'s rows (sentence-transformers' name; its version 6
+        calls it ``get_embedding_dimension``, also here)."""
+        return self.dim
+
+    get_embedding_dimension = get_sentence_embedding_dimension
+
+    @property
+    def max_seq_length(self) -> int | None:
+        """Tokens per text, special tokens included (settable: longer texts are cut)."""
+        return None if self.config is None or "max_length" not in self.config \
+            else int(self.config.max_length)
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        if self.config is None or "max_length" not in self.config:
+            raise AttributeError(f"{self.name} has no token length to set")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
+            raise ValueError(f"max_seq_length must be an int >= 2, got {value!r}")
+        with self.config.unlocked() if hasattr(self.config, "unlocked") else \
+                contextlib.nullcontext():
+            self.config.max_length = int(value)

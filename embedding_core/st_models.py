@@ -1,0 +1,265 @@
+"""Pretrained models as they are: a sentence-transformers folder (``modules.json``:
+Transformer, Pooling, Dense, Normalize; prompts from ``config_sentence_transformers.json``)
+or a plain Hugging Face encoder folder (mean pooling), loaded by :func:`load_encoder` as an
+``inference.Encoder`` whose ``encode`` gives sentence-transformers' numbers
+(``docs/models.md``, "load_encoder").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from embedding_core import pretrained, storage
+from embedding_core.inference import Encoder, encode_in_batches, masked_mean
+
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+_LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                   "pooling_mode_mean_tokens": "mean",
+                   "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                   "pooling_mode_weightedmean_tokens": "weightedmean",
+                   "pooling_mode_lasttoken": "lasttoken"}
+_ACTIVATIONS = {"Identity": lambda x: x, "Tanh": jnp.tanh, "ReLU": jax.nn.relu,
+                "GELU": lambda x: jax.nn.gelu(x, approximate=False), "Sigmoid": jax.nn.sigmoid}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """What a folder's modules do after the transformer: ``pooling`` modes (concatenated),
+    ``include_prompt``, ``dense`` layers ``(kernel [in, out], bias [out] | None, activation
+    name)``, ``normalize``; the tokenizer's ``max_seq_length`` and ``do_lower_case``."""
+
+    pooling: tuple[str, ...] = ("mean",)
+    include_prompt: bool = True
+    dense: tuple[tuple[np.ndarray, np.ndarray | None, str], ...] = ()
+    normalize: bool = False
+    max_seq_length: int = 512
+    do_lower_case: bool = False
+
+
+def _json(path: pathlib.Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: line {err.lineno}: invalid JSON ({err.msg})") from None
+
+
+def _pooling(folder: pathlib.Path) -> tuple[tuple[str, ...], bool]:
+    raw = _json(folder / "config.json")
+    modes = raw.get("pooling_mode")
+    if modes is None:
+        modes = [m for key, m in _LEGACY_POOLING.items() if raw.get(key)]
+    modes = (modes,) if isinstance(modes, str) else tuple(modes)
+    bad = [m for m in modes if m not in POOLING_MODES]
+    if bad or not modes:
+        raise ValueError(f"{folder / 'config.json'}: pooling mode {bad or modes} is not one of "
+                         f"{POOLING_MODES}")
+    return modes, bool(raw.get("include_prompt", True))
+
+
+def _dense(folder: pathlib.Path) -> tuple[np.ndarray, np.ndarray | None, str]:
+    from safetensors.numpy import load_file
+
+    raw = _json(folder / "config.json")
+    name = str(raw.get("activation_function", "torch.nn.modules.linear.Identity")).split(".")[-1]
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"{folder / 'config.json'}: activation {name!r} is not one of "
+                         f"{sorted(_ACTIVATIONS)}")
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{folder} has no model.safetensors (the Dense layer's weights)")
+    tensors = load_file(str(weights))
+    kernel = np.asarray(tensors["linear.weight"], np.float32).T  # torch [out, in]
+    bias = tensors.get("linear.bias")
+    return kernel, None if bias is None else np.asarray(bias, np.float32), name
+
+
+def read_pipeline(model_dir: pathlib.Path, max_positions: int) -> Pipeline:
+    """The modules of ``model_dir`` (no ``modules.json``: mean pooling, as
+    sentence-transformers does for a plain transformers folder).
+
+    Raises:
+      ValueError: a module type we do not run, or a bad module config (file named).
+    """
+    bert_config = model_dir / "sentence_bert_config.json"
+    settings = _json(bert_config) if bert_config.is_file() else {}
+    tokenizer_config = model_dir / "tokenizer_config.json"
+    model_max = _json(tokenizer_config).get("model_max_length") if tokenizer_config.is_file() \
+        else None
+    limit = max_positions if not isinstance(model_max, int) else min(max_positions, model_max)
+    base = dict(max_seq_length=int(settings.get("max_seq_length") or limit),
+                do_lower_case=bool(settings.get("do_lower_case", False)))
+    modules_file = model_dir / "modules.json"
+    if not modules_file.is_file():
+        return Pipeline(**base)
+    pooling, include_prompt, dense, normalize = ("mean",), True, [], False
+    for module in _json(modules_file):
+        kind = str(module.get("type", "")).split(".")[-1]
+        path = model_dir / module.get("path", "")
+        if kind == "Transformer":
+            continue
+        if kind == "Pooling":
+            pooling, include_prompt = _pooling(path)
+        elif kind == "Dense":
+            dense.append(_dense(path))
+        elif kind == "Normalize":
+            normalize = True
+        else:
+            raise ValueError(f"{modules_file}: module type {module.get('type')!r} is not one "
+                             "we run (Transformer, Pooling, Dense, Normalize)")
+    return Pipeline(pooling=pooling, include_prompt=include_prompt, dense=tuple(dense),
+                    normalize=normalize, **base)
+
+
+def pool(hidden: jax.Array, mask: jax.Array, modes: tuple[str, ...]) -> jax.Array:
+    """Sentence vectors ``[b, len(modes) * d]`` float32 from ``hidden`` ``[b, L, d]`` and a
+    right-padded ``mask`` ``[b, L]`` (sentence-transformers' ``Pooling``, modes concatenated)."""
+    m = mask.astype(jnp.float32)
+    h = hidden.astype(jnp.float32)
+    out = []
+    for mode in modes:
+        if mode == "cls":  # the first position the mask keeps
+            first = jnp.argmax(mask, axis=1)
+            out.append(jnp.take_along_axis(h, first[:, None, None], axis=1)[:, 0])
+        elif mode == "max":
+            out.append(jnp.max(jnp.where(m[..., None] > 0, h, -jnp.inf), axis=1))
+        elif mode == "mean":
+            out.append(masked_mean(h, mask))
+        elif mode == "mean_sqrt_len_tokens":
+            total = jnp.sum(h * m[..., None], axis=1)
+            out.append(total / jnp.sqrt(jnp.maximum(jnp.sum(m, axis=1, keepdims=True), 1e-9)))
+        elif mode == "weightedmean":  # position weights 1, 2, ... (right padding)
+            w = m * jnp.arange(1, m.shape[1] + 1, dtype=jnp.float32)[None]
+            out.append(jnp.sum(h * w[..., None], axis=1)
+                       / jnp.maximum(jnp.sum(w, axis=1, keepdims=True), 1e-9))
+        elif mode == "lasttoken":
+            last = jnp.maximum(jnp.sum(mask, axis=1) - 1, 0).astype(jnp.int32)
+            out.append(jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0])
+    return jnp.concatenate(out, axis=-1)
+
+
+class PretrainedEncoder(Encoder):
+    """A pretrained encoder folder as an :class:`Encoder` (built by :func:`load_encoder`).
+
+    Attributes:
+      model_dir: the local folder; pretrained: the transformer (``pretrained.Pretrained``);
+      pipeline: its :class:`Pipeline`; tokenizer: a ``tokenizers.Tokenizer``.
+    """
+
+    default_batch_size = 32
+
+    def __init__(self, model_dir: pathlib.Path, name: str) -> None:
+        from tokenizers import Tokenizer
+
+        self.model_dir, self.name = model_dir, name
+        self.pretrained = pretrained.load_pretrained(model_dir)
+        self.pipeline = read_pipeline(model_dir, self.pretrained.config.max_position_embeddings)
+        self._max_length = self.pipeline.max_seq_length
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        st_config = model_dir / "config_sentence_transformers.json"
+        extra = _json(st_config) if st_config.is_file() else {}
+        self.prompts = dict(extra.get("prompts") or {})
+        self.default_prompt_name = extra.get("default_prompt_name")
+        self.similarity_fn_name = extra.get("similarity_fn_name") or "cosine"
+        self.params = jax.device_put(self.pretrained.params)
+        module, pipe = self.pretrained.module, self.pipeline
+
+        def forward(params, ids, mask, prompt_length):
+            hidden = module.apply({"params": params}, ids, mask).last_hidden_state
+            keep = mask
+            if not pipe.include_prompt:  # prompt tokens (and [CLS]) out of the pooling
+                keep = jnp.where(jnp.arange(ids.shape[1])[None] < prompt_length, 0, mask)
+            x = pool(hidden, keep, pipe.pooling)
+            for kernel, bias, act in pipe.dense:
+                x = x @ kernel + (0.0 if bias is None else bias)
+                x = _ACTIVATIONS[act](x)
+            if pipe.normalize:
+                x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+            return x
+
+        self._forward = jax.jit(forward)
+
+    @property
+    def dim(self) -> int:
+        if self.pipeline.dense:
+            return int(self.pipeline.dense[-1][0].shape[1])
+        return len(self.pipeline.pooling) * int(self.pretrained.config.hidden_size)
+
+    @property
+    def max_seq_length(self) -> int:
+        return self._max_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
+            raise ValueError(f"max_seq_length must be an int >= 2, got {value!r}")
+        self._max_length = int(value)
+
+    def encode(self, sentences, prompt_name=None, prompt=None, *args, **kwargs) -> Any:
+        from embedding_core import st_compat
+
+        # The prompt's own token count (less its closing special token), for include_prompt.
+        text = st_compat.resolve_prompt(self.prompts, prompt, prompt_name,
+                                        self.default_prompt_name)
+        self._prompt_length = (len(self.tokenizer.encode(self._case(text)).ids) - 1
+                               if text else 0)
+        return super().encode(sentences, prompt_name, prompt, *args, **kwargs)
+
+    def _case(self, text: str) -> str:
+        return text.lower() if self.pipeline.do_lower_case else text
+
+    def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
+                ) -> np.ndarray:
+        # max_seq_length counts the special tokens, as sentence-transformers' truncation.
+        self.tokenizer.enable_truncation(max_length=self._max_length)
+        try:
+            ids = [e.ids for e in self.tokenizer.encode_batch([self._case(t) for t in texts])]
+        finally:
+            self.tokenizer.no_truncation()
+        lengths = np.array([len(i) for i in ids])
+        pad_id = _pad_id(self.tokenizer, self.pretrained.config.pad_token_id)
+        prompt_length = getattr(self, "_prompt_length", 0)
+
+        def build(rows: np.ndarray, width: int):
+            batch = np.full((batch_size, width), pad_id, np.int32)
+            mask = np.zeros((batch_size, width), np.int32)
+            for j, r in enumerate(rows):
+                batch[j, :lengths[r]] = ids[r]
+                mask[j, :lengths[r]] = 1
+            return batch, mask
+
+        return encode_in_batches(
+            lengths, build, lambda x: self._forward(self.params, *x, prompt_length),
+            batch_size=batch_size, pad_multiple=8, max_width=int(lengths.max()),
+            show_progress_bar=show_progress_bar, desc="encode")
+
+
+def _pad_id(tokenizer, fallback: int) -> int:
+    for token in ("[PAD]", "<pad>"):
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return int(found)
+    return int(fallback)
+
+
+def load_encoder(name_or_path: str | os.PathLike) -> Encoder:
+    """Any encoder a user names, as an ``Encoder`` with ``SentenceTransformer.encode``'s
+    arguments: a sentence-transformers or transformers folder (local or ``gs://``), an
+    installed package carrying one, or a hub id (``org/name[@revision]``).
+
+    Raises:
+      FileNotFoundError, ValueError: as ``pretrained.resolve_model_dir`` and
+        :func:`read_pipeline` (one line each).
+    """
+    model_dir = pretrained.resolve_model_dir(name_or_path)
+    return PretrainedEncoder(model_dir, name=storage.display(name_or_path)
+                             if storage.is_remote(name_or_path) else str(name_or_path))

