@@ -31,8 +31,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
     """The pretrained encoder (a bad path fails before any data work), the entity rows in
     ``config.variant``'s layout and, with ``eval_every``, held-out ranking."""
     pretrained = load_pretrained(config.model)
-    limit = pretrained.config.max_position_embeddings - (
-        pretrained.config.pad_token_id + 1 if pretrained.config.model_type == "roberta" else 0)
+    limit = pretrained.config.max_position_embeddings - pretrained.config.position_offset
     if int(config.max_length) > limit:
         raise ValueError(f"config.max_length={config.max_length} exceeds the {limit} positions "
                          f"of {config.model}; pass --config.max_length={limit} or less")

@@ -1,5 +1,8 @@
-"""Flax BERT / RoBERTa encoders equal to transformers' PyTorch ``BertModel`` /
-``RobertaModel``; no pooler. The parameter tree mirrors the checkpoint names
+"""Flax BERT-family encoders equal to transformers' PyTorch ``BertModel``,
+``RobertaModel`` (XLM-R), ``MPNetModel``, ``DistilBertModel`` and ``ElectraModel``
+(discriminator); no pooler. One post-LayerNorm layer for all: MPNet adds a relative
+position bias shared by the layers, ELECTRA a projection from its embedding width,
+DistilBERT and MPNet have no token types. The parameter tree mirrors the checkpoint names
 (``encoder.layer.3.attention.self.query.weight`` -> ``encoder/layer_3/attention/self/query/
 kernel``); parameters carry logical axis names and hidden states ``("batch", "length",
 "embed")`` constraints (``docs/architecture.md``, "Mesh and logical axes").
@@ -19,7 +22,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-_MODEL_TYPES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta"}
+_MODEL_TYPES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta",
+                "mpnet": "mpnet", "distilbert": "distilbert", "electra": "electra"}
+OFFSET_POSITIONS = ("roberta", "mpnet")
+"""Types whose positions count from ``pad_token_id + 1`` over the real tokens."""
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 _DTYPES = ("float32", "bfloat16")
 _DROPOUT_IMPLS = ("flax", "hash")
@@ -57,10 +63,13 @@ class EncoderConfig:
     dtype: str = "float32"
     initializer_range: float = 0.02
     dropout_impl: str = "flax"
+    embedding_size: int = 0  # ELECTRA's embedding width (0: hidden_size, no projection)
+    relative_attention_num_buckets: int = 0  # MPNet's relative position bias (0: none)
 
     def __post_init__(self) -> None:
-        if self.model_type not in ("bert", "roberta"):
-            raise ValueError(f"model_type must be 'bert' or 'roberta', got {self.model_type!r}")
+        if self.model_type not in set(_MODEL_TYPES.values()):
+            raise ValueError(f"model_type must be one of {sorted(set(_MODEL_TYPES.values()))}, "
+                             f"got {self.model_type!r}")
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"hidden_act must be one of {_ACTIVATIONS}, got {self.hidden_act!r}")
         if self.dtype not in _DTYPES:
@@ -74,6 +83,16 @@ class EncoderConfig:
         for name in ("hidden_dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def embedding_width(self) -> int:
+        """Width of the embedding table (ELECTRA's may differ from ``hidden_size``)."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def position_offset(self) -> int:
+        """Rows of the position table before position 0 (RoBERTa / MPNet: padding_idx + 1)."""
+        return self.pad_token_id + 1 if self.model_type in OFFSET_POSITIONS else 0
 
     @property
     def head_dim(self) -> int:
@@ -127,12 +146,22 @@ class EncoderConfig:
         if raw.get("is_decoder") or raw.get("add_cross_attention"):
             raise ValueError(f"{source}: fields 'is_decoder' / 'add_cross_attention' are set; "
                              "only the bidirectional encoder is supported")
+        if model_type == "distilbert" and raw.get("sinusoidal_pos_embds"):
+            raise ValueError(f"{source}: field 'sinusoidal_pos_embds' is set; only learned "
+                             "position embeddings are supported")
+        # DistilBERT names its fields its own way; the others use BERT's.
+        names = DISTILBERT_FIELDS if model_type == "distilbert" else {}
 
         def need(key: str) -> Any:
+            key = names.get(key, key)
             if key not in raw:
                 raise ValueError(f"{source}: required field {key!r} is missing")
             return raw[key]
 
+        def get(key: str, default: Any) -> Any:
+            return raw.get(names.get(key, key), default)
+
+        no_types = model_type in ("mpnet", "distilbert")
         return cls(
             model_type=model_type,
             vocab_size=int(need("vocab_size")),
@@ -141,14 +170,26 @@ class EncoderConfig:
             num_heads=int(need("num_attention_heads")),
             intermediate_size=int(need("intermediate_size")),
             max_position_embeddings=int(need("max_position_embeddings")),
-            type_vocab_size=int(raw.get("type_vocab_size", 2)),
+            type_vocab_size=0 if no_types else int(raw.get("type_vocab_size", 2)),
             layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-            hidden_act=str(raw.get("hidden_act", "gelu")),
-            pad_token_id=int(raw.get("pad_token_id", 1 if model_type == "roberta" else 0)),
-            hidden_dropout_rate=float(raw.get("hidden_dropout_prob", 0.1)),
-            attention_dropout_rate=float(raw.get("attention_probs_dropout_prob", 0.1)),
+            hidden_act=str(get("hidden_act", "gelu")),
+            pad_token_id=int(raw.get("pad_token_id",
+                                     1 if model_type in OFFSET_POSITIONS else 0)),
+            hidden_dropout_rate=float(get("hidden_dropout_prob", 0.1)),
+            attention_dropout_rate=float(get("attention_probs_dropout_prob", 0.1)),
             initializer_range=float(raw.get("initializer_range", 0.02)),
+            embedding_size=int(raw.get("embedding_size", 0) or 0)
+            if model_type == "electra" else 0,
+            relative_attention_num_buckets=int(raw.get("relative_attention_num_buckets", 32))
+            if model_type == "mpnet" else 0,
         )
+
+
+DISTILBERT_FIELDS = {"hidden_size": "dim", "num_hidden_layers": "n_layers",
+                      "num_attention_heads": "n_heads", "intermediate_size": "hidden_dim",
+                      "hidden_act": "activation", "hidden_dropout_prob": "dropout",
+                      "attention_probs_dropout_prob": "attention_dropout"}
+"""DistilBERT's ``config.json`` names for BERT's fields (read and written)."""
 
 
 class EncoderOutput(NamedTuple):
@@ -166,7 +207,8 @@ def _normal(config: EncoderConfig, axes: tuple[str | None, ...]) -> nn.initializ
     return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
 
 
-def _dense(config: EncoderConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+def _dense(config: EncoderConfig, features: int, axes: tuple[str | None, str], name: str
+           ) -> nn.Dense:
     """``nn.Dense`` in the compute dtype with float32 params named ``axes`` (in, out)."""
     return nn.Dense(features, dtype=jnp.dtype(config.dtype), param_dtype=jnp.float32,
                     kernel_init=_normal(config, axes), name=name,
@@ -247,7 +289,7 @@ class Embeddings(nn.Module):
                  extra_token_embeddings: jax.Array | None = None) -> jax.Array:
         cfg = self.config
         seq_len = input_ids.shape[1]
-        if cfg.model_type == "roberta":
+        if cfg.model_type in OFFSET_POSITIONS:
             mask = (attention_mask != 0).astype(jnp.int32)
             positions = jnp.cumsum(mask, axis=1) * mask + cfg.pad_token_id
             last_position = seq_len + cfg.pad_token_id
@@ -260,24 +302,27 @@ class Embeddings(nn.Module):
                 f"position table has {cfg.max_position_embeddings} rows; truncate the input")
 
         def embed(num: int, axes: tuple[str | None, str], name: str) -> nn.Embed:
-            return nn.Embed(num, cfg.hidden_size, dtype=jnp.float32, param_dtype=jnp.float32,
-                            embedding_init=_normal(cfg, axes), name=name)
+            return nn.Embed(num, cfg.embedding_width, dtype=jnp.float32,
+                            param_dtype=jnp.float32, embedding_init=_normal(cfg, axes),
+                            name=name)
 
         word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
         if extra_token_embeddings is None:
             x = word_embeddings(input_ids)
         else:
             table = extra_token_embeddings
-            if table.ndim != 2 or table.shape[1] != cfg.hidden_size:
+            if table.ndim != 2 or table.shape[1] != cfg.embedding_width:
                 raise ValueError(f"extra_token_embeddings must be [num_extra, "
-                                 f"{cfg.hidden_size}], got {table.shape}")
+                                 f"{cfg.embedding_width}], got {table.shape}")
             words = word_embeddings(jnp.minimum(input_ids, cfg.vocab_size - 1))
             extra_ids = jnp.clip(input_ids - cfg.vocab_size, 0, table.shape[0] - 1)
             extra = jnp.take(table.astype(jnp.float32), extra_ids, axis=0)
             x = jnp.where((input_ids >= cfg.vocab_size)[..., None], extra, words)
         x = x + embed(cfg.max_position_embeddings, (None, "embed"),
                       "position_embeddings")(positions)
-        x = x + embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")(token_type_ids)
+        if cfg.type_vocab_size:
+            x = x + embed(cfg.type_vocab_size, (None, "embed"),
+                          "token_type_embeddings")(token_type_ids)
         x = _layer_norm(cfg, "LayerNorm")(x).astype(cfg.dtype)
         return _dropout(cfg, cfg.hidden_dropout_rate)(x, deterministic=deterministic)
 
@@ -289,7 +334,8 @@ class SelfAttention(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool) -> jax.Array:
+    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool,
+                 position_bias: jax.Array | None = None) -> jax.Array:
         cfg = self.config
         batch, seq_len, _ = x.shape
 
@@ -300,6 +346,8 @@ class SelfAttention(nn.Module):
         q, k, v = heads("query"), heads("key"), heads("value")
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
         scores = scores / math.sqrt(cfg.head_dim)
+        if position_bias is not None:  # MPNet: [heads, q, k], the same in every layer
+            scores = scores + position_bias[None]
         # `where` rather than adding finfo.min: no overflow, and a fully padded row still
         # gives a finite (uniform) softmax instead of NaN.
         scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
@@ -330,8 +378,10 @@ class Attention(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool) -> jax.Array:
-        context = SelfAttention(self.config, name="self")(x, key_mask, deterministic)
+    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool,
+                 position_bias: jax.Array | None = None) -> jax.Array:
+        context = SelfAttention(self.config, name="self")(x, key_mask, deterministic,
+                                                         position_bias)
         return ResidualOutput(self.config, "heads", name="output")(context, x, deterministic)
 
 
@@ -353,10 +403,28 @@ class Layer(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool) -> jax.Array:
-        x = Attention(self.config, name="attention")(x, key_mask, deterministic)
+    def __call__(self, x: jax.Array, key_mask: jax.Array, deterministic: bool,
+                 position_bias: jax.Array | None = None) -> jax.Array:
+        x = Attention(self.config, name="attention")(x, key_mask, deterministic, position_bias)
         y = Intermediate(self.config, name="intermediate")(x)
         return ResidualOutput(self.config, "mlp", name="output")(y, x, deterministic)
+
+
+def relative_position_bucket(relative: jax.Array, num_buckets: int = 32,
+                             max_distance: int = 128) -> jax.Array:
+    """MPNet's (T5's bidirectional) bucket of ``relative = key - query`` positions: half the
+    buckets per direction, exact below ``num_buckets // 4``, log-spaced up to
+    ``max_distance``; int32, the shape of ``relative``."""
+    n = -relative
+    half = num_buckets // 2
+    out = (n < 0).astype(jnp.int32) * half
+    n = jnp.abs(n)
+    exact = half // 2
+    safe = jnp.maximum(n, 1).astype(jnp.float32)
+    large = exact + (jnp.log(safe / exact) / math.log(max_distance / exact)
+                     * (half - exact)).astype(jnp.int32)
+    large = jnp.minimum(large, half - 1)
+    return out + jnp.where(n < exact, n, large)
 
 
 class Encoder(nn.Module):
@@ -368,9 +436,20 @@ class Encoder(nn.Module):
     def __call__(
         self, x: jax.Array, key_mask: jax.Array, deterministic: bool
     ) -> tuple[jax.Array, list[jax.Array]]:
+        cfg = self.config
+        bias = None
+        if cfg.relative_attention_num_buckets:
+            seq_len = x.shape[1]
+            relative = jnp.arange(seq_len)[None, :] - jnp.arange(seq_len)[:, None]
+            buckets = relative_position_bucket(relative, cfg.relative_attention_num_buckets)
+            table = nn.Embed(cfg.relative_attention_num_buckets, cfg.num_heads,
+                             dtype=jnp.float32, param_dtype=jnp.float32,
+                             embedding_init=_normal(cfg, (None, "heads")),
+                             name="relative_attention_bias")
+            bias = jnp.transpose(table(buckets), (2, 0, 1))  # [heads, q, k]
         outputs = []
-        for i in range(self.config.num_layers):
-            x = Layer(self.config, name=f"layer_{i}")(x, key_mask, deterministic)
+        for i in range(cfg.num_layers):
+            x = Layer(cfg, name=f"layer_{i}")(x, key_mask, deterministic, bias)
             x = nn.with_logical_constraint(x, _HIDDEN_AXES)
             outputs.append(x)
         return x, outputs
@@ -405,6 +484,9 @@ class TransformerEncoder(nn.Module):
         x = Embeddings(self.config, name="embeddings")(
             input_ids, attention_mask, token_type_ids, deterministic, extra_token_embeddings
         )
+        if self.config.embedding_width != self.config.hidden_size:  # ELECTRA
+            x = _dense(self.config, self.config.hidden_size, (None, "embed"),
+                       "embeddings_project")(x)
         x = nn.with_logical_constraint(x, _HIDDEN_AXES)
         last, layer_outputs = Encoder(self.config, name="encoder")(
             x, attention_mask != 0, deterministic

@@ -21,9 +21,9 @@ import numpy as np
 from tokenizers import Tokenizer, processors
 
 from embedding_core import storage
-from embedding_core.encoders import EncoderConfig
+from embedding_core.encoders import DISTILBERT_FIELDS, OFFSET_POSITIONS, EncoderConfig
 from embedding_core.files import default_file_mode
-from embedding_core.pretrained import param_shapes
+from embedding_core.pretrained import param_shapes, rename
 
 WEIGHTS_FILE = "model.safetensors"
 INFO_FILE = "export_info.json"  # provenance, for people and tests
@@ -31,7 +31,8 @@ POOLINGS = ("cls", "mean")
 ACTIVATIONS = {"identity": "torch.nn.modules.linear.Identity",
                "tanh": "torch.nn.modules.activation.Tanh"}
 SIMILARITIES = ("cosine", "dot", "euclidean")  # sentence-transformers' similarity_fn_name
-_HF_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel"}
+_HF_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "mpnet": "MPNetModel",
+                     "distilbert": "DistilBertModel", "electra": "ElectraModel"}
 # Special tokens by role, in the order they are looked for in a tokenizer's vocabulary.
 _SPECIAL_ROLES = {
     "cls_token": ("[CLS]", "<s>"), "sep_token": ("[SEP]", "</s>"),
@@ -89,6 +90,7 @@ def hf_tensors(params: Mapping[str, Any], config: EncoderConfig) -> dict[str, np
     tensors = {}
     for path, value in flat.items():
         name, transpose = hf_name(path)
+        name = rename(name, config.model_type, inverse=True)
         array = np.asarray(value, dtype=np.float32)
         tensors[name] = np.ascontiguousarray(array.T if transpose else array)
     return tensors
@@ -119,7 +121,18 @@ def hf_config(config: EncoderConfig, tokenizer: Tokenizer | None = None) -> dict
         "torch_dtype": "float32",
         "dtype": "float32",
     }
-    if config.model_type == "roberta" and tokenizer is not None:
+    if config.model_type == "mpnet":
+        out["relative_attention_num_buckets"] = config.relative_attention_num_buckets
+    if config.model_type == "electra":
+        out["embedding_size"] = config.embedding_width
+    if config.model_type in ("mpnet", "distilbert"):  # no token types
+        del out["type_vocab_size"]
+    if config.model_type == "distilbert":  # its own field names
+        for ours, theirs in DISTILBERT_FIELDS.items():
+            out[theirs] = out.pop(ours)
+        out["sinusoidal_pos_embds"] = False
+        del out["position_embedding_type"]
+    if config.model_type in OFFSET_POSITIONS and tokenizer is not None:
         for key, token in (("bos_token_id", "<s>"), ("eos_token_id", "</s>")):
             token_id = tokenizer.token_to_id(token)
             if token_id is not None:

@@ -29,9 +29,38 @@ _WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 # Checkpoint entries that are not encoder parameters: buffers, pooler, task heads.
 _SKIPPED = re.compile(
     r"^(embeddings\.position_ids|embeddings\.token_type_ids|pooler\.|cls\.|lm_head\.|"
-    r"classifier\.|qa_outputs\.)"
+    r"classifier\.|qa_outputs\.|vocab_transform\.|vocab_layer_norm\.|vocab_projector\.|"
+    r"discriminator_predictions\.|generator_predictions\.|generator_lm_head\.)"
 )
-_PREFIXES = ("bert.", "roberta.")
+_PREFIXES = ("bert.", "roberta.", "mpnet.", "distilbert.", "electra.")
+# Checkpoint names of MPNet and DistilBERT -> BERT's (the module tree is BERT's); their
+# inverses name the tensors an export writes back (hf_export).
+RENAMES = {
+    "mpnet": ((".attention.attn.q.", ".attention.self.query."),
+              (".attention.attn.k.", ".attention.self.key."),
+              (".attention.attn.v.", ".attention.self.value."),
+              (".attention.attn.o.", ".attention.output.dense."),
+              (".attention.LayerNorm.", ".attention.output.LayerNorm.")),
+    "distilbert": (("transformer.layer.", "encoder.layer."),
+                   (".attention.q_lin.", ".attention.self.query."),
+                   (".attention.k_lin.", ".attention.self.key."),
+                   (".attention.v_lin.", ".attention.self.value."),
+                   (".attention.out_lin.", ".attention.output.dense."),
+                   (".sa_layer_norm.", ".attention.output.LayerNorm."),
+                   (".ffn.lin1.", ".intermediate.dense."), (".ffn.lin2.", ".output.dense."),
+                   (".output_layer_norm.", ".output.LayerNorm.")),
+}
+
+
+def rename(name: str, model_type: str, *, inverse: bool = False) -> str:
+    """A checkpoint tensor name of ``model_type`` as BERT's (``inverse``: back)."""
+    for theirs, ours in RENAMES.get(model_type, ()):
+        old, new = (ours, theirs) if inverse else (theirs, ours)
+        if old.startswith(".") and old in name:
+            name = name.replace(old, new)
+        elif name.startswith(old):
+            name = new + name[len(old):]
+    return name
 
 ENCODER_DIR = "encoder"  # a workdir's copy of its encoder's config and tokenizer files
 # What a BERT / RoBERTa tokenizer may need (copied when present); config.json last: its
@@ -112,7 +141,7 @@ def param_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]
     return {path: tuple(leaf.shape) for path, leaf in flat.items()}
 
 
-def _flax_path(hf_name: str) -> tuple[tuple[str, ...], bool] | None:
+def _flax_path(hf_name: str, model_type: str = "bert") -> tuple[tuple[str, ...], bool] | None:
     """Our parameter path for an HF tensor name and whether to transpose it; None: skip."""
     for prefix in _PREFIXES:
         if hf_name.startswith(prefix):
@@ -120,6 +149,7 @@ def _flax_path(hf_name: str) -> tuple[tuple[str, ...], bool] | None:
             break
     if _SKIPPED.match(hf_name):
         return None
+    hf_name = rename(hf_name, model_type)
     parts = hf_name.split(".")
     path: list[str] = []
     i = 0
@@ -136,7 +166,8 @@ def _flax_path(hf_name: str) -> tuple[tuple[str, ...], bool] | None:
         leaf = "scale"
     elif leaf == "beta":
         leaf = "bias"
-    elif leaf == "weight" and parent.endswith("_embeddings"):
+    elif leaf == "weight" and (parent.endswith("_embeddings")
+                               or parent == "relative_attention_bias"):
         leaf = "embedding"
     elif leaf == "weight":
         # torch Linear stores [out, in]; flax Dense kernels are [in, out].
@@ -180,7 +211,7 @@ def load_pretrained_params(model_dir: str | os.PathLike, config: EncoderConfig) 
     unexpected: list[str] = []
     mismatched: list[str] = []
     for name, tensor in _read_safetensors(model_dir).items():
-        target = _flax_path(name)
+        target = _flax_path(name, config.model_type)
         if target is None:
             continue
         path, transpose = target

@@ -160,7 +160,9 @@ class PretrainedEncoder(Encoder):
 
         self.model_dir, self.name = model_dir, name
         self.pretrained = pretrained.load_pretrained(model_dir)
-        self.pipeline = read_pipeline(model_dir, self.pretrained.config.max_position_embeddings)
+        config = self.pretrained.config
+        self.pipeline = read_pipeline(model_dir,
+                                      config.max_position_embeddings - config.position_offset)
         self._max_length = self.pipeline.max_seq_length
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()

@@ -269,9 +269,8 @@ class ContextualSource:
 
         pretrained = load_pretrained(name_or_path, dtype=dtype, dropout=False)
         config = pretrained.config
-        table = config.max_position_embeddings
-        if config.model_type == "roberta":
-            table -= config.pad_token_id + 1  # RoBERTa positions start after padding_idx
+        # RoBERTa / MPNet positions start after padding_idx.
+        table = config.max_position_embeddings - config.position_offset
         limit = min(table, 512) if max_length is None else max_length
         module, params = pretrained.module, jax.device_put(pretrained.params)
         layer_index = tuple(int(i) for i in layers)
