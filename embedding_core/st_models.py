@@ -189,6 +189,18 @@ class PretrainedEncoder(Encoder):
             return x
 
         self._forward = jax.jit(forward)
+        self._sharding = None
+
+    def use_local_devices(self) -> None:
+        """Split each batch over this process's devices (data parallel, parameters
+        replicated); batches are padded to a multiple of the device count."""
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        devices = jax.local_devices()
+        if len(devices) > 1:
+            mesh = Mesh(np.array(devices), ("data",))
+            self._sharding = NamedSharding(mesh, PartitionSpec("data"))
+            self.params = jax.device_put(self.params, NamedSharding(mesh, PartitionSpec()))
 
     @property
     def dim(self) -> int:
@@ -231,12 +243,18 @@ class PretrainedEncoder(Encoder):
         pad_id = _pad_id(self.tokenizer, self.pretrained.config.pad_token_id)
         prompt_length = getattr(self, "_prompt_length", 0)
 
+        rows_per_call = batch_size
+        if self._sharding is not None:  # a whole number of rows per device
+            rows_per_call = -(-batch_size // self._sharding.mesh.size) * self._sharding.mesh.size
+
         def build(rows: np.ndarray, width: int):
-            batch = np.full((batch_size, width), pad_id, np.int32)
-            mask = np.zeros((batch_size, width), np.int32)
+            batch = np.full((rows_per_call, width), pad_id, np.int32)
+            mask = np.zeros((rows_per_call, width), np.int32)
             for j, r in enumerate(rows):
                 batch[j, :lengths[r]] = ids[r]
                 mask[j, :lengths[r]] = 1
+            if self._sharding is not None:
+                return jax.device_put((batch, mask), self._sharding)
             return batch, mask
 
         return encode_in_batches(

@@ -1,0 +1,232 @@
+"""``embedding-jax encode``: text files encoded by any pretrained encoder
+(``st_models.load_encoder``), data-parallel over this host's devices, split across hosts,
+written block by block and resumable; the finished blocks become one export
+(``export.export_view``; ``docs/models.md``, "Bulk encoding").
+
+Layout while it runs: ``OUTPUT/_blocks/encode.json`` (what the run encodes: inputs with
+size and mtime, field, model, block size, settings) and ``OUTPUT/_blocks/<i>.npz`` (block
+``i``: rows ``[i * block_rows, (i + 1) * block_rows)``), each written atomically; a re-run
+skips the blocks it finds and refuses other inputs or settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from embedding_core import storage
+from embedding_core.errors import DataError
+from embedding_core.files import write_bytes_atomic
+
+BLOCKS = "_blocks"
+SETTINGS_FILE = "encode.json"
+
+
+def input_files(pattern: str) -> list[str]:
+    """The files of a path or glob (local or ``gs://``), sorted.
+
+    Raises:
+      FileNotFoundError: nothing matches (one line naming the pattern).
+    """
+    path = storage.as_path(pattern)
+    if any(c in pattern for c in "*?["):
+        parent = storage.as_path(pattern.rsplit("/", 1)[0]) if "/" in pattern else \
+            storage.as_path(".")
+        files = sorted(str(p) for p in parent.glob(pattern.rsplit("/", 1)[-1]) if p.is_file())
+    else:
+        files = [str(path)] if path.is_file() else []
+    if not files:
+        raise FileNotFoundError(f"--input={pattern}: no such file")
+    return files
+
+
+def texts(files: Sequence[str], field: str | None) -> Iterator[tuple[str, str]]:
+    """``(id, text)`` of every line (``FILE:LINE``), in file order; JSON Lines with
+    ``field``.
+
+    Raises:
+      DataError: an empty text, bad JSON or a missing field (``FILE:LINE: ...``).
+    """
+    for name in files:
+        with storage.as_path(name).open("r") as f:
+            for number, line in enumerate(f, 1):
+                line = line.rstrip("\n")
+                if field:
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise DataError(name, number, None, f"invalid JSON ({err.msg})") from None
+                    if not isinstance(record, dict) or not isinstance(record.get(field), str):
+                        raise DataError(name, number, field, "missing or not a string")
+                    line = record[field]
+                if not line.strip():
+                    raise DataError(name, number, field, "empty text")
+                yield f"{name}:{number}", line
+
+
+def _blocks(rows: Iterator[tuple[str, str]], block_rows: int
+            ) -> Iterator[tuple[int, list[str], list[str]]]:
+    ids: list[str] = []
+    values: list[str] = []
+    index = 0
+    for row_id, text in rows:
+        ids.append(row_id)
+        values.append(text)
+        if len(ids) == block_rows:
+            yield index, ids, values
+            ids, values, index = [], [], index + 1
+    if ids:
+        yield index, ids, values
+
+
+def settings(args: argparse.Namespace, files: Sequence[str]) -> dict[str, Any]:
+    """What a run encodes; a re-run must match it to reuse blocks."""
+    stats = []
+    for name in files:
+        info = storage.as_path(name).stat()
+        stats.append([name, int(info.length), int(info.mtime)])
+    return {"inputs": stats, "field": args.field, "model": args.model,
+            "block_rows": args.block_rows, "normalize": args.normalize,
+            "max_seq_length": args.max_seq_length, "prompt": args.prompt}
+
+
+def _save_block(path, ids: list[str], vectors: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, vectors=vectors, ids=np.array(ids))
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def encode_files(args: argparse.Namespace) -> dict[str, Any]:
+    """Encodes ``args.input`` into ``args.output`` (see the module docstring).
+
+    Returns ``{"rows", "blocks", "skipped", "encoded", "seconds"}`` of this process.
+
+    Raises:
+      FileNotFoundError, DataError, ValueError: one line each (bad input, other settings).
+    """
+    import jax
+
+    from embedding_core import export, multihost
+    from embedding_core.st_models import load_encoder
+
+    files = input_files(args.input)
+    out = storage.as_path(args.output)
+    blocks_dir = out / BLOCKS
+    wanted = settings(args, files)
+    saved_file = blocks_dir / SETTINGS_FILE
+    if saved_file.exists():
+        saved = json.loads(saved_file.read_text())
+        if saved != wanted:
+            changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
+            raise ValueError(f"{storage.display(out)} holds blocks of another encode ({changed} "
+                             "differ); use a new --output or the same inputs and flags")
+    elif multihost.is_primary():
+        write_bytes_atomic(saved_file, json.dumps(wanted, indent=1).encode())
+    if (out / export.META_FILENAME).exists():  # finished before: nothing to redo
+        rows = int(json.loads((out / export.META_FILENAME).read_text())["num_rows"])
+        return {"rows": rows, "blocks": -(-rows // args.block_rows), "skipped": 0,
+                "encoded": 0, "seconds": 0.0, "finished_before": True}
+    encoder = load_encoder(args.model)
+    if args.max_seq_length:
+        encoder.max_seq_length = args.max_seq_length
+    encoder.use_local_devices()
+    process, count = jax.process_index(), jax.process_count()
+    total = skipped = encoded = 0
+    t0 = time.time()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc="encode", unit="row", disable=not multihost.is_primary() or None)
+    for index, ids, values in _blocks(texts(files, args.field), args.block_rows):
+        total += len(ids)
+        if index % count != process:
+            continue
+        path = blocks_dir / f"{index:06d}.npz"
+        if path.exists():
+            skipped += 1
+            continue
+        vectors = encoder.encode(values, batch_size=args.batch_size, prompt=args.prompt,
+                                 normalize_embeddings=args.normalize)
+        _save_block(path, ids, vectors)
+        encoded += len(ids)
+        bar.update(len(ids))
+        bar.set_postfix_str(f"{encoded / max(time.time() - t0, 1e-9):.0f} sentences/s")
+        print(f"block {index} done ({len(ids)} rows)", file=sys.stderr, flush=True)
+    bar.close()
+    num_blocks = -(-total // args.block_rows)
+    if count > 1:  # every block written before process 0 assembles them
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("embedding_jax_encode_blocks")
+    if multihost.is_primary():
+        meta = {"model": args.model, "config": wanted, "step": None,
+                "normalized": bool(args.normalize), "similarity": encoder.similarity_fn_name
+                if encoder.similarity_fn_name in export.SIMILARITIES else "cosine"}
+        export.export_view(out, _read_blocks(blocks_dir, num_blocks), num_rows=total,
+                           dim=encoder.dim, meta=meta)
+    return {"rows": total, "blocks": num_blocks, "skipped": skipped, "encoded": encoded,
+            "seconds": time.time() - t0}
+
+
+def _read_blocks(blocks_dir, num_blocks: int) -> Iterator[tuple[list[str], np.ndarray]]:
+    for index in range(num_blocks):
+        with (blocks_dir / f"{index:06d}.npz").open("rb") as f:
+            with np.load(io.BytesIO(f.read())) as z:
+                yield [str(i) for i in z["ids"]], np.asarray(z["vectors"], np.float32)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="embedding-jax encode",
+        description="Encode text files with any pretrained encoder (hub id, folder, gs://, "
+                    "installed package) into the numpy export layout; resumable: re-run "
+                    "the same command after a stop and finished blocks are kept.")
+    p.add_argument("--model", required=True, help="hub id org/name[@revision], local or "
+                   "gs:// folder, or installed package")
+    p.add_argument("--input", required=True, help="a file or glob (local or gs://): one text "
+                   "per line, or JSON Lines with --field")
+    p.add_argument("--output", required=True, help="export folder (local or gs://)")
+    p.add_argument("--field", default=None, help="JSON Lines: the field holding the text")
+    p.add_argument("--batch_size", type=int, default=256, help="texts per encoder call")
+    p.add_argument("--block_rows", type=int, default=100_000,
+                   help="rows per resumable block (one file each)")
+    p.add_argument("--normalize", action="store_true", help="unit-length rows")
+    p.add_argument("--max_seq_length", type=int, default=0,
+                   help="tokens per text (0: the model's own)")
+    p.add_argument("--prompt", default=None, help="text prepended to every input")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.batch_size < 1 or args.block_rows < 1:
+        print("error: --batch_size and --block_rows must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        done = encode_files(args)
+    except (OSError, ValueError) as err:
+        print(f"embedding-jax encode: error: {err}", file=sys.stderr)
+        return 1
+    print(f"encoded {done['encoded']} rows ({done['skipped']} block(s) kept from before) "
+          f"of {done['rows']} in {done['seconds']:.1f} s into {args.output}", file=sys.stderr)
+    return 0
+
+
+def run() -> None:
+    """Console script ``embedding-jax``: ``embedding-jax encode --model=... --input=...``."""
+    argv = sys.argv[1:]
+    if not argv or argv[0] != "encode":
+        print("usage: embedding-jax encode --model=NAME_OR_PATH --input=FILE_OR_GLOB "
+              "--output=DIR [--help]", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(argv[1:]))
+
+
+if __name__ == "__main__":
+    run()
