@@ -218,6 +218,26 @@ class PretrainedEncoder(Encoder):
             raise ValueError(f"max_seq_length must be an int >= 2, got {value!r}")
         self._max_length = int(value)
 
+    def save(self, folder: str) -> None:
+        """The folder as loaded (its weights are unchanged), with the current
+        ``max_seq_length``; local or ``gs://``, written atomically.
+
+        Raises:
+          FileExistsError: ``folder`` is a file or not empty.
+        """
+        from embedding_core import hf_export
+
+        with hf_export.staged_output(folder) as stage:
+            for path in sorted(self.model_dir.rglob("*")):
+                if path.is_file():
+                    target = stage / path.relative_to(self.model_dir)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(path.read_bytes())
+            settings = stage / "sentence_bert_config.json"
+            raw = _json(settings) if settings.is_file() else {}
+            raw["max_seq_length"] = self._max_length
+            settings.write_text(json.dumps(raw, indent=2))
+
     def encode(self, sentences, prompt_name=None, prompt=None, *args, **kwargs) -> Any:
         from embedding_core import st_compat
 

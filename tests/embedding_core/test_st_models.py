@@ -85,3 +85,16 @@ def test_pooling_dense_and_prompts_equal_sentence_transformers(minilm, tmp_path,
                                atol=3e-5)
     np.testing.assert_allclose(ours.encode_document(SENTENCES), st.encode_document(SENTENCES),
                                atol=3e-5)
+
+
+def test_save_writes_a_folder_sentence_transformers_loads(minilm, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    ours = load_encoder(minilm)
+    ours.max_seq_length = 12
+    ours.save(str(tmp_path / "saved"))
+    st = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    assert st.max_seq_length == 12
+    np.testing.assert_allclose(st.encode(SENTENCES), ours.encode(SENTENCES), atol=2e-5)
+    with pytest.raises(FileExistsError):
+        ours.save(str(tmp_path / "saved"))
