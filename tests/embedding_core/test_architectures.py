@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -105,3 +106,32 @@ def test_load_encoder_equals_sentence_transformers(tiny):
     ours = load_encoder(folder)
     ours.max_seq_length = 32
     np.testing.assert_allclose(ours.encode(texts), st.encode(texts), atol=1e-5, err_msg=kind)
+
+
+def test_a_two_step_run_exports_its_own_model_type(tiny, tmp_path):
+    """DualCSE-bi trained 2 steps from the tiny model: export-hf loads back in transformers
+    with the same model_type, and sentence-transformers gives the run's vectors."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoConfig
+
+    from dualcse_jax import load, workflows
+    from dualcse_jax.configs import default
+
+    kind, _, folder = tiny
+    if kind in ("bert", "roberta"):
+        pytest.skip("trained BERT / RoBERTa exports: tests/embedding_core/test_hf_export.py")
+    config = default.get_config()
+    config.update(model=str(folder), architecture="bi", pooling="mean", max_length=16,
+                  batch_size=8, num_train_steps=2, checkpoint_every=2, eval_every=0,
+                  warmup_steps=0, learning_rate=1e-3,
+                  train_file=str(Path(__file__).resolve().parents[2] / "examples" / "data"
+                                 / "my_pairs.csv"))
+    workflows.train(config, tmp_path / "run")
+    workflows.export_hf_workdir(tmp_path / "run", tmp_path / "hf")
+    texts = ["A man is playing a guitar.", "The fox jumps over the lazy dog."]
+    emb = load(tmp_path / "run")
+    for view in ("explicit", "implicit"):
+        assert AutoConfig.from_pretrained(tmp_path / "hf" / view).model_type == kind
+        st = SentenceTransformer(str(tmp_path / "hf" / view), device="cpu")
+        np.testing.assert_allclose(st.encode(texts), emb.encode(texts, kind=view), atol=1e-5,
+                                   err_msg=f"{kind} {view}")
