@@ -293,9 +293,13 @@ def label_conflicts(examples: Sequence[INLIExample],
     return out
 
 
-def token_key(embedder: Embedder) -> Callable[[str], tuple[int, ...]]:
+def token_key(embedder: Embedder) -> Callable[[str], tuple[int, ...]] | None:
     """A :func:`label_conflicts` key: a hypothesis's token ids as ``embedder`` encodes it
-    (its tokenizer, its ``max_length`` truncation)."""
+    (its tokenizer, its ``max_length`` truncation); ``None`` (compare texts) for a model
+    without a tokenizer."""
+    if getattr(embedder, "tokenizer", None) is None:
+        return None
+
     def key(text: str) -> tuple[int, ...]:
         tok = tokenize(embedder.tokenizer, [text], int(embedder.config.max_length))
         return tuple(int(t) for t in tok.input_ids[0, :int(tok.lengths[0])])

@@ -89,6 +89,7 @@ class MetricLog:
 
         self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
         self._writer = EventFileWriter(str(local))
+        _sort_last(self._writer, local)
         # TensorBoard drops earlier files' events from this step on (they are redone).
         self._writer.add_event(event_pb2.Event(
             wall_time=time.time(), step=start_step + 1,
@@ -242,3 +243,20 @@ def write_training_plot(workdir: str | os.PathLike, path: str | os.PathLike | No
     target = storage.as_path(path) if path is not None else \
         storage.as_path(workdir) / PLOT_FILE
     files.write_bytes_atomic(target, plot_metrics(read_metrics(workdir), title=title))
+
+
+def _sort_last(writer, folder) -> None:
+    """Renames ``writer``'s new event file to sort after every earlier one. TensorBoard
+    reads a run's files in name order and drops redone steps only from files read before
+    the START event; the names hold the second and a per-process counter, which do not
+    always sort in creation order (two files in one second with counter 9 and 10)."""
+    import os
+    import pathlib
+
+    mine = pathlib.Path(writer._file_name)  # the open handle survives the rename
+    others = sorted(p.name for p in pathlib.Path(folder).glob("events.out.tfevents.*")
+                    if p.name != mine.name)
+    if others and others[-1] >= mine.name:
+        target = mine.with_name(f"{others[-1]}.{len(others)}")
+        os.replace(mine, target)
+        writer._file_name = str(target)

@@ -127,3 +127,20 @@ def test_a_run_logs_loss_and_evaluation_as_scalars_and_draws_its_plot(tmp_path):
     assert [s for s, _ in got["mse"]] == [2, 4]
     assert got["mse"][1][1] == pytest.approx(final, rel=1e-6) and final < got["mse"][0][1]
     Image.open(tmp_path / metric_log.PLOT_FILE).verify()
+
+
+def test_a_resumed_file_sorts_last_when_the_writer_counter_gains_a_digit(tmp_path, monkeypatch):
+    # Two event files in one second of one process, counter 9 then 10: by name "...10"
+    # sorts before "...9", and TensorBoard would keep the first run's redone step 3.
+    from tensorboard.summary.writer import event_file_writer
+
+    counter = event_file_writer.AtomicCounter(9)
+    monkeypatch.setattr(event_file_writer, "_global_uid", counter)
+    log = metric_log.MetricLog(tmp_path, start_step=0)
+    for step in (1, 2, 3):
+        log.write(step, {"loss": float(step)})
+    log.close()
+    log = metric_log.MetricLog(tmp_path, start_step=2)
+    log.write(3, {"loss": 0.5})
+    log.close()
+    assert scalars(tmp_path)["loss"] == [(1, 1.0), (2, 2.0), (3, 0.5)]
