@@ -221,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run() -> None:
     """Console script ``embedding-jax``: ``embedding-jax encode --model=... --input=...``."""
     argv = sys.argv[1:]
+    if argv[:1] in (["-h"], ["--help"]):
+        parser().print_help()
+        sys.exit(0)
     if not argv or argv[0] != "encode":
         print("usage: embedding-jax encode --model=NAME_OR_PATH --input=FILE_OR_GLOB "
               "--output=DIR [--help]", file=sys.stderr)
