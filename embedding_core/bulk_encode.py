@@ -200,6 +200,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max_seq_length", type=int, default=0,
                    help="tokens per text (0: the model's own)")
     p.add_argument("--prompt", default=None, help="text prepended to every input")
+    p.add_argument("--coordinator_address", default=None,
+                   help="multi-process runs: host:port of process 0, or 'auto' on a TPU pod "
+                        "(also $JAX_COORDINATOR_ADDRESS); every process runs the same command")
+    p.add_argument("--num_processes", type=int, default=None, help="with a host:port")
+    p.add_argument("--process_id", type=int, default=None, help="with a host:port")
     return p
 
 
@@ -208,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size < 1 or args.block_rows < 1:
         print("error: --batch_size and --block_rows must be >= 1", file=sys.stderr)
         return 2
+    from embedding_core import parallel
+
+    parallel.maybe_initialize_distributed(args.coordinator_address, args.num_processes,
+                                          args.process_id)
     try:
         done = encode_files(args)
     except (OSError, ValueError) as err:

