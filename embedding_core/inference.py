@@ -300,17 +300,6 @@ class Encoder:
                 kwargs["prompt_name"] = found
         return self.encode(sentences, **{**side_kwargs, **kwargs})
 
-    def save(self, folder: str) -> None:
-        """The model as sentence-transformers folder(s) at ``folder`` (local or ``gs://``;
-        ``serving.export_hf``: one folder, or one per view).
-
-        Raises:
-          FileExistsError: ``folder`` is a file or not empty. ValueError: no such form.
-        """
-        from embedding_core import serving
-
-        serving.export_hf(lambda: self, folder, workdir=getattr(self, "workdir", None))
-
     def similarity(self, a, b) -> np.ndarray:
         """``[n, m]`` similarities by :attr:`similarity_fn_name` (``st_compat.similarity``)."""
         from embedding_core import st_compat
