@@ -26,4 +26,11 @@ def load(workdir, **kwargs):
     return _load(workdir, **kwargs)
 
 
+def config_fields():
+    """The run config's field names (``embedding_core.workdirs`` tells workdirs apart)."""
+    from docent_jax.configs.default import FIELDS
+
+    return list(FIELDS)
+
+
 __all__ = ["train", "load"]

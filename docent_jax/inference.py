@@ -42,7 +42,7 @@ from embedding_core import (
 from embedding_core.encoders import EncoderConfig
 from embedding_core.inference import Encoder, check_texts, encode_in_batches, l2_normalize
 from embedding_core.pretrained import workdir_model_dir
-from embedding_core.serving import HFFolder, View
+from embedding_core.serving import HFFolder, SavesFolder, View
 
 PROG = "docent-jax"
 REQUIRED_FIELDS = ("model", "pooling", "projection_dim", "max_length", "table_multiple")
@@ -57,7 +57,7 @@ def _full_table_scores(queries, rows, row_args, consts):
     return full_scores(queries, rows, row_args[0])
 
 
-class EntityRanker(Encoder):
+class EntityRanker(SavesFolder, Encoder):
     """A trained DocEnt model: ``variant``, ``entity_ids`` (row i = entity i), ``step``
     (None for in-memory params), ``config``, ``model``, ``params``, ``tokenizer``;
     ``workdir`` when loaded. ``block_rows``: table rows per exported block."""

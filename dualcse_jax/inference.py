@@ -17,13 +17,13 @@ from embedding_core import configs, multihost, parallel, storage, training
 from embedding_core.encoders import EncoderConfig
 from embedding_core.inference import Encoder, encode_in_batches, token_batch_builder
 from embedding_core.pretrained import workdir_model_dir
-from embedding_core.serving import HFFolder, View
+from embedding_core.serving import HFFolder, SavesFolder, View
 
 PROG = "dualcse-jax"
 REQUIRED_FIELDS = ("model", "architecture", "pooling", "max_length", "dtype")
 
 
-class Embedder(Encoder):
+class Embedder(SavesFolder, Encoder):
     """DualCSE's r and u of sentences (one vector, r = u, for simcse and the baseline).
 
     Attributes:

@@ -228,7 +228,10 @@ class Encoder:
         Args:
           prompt_name, prompt: text prepended to every input (``prompt`` wins).
           batch_size: texts per encoder call (default: the run's ``eval_batch_size``).
-          output_value: ``sentence_embedding`` (``token_embeddings`` where a model has it).
+          output_value: ``sentence_embedding``; where :attr:`token_outputs`:
+            ``token_embeddings`` (a list of float32 ``[tokens_i, hidden]``, prompt and
+            special tokens included) or ``None`` (a list of dicts of both, ``input_ids``
+            and ``attention_mask``, each cut to the text's own tokens).
           precision: float32 | int8 | uint8 | binary | ubinary (calibrated on this call).
           convert_to_tensor: a ``jax.Array`` on ``device`` (a JAX platform name).
           normalize_embeddings (alias ``normalize``): unit rows, after ``truncate_dim``.
@@ -245,10 +248,10 @@ class Encoder:
             normalize_embeddings = normalize
         if not isinstance(normalize_embeddings, (bool, np.bool_)):
             raise TypeError(f"normalize must be True or False, got {normalize_embeddings!r}")
-        if output_value not in ("sentence_embedding", None):
-            if output_value != "token_embeddings":
-                raise ValueError(f"output_value {output_value!r}: use 'sentence_embedding' or "
-                                 "'token_embeddings'")
+        if output_value not in ("sentence_embedding", "token_embeddings", None):
+            raise ValueError(f"output_value {output_value!r}: use 'sentence_embedding', "
+                             "'token_embeddings' or None")
+        if output_value != "sentence_embedding" and not self.token_outputs:
             raise ValueError(f"{self.name} gives sentence embeddings only "
                              "(output_value='sentence_embedding')")
         if precision not in st_compat.PRECISIONS:
@@ -265,6 +268,11 @@ class Encoder:
         # Rows are padded up to the batch size (one compile per width): never pad past the
         # texts there are, so a large batch_size costs no memory on a short list.
         batch_size = min(int(batch_size), max(len(texts), 1))
+        if output_value != "sentence_embedding":
+            return self._token_results(texts, single, output_value, batch_size=batch_size,
+                                       show_progress_bar=bool(show_progress_bar),
+                                       truncate_dim=truncate_dim,
+                                       normalize=normalize_embeddings, **kwargs)
         if not texts:
             out = np.zeros((0, self.dim), np.float32)
         else:
@@ -278,6 +286,34 @@ class Encoder:
         return st_compat.finish(out, single=single, precision=precision,
                                 convert_to_numpy=convert_to_numpy,
                                 convert_to_tensor=convert_to_tensor, device=device)
+
+    token_outputs = False  # whether _token_rows exists (output_value != sentence_embedding)
+
+    def _token_rows(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
+                    ) -> list[dict[str, np.ndarray]]:
+        """Per text: ``input_ids`` int32 ``[t]`` and ``token_embeddings`` float32 ``[t, h]``."""
+        raise NotImplementedError
+
+    def _token_results(self, texts: list[str], single: bool, output_value: str | None, *,
+                       batch_size: int, show_progress_bar: bool, truncate_dim: int | None,
+                       normalize: bool, **kwargs: Any) -> Any:
+        # As sentence-transformers: precision and convert_to_* do not apply to token
+        # outputs; normalize and truncate_dim apply to the sentence embedding only.
+        rows = self._token_rows(texts, batch_size=batch_size,
+                                show_progress_bar=show_progress_bar) if texts else []
+        if output_value == "token_embeddings":
+            out = [r["token_embeddings"] for r in rows]
+        else:
+            sentences = np.asarray(self._encode(texts, batch_size=batch_size,
+                                                show_progress_bar=show_progress_bar,
+                                                **kwargs), np.float32)
+            if truncate_dim is not None:
+                sentences = sentences[:, :int(truncate_dim)]
+            if normalize:
+                sentences = l2_normalize(sentences)
+            out = [{**r, "attention_mask": np.ones_like(r["input_ids"]),
+                    "sentence_embedding": s} for r, s in zip(rows, sentences, strict=True)]
+        return out[0] if single else out
 
     query_kwargs: dict[str, Any] = {}
     document_kwargs: dict[str, Any] = {}

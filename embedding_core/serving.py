@@ -51,6 +51,20 @@ class HFFolder:
     kwargs: Mapping[str, Any]
 
 
+class SavesFolder:
+    """``save(folder)`` for a trained model's ``Encoder`` (mixed in by the packages)."""
+
+    def save(self, folder: str | os.PathLike) -> epath.Path:
+        """Writes this model as :func:`export_hf` does: sentence-transformers folder(s),
+        one per view a model has two of (DualCSE's ``explicit/`` and ``implicit/``).
+
+        Raises:
+          FileExistsError: ``folder`` is a file or a non-empty folder.
+          ValueError: the model has no sentence-encoder form.
+        """
+        return export_hf(lambda: self, folder)
+
+
 # (ids, [rows, dim] float32) blocks of a table view, in row order.
 TableRows = tuple[int, Iterator[tuple[Sequence[str], np.ndarray]]]
 

@@ -189,6 +189,9 @@ class PretrainedEncoder(Encoder):
             return x
 
         self._forward = jax.jit(forward)
+        self._hidden = jax.jit(
+            lambda params, ids, mask: module.apply({"params": params}, ids, mask)
+            .last_hidden_state.astype(jnp.float32))
         self._sharding = None
 
     def use_local_devices(self) -> None:
@@ -251,17 +254,34 @@ class PretrainedEncoder(Encoder):
     def _case(self, text: str) -> str:
         return text.lower() if self.pipeline.do_lower_case else text
 
-    def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
-                ) -> np.ndarray:
+    token_outputs = True
+
+    def _token_ids(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
         # max_seq_length counts the special tokens, as sentence-transformers' truncation.
         self.tokenizer.enable_truncation(max_length=self._max_length)
         try:
             ids = [e.ids for e in self.tokenizer.encode_batch([self._case(t) for t in texts])]
         finally:
             self.tokenizer.no_truncation()
-        lengths = np.array([len(i) for i in ids])
-        pad_id = _pad_id(self.tokenizer, self.pretrained.config.pad_token_id)
+        return ids, np.array([len(i) for i in ids])
+
+    def _token_rows(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
+                    ) -> list[dict[str, np.ndarray]]:
+        ids, lengths = self._token_ids(texts)
+        hidden = self._run(ids, lengths, batch_size, show_progress_bar,
+                           lambda x: self._hidden(self.params, *x), rows_out=True)
+        return [{"input_ids": np.asarray(i, np.int32), "token_embeddings": h[:n]}
+                for i, h, n in zip(ids, hidden, lengths, strict=True)]
+
+    def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
+                ) -> np.ndarray:
+        ids, lengths = self._token_ids(texts)
         prompt_length = getattr(self, "_prompt_length", 0)
+        return self._run(ids, lengths, batch_size, show_progress_bar,
+                         lambda x: self._forward(self.params, *x, prompt_length))
+
+    def _run(self, ids, lengths, batch_size, show_progress_bar, forward, rows_out=False):
+        pad_id = _pad_id(self.tokenizer, self.pretrained.config.pad_token_id)
 
         rows_per_call = batch_size
         if self._sharding is not None:  # a whole number of rows per device
@@ -278,9 +298,9 @@ class PretrainedEncoder(Encoder):
             return batch, mask
 
         return encode_in_batches(
-            lengths, build, lambda x: self._forward(self.params, *x, prompt_length),
-            batch_size=batch_size, pad_multiple=8, max_width=int(lengths.max()),
-            show_progress_bar=show_progress_bar, desc="encode")
+            lengths, build, forward, batch_size=batch_size, pad_multiple=8,
+            max_width=int(lengths.max()), show_progress_bar=show_progress_bar, desc="encode",
+            rows_out=rows_out)
 
 
 def _pad_id(tokenizer, fallback: int) -> int:
@@ -299,7 +319,15 @@ def load_encoder(name_or_path: str | os.PathLike) -> Encoder:
     Raises:
       FileNotFoundError, ValueError: as ``pretrained.resolve_model_dir`` and
         :func:`read_pipeline` (one line each).
+    A workdir of ours (local or ``gs://``) loads as its package's ``load`` gives it
+    (``embedding_core.workdirs``), its views chosen with ``kind=`` / ``side=``.
     """
+    from embedding_core import workdirs
+
+    if not isinstance(name_or_path, str) or "://" in name_or_path \
+            or os.path.exists(name_or_path):
+        if workdirs.is_workdir(name_or_path):
+            return workdirs.load_workdir(name_or_path)
     model_dir = pretrained.resolve_model_dir(name_or_path)
     return PretrainedEncoder(model_dir, name=storage.display(name_or_path)
                              if storage.is_remote(name_or_path) else str(name_or_path))

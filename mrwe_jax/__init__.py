@@ -22,4 +22,12 @@ def load(workdir, **kwargs):
     return _load(workdir, **kwargs)
 
 
+
+def config_fields():
+    """The run config's field names (``embedding_core.workdirs`` tells workdirs apart)."""
+    from mrwe_jax.configs.default import FIELDS
+
+    return list(FIELDS)
+
+
 __all__ = ["train", "load"]

@@ -19,7 +19,7 @@ from data_pipelines.squad import squad_dev_path
 from embedding_core import configs, multihost, parallel, storage, training
 from embedding_core.files import read_json_object, write_json
 from embedding_core.inference import Encoder, encode_in_batches
-from embedding_core.serving import View
+from embedding_core.serving import SavesFolder, View
 from mrwe_jax import data
 from mrwe_jax.configs import default
 from mrwe_jax.features import cache as word_features
@@ -83,7 +83,7 @@ def tower_label(config: ml_collections.ConfigDict, step: int | None) -> str:
     return f"ensemble + {name} (step {step}{extra})"
 
 
-class Retriever(Encoder):
+class Retriever(SavesFolder, Encoder):
     """A ConvRR / FCRR tower with its feature recipe (``features``: a ``FeatureSet`` of no
     texts, or the corpus's); ``name`` is its evaluation-table label. ``split``: the
     corpus rows its export views hold, ``"all"`` or ``"test"`` (the test questions and

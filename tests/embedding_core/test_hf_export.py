@@ -362,3 +362,39 @@ def test_cli_export_hf_is_wired_and_refuses_a_used_output_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "docent_jax.main", "export-hf",
                            f"--workdir={tmp_path}"], capture_output=True, text=True, timeout=1800)
     assert done.returncode == 1 and "export-hf needs --output=DIR" in done.stderr
+
+
+def test_load_encoder_takes_our_workdirs_and_save_writes_export_hf(cross, docent, tmp_path):
+    import embedding_core
+    from dualcse_jax import load
+    from embedding_core import workdirs
+
+    workdir, out = cross
+    model = embedding_core.load_encoder(str(workdir))
+    assert type(model) is type(load(workdir)) and workdirs.method_of(workdir) == "dualcse"
+    np.testing.assert_allclose(model.encode(TEXTS, kind="implicit"),
+                               load(workdir).encode(TEXTS, kind="implicit"), atol=0)
+    model.save(tmp_path / "saved")  # the same folders as export-hf, loadable as they are
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["explicit", "implicit"]
+    np.testing.assert_allclose(_st(tmp_path / "saved" / "implicit").encode(TEXTS),
+                               _st(out / "implicit").encode(TEXTS), atol=0)
+    with pytest.raises(FileExistsError):
+        model.save(tmp_path / "saved")
+    assert workdirs.method_of(docent[0]) == "docent"
+    assert embedding_core.load_encoder(docent[0]).name.startswith("DocEnt")
+
+
+def test_method_of_tells_the_methods_apart_by_their_config_fields(tmp_path):
+    from docent_jax.configs import default as docent_default
+    from embedding_core import workdirs
+    from mrwe_jax.configs import default as mrwe_default
+
+    for name, config in (("mrwe", mrwe_default.get_config()),
+                         ("docent", docent_default.get_config())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run_config.json").write_text(json.dumps(config.to_dict()))
+        assert workdirs.method_of(tmp_path / name) == name
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "run_config.json").write_text(json.dumps({f"x{i}": i for i in range(5)}))
+    with pytest.raises(ValueError, match="no installed method has these config fields"):
+        workdirs.method_of(tmp_path / "other")

@@ -98,3 +98,30 @@ def test_save_writes_a_folder_sentence_transformers_loads(minilm, tmp_path):
     np.testing.assert_allclose(st.encode(SENTENCES), ours.encode(SENTENCES), atol=2e-5)
     with pytest.raises(FileExistsError):
         ours.save(str(tmp_path / "saved"))
+
+
+def test_token_embeddings_and_all_outputs_equal_sentence_transformers(minilm, st_minilm):
+    ours = load_encoder(minilm)
+    st_minilm.max_seq_length = 256  # an earlier test shortened the shared model
+    for kwargs in ({}, {"prompt": "search: ", "batch_size": 3}):
+        a = ours.encode(SENTENCES, output_value="token_embeddings", **kwargs)
+        b = st_minilm.encode(SENTENCES, output_value="token_embeddings", **kwargs)
+        assert len(a) == len(b) == len(SENTENCES)
+        for x, y in zip(a, b, strict=True):  # each text's own tokens, no padding
+            assert x.shape == tuple(y.shape) and x.dtype == np.float32, kwargs
+            np.testing.assert_allclose(x, y.numpy(), atol=3e-5)
+    one = ours.encode(SENTENCES[1], output_value="token_embeddings")
+    np.testing.assert_allclose(
+        one, st_minilm.encode(SENTENCES[1], output_value="token_embeddings").numpy(), atol=3e-5)
+    rows = ours.encode(SENTENCES, output_value=None, normalize_embeddings=True)
+    st_rows = st_minilm.encode(SENTENCES, output_value=None, normalize_embeddings=True)
+    for row, st_row in zip(rows, st_rows, strict=True):
+        n = int(st_row["attention_mask"].sum())  # sentence-transformers pads to its batch
+        assert np.array_equal(row["input_ids"], st_row["input_ids"][:n].numpy())
+        np.testing.assert_allclose(row["token_embeddings"],
+                                   st_row["token_embeddings"][:n].numpy(), atol=3e-5)
+        assert np.array_equal(row["attention_mask"], st_row["attention_mask"][:n].numpy())
+        np.testing.assert_allclose(row["sentence_embedding"],
+                                   st_row["sentence_embedding"].numpy(), atol=3e-5)
+    with pytest.raises(ValueError, match="output_value 'tokens'"):
+        ours.encode(SENTENCES, output_value="tokens")
