@@ -118,11 +118,15 @@ def test_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
     return _rte_examples(config, "test")
 
 
+def test_source(config: ml_collections.ConfigDict) -> str:
+    """The file RTE reports on, as reports name it: ``test_file``, else ``INLI test``."""
+    return _field(config, "test_file") or "INLI test"
+
+
 def rte_sets_label(config: ml_collections.ConfigDict) -> str:
     """``"<test set>, threshold tuned on <val set>"`` for printed tables."""
-    test = _field(config, "test_file") or "INLI test"
     val = _field(config, "val_file") or "INLI val"
-    return f"{test}, threshold tuned on {val}"
+    return f"{test_source(config)}, threshold tuned on {val}"
 
 
 def batch_factory(config: ml_collections.ConfigDict, table: TokenTable | shards.Manifest

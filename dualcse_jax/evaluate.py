@@ -19,7 +19,7 @@ from data_pipelines.tokenization import tokenize
 from dualcse_jax import data
 from dualcse_jax.configs import RTE_SCORE_RULES
 from dualcse_jax.inference import Embedder
-from embedding_core import multihost
+from embedding_core import metrics, multihost
 from embedding_core.metrics import best_threshold_accuracy
 
 CLASSES = ("explicit", "implied", "neutral", "contradiction")
@@ -219,10 +219,45 @@ def rte_correct(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.n
             thresholds)
 
 
+def one_score(sims: np.ndarray, rule: str) -> np.ndarray:
+    """A pair's score under a one-score rule from ``[n, 2]`` cosines (r_p·r_h, u_p·r_h)."""
+    if rule == "max":
+        return sims.max(axis=-1)
+    return sims[..., ("explicit", "implicit").index(rule)]
+
+
+def class_items(test_sims: Mapping[str, np.ndarray], cls: str, rule: str
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Scores ``[n]`` and entailed labels ``[n]`` of one class's threshold-free comparison:
+    an entailed class against every not-entailed pair, a not-entailed class (as negatives)
+    against every entailed pair; ``cls="all"``: every pair (``docs/dualcse.md``)."""
+    if cls == "all":
+        parts = CLASSES
+    else:
+        parts = (cls,) + tuple(c for c in CLASSES if ENTAILED[c] != ENTAILED[cls])
+    scores = np.concatenate([one_score(test_sims[c], rule) for c in parts])
+    labels = np.concatenate([np.full(len(test_sims[c]), ENTAILED[c]) for c in parts])
+    return scores, labels
+
+
+def threshold_free(test_sims: Mapping[str, np.ndarray], rule: str) -> dict[str, dict]:
+    """``{"auc": {class: v}, "ap": {class: v}}`` in [0, 1], classes and ``all``, of
+    :func:`class_items` (``embedding_core.metrics``); ``{}`` for ``pair`` (no one score)."""
+    if rule == "pair":
+        return {}
+    out: dict[str, dict] = {"auc": {}, "ap": {}}
+    for c in (*CLASSES, "all"):
+        scores, labels = class_items(test_sims, c, rule)
+        out["auc"][c] = metrics.roc_auc(scores, labels)
+        out["ap"][c] = float(metrics.average_precision_rows(scores[None], labels[None])[0])
+    return out
+
+
 def rte_result(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.ndarray],
                rule: str) -> dict[str, float]:
     """``{"explicit", "implied", "neutral", "contradiction", "average"}`` accuracies in
-    [0, 1] and ``"threshold"`` (``pair``: ``"threshold_explicit"``, ``"threshold_implicit"``)."""
+    [0, 1] and ``"threshold"`` (``pair``: ``"threshold_explicit"``, ``"threshold_implicit"``);
+    one-score rules add :func:`threshold_free`'s ``"auc"`` and ``"ap"``."""
     correct, thresholds = rte_correct(val_sims, test_sims, rule)
     result = {c: float(np.mean(correct[c])) for c in CLASSES}
     result["average"] = float(np.mean([result[c] for c in CLASSES]))
@@ -230,7 +265,7 @@ def rte_result(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.nd
         result["threshold_explicit"], result["threshold_implicit"] = thresholds
     else:
         result["threshold"] = thresholds[0]
-    return result
+    return {**result, **threshold_free(test_sims, rule)}
 
 
 def evaluate_rte_rules(embedder: Embedder, val: Sequence[INLIExample],
@@ -261,7 +296,13 @@ def rte_evaluator(model, tokenizer, config, val: list[INLIExample] | None = None
 
     def evaluate(params, step):
         embedder.params, embedder.step = params, step
-        return {f"val_rte_{k}": v for k, v in evaluate_rte(embedder, val, val).items()}
+        out = {}
+        for k, v in evaluate_rte(embedder, val, val).items():
+            if isinstance(v, dict):  # auc / ap per class
+                out.update({f"val_rte_{k}_{c}": x for c, x in v.items()})
+            else:
+                out[f"val_rte_{k}"] = v
+        return out
 
     return evaluate
 
@@ -379,10 +420,18 @@ def impscore_pairs(rows) -> list[tuple[str, str]]:
 
 
 def format_rte_table(rows: dict[str, dict[str, float]]) -> str:
-    """A fixed-width table, one line per model, accuracies in percent."""
+    """A fixed-width table, one line per model, accuracies in percent; then, for one-score
+    rules, ROC-AUC per class (threshold-free, :func:`threshold_free`) in percent."""
     head = f"{'model':<28}" + "".join(f"{c:>14}" for c in (*CLASSES, "average"))
     lines = [head, "-" * len(head)]
     for name, r in rows.items():
         lines.append(f"{name:<28}" + "".join(f"{100 * r[c]:>14.2f}"
                                             for c in (*CLASSES, "average")))
+    if all("auc" in r for r in rows.values()):
+        lines += ["", "ROC-AUC (%), no threshold: each class against the pairs of the other "
+                  "label (AP in rte.json)", f"{'model':<28}" + "".join(
+                      f"{c:>14}" for c in (*CLASSES, "all")), "-" * len(head)]
+        for name, r in rows.items():
+            lines.append(f"{name:<28}" + "".join(f"{100 * r['auc'][c]:>14.2f}"
+                                                for c in (*CLASSES, "all")))
     return "\n".join(lines)

@@ -64,7 +64,8 @@ PROGRAM = Program(
                  "own data: --config.train_file / val_file / test_file (docs/data.md).",
         "evaluate": "RTE on INLI test (or the run's test_file), threshold tuned on INLI val "
                     "(or val_file); writes DIR/eval/rte.json and eis.json. --baseline adds "
-                    "MiniLM off the shelf; EIS on --eis_data, else on an INLI PROXY; "
+                    "MiniLM off the shelf; EIS on --eis_data, else a proxy from the RTE "
+                    "test rows (n/a for SimCSE: one vector); "
                     "--config.val_file / test_file / eval_rte_score_rule apply to this "
                     "evaluation only; --rte_score_rules=all: a table per rule.",
         "export": "Views: explicit/ (r) and implicit/ (u).",

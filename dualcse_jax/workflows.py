@@ -72,14 +72,19 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     rows = {name: by_rule[rules[0]]}
     if baseline:
         rows["MiniLM off the shelf (mean)"] = base_rule[rules[0]]
-    if eis_data:
+    test_source = data.test_source(config)
+    if embedder.config.architecture == "simcse":
+        # One vector (r = u): implicitness is 0 for every sentence; no EIS to report.
+        eis = {"eis_accuracy": None, "proxy": False,
+               "eis_data": "n/a (one vector: SimCSE's r and u are the same)"}
+    elif eis_data:
         eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, eis_pairs),
                "eis_data": eis_data, "proxy": False}
     else:
         pairs = evaluate.inli_eis_proxy_pairs(test)
         eis = {"eis_accuracy": evaluate.evaluate_eis(embedder, pairs), "proxy": True,
-               "eis_data": "INLI test: premise (implicit) vs its implied entailment "
-                           "(explicit) — a PROXY"}
+               "eis_data": f"{test_source}: premise (implicit) vs its implied entailment "
+                           "(explicit), a proxy"}
     out_dir = storage.as_path(workdir) / "eval"
     # Rows that score one pair under two opposite labels: counted next to the accuracies.
     # As the tokenizer sees them: an uncased tokenizer makes "The dog" and "the dog" one input.
@@ -105,8 +110,12 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         print(evaluate.format_rte_table(table))
     if note := evaluate.format_label_conflicts(conflicts):
         print(note)
-    label = "EIS accuracy (INLI PROXY)" if eis["proxy"] else "EIS accuracy (ImpScore test)"
-    print(f"{label}: {100 * eis['eis_accuracy']:.2f}%")
+    if eis["eis_accuracy"] is None:
+        print(f"EIS accuracy: {eis['eis_data']}")
+    else:
+        label = (f"EIS accuracy ({'INLI' if test_source == 'INLI test' else test_source} "
+                 "proxy)" if eis["proxy"] else f"EIS accuracy ({eis_data})")
+        print(f"{label}: {100 * eis['eis_accuracy']:.2f}%")
     print(f"wrote {out_dir / 'rte.json'}")
     return {"rte": rows, "rte_rules": by_rule, "eis": eis, "label_conflicts": conflicts}
 

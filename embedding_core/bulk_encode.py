@@ -227,18 +227,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def run() -> None:
-    """Console script ``embedding-jax``: ``embedding-jax encode --model=... --input=...``."""
-    argv = sys.argv[1:]
-    if argv[:1] in (["-h"], ["--help"]):
-        parser().print_help()
-        sys.exit(0)
-    if not argv or argv[0] != "encode":
-        print("usage: embedding-jax encode --model=NAME_OR_PATH --input=FILE_OR_GLOB "
-              "--output=DIR [--help]", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(argv[1:]))
-
-
-if __name__ == "__main__":
-    run()
+if __name__ == "__main__":  # python -m embedding_core.bulk_encode encode ...
+    sys.exit(main(sys.argv[2:] if sys.argv[1:2] == ["encode"] else sys.argv[1:]))

@@ -79,8 +79,9 @@ class Program:
             Command("train", self._train, u.get("train", "--config=CONFIG.py --workdir=DIR "
                                                 "[--config.FIELD=VALUE ...]"),
                     h.get("train", "")),
-            Command("evaluate", self.evaluate, u.get("evaluate", "--workdir=DIR"),
-                    h.get("evaluate", ""), shared_work=True),
+            Command("evaluate", self._evaluate, u.get("evaluate", "--workdir=DIR")
+                    + " [--ir=DIR|FILE] [--sts=FILE] [--pairs=FILE] [--triplets=FILE]",
+                    h.get("evaluate", "") + EVALUATE_FILES_HELP, shared_work=True),
             Command("export", self._export, u.get("export", f"--workdir=DIR {out} "
                                                   "[--input=TEXTS.txt] [--normalize]"),
                     EXPORT_HELP + h.get("export", ""), shared_work=True),
@@ -96,6 +97,11 @@ class Program:
     def _train(self, inv: Invocation) -> None:
         self.train(storage.absolute_data_paths(inv.config, self.data_files), inv.workdir)
         print(f"checkpoints and TensorBoard events in {inv.workdir}")
+
+    def _evaluate(self, inv: Invocation) -> Any:
+        if any(FLAGS[kind].value for kind in EVAL_FLAGS):
+            return evaluate_files(self.load, inv)
+        return self.evaluate(inv)
 
     def _export(self, inv: Invocation) -> None:
         from embedding_core import serving
@@ -128,6 +134,10 @@ class Program:
         return "\n".join(lines) + "\n"
 
 
+EVALUATE_FILES_HELP = (" With --ir / --sts / --pairs / --triplets (your own files; "
+                       "--view=NAME for one view of a two-view model): only those "
+                       "evaluators, sentence-transformers' metrics, written to --output "
+                       "(default DIR/eval/evaluators.json).")
 EXPORT_HELP = ("writes OUT_DIR (default DIR/export)/<view>/ per view of the model: "
                "embeddings.npy float32 [N, dim] (row i = line i of --input, or the model's "
                "own rows), ids.txt and meta.json, export.json last (docs/export.md); "
@@ -158,6 +168,41 @@ def define_flags(default_config: str) -> None:
     flags.DEFINE_string("output", None, "export (default WORKDIR/export), export-hf: the "
                         "output folder.")
     flags.DEFINE_bool("normalize", None, "export: unit-length rows (default: the model's).")
+    for kind, what in EVAL_FLAGS.items():
+        flags.DEFINE_multi_string(kind, [], f"evaluate: {what} (may repeat); with any of "
+                                  "--ir/--sts/--pairs/--triplets, evaluate runs only these "
+                                  "(docs/evaluation.md)")
+    flags.DEFINE_string("view", None, "evaluate --ir/--sts/...: the view to score "
+                        "(default: the model's own)")
+
+
+EVAL_FLAGS = {"ir": "a BEIR folder or JSON Lines of query/positive/negatives",
+              "sts": "sentence1, sentence2, score (CSV or JSON Lines)",
+              "pairs": "sentence1, sentence2, label 0/1 (CSV or JSON Lines)",
+              "triplets": "anchor, positive, negative (CSV or JSON Lines)"}
+
+
+def evaluate_files(program_load: Callable[[Invocation], Any], inv: Invocation) -> dict:
+    """``evaluate --ir/--sts/--pairs/--triplets``: those evaluators on the workdir's model,
+    printed and written to ``--output`` (default ``WORKDIR/eval/evaluators.json``)."""
+    from embedding_core import multihost
+    from embedding_core.evaluation import run
+    from embedding_core.files import write_json
+
+    built = [(kind, path, run.build(kind, path)) for kind in EVAL_FLAGS
+             for path in FLAGS[kind].value]  # bad files fail before the model loads
+    model = program_load(inv)
+    results = run.evaluate(run.view_of(model, FLAGS.view), (), evaluators=built)
+    output = FLAGS.output or os.path.join(str(inv.workdir), "eval", "evaluators.json")
+    if multihost.is_primary():
+        print(f"{model.name} (step {model.step})" + (f", view {FLAGS.view}" if FLAGS.view
+                                                     else ""))
+        print(run.format_results(results))
+        write_json(storage.as_path(output), {"workdir": storage.display(inv.workdir),
+                                             "step": model.step, "view": FLAGS.view,
+                                             "results": results})
+        print(f"wrote {storage.display(output)}")
+    return results
 
 
 def overrides() -> dict[str, Any]:

@@ -175,8 +175,8 @@ class PretrainedEncoder(Encoder):
         self.params = jax.device_put(self.pretrained.params)
         module, pipe = self.pretrained.module, self.pipeline
 
-        def forward(params, ids, mask, prompt_length):
-            hidden = module.apply({"params": params}, ids, mask).last_hidden_state
+        def forward(params, ids, mask, types, prompt_length):
+            hidden = module.apply({"params": params}, ids, mask, types).last_hidden_state
             keep = mask
             if not pipe.include_prompt:  # prompt tokens (and [CLS]) out of the pooling
                 keep = jnp.where(jnp.arange(ids.shape[1])[None] < prompt_length, 0, mask)
@@ -190,7 +190,7 @@ class PretrainedEncoder(Encoder):
 
         self._forward = jax.jit(forward)
         self._hidden = jax.jit(
-            lambda params, ids, mask: module.apply({"params": params}, ids, mask)
+            lambda params, ids, mask, types: module.apply({"params": params}, ids, mask, types)
             .last_hidden_state.astype(jnp.float32))
         self._sharding = None
 
@@ -256,22 +256,24 @@ class PretrainedEncoder(Encoder):
 
     token_outputs = True
 
-    def _token_ids(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
+    def _token_ids(self, texts: list[str]) -> tuple[list, np.ndarray]:
+        """The tokenizer's encodings (ids and token types: a template may give a suffix
+        type 1, as export-hf's DualCSE views do) and their lengths."""
         # max_seq_length counts the special tokens, as sentence-transformers' truncation.
         self.tokenizer.enable_truncation(max_length=self._max_length)
         try:
-            ids = [e.ids for e in self.tokenizer.encode_batch([self._case(t) for t in texts])]
+            encodings = self.tokenizer.encode_batch([self._case(t) for t in texts])
         finally:
             self.tokenizer.no_truncation()
-        return ids, np.array([len(i) for i in ids])
+        return encodings, np.array([len(e.ids) for e in encodings])
 
     def _token_rows(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
                     ) -> list[dict[str, np.ndarray]]:
         ids, lengths = self._token_ids(texts)
         hidden = self._run(ids, lengths, batch_size, show_progress_bar,
                            lambda x: self._hidden(self.params, *x), rows_out=True)
-        return [{"input_ids": np.asarray(i, np.int32), "token_embeddings": h[:n]}
-                for i, h, n in zip(ids, hidden, lengths, strict=True)]
+        return [{"input_ids": np.asarray(e.ids, np.int32), "token_embeddings": h[:n]}
+                for e, h, n in zip(ids, hidden, lengths, strict=True)]
 
     def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
                 ) -> np.ndarray:
@@ -290,12 +292,14 @@ class PretrainedEncoder(Encoder):
         def build(rows: np.ndarray, width: int):
             batch = np.full((rows_per_call, width), pad_id, np.int32)
             mask = np.zeros((rows_per_call, width), np.int32)
+            types = np.zeros((rows_per_call, width), np.int32)
             for j, r in enumerate(rows):
-                batch[j, :lengths[r]] = ids[r]
+                batch[j, :lengths[r]] = ids[r].ids
+                types[j, :lengths[r]] = ids[r].type_ids
                 mask[j, :lengths[r]] = 1
             if self._sharding is not None:
-                return jax.device_put((batch, mask), self._sharding)
-            return batch, mask
+                return jax.device_put((batch, mask, types), self._sharding)
+            return batch, mask, types
 
         return encode_in_batches(
             lengths, build, forward, batch_size=batch_size, pad_multiple=8,

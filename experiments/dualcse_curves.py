@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dualcse_jax.evaluate import ENTAILED, class_items, one_score  # noqa: F401 (re-exported)
 from experiments import grid
 from experiments.dualcse_cells import (
     CLASSES,
@@ -39,7 +40,6 @@ from experiments.dualcse_cells import (
 
 EPOCH_STEPS = 500
 """One epoch of INLI train (8,000 premises) at 16 premises per step."""
-ENTAILED = {"explicit": True, "implied": True, "neutral": False, "contradiction": False}
 ONE_SCORE_RULES = ("max", "explicit", "implicit")
 
 
@@ -186,26 +186,6 @@ def accuracy_table(results: Mapping, rule: str, num_samples: int) -> str:
             cells.append(text)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def one_score(sims: np.ndarray, rule: str) -> np.ndarray:
-    """A pair's score under a one-score rule from ``[n, 2]`` cosines (r_p·r_h, u_p·r_h)."""
-    if rule == "max":
-        return sims.max(axis=-1)
-    return sims[..., ("explicit", "implicit").index(rule)]
-
-
-def class_items(test_sims: Mapping[str, np.ndarray], cls: str, rule: str
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Scores ``[n]`` and entailed labels ``[n]`` of one class's threshold-free comparison
-    (module docstring); ``cls="all"``: every pair."""
-    if cls == "all":
-        parts = CLASSES
-    else:
-        parts = (cls,) + tuple(c for c in CLASSES if ENTAILED[c] != ENTAILED[cls])
-    scores = np.concatenate([one_score(test_sims[c], rule) for c in parts])
-    labels = np.concatenate([np.full(len(test_sims[c]), ENTAILED[c]) for c in parts])
-    return scores, labels
 
 
 def _seed_scores(runs, cls: str, rule: str) -> tuple[np.ndarray, np.ndarray]:

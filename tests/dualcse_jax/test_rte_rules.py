@@ -78,6 +78,23 @@ def test_each_rule_on_hand_worked_scores(rule):
     result = evaluate.rte_result(val, test, rule)
     assert result["average"] == pytest.approx(np.mean([np.mean(v) for v in correct.values()]))
     assert ("threshold_implicit" in result) == (rule == "pair")
+    assert ("auc" in result) == (rule != "pair")  # no single score under pair
+
+
+def test_threshold_free_measures_hand_worked():
+    test = {c: np.asarray(v, np.float32) for c, v in TEST.items()}
+    got = evaluate.threshold_free(test, "implicit")
+    # implied (u: .45, .35) against every not-entailed pair (.1, 0, .2, .41): .45 beats 4,
+    # .35 beats 3 -> AUC 7/8; ranked .45+ .41- .35+: AP (1/1 + 2/3) / 2.
+    assert got["auc"]["implied"] == pytest.approx(7 / 8)
+    assert got["ap"]["implied"] == pytest.approx((1 + 2 / 3) / 2)
+    # all: explicit (.1, 0) and implied entailed; ties (.1 = .1, 0 = 0) count one half:
+    # 1.5 + 0.5 + 4 + 3 = 9 of 16.
+    assert got["auc"]["all"] == pytest.approx(9 / 16)
+    assert evaluate.threshold_free(test, "pair") == {}
+    table = evaluate.format_rte_table({"m": evaluate.rte_result(
+        {c: np.asarray(v, np.float32) for c, v in VAL.items()}, test, "implicit")})
+    assert "ROC-AUC" in table and "87.50" in table and "56.25" in table
 
 
 def test_unknown_rule_is_refused_and_the_flag_parses():
@@ -175,6 +192,17 @@ def test_evaluate_rte_follows_the_config_rule_and_workdir_reports_every_rule(
         assert saved["rules"][rule]["average"] == pytest.approx(by_rule[rule]["average"])
         assert out["rte_rules"][rule]["average"] == pytest.approx(by_rule[rule]["average"])
     eis = json.loads((tmp_path / "eval" / "eis.json").read_text())
-    assert eis["proxy"] is True and "implied entailment" in eis["eis_data"]
+    assert eis["proxy"] is True and eis["eis_data"].startswith("INLI test: premise")
     with pytest.raises(ValueError, match="'sum'"):
         workflows.evaluate_workdir(tmp_path, progress=False, rules=["sum"])
+    # A user's test file is named as such, never "INLI"; a one-vector model has no EIS.
+    fake.config.test_file = "/data/my_test.csv"
+    workflows.evaluate_workdir(tmp_path, progress=False)
+    eis = json.loads((tmp_path / "eval" / "eis.json").read_text())
+    assert eis["eis_data"].startswith("/data/my_test.csv: premise") and "INLI" not in \
+        eis["eis_data"]
+    one = FakeEmbedder(_vectors(16, 2), architecture="simcse")
+    monkeypatch.setattr(inference, "load", lambda workdir, step=None: one)
+    workflows.evaluate_workdir(tmp_path, progress=False)
+    eis = json.loads((tmp_path / "eval" / "eis.json").read_text())
+    assert eis["eis_accuracy"] is None and eis["eis_data"].startswith("n/a (one vector")

@@ -199,6 +199,7 @@ def _st(folder):
 
 def test_cross_views_equal_encode(cross):
     from dualcse_jax import load
+    from embedding_core.st_models import load_encoder
 
     workdir, out = cross
     assert sorted(p.name for p in out.iterdir()) == ["explicit", "implicit"]
@@ -207,6 +208,10 @@ def test_cross_views_equal_encode(cross):
         model = _st(out / kind)
         np.testing.assert_allclose(model.encode(TEXTS), emb.encode(TEXTS, kind=kind),
                                    atol=1e-5, err_msg=kind)
+        # load_encoder reads the folder as sentence-transformers does: the indicator word's
+        # token type (1) from the tokenizer's template included.
+        np.testing.assert_allclose(load_encoder(out / kind).encode(TEXTS),
+                                   emb.encode(TEXTS, kind=kind), atol=1e-5, err_msg=kind)
         modules = json.loads((out / kind / "modules.json").read_text())
         assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Dense"]
         info = json.loads((out / kind / hf_export.INFO_FILE).read_text())
@@ -398,3 +403,38 @@ def test_method_of_tells_the_methods_apart_by_their_config_fields(tmp_path):
     (tmp_path / "other" / "run_config.json").write_text(json.dumps({f"x{i}": i for i in range(5)}))
     with pytest.raises(ValueError, match="no installed method has these config fields"):
         workdirs.method_of(tmp_path / "other")
+
+
+def test_evaluate_gives_the_same_numbers_on_a_workdir_and_its_export_hf_folder(cross, tmp_path):
+    """embedding-jax evaluate on a workdir's view and on that view's export-hf folder."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from eval_data import write_eval_files
+
+    from embedding_core.evaluation import cli
+
+    workdir, out = cross
+    files = write_eval_files(tmp_path / "data")
+    flags = [f"--{kind}={path}" for kind, path in files.items()]
+    assert cli.main([f"--model={workdir}", "--view=implicit", *flags,
+                     f"--output={tmp_path / 'workdir.json'}"]) == 0
+    assert cli.main([f"--model={out / 'implicit'}", *flags,
+                     f"--output={tmp_path / 'hf.json'}"]) == 0
+    a = json.loads((tmp_path / "workdir.json").read_text())["results"]
+    b = json.loads((tmp_path / "hf.json").read_text())["results"]
+    assert sorted(a) == sorted(b) == ["ir", "pairs", "sts", "triplets"]
+    for kind in a:
+        assert a[kind]["metrics"].keys() == b[kind]["metrics"].keys()
+        for name, value in a[kind]["metrics"].items():
+            assert value == pytest.approx(b[kind]["metrics"][name], abs=1e-5), (kind, name)
+    assert "cosine_ndcg@10" in a["ir"]["metrics"] and "spearman_cosine" in a["sts"]["metrics"]
+    assert cli.main([f"--model={workdir}", "--view=nope", *flags]) == 1
+    # The package's own evaluate takes the same flags and runs only those evaluators.
+    done = subprocess.run(  # a hang guard only: the command ends by itself
+        [sys.executable, "-m", "dualcse_jax.main", "evaluate", f"--workdir={workdir}",
+         "--view=implicit", *flags, f"--output={tmp_path / 'package.json'}"],
+        capture_output=True, text=True, timeout=1800, env={**os.environ, "XLA_FLAGS": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    c = json.loads((tmp_path / "package.json").read_text())["results"]
+    for kind in a:
+        assert c[kind]["metrics"] == pytest.approx(a[kind]["metrics"], abs=1e-6), kind
+    assert "RTE" not in done.stdout  # its own protocol is not run on top

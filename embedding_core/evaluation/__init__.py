@@ -1,0 +1,1 @@
+"""Evaluators that give sentence-transformers' numbers for our encoders and theirs."""

@@ -1,0 +1,416 @@
+"""Retrieval evaluation with sentence-transformers' ``InformationRetrievalEvaluator`` metrics.
+
+:class:`InformationRetrievalEvaluator` encodes the queries (``encode_query``) and the corpus
+(``encode_document``) chunk by chunk, keeps a running top-k per query and reports accuracy,
+precision, recall, MRR, NDCG and MAP at the given cutoffs under sentence-transformers' names
+(``cosine_ndcg@10``; ``{name}_cosine_ndcg@10`` with a name). Relevance is binary.
+
+Ties never favour the model (:mod:`embedding_core.metrics`' rule): at equal score the documents
+not relevant to the query rank first, then the lower corpus index (the corpus' input order).
+The ranking is a total order, so neither ``corpus_chunk_size`` nor the number of processes
+changes it. sentence-transformers 6.3 breaks ties by the ascending corpus *id* string instead
+(earlier versions left them to ``torch.topk``), so exactly tied scores may give other numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from embedding_core import multihost
+from embedding_core.errors import DataError
+from embedding_core.storage import as_path
+
+ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+_LOW31 = np.uint64(0x7FFFFFFF)
+_BLOCK = 1 << 24  # score-matrix entries per block: bounds the memory of one chunk's ranking
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``[n, m]`` cosine similarities of ``a`` ``[n, d]`` and ``b`` ``[m, d]``, in float64; a
+    zero row scores 0 (as sentence-transformers' ``cos_sim``)."""
+    # Dividing after the matmul keeps integer inputs exact (no order-dependent rounding).
+    norms = [np.maximum(np.linalg.norm(np.asarray(x, np.float64), axis=1), 1e-12) for x in (a, b)]
+    return dot(a, b) / norms[0][:, None] / norms[1][None, :]
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``[n, m]`` dot products of ``a`` ``[n, d]`` and ``b`` ``[m, d]``, in float64."""
+    return np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
+
+
+SCORE_FUNCTIONS: dict[str, ScoreFn] = {"cosine": cosine, "dot": dot}
+
+
+def _keys(scores: np.ndarray, relevant: np.ndarray, start: int) -> np.ndarray:
+    """uint64 sort keys, larger = better: the float32 score's order-preserving bits (top 32),
+    1 where the document is *not* relevant to the query (bit 31), ``2**31 - 1 - corpus index``
+    (low 31; index < 2**31 - 1, so no real key is 0, the padding). One integer sort gives
+    the order (-score, relevant, index); ``relevant`` is bool of the shape of ``scores``."""
+    bits = (scores + np.float32(0)).view(np.uint32)  # + 0 turns -0.0 into +0.0: they tie
+    ordered = np.where(bits >> np.uint32(31), ~bits, bits | np.uint32(0x80000000))
+    index = np.arange(start, start + scores.shape[1], dtype=np.uint64)
+    return ((ordered.astype(np.uint64) << np.uint64(32))
+            | ((~relevant).astype(np.uint64) << np.uint64(31)) | (_LOW31 - index))
+
+
+def _decode(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Corpus indices (int64) and float32 scores of :func:`_keys` keys."""
+    index = (_LOW31 - (keys & _LOW31)).astype(np.int64)
+    ordered = (keys >> np.uint64(32)).astype(np.uint32)
+    bits = np.where(ordered >> np.uint32(31), ordered & np.uint32(0x7FFFFFFF), ~ordered)
+    return index, bits.view(np.float32)
+
+
+def _top(keys: np.ndarray, k: int) -> np.ndarray:
+    """The ``min(k, columns)`` largest keys of each row, largest first."""
+    if keys.shape[1] > k:
+        keys = np.take_along_axis(keys, np.argpartition(keys, -k, axis=1)[:, -k:], axis=1)
+    return np.sort(keys, axis=1)[:, ::-1]
+
+
+class InformationRetrievalEvaluator:
+    """sentence-transformers' IR metrics for any encoder with ``encode_query`` and
+    ``encode_document`` (``texts, batch_size=, show_progress_bar=, convert_to_numpy=True`` ->
+    float32 ``[n, d]``; ``encode`` when it has neither), e.g. ours or a ``SentenceTransformer``.
+
+    Queries without a relevant document are dropped (counted in ``dropped_queries``), as in
+    sentence-transformers; relevant ids missing from the corpus still count in recall's and
+    NDCG's denominators. With ``r`` the 0/1 relevance at rank i = 1..k and R relevant docs:
+    precision = sum(r) / k, recall = sum(r) / R, MRR = 1 / (first relevant rank),
+    NDCG = sum(r_i / log2(i + 1)) / sum_{i <= min(R, k)} 1 / log2(i + 1),
+    MAP = sum_i r_i * precision@i / min(R, k); each averaged over the queries.
+
+    ``score_functions``: names in :data:`SCORE_FUNCTIONS` or a ``{name: fn}`` mapping of
+    ``fn(queries [n, d], docs [m, d]) -> [n, m]``; scores are rounded to float32 to rank.
+    ``primary_metric``: ``{name_}{fn}_ndcg@{max ndcg_at_k}``, ``fn`` being
+    ``main_score_function`` or, as sentence-transformers does, the best one at the first call.
+
+    On several processes each encodes and ranks its rows of the corpus (``multihost``) and
+    the per-query candidates are merged; every process returns the same metrics.
+    Raises ValueError: no query with relevant documents, no corpus, a cutoff < 1, no
+    ``ndcg_at_k``, an unknown score function.
+    """
+
+    def __init__(
+        self,
+        queries: Mapping[str, str],
+        corpus: Mapping[str, str],
+        relevant_docs: Mapping[str, set[str]],
+        *,
+        name: str = "",
+        batch_size: int = 32,
+        accuracy_at_k: Sequence[int] = (1, 3, 5, 10),
+        precision_recall_at_k: Sequence[int] = (1, 3, 5, 10),
+        mrr_at_k: Sequence[int] = (10,),
+        ndcg_at_k: Sequence[int] = (10,),
+        map_at_k: Sequence[int] = (100,),
+        score_functions: Sequence[str] | Mapping[str, ScoreFn] = ("cosine", "dot"),
+        main_score_function: str | None = None,
+        corpus_chunk_size: int = 50_000,
+        show_progress_bar: bool = False,
+    ) -> None:
+        self.query_ids = [q for q in queries if relevant_docs.get(q)]
+        self.dropped_queries = len(queries) - len(self.query_ids)
+        self.queries = [queries[q] for q in self.query_ids]
+        self.relevant_docs = {q: set(relevant_docs[q]) for q in self.query_ids}
+        self.corpus_ids = list(corpus)
+        self.corpus = [corpus[c] for c in self.corpus_ids]
+        row = {c: i for i, c in enumerate(self.corpus_ids)}
+        # (corpus row, query row) of every relevant pair in the corpus, by corpus row.
+        self._pairs = np.array(sorted((row[c], q) for q, qid in enumerate(self.query_ids)
+                                      for c in self.relevant_docs[qid] if c in row),
+                               np.int64).reshape(-1, 2)
+        if not self.query_ids or not self.corpus:
+            raise ValueError(f"retrieval needs queries with relevant documents and a corpus; "
+                             f"got {len(self.query_ids)} queries ({self.dropped_queries} "
+                             f"without relevant documents) and {len(self.corpus)} documents")
+        self.cutoffs = {m: _dedup(ks) for m, ks in (
+            ("accuracy", accuracy_at_k), ("precision_recall", precision_recall_at_k),
+            ("mrr", mrr_at_k), ("ndcg", ndcg_at_k), ("map", map_at_k))}
+        if not self.cutoffs["ndcg"]:
+            raise ValueError("ndcg_at_k must name a cutoff (the primary metric)")
+        self.max_k = max(k for ks in self.cutoffs.values() for k in ks)
+        self.score_functions = dict(score_functions) if isinstance(score_functions, Mapping) \
+            else {f: SCORE_FUNCTIONS.get(f) for f in score_functions}
+        if not self.score_functions or not all(map(callable, self.score_functions.values())):
+            raise ValueError(f"score_functions {list(score_functions)}: names in "
+                             f"{sorted(SCORE_FUNCTIONS)} or a {{name: function}} mapping")
+        if main_score_function is not None and main_score_function not in self.score_functions:
+            raise ValueError(f"main_score_function {main_score_function!r} is not one of "
+                             f"{list(self.score_functions)}")
+        self.name, self.batch_size = name, batch_size
+        self.corpus_chunk_size = max(1, int(corpus_chunk_size))
+        self.show_progress_bar = show_progress_bar
+        self.primary_metric: str | None = None if main_score_function is None else \
+            self._prefix(f"{main_score_function}_ndcg@{max(self.cutoffs['ndcg'])}")
+
+    @classmethod
+    def from_beir(cls, folder: str | os.PathLike, split: str = "test",
+                  **kwargs: Any) -> InformationRetrievalEvaluator:
+        """An evaluator on a BEIR folder (:func:`read_beir`); ``kwargs`` as the constructor."""
+        return cls(*read_beir(folder, split), **kwargs)
+
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike, **kwargs: Any) -> InformationRetrievalEvaluator:
+        """An evaluator on a query/positive JSONL file (:func:`read_jsonl`)."""
+        return cls(*read_jsonl(path), **kwargs)
+
+    def _prefix(self, metric: str) -> str:
+        return f"{self.name}_{metric}" if self.name else metric
+
+    def __call__(self, encoder: Any) -> dict[str, float]:
+        """Metric name -> value, in sentence-transformers' order (per score function:
+        accuracy, precision, recall, ndcg, mrr, map, each by cutoff)."""
+        ranked = self.retrieve(encoder)
+        per_fn = {f: self.compute_metrics(index) for f, (index, _) in ranked.items()}
+        if self.primary_metric is None:
+            k = max(self.cutoffs["ndcg"])
+            # max() keeps the first of equal values: sorted names, as sentence-transformers.
+            best = max(sorted(per_fn), key=lambda f: per_fn[f][f"ndcg@{k}"])
+            self.primary_metric = self._prefix(f"{best}_ndcg@{k}")
+        return {self._prefix(f"{f}_{m}"): v for f, ms in per_fn.items() for m, v in ms.items()}
+
+    def retrieve(self, encoder: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per score function: the corpus indices (int64) and float32 scores of each query's
+        top ``min(max_k, len(corpus))`` documents, best first: ``[n_queries, k]`` each.
+        Raises ValueError: embeddings of the wrong shape, non-finite scores."""
+        # A model whose params span processes encodes collectively: then every process does it
+        # all; otherwise each encodes its rows (multihost.split_map gathers the results).
+        local = multihost.is_local(getattr(encoder, "params", None))
+        encode_query = getattr(encoder, "encode_query", None) or encoder.encode
+        n_q, n_docs = len(self.queries), len(self.corpus)
+        q_emb = multihost.split_map(lambda a, b: self._encode(encode_query, self.queries[a:b]),
+                                    n_q, what="retrieval queries") if local else \
+            self._encode(encode_query, self.queries)
+        logging.info("retrieval %s: %d queries (%d dropped), %d documents", self.name or "-",
+                     n_q, self.dropped_queries, n_docs)
+        count = jax.process_count() if local else 1
+
+        def one(i: int, _: int) -> dict[str, np.ndarray]:
+            part = self.search_rows(encoder, q_emb, *multihost.process_rows(n_docs, i, count))
+            # The same [1, n_q, max_k] on every process (0 = no candidate) for the gather.
+            return {f: np.pad(k, ((0, 0), (0, self.max_k - k.shape[1])))[None]
+                    for f, k in part.items()}
+
+        gathered = multihost.split_map(one, count, what="retrieval corpus")
+        keys = {f: _top(np.concatenate(list(g), axis=1), self.max_k) for f, g in gathered.items()}
+        k = min(self.max_k, n_docs)  # the zero padding sorts last
+        return {f: _decode(v[:, :k]) for f, v in keys.items()}
+
+    def _encode(self, fn: Callable[..., Any], texts: Sequence[str]) -> np.ndarray:
+        out = np.asarray(fn(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                            show_progress_bar=self.show_progress_bar), dtype=np.float32)
+        if out.ndim != 2 or len(out) != len(texts):
+            raise ValueError(f"the encoder returned shape {out.shape} for {len(texts)} texts")
+        return out
+
+    def search_rows(self, encoder: Any, q_emb: np.ndarray, start: int,
+                    stop: int) -> dict[str, np.ndarray]:
+        """Corpus rows ``[start, stop)`` encoded in chunks of ``corpus_chunk_size`` and ranked
+        against float32 ``q_emb`` ``[n_queries, d]`` (of ``self.queries``, in order: the keys
+        hold each row's relevance to them): per score function the uint64 keys (:func:`_keys`)
+        of each query's best ``min(max_k, stop - start)`` rows, best first.
+        No collective: merge the results of disjoint ranges with :func:`_top`."""
+        encode_doc = getattr(encoder, "encode_document", None) or encoder.encode
+        best = {f: np.zeros((len(q_emb), 0), np.uint64) for f in self.score_functions}
+        for a in range(start, stop, self.corpus_chunk_size):
+            b = min(a + self.corpus_chunk_size, stop)
+            docs = self._encode(encode_doc, self.corpus[a:b])
+            rows = max(1, _BLOCK // (b - a))
+            for f, fn in self.score_functions.items():
+                blocks = []
+                for q in range(0, len(q_emb), rows):
+                    # A matmul's rounding depends on the matrix shapes: float64 scores rounded
+                    # to float32 are (almost surely) the same whatever the chunk, so chunks
+                    # and processes do not reorder near-ties.
+                    scores = np.asarray(fn(q_emb[q:q + rows], docs), dtype=np.float32)
+                    if scores.shape != (min(rows, len(q_emb) - q), b - a):
+                        raise ValueError(f"score function {f!r} gave shape {scores.shape}")
+                    if not np.isfinite(scores).all():  # NaN has no place in a ranking
+                        raise ValueError(f"non-finite {f} scores for documents [{a}, {b})")
+                    rel = self._relevance(q, q + len(scores), a, b)
+                    blocks.append(_top(_keys(scores, rel, a), self.max_k))
+                best[f] = _top(np.concatenate([best[f], np.concatenate(blocks)], axis=1),
+                               self.max_k)
+        return best
+
+    def _relevance(self, q0: int, q1: int, a: int, b: int) -> np.ndarray:
+        """``[q1 - q0, b - a]`` bool: corpus row ``a + j`` is relevant to query ``q0 + i``."""
+        lo, hi = np.searchsorted(self._pairs[:, 0], [a, b])
+        doc, query = self._pairs[lo:hi].T
+        keep = (query >= q0) & (query < q1)
+        out = np.zeros((q1 - q0, b - a), bool)
+        out[query[keep] - q0, doc[keep] - a] = True
+        return out
+
+    def compute_metrics(self, index: np.ndarray) -> dict[str, float]:
+        """The metrics (``accuracy@1``, ...) of ranked corpus indices ``[n_queries, k]``."""
+        rel = np.zeros((len(index), self.max_k), bool)  # padded: fewer documents than max_k
+        for i, (qid, row) in enumerate(zip(self.query_ids, index, strict=True)):
+            relevant = self.relevant_docs[qid]
+            rel[i, :len(row)] = [self.corpus_ids[j] in relevant for j in row]
+        n_rel = np.array([len(self.relevant_docs[q]) for q in self.query_ids], np.float64)
+        rank = np.arange(1, self.max_k + 1)
+        hits = np.cumsum(rel, axis=1)  # relevant documents in the top i
+        first = np.argmax(rel, axis=1) + 1
+        discount = 1.0 / np.log2(rank + 1)
+        ideal, ks, out = np.cumsum(discount), self.cutoffs, {}
+        for k in ks["accuracy"]:
+            out[f"accuracy@{k}"] = float(np.mean(hits[:, k - 1] > 0))
+        for k in ks["precision_recall"]:
+            out[f"precision@{k}"] = float(np.mean(hits[:, k - 1] / k))
+        for k in ks["precision_recall"]:
+            out[f"recall@{k}"] = float(np.mean(hits[:, k - 1] / n_rel))
+        for k in ks["ndcg"]:
+            dcg = (rel[:, :k] * discount[:k]).sum(axis=1)
+            out[f"ndcg@{k}"] = float(np.mean(dcg / ideal[np.minimum(n_rel, k).astype(int) - 1]))
+        for k in ks["mrr"]:
+            out[f"mrr@{k}"] = float(np.mean(np.where(hits[:, k - 1] > 0, 1.0 / first, 0.0)))
+        for k in ks["map"]:
+            precision_sum = (rel[:, :k] * hits[:, :k] / rank[:k]).sum(axis=1)
+            out[f"map@{k}"] = float(np.mean(precision_sum / np.minimum(n_rel, k)))
+        return out
+
+
+def _dedup(ks: Sequence[int]) -> list[int]:
+    if any(int(k) < 1 for k in ks):
+        raise ValueError(f"cutoffs must be >= 1, got {list(ks)}")
+    return list(dict.fromkeys(int(k) for k in ks))
+
+
+def _records(path: Any, *, jsonl: bool = True) -> Iterator[tuple[int, Any]]:
+    """(1-based line number, parsed JSON or text) of the non-blank lines of a file."""
+    with path.open("rb") as f:
+        for line, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8").removeprefix("\ufeff" if line == 1 else "")
+            except UnicodeDecodeError as err:
+                raise DataError(path, line, None, f"invalid UTF-8: {err.reason}") from None
+            if not text.strip() or not jsonl:
+                if text.strip():
+                    yield line, text.rstrip("\r\n")
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise DataError(path, line, None, f"invalid JSON: {err.msg}") from None
+            if not isinstance(record, dict):
+                raise DataError(path, line, None, f"a JSON {type(record).__name__}, not an object")
+            yield line, record
+
+
+def _text(record: dict, field: str, path: Any, line: int, *, many: bool = False,
+          optional: bool = False, blank: bool = False) -> Any:
+    """``record[field]``, a string (``many``: a list of them; a required one also one string
+    or a non-empty list); blank only with ``blank``; ``optional``: ``""`` or ``[]`` if missing."""
+    if field not in record:
+        if optional:
+            return [] if many else ""
+        raise DataError(path, line, field, "missing field")
+    value = record[field]
+    items = value if many and isinstance(value, list) else [value]
+    if not all(isinstance(t, str) for t in items) or not (items or optional) or (
+            many and optional and items is not value):
+        raise DataError(path, line, field, f"expected {'a list of strings or ' if many else ''}"
+                        f"a string, got {json.dumps(value)[:80]}")
+    if not blank and any(not t.strip() for t in items):
+        raise DataError(path, line, field, "empty text")  # encoders reject it, without a line
+    return items if many else value
+
+
+def _ids(path: Any, text_of: Callable[[dict, int], str]) -> dict[str, str]:
+    """``{_id: text}`` of a BEIR JSONL file, in file order."""
+    texts: dict[str, str] = {}
+    for line, record in _records(path):
+        key = record.get("_id")
+        if isinstance(key, int) and not isinstance(key, bool):
+            key = str(key)  # some BEIR exports write numeric ids
+        if not isinstance(key, str) or not key:
+            raise DataError(path, line, "_id", "missing field" if "_id" not in record else
+                            f"expected a non-empty string, got {json.dumps(key)[:80]}")
+        if key in texts:
+            raise DataError(path, line, "_id", f"duplicate id {key!r}")
+        texts[key] = text_of(record, line)
+    return texts
+
+
+def read_beir(folder: str | os.PathLike, split: str = "test"
+              ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+    """``(queries, corpus, relevant_docs)`` of a BEIR folder (local or ``gs://``):
+    ``corpus.jsonl`` (``_id``, ``text``, optional ``title``; the document is
+    ``(title + " " + text).strip()``, BEIR's join), ``queries.jsonl`` (``_id``, ``text``) and
+    ``qrels/{split}.tsv`` (header ``query-id corpus-id score``, tab-separated; rows with an
+    integer score > 0 are relevant).
+
+    Raises: DataError: invalid UTF-8 or JSON, a missing, mistyped or empty field, a duplicate
+      id, a bad qrels row or header, a qrels id not in the queries or the corpus.
+    """
+    root = as_path(folder)
+    paths = {name: root / f"{name}.jsonl" for name in ("corpus", "queries")}
+    qrels_path = root / "qrels" / f"{split}.tsv"
+
+    def document(record: dict, line: int) -> str:
+        doc = (_text(record, "title", paths["corpus"], line, optional=True, blank=True) + " "
+               + _text(record, "text", paths["corpus"], line, blank=True)).strip()
+        if not doc:  # encoders reject it, without saying where it came from
+            raise DataError(paths["corpus"], line, "text", "empty text and title")
+        return doc
+
+    corpus = _ids(paths["corpus"], document)
+    queries = _ids(paths["queries"], lambda r, line: _text(r, "text", paths["queries"], line))
+    relevant: dict[str, set[str]] = {}
+    rows = _records(qrels_path, jsonl=False)
+    header = next(rows, None)
+    if header is None or header[1].split("\t") != ["query-id", "corpus-id", "score"]:
+        raise DataError(qrels_path, header and header[0], None,
+                        "expected the header 'query-id<TAB>corpus-id<TAB>score'")
+    for line, text in rows:
+        fields = text.split("\t")
+        if len(fields) != 3:
+            raise DataError(qrels_path, line, None, f"{len(fields)} tab-separated fields, not 3")
+        qid, cid, score = fields
+        if qid not in queries:
+            raise DataError(qrels_path, line, "query-id", f"unknown query id {qid!r}")
+        if cid not in corpus:
+            raise DataError(qrels_path, line, "corpus-id", f"unknown corpus id {cid!r}")
+        if not score.strip().lstrip("+-").isdigit():
+            raise DataError(qrels_path, line, "score", f"not an integer: {score!r}")
+        if int(score) > 0:
+            relevant.setdefault(qid, set()).add(cid)
+    return queries, corpus, relevant
+
+
+def read_jsonl(path: str | os.PathLike
+               ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+    """``(queries, corpus, relevant_docs)`` of a JSONL file of ``{"query": str, "positive":
+    str | [str, ...], "negatives": [str, ...]}`` (``negatives`` optional).
+
+    The corpus is every distinct positive and negative, in order of first appearance, each
+    its own id (the text). Lines with the same query text are one query (id: its first line
+    number, as a string) whose relevant documents are all their positives; a text that is a
+    positive of a query stays relevant to it even where listed as its negative.
+
+    Raises: DataError: invalid UTF-8 or JSON, a missing, mistyped or empty field.
+    """
+    path = as_path(path)
+    queries: dict[str, str] = {}
+    corpus: dict[str, str] = {}
+    relevant: dict[str, set[str]] = {}
+    qid_of: dict[str, str] = {}
+    for line, record in _records(path):
+        query = _text(record, "query", path, line)
+        positives = _text(record, "positive", path, line, many=True)
+        negatives = _text(record, "negatives", path, line, many=True, optional=True)
+        qid = qid_of.setdefault(query, str(line))
+        queries[qid] = query
+        relevant.setdefault(qid, set()).update(positives)
+        for text in positives + negatives:
+            corpus.setdefault(text, text)
+    return queries, corpus, relevant
