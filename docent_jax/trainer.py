@@ -53,9 +53,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
 
     def evaluate(params, step):
         from docent_jax.evaluate import evaluate_ranker
-        from docent_jax.inference import EntityRanker
 
-        ranker = EntityRanker(model, params, tokenizer, config, data.entity_ids, step=step)
+        ranker = _ranker(model, params, tokenizer, config, data.entity_ids, step)
         return {f"heldout_{k}": v for k, v in evaluate_ranker(ranker, queries).items()
                 } if queries else {}
 
@@ -69,6 +68,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         num_examples=table.num_examples, steps_per_epoch=steps_per_epoch,
         global_batch_size=batch, pretrained={PRETRAINED_PATH: pretrained.params},
         evaluate=evaluate if int(config.eval_every) > 0 else None,
+        encoder_of=lambda params, step: _ranker(model, params, tokenizer, config,
+                                                data.entity_ids, step),
         run_files={ENTITY_IDS_FILE: lambda path: keep_entity_ids(path, data.entity_ids),
                    **encoder_run_files(pretrained.model_dir)},
         make_optimizer=make_optimizer, grad_accumulation=grad_accumulation(config),
@@ -76,6 +77,13 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         summary=f"{data.num_entities} entities; {data.description}",
         logical_axis_sizes={"heads": pretrained.config.num_heads},
         batch_spec=docent_data.batch_spec(variant, warmup))
+
+
+def _ranker(model, params, tokenizer, config, entity_ids, step):
+    """An ``EntityRanker`` on the training params: its query encoder for eval files."""
+    from docent_jax.inference import EntityRanker
+
+    return EntityRanker(model, params, tokenizer, config, entity_ids, step=step)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,

@@ -79,10 +79,30 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
         steps_per_epoch=sharded_corpus.epoch_steps(table, int(config.batch_size)),
         global_batch_size=int(config.batch_size), batch_spec=data.batch_spec(config),
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
+        # With eval_files and no val_file of its own, the files replace RTE on INLI val.
         evaluate=rte_evaluator(model, tokenizer, config, val) if config.eval_every > 0
-        else None, run_files=encoder_run_files(pretrained.model_dir),
+        and (val is not None or not config.get("eval_files")) else None,
+        encoder_of=_encoder_of(model, tokenizer, config),
+        run_files=encoder_run_files(pretrained.model_dir),
         summary=f"data: {data.train_source(config)}, pooling {config.pooling}",
         logical_axis_sizes={"heads": pretrained.config.num_heads})
+
+
+def _encoder_of(model, tokenizer, config):
+    """``(params, step) -> {"explicit", "implicit": encoder}`` on the training params (one
+    compiled ``Embedder``); SimCSE's one vector: the ``Embedder`` itself."""
+    from dualcse_jax.inference import KINDS, Embedder
+    from embedding_core.evaluation.run import ViewOf
+
+    embedder = Embedder(model, None, tokenizer, config)
+
+    def of(params, step):
+        embedder.params, embedder.step = params, step
+        if config.architecture == "simcse":
+            return embedder
+        return {kind: ViewOf(embedder, {"kind": kind}) for kind in KINDS}
+
+    return of
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,

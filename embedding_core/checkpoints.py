@@ -28,13 +28,32 @@ class IncompatibleCheckpointError(ValueError):
     """A checkpoint written by an older version of the library (one ``state`` item)."""
 
 
+BEST_FILE = "best_checkpoint.json"
+"""Beside ``checkpoints/``: ``{"metric", "value", "step"}`` of the best checkpoint by
+``config.select_metric`` (written when it improves; loaders prefer that step)."""
+
+
 def make_manager(directory: str | os.PathLike, *, max_to_keep: int = 3,
-                 async_save: bool = True) -> ocp.CheckpointManager:
+                 async_save: bool = True, select_metric: str = "") -> ocp.CheckpointManager:
     """An ``ocp.CheckpointManager`` of :data:`ITEMS` under ``directory`` (``gs://`` as the
-    URI, a local one absolute); async saves copy device arrays to host before returning."""
+    URI, a local one absolute); async saves copy device arrays to host before returning.
+    ``select_metric``: the ``max_to_keep`` newest checkpoints and the one saved with the
+    highest value of that metric (``save(..., metrics=)``) are kept."""
+    from orbax.checkpoint.checkpoint_managers import preservation_policy as policy
+
     directory = _directory(directory)
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=async_save)
+    keep: dict[str, Any] = {"max_to_keep": max_to_keep}
+    if select_metric:
+        best = lambda m: m[select_metric]  # noqa: E731
+        # best_fn also makes orbax write the metrics with the step and read them back
+        # after a restart, so the best survives a resume.
+        keep = {"best_fn": best, "best_mode": "max",
+                "preservation_policy": policy.AnyPreservationPolicy([
+                    policy.LatestN(n=max_to_keep),
+                    policy.BestN(get_metric_fn=best, n=1,
+                                 keep_checkpoints_without_metrics=False)])}
+    options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=async_save,
+                                           **keep)
     return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
 
 
@@ -44,13 +63,28 @@ def _directory(directory: str | os.PathLike) -> epath.Path:
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_position: dict,
-         *, force: bool = True) -> bool:
+         *, force: bool = True, metrics: dict[str, float] | None = None) -> bool:
     """Saves ``state.params``, ``state.opt_state`` (with ``state.step``) and the
-    JSON-serialisable ``data_position``."""
-    return manager.save(step, force=force, args=ocp.args.Composite(
+    JSON-serialisable ``data_position``; ``metrics`` rank it (:func:`make_manager`)."""
+    return manager.save(step, force=force, metrics=metrics, args=ocp.args.Composite(
         params=ocp.args.StandardSave(state.params),
         opt_state=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
         data=ocp.args.JsonSave(data_position)))
+
+
+def best_step(directory: str | os.PathLike, steps: list[int]) -> int | None:
+    """The step :data:`BEST_FILE` beside ``directory`` names, when it is among ``steps``."""
+    path = storage.as_path(directory).parent / BEST_FILE
+    if not path.is_file():
+        return None
+    from embedding_core.files import read_json_object
+
+    step = read_json_object(path).get("step")
+    if step in steps:
+        return int(step)
+    logging.warning("%s names step %s, which is not among the checkpoints %s: using the "
+                    "newest", path, step, steps)
+    return None
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
@@ -134,7 +168,8 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
 def restore_params(directory: str | os.PathLike, abstract_params: Any,
                    step: int | None = None) -> tuple[int, Any]:
     """``(step, params)``: the ``params`` item alone of checkpoint ``step`` (default: the
-    newest) in the run's ``checkpoints`` folder, on ``abstract_params``' shardings.
+    best by ``config.select_metric`` (:func:`best_step`), else the newest) in the run's
+    ``checkpoints`` folder, on ``abstract_params``' shardings.
 
     Raises:
       FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
@@ -149,7 +184,8 @@ def restore_params(directory: str | os.PathLike, abstract_params: Any,
             raise FileNotFoundError(f"{directory} holds no checkpoint; train first")
         if step is not None and step not in steps:
             raise FileNotFoundError(f"{directory}: no checkpoint at step {step}; have {steps}")
-        step = max(steps) if step is None else step
+        if step is None:  # the best by config.select_metric, else the newest
+            step = best_step(directory, steps) or max(steps)
         _check_layout(manager, step)
         with _readable(manager, step):
             restored = manager.restore(

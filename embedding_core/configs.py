@@ -50,6 +50,12 @@ BASE = Fields(dict(
                      resumable=True),
     eval_batch_size=Field(64, "texts per encoder call at evaluation and export", min=1,
                           resumable=True),
+    eval_files=Field("", "comma-separated KIND:PATH files (ir, sts, pairs, triplets) scored "
+                     "every eval_every steps with sentence-transformers' metrics "
+                     "(docs/evaluation.md)", resumable=True),
+    select_metric=Field("", "an eval metric (e.g. sts/spearman_cosine): the checkpoint "
+                        "where it is highest is kept, and evaluate / export load it",
+                        resumable=True),
     # Parallelism.
     mesh_data=Field(-1, "data-parallel size; -1 = all devices not used by mesh_model",
                     min=-1, resumable=True),
@@ -138,11 +144,24 @@ def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = Non
     if config.mesh_data == 0:
         raise ValueError("config.mesh_data must be >= 1 or -1 (the rest), got 0")
     _check_axis_rules(config.get("logical_axis_rules") or ())
+    if config.get("eval_files") or config.get("select_metric"):
+        from embedding_core.evaluation.run import parse_spec
+
+        for spec in eval_specs(config):
+            parse_spec(spec)
+        if int(config.eval_every) <= 0:
+            raise ValueError("config.eval_files and config.select_metric need "
+                             "config.eval_every > 0")
     chunk = int(config.get("contrastive_chunk_size", 0))
     accum = int(config.get("grad_accum_steps", 1))
     if chunk > 0 and accum > 1:
         raise ValueError(f"config.contrastive_chunk_size={chunk} and config.grad_accum_steps="
                          f"{accum}: set one of them (chunking already bounds the memory)")
+
+
+def eval_specs(config: ml_collections.ConfigDict) -> list[str]:
+    """``config.eval_files`` as a list of ``KIND:PATH`` specs."""
+    return [s.strip() for s in str(config.get("eval_files", "")).split(",") if s.strip()]
 
 
 def validator(fields: Fields, extra: Callable[[ml_collections.ConfigDict], None] | None = None

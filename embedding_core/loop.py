@@ -21,6 +21,7 @@ from etils import epath
 from jax.sharding import Mesh
 
 from embedding_core import checkpoints, metric_log, parallel, run_control, storage
+from embedding_core.files import read_json_object, write_json
 from embedding_core.run_lock import WorkdirLock
 from embedding_core.training import TrainState
 
@@ -44,6 +45,7 @@ class LoopSettings:
     keep_checkpoints: int = 3
     eval_every: int = 0
     stop_after: int | None = None
+    select_metric: str = ""
 
     @classmethod
     def from_config(cls, config: Any, num_train_steps: int, global_batch_size: int,
@@ -53,7 +55,8 @@ class LoopSettings:
                    global_batch_size=global_batch_size, log_every=int(config.log_every),
                    checkpoint_every=int(config.checkpoint_every),
                    keep_checkpoints=int(config.keep_checkpoints),
-                   eval_every=int(config.eval_every), stop_after=stop_after)
+                   eval_every=int(config.eval_every), stop_after=stop_after,
+                   select_metric=str(config.get("select_metric", "")))
 
     def position(self, next_step: int) -> dict:
         """The data position saved with the checkpoint of ``next_step``."""
@@ -125,7 +128,8 @@ class _Loop:
         self.workdir, self.settings, self.train_step = workdir, settings, train_step
         self.mesh, self.rng, self.eval_fn, self.lock = mesh, rng, eval_fn, lock
         self.where = workdir / "checkpoints"
-        self.manager = checkpoints.make_manager(self.where, max_to_keep=settings.keep_checkpoints)
+        self.manager = checkpoints.make_manager(self.where, max_to_keep=settings.keep_checkpoints,
+                                                select_metric=settings.select_metric)
         self.step = self.start_step = 0
         self.last_saved = -1
         self.writer: metric_log.MetricLog | None = None
@@ -160,11 +164,15 @@ class _Loop:
             if self.eval_fn is not None and s.eval_every and (
                     self.step % s.eval_every == 0 or last):
                 self.check_finite(state)
-                self.writer.write(self.step, self.eval_fn(state, self.step), metric_log.EVAL)
+                results = self.eval_fn(state, self.step)
+                self.writer.write(self.step, results, metric_log.EVAL)
+                if s.select_metric:
+                    self.select(state, results)
                 self.window_start = time.perf_counter()
             stop_now = self.stops.should_stop(self.step) or (
                 s.stop_after is not None and self.step - self.start_step >= s.stop_after)
-            if self.step % s.checkpoint_every == 0 or last or stop_now:
+            if (self.step % s.checkpoint_every == 0 or last or stop_now) \
+                    and self.last_saved != self.step:
                 self.save(state)
             if stop_now:
                 break
@@ -220,9 +228,25 @@ class _Loop:
             "settings diverge again: train into a new --workdir with a lower "
             "--config.learning_rate (or more warmup_steps, a grad_clip_norm), or check the data")
 
-    def save(self, state: TrainState) -> None:
+    def select(self, state: TrainState, results: Mapping[str, float]) -> None:
+        """Saves this step's checkpoint ranked by ``select_metric``; records it in
+        ``checkpoints.BEST_FILE`` when it is the best so far."""
+        name = self.settings.select_metric
+        if name not in results:
+            raise ValueError(f"config.select_metric={name!r} is not among this run's eval "
+                             f"metrics: {sorted(results)}")
+        value = float(results[name])
+        self.save(state, metrics={name: value})
+        best_file = self.workdir / checkpoints.BEST_FILE
+        best = read_json_object(best_file) if best_file.is_file() else {}
+        if jax.process_index() == 0 and (best.get("metric") != name
+                                         or value > float(best.get("value", -math.inf))):
+            write_json(best_file, {"metric": name, "value": value, "step": self.step})
+
+    def save(self, state: TrainState, metrics: Mapping[str, float] | None = None) -> None:
         self.check_finite(state)
-        checkpoints.save(self.manager, self.step, state, self.settings.position(self.step))
+        checkpoints.save(self.manager, self.step, state, self.settings.position(self.step),
+                         metrics=dict(metrics) if metrics else None)
         self.last_saved = self.step
         self.writer.sync()
 

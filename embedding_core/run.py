@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import ml_collections
@@ -121,6 +121,45 @@ def _check_resume(config: ml_collections.ConfigDict, workdir, fields=None) -> No
                      "config (it replaces %s)", workdir, configs.config_path(workdir).name)
 
 
+def _eval_fn(task: Task, config: ml_collections.ConfigDict):
+    """``(state, step) -> metrics``: the task's own evaluation and ``config.eval_files``
+    (``embedding_core.evaluation``, metrics ``LABEL/NAME``), or ``None``; the files are
+    read here, before any training.
+
+    Raises:
+      ValueError: eval_files on a model without ``encoder_of``; FileNotFoundError,
+        DataError: a bad file.
+    """
+    if int(config.eval_every) <= 0:
+        return None
+    parts = []
+    if task.evaluate is not None:
+        parts.append(lambda state, step: task.evaluate(state.params, step))
+    specs = configs.eval_specs(config)
+    if specs:
+        from embedding_core.evaluation import run as evaluation
+
+        if task.encoder_of is None:
+            raise ValueError(f"config.eval_files: {task.name} does not take evaluation files "
+                             "yet")
+        built = [(kind, path, evaluation.build(kind, path, batch_size=int(config.eval_batch_size)))
+                 for kind, path in map(evaluation.parse_spec, specs)]
+
+        def files(state, step):
+            encoder = task.encoder_of(state.params, step)
+            views = encoder if isinstance(encoder, Mapping) else {"": encoder}
+            out = {}
+            for view, one in views.items():  # a two-view model: "VIEW/LABEL/NAME"
+                flat = evaluation.flat_metrics(evaluation.evaluate(one, (), evaluators=built))
+                out.update({f"{view}/{k}" if view else k: v for k, v in flat.items()})
+            return out
+
+        parts.append(files)
+    if not parts:
+        return None
+    return lambda state, step: {k: v for part in parts for k, v in part(state, step).items()}
+
+
 def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
            num_steps: int, *, stops: run_control.StopSignals,
            lock: run_lock.WorkdirLock | None, stop_after: int | None
@@ -145,9 +184,7 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
     step_fn = training.make_train_step(task.loss_fn, shardings, mesh, schedule=schedule,
                                        rules=rules, value_and_grad=value_and_grad,
                                        fused_table=task.fused_table)
-    eval_fn = None
-    if task.evaluate is not None and int(config.eval_every) > 0:
-        eval_fn = lambda state, step: task.evaluate(state.params, step)
+    eval_fn = _eval_fn(task, config)
     logging.info("training %s for %d steps on %d examples (%d steps per epoch), global "
                  "batch %d, mesh %s%s", task.name, num_steps, task.num_examples,
                  task.steps_per_epoch, task.global_batch_size, dict(mesh.shape),

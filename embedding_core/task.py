@@ -100,6 +100,9 @@ class Task:
       run_files: ``{file name: writer(path)}`` kept beside the config (process 0).
       grad_accumulation: ``None`` refuses ``config.grad_accum_steps``.
       logical_axis_sizes: axis counts shapes do not show (``{"heads": 12}``).
+      encoder_of: ``(params, step) -> inference.Encoder`` on the training params, or
+        ``{view: encoder}`` (metrics ``VIEW/LABEL/NAME``), for ``config.eval_files``
+        (``None``: the model takes no such files).
     """
 
     name: str
@@ -118,3 +121,4 @@ class Task:
     logical_axis_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     fused_table: FusedTableUpdate | None = None
     batch_spec: BatchSpec | None = None
+    encoder_of: Callable[[Any, int], Any] | None = None

@@ -64,6 +64,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
         loss_fn=make_loss_fn(model, config, features), make_batches=batches.iterator,
         num_examples=len(batches.train_q), steps_per_epoch=batches.steps_per_epoch,
         global_batch_size=P * (1 + K), evaluate=evaluate_test_pool,
+        # Eval files: questions through the question tower, passages the paragraph one.
+        encoder_of=lambda params, step: Retriever(model, params, config, features, step=step),
         batch_spec=data.BATCH[config.tower],
         # Batch-hard mining then looks within a micro-batch (docs/mrwe.md).
         grad_accumulation=GradAccumulation(),

@@ -230,3 +230,42 @@ def test_a_workdir_of_the_old_layout_resumes_and_an_hf_config_is_not_a_run(full_
     configs.check_resume(_config(), hf)  # nothing to resume, nothing refused
     with pytest.raises(FileNotFoundError, match="run_config.json not found: is .* a t "):
         configs.read_config(hf, _config, prog="t")
+
+
+def _scripted_task(scores: dict):
+    """The linear task, its evaluation reading ``scores[step]`` (a metric that peaks
+    before the end)."""
+    base = _make_task([])
+
+    def make(config, mesh):
+        task = base(config, mesh)
+        task.evaluate = lambda params, step: {"score": scores[step]}
+        return task
+
+    return make
+
+
+@pytest.mark.parametrize("stop_after", [None, 5])
+def test_select_metric_keeps_the_best_checkpoint_and_loaders_take_it(tmp_path, stop_after):
+    import json
+
+    scores = {2: 0.5, 4: 0.9, 6: 0.1, 8: 0.2}
+    config = _config(num_train_steps=8, eval_every=2, checkpoint_every=100,
+                     keep_checkpoints=1, select_metric="score")
+    if stop_after:  # stopped after step 5, resumed: the best survives the restart
+        run(_scripted_task(scores), config, tmp_path, stop_after=stop_after)
+    run(_scripted_task(scores), config, tmp_path)
+    best = json.loads((tmp_path / checkpoints.BEST_FILE).read_text())
+    assert best == {"metric": "score", "value": 0.9, "step": 4}
+    kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                  if p.name.isdigit())
+    assert kept == [4, 8]  # the best, and the newest (keep_checkpoints=1) to resume from
+    init = lambda k: Linear().init(k, np.zeros((1, DIM), np.float32))["params"]
+    step, _ = training.restore_params(tmp_path / "checkpoints", init, parallel.make_mesh(8, 1))
+    assert step == 4  # evaluate and export load the best
+    with pytest.raises(ValueError, match="select_metric='nope' is not among"):
+        run(_scripted_task(scores), _config(num_train_steps=2, eval_every=2,
+                                            select_metric="nope"), tmp_path / "other")
+    with pytest.raises(ValueError, match="need config.eval_every > 0"):
+        run(_scripted_task(scores), _config(select_metric="score", eval_every=0),
+            tmp_path / "third")

