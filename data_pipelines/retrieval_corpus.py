@@ -1,15 +1,30 @@
 """SQuAD as a retrieval task: paragraphs (the knowledge base) and questions, split for
-testing by article (default) or with the authors' seen-paragraph split (``docs/mrwe.md``).
+testing by article (default) or with the authors' seen-paragraph split (``docs/mrwe.md``);
+or a JSON Lines file of (question, passage) pairs, each distinct passage its own article.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import numpy as np
 
-from data_pipelines.squad import SquadSkips, read_squad, split_articles, split_seen_paragraphs
+from data_pipelines.squad import (
+    SquadArticle,
+    SquadParagraph,
+    SquadQuestion,
+    SquadSkips,
+    read_squad,
+    split_articles,
+    split_seen_paragraphs,
+)
+from embedding_core import storage
+from embedding_core.errors import DataError
+
+PAIR_FIELDS = (("question", "query"), ("passage", "positive"))
+"""A pairs line's fields, each with the sentence-transformers-style name also accepted."""
 
 SPLITS = ("articles", "seen_paragraphs")
 
@@ -50,10 +65,46 @@ class RetrievalCorpus:
                 f"{int(self.test_pool.sum())} test-pool paragraphs) from {self.source}")
 
 
+def read_pairs(path: str | os.PathLike[str]) -> list[SquadArticle]:
+    """A JSON Lines file of ``{"question", "passage"}`` (or ``{"query", "positive"}``) as
+    articles: each distinct passage one article of one paragraph (``p<k>``, first-seen
+    order) holding its questions (ids ``line<n>``).
+
+    Raises:
+      FileNotFoundError: no such file. DataError: a bad line (file, line, field); no pair.
+    """
+    where = storage.as_path(path)
+    if not where.is_file():
+        raise FileNotFoundError(f"train_file {storage.display(path)} does not exist")
+    by_passage: dict[str, list[SquadQuestion]] = {}
+    for line_no, line in enumerate(where.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(path, line_no, None, f"invalid JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise DataError(path, line_no, None, "not a JSON object")
+        texts = []
+        for names in PAIR_FIELDS:
+            name = next((n for n in names if n in record), names[0])
+            value = record.get(name)
+            if not isinstance(value, str) or not value.strip():
+                raise DataError(path, line_no, name, "missing, empty or not a string")
+            texts.append(value)
+        by_passage.setdefault(texts[1], []).append(SquadQuestion(f"line{line_no}", texts[0]))
+    if not by_passage:
+        raise DataError(path, None, None, "no (question, passage) pair")
+    return [SquadArticle(f"passage {k}", [SquadParagraph(f"p{k}", passage, questions)])
+            for k, (passage, questions) in enumerate(by_passage.items())]
+
+
 def load_corpus(path: str | os.PathLike[str] | None = None, *, split: str = "articles",
-                test_fraction: float = 0.2, seed: int = 0, skip_invalid: bool = False
-                ) -> RetrievalCorpus:
-    """Reads a SQuAD v1.1 file (default the shipped dev set) and splits its questions.
+                test_fraction: float = 0.2, seed: int = 0, skip_invalid: bool = False,
+                pairs_path: str | os.PathLike[str] | None = None) -> RetrievalCorpus:
+    """Reads a SQuAD v1.1 file (default the shipped dev set), or the pairs of
+    ``pairs_path`` (:func:`read_pairs`), and splits its questions.
 
     ``split``: ``"articles"`` (:func:`~data_pipelines.squad.split_articles`) or
     ``"seen_paragraphs"`` (:func:`~data_pipelines.squad.split_seen_paragraphs`).
@@ -65,7 +116,10 @@ def load_corpus(path: str | os.PathLike[str] | None = None, *, split: str = "art
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    articles, skips = read_squad(path, skip_invalid=skip_invalid)
+    if pairs_path:
+        articles, skips, path = read_pairs(pairs_path), SquadSkips(), pairs_path
+    else:
+        articles, skips = read_squad(path, skip_invalid=skip_invalid)
     splitter = split_articles if split == "articles" else split_seen_paragraphs
     train_articles, test_articles = splitter(articles, test_fraction, seed)
 

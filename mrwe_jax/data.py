@@ -141,7 +141,8 @@ def load_corpus_of(config: ml_collections.ConfigDict) -> RetrievalCorpus:
     """The corpus and split ``config`` names (``squad_path``, ``split``, ...)."""
     corpus = load_corpus(config.squad_path or None, split=config.split,
                          test_fraction=float(config.test_fraction),
-                         seed=int(config.split_seed), skip_invalid=bool(config.skip_invalid))
+                         seed=int(config.split_seed), skip_invalid=bool(config.skip_invalid),
+                         pairs_path=config.get("train_file") or None)
     logging.info("mrwe: %s", corpus.summary())
     if any(dataclasses.astuple(corpus.skips)):
         logging.warning("mrwe: skipped invalid SQuAD records: %s", corpus.skips)

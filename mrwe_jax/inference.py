@@ -238,9 +238,13 @@ class Retriever(SavesFolder, Encoder):
         return len(indices), blocks()
 
     def hf_folders(self) -> list:
-        return []  # a tower reads word features, not tokens: no sentence-transformers form
+        raise ValueError(
+            "MRWE's towers read word features (GloVe, TF-IDF, contextual layer mixtures), not "
+            "tokens, so there is no sentence-transformers folder of them: use `mrwe-jax export "
+            "--input=TEXTS.txt` for numpy vectors, or `mrwe-jax export-tower` for a folder "
+            "that mrwe_jax.workflows.load_tower_export encodes with")
 
-    def write_hf_files(self, stage) -> None:
+    def write_tower_files(self, stage) -> None:
         """``tower.safetensors`` (the Flax params), ``run_config.json``, ``features.json``,
         ``idf.json``, ``export_info.json``, ``README.md``: :func:`load_tower_export`."""
         from embedding_core import hf_export, param_files
@@ -257,7 +261,7 @@ class Retriever(SavesFolder, Encoder):
             "dim": self.dim, "normalized": True,
             "similarity": "cosine" if config.distance == "cosine" else "euclidean"})
         (stage / "README.md").write_text(
-            f"# {self.name}\n\nExported by `mrwe-jax export-hf`. A text's vector is the "
+            f"# {self.name}\n\nExported by `mrwe-jax export-tower`. A text's vector is the "
             "run's multi-resolution features (features.json: word sources, their layer and "
             "source weights; idf.json) through the tower (tower.safetensors, Flax layout).\n"
             "\n```python\nfrom mrwe_jax.workflows import load_tower_export\n\n"
@@ -288,7 +292,7 @@ def load(workdir: str | os.PathLike, *, step: int | None = None,
 
 
 def load_tower_export(folder: str | os.PathLike) -> Retriever:
-    """The ``Retriever`` of an export-hf folder (local or ``gs://``), no checkpoint needed.
+    """The ``Retriever`` of an export-tower folder (local or ``gs://``), no checkpoint needed.
 
     Raises:
       FileNotFoundError: a file of the folder is missing.

