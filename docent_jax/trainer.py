@@ -50,12 +50,14 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         logging.warning("head-only warm-up shortened from %d to %d steps (at most half of the "
                         "run)", int(config.mlm_warmup_steps), warmup)
     queries = eval_subset(data.queries, int(config.get("eval_examples", 0)))
+    # A user's query file is not held out from anything: its metrics say where they come from.
+    prefix = "queries" if str(config.get("eval_queries_file", "") or "").strip() else "heldout"
 
     def evaluate(params, step):
         from docent_jax.evaluate import evaluate_ranker
 
         ranker = _ranker(model, params, tokenizer, config, data.entity_ids, step)
-        return {f"heldout_{k}": v for k, v in evaluate_ranker(ranker, queries).items()
+        return {f"{prefix}_{k}": v for k, v in evaluate_ranker(ranker, queries).items()
                 } if queries else {}
 
     return Task(

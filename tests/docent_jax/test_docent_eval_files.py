@@ -29,3 +29,16 @@ def test_eval_files_are_logged_at_each_eval_step(tmp_path, tiny_bert_dir):
     (row,) = [r for r in rows if r["split"] == "eval"]
     assert row["step"] == 2
     assert {"sts/spearman_cosine", "pairs/cosine_ap", "pairs/max_f1"} <= set(row)
+
+
+def test_a_users_query_file_is_named_as_such(docent_tiny_run, tmp_path, capsys):
+    from docent_jax import workflows
+
+    workdir = shared_runs.copy_run(docent_tiny_run, tmp_path / "run")  # evaluate writes eval/
+    queries = tmp_path / "my_queries.jsonl"
+    queries.write_text("".join(json.dumps({"query": f"Where is the {w}?", "entities": [f"E_{w}"]})
+                               + "\n" for w in shared_runs.DOCENT_WORDS))
+    workflows.evaluate_workdir(workdir, baselines=False, progress=False,
+                               overrides={"eval_queries_file": str(queries)})
+    out = capsys.readouterr().out
+    assert f"5 queries from {queries} over 5 entities" in out and "held-out" not in out
