@@ -198,9 +198,9 @@ def evaluate_files(program_load: Callable[[Invocation], Any], inv: Invocation) -
         print(f"{model.name} (step {model.step})" + (f", view {FLAGS.view}" if FLAGS.view
                                                      else ""))
         print(run.format_results(results))
-        write_json(storage.as_path(output), {"workdir": storage.display(inv.workdir),
-                                             "step": model.step, "view": FLAGS.view,
-                                             "results": results})
+        write_json(storage.as_path(output), run.finite_or_none(
+            {"workdir": storage.display(inv.workdir), "step": model.step, "view": FLAGS.view,
+             "results": results}))
         print(f"wrote {storage.display(output)}")
     return results
 

@@ -233,8 +233,10 @@ class _Loop:
         ``checkpoints.BEST_FILE`` when it is the best so far."""
         name = self.settings.select_metric
         if name not in results:
+            self.save(state)  # the steps trained so far are kept: fix the name and resume
             raise ValueError(f"config.select_metric={name!r} is not among this run's eval "
-                             f"metrics: {sorted(results)}")
+                             f"metrics: {sorted(results)}; the checkpoint of step "
+                             f"{self.step} is saved")
         value = float(results[name])
         self.save(state, metrics={name: value})
         best_file = self.workdir / checkpoints.BEST_FILE

@@ -83,6 +83,7 @@ def run(
         # A workdir in use is refused before the data loads; the lock itself is taken only
         # after it (nothing is written before the task has loaded its data).
         run_lock.on_process_zero(run_lock.WorkdirLock(workdir).check_free)
+        eval_files = _eval_files(config)  # bad files fail here, before anything loads
         task = make_task(config, mesh)
         if task.num_examples < 1 or task.steps_per_epoch < 1:
             raise ValueError(f"{task.name}: no training examples ({task.num_examples}) or no "
@@ -93,7 +94,7 @@ def run(
         stops.defer()
         with run_lock.hold(workdir) as lock:
             return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
-                          stop_after=stop_after)
+                          stop_after=stop_after, eval_files=eval_files)
 
 
 def _pin_models(config: ml_collections.ConfigDict, workdir, fields) -> None:
@@ -121,29 +122,38 @@ def _check_resume(config: ml_collections.ConfigDict, workdir, fields=None) -> No
                      "config (it replaces %s)", workdir, configs.config_path(workdir).name)
 
 
-def _eval_fn(task: Task, config: ml_collections.ConfigDict):
-    """``(state, step) -> metrics``: the task's own evaluation and ``config.eval_files``
-    (``embedding_core.evaluation``, metrics ``LABEL/NAME``), or ``None``; the files are
-    read here, before any training.
+def _eval_files(config: ml_collections.ConfigDict) -> list:
+    """``config.eval_files`` read into evaluators ``(kind, path, evaluator)``.
 
     Raises:
-      ValueError: eval_files on a model without ``encoder_of``; FileNotFoundError,
-        DataError: a bad file.
+      FileNotFoundError, DataError: a bad file (one line naming it).
+    """
+    if int(config.eval_every) <= 0 or not configs.eval_specs(config):
+        return []
+    from embedding_core.evaluation import run as evaluation
+
+    return [(kind, path, evaluation.build(kind, path, batch_size=int(config.eval_batch_size)))
+            for kind, path in map(evaluation.parse_spec, configs.eval_specs(config))]
+
+
+def _eval_fn(task: Task, config: ml_collections.ConfigDict, built: list):
+    """``(state, step) -> metrics``: the task's own evaluation and the ``built`` eval files
+    (:func:`_eval_files`; metrics ``[VIEW/]LABEL/NAME``), or ``None``.
+
+    Raises:
+      ValueError: eval files for a model without ``encoder_of``.
     """
     if int(config.eval_every) <= 0:
         return None
     parts = []
     if task.evaluate is not None:
         parts.append(lambda state, step: task.evaluate(state.params, step))
-    specs = configs.eval_specs(config)
-    if specs:
+    if built:
         from embedding_core.evaluation import run as evaluation
 
         if task.encoder_of is None:
             raise ValueError(f"config.eval_files: {task.name} does not take evaluation files "
                              "yet")
-        built = [(kind, path, evaluation.build(kind, path, batch_size=int(config.eval_batch_size)))
-                 for kind, path in map(evaluation.parse_spec, specs)]
 
         def files(state, step):
             encoder = task.encoder_of(state.params, step)
@@ -162,7 +172,7 @@ def _eval_fn(task: Task, config: ml_collections.ConfigDict):
 
 def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
            num_steps: int, *, stops: run_control.StopSignals,
-           lock: run_lock.WorkdirLock | None, stop_after: int | None
+           lock: run_lock.WorkdirLock | None, stop_after: int | None, eval_files: list
            ) -> training.TrainState:
     # Rules fitted to this mesh once, so that the state and the step's constraints agree;
     # checked before the config is written, so a mistyped rule leaves no run behind.
@@ -184,7 +194,7 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
     step_fn = training.make_train_step(task.loss_fn, shardings, mesh, schedule=schedule,
                                        rules=rules, value_and_grad=value_and_grad,
                                        fused_table=task.fused_table)
-    eval_fn = _eval_fn(task, config)
+    eval_fn = _eval_fn(task, config, eval_files)
     logging.info("training %s for %d steps on %d examples (%d steps per epoch), global "
                  "batch %d, mesh %s%s", task.name, num_steps, task.num_examples,
                  task.steps_per_epoch, task.global_batch_size, dict(mesh.shape),

@@ -50,20 +50,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     from embedding_core.files import write_json
     from embedding_core.st_models import load_encoder
 
+    if args.batch_size < 1:
+        print("embedding-jax evaluate: error: --batch_size must be >= 1", file=sys.stderr)
+        return 2
     try:
+        if args.output:  # before any work: a result that cannot be written is lost
+            out = storage.as_path(args.output)
+            if out.is_dir():
+                raise IsADirectoryError(f"--output {args.output} is a folder; name a file")
         built = [(kind, path, run.build(kind, path, batch_size=args.batch_size,
                                         ir_split=args.ir_split))
                  for kind, path in map(run.parse_spec, specs)]  # bad files fail first
         model = load_encoder(args.model)
         results = run.evaluate(run.view_of(model, args.view), (), evaluators=built)
+        print(f"{getattr(model, 'name', args.model)}"
+              + (f", view {args.view}" if args.view else ""))
+        print(run.format_results(results))
+        if args.output:
+            write_json(out, run.finite_or_none(
+                {"model": args.model, "view": args.view, "results": results}))
+            print(f"wrote {storage.display(args.output)}")
     except (OSError, ValueError) as err:
         print(f"embedding-jax evaluate: error: {err}", file=sys.stderr)
         return 1
-    print(f"{getattr(model, 'name', args.model)}"
-          + (f", view {args.view}" if args.view else ""))
-    print(run.format_results(results))
-    if args.output:
-        write_json(storage.as_path(args.output),
-                   {"model": args.model, "view": args.view, "results": results})
-        print(f"wrote {storage.display(args.output)}")
     return 0

@@ -19,6 +19,7 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import average_precision_score, matthews_corrcoef
 
+from embedding_core.errors import DataError
 from embedding_core.evaluation.pair_files import read_columns
 
 SIMILARITY_FNS = ("cosine", "dot", "euclidean", "manhattan")
@@ -182,6 +183,10 @@ class EmbeddingSimilarityEvaluator:
           DataError, FileNotFoundError: as ``pair_files.read_columns``.
         """
         (s1, s2), scores = read_columns(path, ("sentence1", "sentence2"), "score")
+        if len(set(scores)) < 2:  # Pearson and Spearman are undefined: NaN, not a score
+            raise DataError(path, None, "score", f"{len(scores)} row(s) with "
+                            f"{len(set(scores))} distinct score(s); a correlation needs at "
+                            "least two")
         return cls(s1, s2, scores, **kwargs)
 
     def __call__(self, encoder: TextEncoder) -> dict[str, float]:
@@ -242,6 +247,9 @@ class BinaryClassificationEvaluator:
           DataError, FileNotFoundError: as ``pair_files.read_columns``.
         """
         (s1, s2), labels = read_columns(path, ("sentence1", "sentence2"), "label", binary=True)
+        if len(set(labels)) < 2:  # AP, F1 and MCC need both classes
+            raise DataError(path, None, "label", f"every label is {labels[0]}; pair "
+                            "classification needs both 0 and 1")
         return cls(s1, s2, labels, **kwargs)
 
     def fn_metrics(self, scores: np.ndarray, greater_is_similar: bool) -> dict[str, float]:

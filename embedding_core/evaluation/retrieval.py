@@ -355,6 +355,14 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     root = as_path(folder)
     paths = {name: root / f"{name}.jsonl" for name in ("corpus", "queries")}
     qrels_path = root / "qrels" / f"{split}.tsv"
+    for path in (*paths.values(), qrels_path):  # one line naming what a BEIR folder lacks
+        if not path.is_file():
+            have = sorted(p.stem for p in (root / "qrels").glob("*.tsv")) \
+                if (root / "qrels").is_dir() else []
+            raise FileNotFoundError(
+                f"{root} is not a BEIR folder with split {split!r}: no "
+                f"{path.relative_to(root)}" + (f" (qrels splits there: {have})" if have
+                                               and path == qrels_path else ""))
 
     def document(record: dict, line: int) -> str:
         doc = (_text(record, "title", paths["corpus"], line, optional=True, blank=True) + " "
@@ -380,9 +388,11 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
             raise DataError(qrels_path, line, "query-id", f"unknown query id {qid!r}")
         if cid not in corpus:
             raise DataError(qrels_path, line, "corpus-id", f"unknown corpus id {cid!r}")
-        if not score.strip().lstrip("+-").isdigit():
-            raise DataError(qrels_path, line, "score", f"not an integer: {score!r}")
-        if int(score) > 0:
+        try:
+            value = int(score)
+        except ValueError:
+            raise DataError(qrels_path, line, "score", f"not an integer: {score!r}") from None
+        if value > 0:
             relevant.setdefault(qid, set()).add(cid)
     return queries, corpus, relevant
 

@@ -8,6 +8,7 @@ sentence-transformers' metric names (``docs/evaluation.md``).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -94,17 +95,36 @@ def evaluate(encoder: Any, specs: Iterable[str], *, batch_size: int = 32,
     if evaluators is None:
         evaluators = [(kind, path, build(kind, path, batch_size=batch_size, ir_split=ir_split))
                       for kind, path in map(parse_spec, specs)]
-    counts: dict[str, int] = {}
-    for kind, _, _ in evaluators:
-        counts[kind] = counts.get(kind, 0) + 1
+    labels = _labels([(kind, path) for kind, path, _ in evaluators])
     results = {}
-    for kind, path, evaluator in evaluators:
-        label = kind if counts[kind] == 1 else \
-            f"{kind}:{os.path.splitext(os.path.basename(str(path).rstrip('/')))[0]}"
+    for label, (kind, path, evaluator) in zip(labels, evaluators, strict=True):
         metrics = {k: float(v) for k, v in evaluator(encoder).items()}
         results[label] = {"kind": kind, "file": storage.display(path),
                           "primary_metric": evaluator.primary_metric, "metrics": metrics}
     return results
+
+
+def _labels(specs: Sequence[tuple[str, str]]) -> list[str]:
+    """The kind alone when it comes once, else ``kind:stem``, numbered ``#2, #3, ...``
+    when two files share a stem, so no result overwrites another."""
+    kinds = [kind for kind, _ in specs]
+    labels = [kind if kinds.count(kind) == 1 else
+              f"{kind}:{os.path.splitext(os.path.basename(str(path).rstrip('/')))[0]}"
+              for kind, path in specs]
+    out = []
+    for label in labels:
+        n = out.count(label) + sum(o.startswith(label + "#") for o in out)
+        out.append(label if n == 0 else f"{label}#{n + 1}")
+    return out
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with NaN / inf floats as ``None`` (JSON has no NaN), recursively."""
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def flat_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

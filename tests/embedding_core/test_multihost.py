@@ -134,15 +134,19 @@ def _same_export(multi: Path, single: Path) -> None:
     assert not [n for n in names if n.endswith(".tmp")], names
 
 
-def _close_json(a, b) -> None:
+def _close_json(a, b, tol: float = 1e-6, where: str = "") -> None:
     if isinstance(a, dict):
-        assert sorted(a) == sorted(b)
+        assert sorted(a) == sorted(b), where
         for key in a:
-            _close_json(a[key], b[key])
+            # ROC-AUC / AP rank every pair against every other: two cosines within float
+            # noise of each other (1 vs 2 processes batch differently) may swap, moving
+            # the value by 1 / (positives x negatives) per swap; accuracies are exact.
+            _close_json(a[key], b[key], 5e-3 if key in ("auc", "ap") else tol,
+                        f"{where}/{key}")
     elif isinstance(a, float):
-        assert abs(a - b) <= 1e-6, (a, b)
+        assert abs(a - b) <= tol, (where, a, b)
     else:
-        assert a == b
+        assert a == b, where
 
 
 @pytest.mark.slow

@@ -1,0 +1,53 @@
+"""Bad evaluation inputs end in one line before any model loads, and results never
+overwrite each other."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from embedding_core.errors import DataError
+from embedding_core.evaluation import cli, pairs, retrieval, run
+
+
+def test_degenerate_files_are_refused_with_their_name(tmp_path):
+    same = tmp_path / "same.csv"
+    same.write_text("sentence1,sentence2,score\na,b,3\nc,d,3\n")
+    with pytest.raises(DataError, match="same.csv: field 'score': 2 row.*two"):
+        pairs.EmbeddingSimilarityEvaluator.from_file(same)
+    zeros = tmp_path / "zeros.csv"
+    zeros.write_text("sentence1,sentence2,label\na,b,0\nc,d,0\n")
+    with pytest.raises(DataError, match="zeros.csv: field 'label': every label is 0"):
+        pairs.BinaryClassificationEvaluator.from_file(zeros)
+
+
+def test_beir_folder_problems_name_the_missing_file_and_bad_row(tmp_path):
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "x"}\n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "y"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t+-1\n")
+    with pytest.raises(FileNotFoundError, match=r"no qrels/dev.tsv \(qrels splits there: "
+                       r"\['test'\]\)"):
+        retrieval.read_beir(beir, split="dev")
+    with pytest.raises(DataError, match=r"test.tsv:2: field 'score': not an integer"):
+        retrieval.read_beir(beir)
+
+
+def test_labels_never_collide():
+    assert run._labels([("sts", "a/x.csv"), ("sts", "b/x.csv"), ("ir", "d")]) == \
+        ["sts:x", "sts:x#2", "ir"]
+    assert run._labels([("sts", "x.csv"), ("sts", "x.jsonl"), ("sts", "x.csv")]) == \
+        ["sts:x", "sts:x#2", "sts:x#3"]
+    assert run.finite_or_none({"a": float("nan"), "b": {"c": 1.0}}) == {"a": None,
+                                                                      "b": {"c": 1.0}}
+
+
+def test_cli_refuses_an_output_folder_before_loading_the_model(tmp_path, capsys):
+    sts = tmp_path / "sts.jsonl"
+    sts.write_text("".join(json.dumps({"sentence1": f"a {i}", "sentence2": "b",
+                                       "score": i}) + "\n" for i in range(3)))
+    # A model that does not exist: the output check must come first.
+    assert cli.main(["--model=/nonexistent", f"--sts={sts}", f"--output={tmp_path}"]) == 1
+    assert "is a folder; name a file" in capsys.readouterr().err
