@@ -34,6 +34,9 @@ BASE = Fields(dict(
     num_epochs=Field(1.0, "passes over the training examples", min=0, resumable=True),
     num_train_steps=Field(0, ">0 overrides num_epochs", min=0, resumable=True),
     seed=Field(42, "parameter init, dropout and data order"),
+    resume_changed_data=Field(False, "resume although a training-data file changed since "
+                              "the run started: from the saved step in the new data's order",
+                              resumable=True),
     contrastive_chunk_size=Field(
         0, "in-batch contrastive losses: rows per data device per GradCache chunk (same "
         "gradients, one chunk's activations; divides the per-device batch); 0 = off",

@@ -25,6 +25,8 @@ class Field:
       resumable: a resumed run may change it (how long, how often, evaluation only).
       pretrained: it names a pretrained model (folder, ``gs://``, installed package or hub
         id); a run records a hub id pinned to its commit (``embedding_core.hub.pin``).
+      data: it names training data (files or folders, comma-separated); a resume refuses
+        them changed (``embedding_core.data_fingerprint``).
     """
 
     default: Any
@@ -36,6 +38,7 @@ class Field:
     below: float | None = None
     resumable: bool = False
     pretrained: bool = False
+    data: bool = False
 
     def check(self, name: str, value: Any) -> None:
         """Raises ValueError naming ``config.NAME`` when ``value`` breaks this field."""

@@ -17,6 +17,7 @@ from embedding_core import (
     checkpoints,
     configs,
     contrastive,
+    data_fingerprint,
     hub,
     loop,
     parallel,
@@ -24,7 +25,7 @@ from embedding_core import (
     run_lock,
     training,
 )
-from embedding_core.files import read_json_object
+from embedding_core.files import read_json_object, write_json
 from embedding_core.task import Task, checked_batches
 
 
@@ -73,6 +74,7 @@ def run(
         checkpoints.check_layout(workdir / "checkpoints")
         _pin_models(config, workdir, fields)
         _check_resume(config, workdir, fields)
+        fingerprint = _check_data(config, workdir, fields)
         mesh = parallel.mesh_from_config(config)
         if distributed and jax.process_count() == 1:
             stops.multiprocess = False
@@ -90,11 +92,13 @@ def run(
                              "full batch of them; check the data and the batch size")
         contrastive.check_task(task.name, task.loss_fn, task.grad_accumulation, config)
         num_steps = configs.num_train_steps(config, task.steps_per_epoch)
+        _check_target(workdir, num_steps)
         # Files are written from here on: a signal now ends the loop before its first step.
         stops.defer()
         with run_lock.hold(workdir) as lock:
             return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
-                          stop_after=stop_after, eval_files=eval_files)
+                          stop_after=stop_after, eval_files=eval_files,
+                          fingerprint=fingerprint)
 
 
 def _pin_models(config: ml_collections.ConfigDict, workdir, fields) -> None:
@@ -120,6 +124,48 @@ def _check_resume(config: ml_collections.ConfigDict, workdir, fields=None) -> No
     elif configs.config_path(workdir).is_file():
         logging.info("%s holds no checkpoint: nothing to resume, training afresh with this "
                      "config (it replaces %s)", workdir, configs.config_path(workdir).name)
+
+
+def _saved_step(workdir) -> int | None:
+    where = workdir / "checkpoints"
+    steps = ocp.utils.checkpoint_steps(where) if where.is_dir() else []
+    return max(steps) if steps else None
+
+
+def _check_data(config: ml_collections.ConfigDict, workdir, fields) -> dict:
+    """The fingerprint of the training data (:mod:`embedding_core.data_fingerprint`),
+    checked against the run's own when resuming.
+
+    Raises:
+      FileNotFoundError: a data file is missing (``config.FIELD: PATH does not exist``).
+      data_fingerprint.DataChangedError: a file changed and ``resume_changed_data`` is off.
+    """
+    names = data_fingerprint.data_fields(config, fields)
+    file = data_fingerprint.path(workdir)
+    step = _saved_step(workdir)
+    saved = read_json_object(file) if step is not None and file.is_file() else None
+    now = data_fingerprint.fingerprint(config, names, known=saved)
+    changed = data_fingerprint.changes(saved, now) if saved is not None else []
+    if changed and not config.get("resume_changed_data", False):
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise data_fingerprint.DataChangedError(
+            f"{changed[0]}{more} since {workdir} started: resuming at step {step} would "
+            "read other examples in another order; use a new --workdir, or "
+            f"--config.resume_changed_data=true to go on from step {step} with the new data")
+    if changed:
+        logging.warning("%s; resuming at step %d with the new data (resume_changed_data)",
+                        "; ".join(changed), step)
+    return now
+
+
+def _check_target(workdir, num_steps: int) -> None:
+    # Equal is a finished run (a re-run is a no-op); below would silently do nothing.
+    step = _saved_step(workdir)
+    if step is not None and step > num_steps:
+        raise ValueError(f"{workdir} is trained to step {step}, past the {num_steps} steps "
+                         "this config asks for (num_train_steps / num_epochs): nothing to "
+                         f"train; ask for more than {step} steps to go on, or evaluate / "
+                         "export it as it is")
 
 
 def _eval_files(config: ml_collections.ConfigDict) -> list:
@@ -172,8 +218,8 @@ def _eval_fn(task: Task, config: ml_collections.ConfigDict, built: list):
 
 def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
            num_steps: int, *, stops: run_control.StopSignals,
-           lock: run_lock.WorkdirLock | None, stop_after: int | None, eval_files: list
-           ) -> training.TrainState:
+           lock: run_lock.WorkdirLock | None, stop_after: int | None, eval_files: list,
+           fingerprint: dict) -> training.TrainState:
     # Rules fitted to this mesh once, so that the state and the step's constraints agree;
     # checked before the config is written, so a mistyped rule leaves no run behind.
     abstract_params = jax.eval_shape(task.init_params, jax.random.key(0))
@@ -183,6 +229,7 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
     if jax.process_index() == 0:
         workdir.mkdir(parents=True, exist_ok=True)
         configs.save_config(config, workdir)
+        write_json(data_fingerprint.path(workdir), fingerprint)
         for name, write in task.run_files.items():
             write(workdir / name)
     tx, schedule = (task.make_optimizer or default_optimizer)(config, num_steps)

@@ -78,15 +78,17 @@ FIELDS = configs.declare(
     # Data (docs/data.md); paths local or gs://.
     train_data=Field("squad", "squad: Wikipedia entities (data/squad) | amazon: your "
                      "reviews", choices=TRAIN_DATA),
-    squad_path=Field("", '"" = the shipped dev set'),
-    train_file=Field("", 'replaces train_data: JSON Lines {"entity": "<id>", "text": ...}'),
+    squad_path=Field("", '"" = the shipped dev set', data=True),
+    train_file=Field("", 'replaces train_data: JSON Lines {"entity": "<id>", "text": ...}',
+                     data=True),
     eval_queries_file=_eval("", 'ranking queries, JSON Lines {"query", "entities": [ids]} '
                             "(replace the data's own)"),
     train_shards=Field("", "a `docent-jax preprocess` folder, streamed per host; replaces "
-                       "the data fields"),
+                       "the data fields", data=True),
     amazon_paths=Field("", "train_data=amazon: comma-separated review files (2014/2018 "
-                       "JSON lines, plain/.gz)"),
-    mapping_path=Field("", "Reviews2Movielens CSV: entity = canon_asin, names removed"),
+                       "JSON lines, plain/.gz)", data=True),
+    mapping_path=Field("", "Reviews2Movielens CSV: entity = canon_asin, names removed",
+                       data=True),
     min_review_words=Field(5, "reviews with fewer words are dropped (paper: 5)", min=0),
     min_reviews=Field(5, "movies with fewer kept reviews are dropped (paper: 5)", min=0),
     eval_reddit_path=_eval("", "Reddit Movie Suggestions JSON: ranking queries (amazon)"),

@@ -31,7 +31,8 @@ FIELDS = configs.declare(
                      choices=TRAIN_DATA),
     train_file=Field("", "your own CSV / JSON Lines, replaces train_data (cross/bi: premise, "
                      "explicit_entailment, implied_entailment, contradiction[, neutral]; "
-                     "simcse: anchor, positive[, hard_negative]; docs/data.md)"),
+                     "simcse: anchor, positive[, hard_negative]; docs/data.md)",
+                     data=True),
     val_file=Field("", "RTE threshold rows, the cross/bi columns with neutral ('' = INLI val)",
                    resumable=True),
     test_file=Field("", "RTE test rows, the same columns ('' = INLI test)", resumable=True),
@@ -41,7 +42,8 @@ FIELDS = configs.declare(
     group_padding=Field(True, "pad premises and (short) hypotheses to separate lengths"),
     max_train_examples=Field(0, "0 = all", min=0),
     train_shards=Field("", "a `dualcse-jax preprocess` folder streamed per host instead of "
-                       "the in-memory table (docs/data.md, \"Sharded corpora\")"),
+                       "the in-memory table (docs/data.md, \"Sharded corpora\")",
+                       data=True),
     # Loss.
     temperature=Field(0.05, "InfoNCE temperature tau", above=0),
     use_contradiction=Field(True, "ablation: contradiction negatives and term 5"),

@@ -14,9 +14,10 @@ AGGREGATES = ("sum", "average", "concatenate")
 FIELDS = configs.declare(
     # Data (SQuAD v1.1).
     squad_path=Field("", "your SQuAD v1.1 JSON or zip, local or gs:// ('' = the shipped dev "
-                     "set; docs/data.md)"),
+                     "set; docs/data.md)", data=True),
     train_file=Field("", "instead of SQuAD: JSON Lines of {\"question\", \"passage\"} pairs, "
-                     "each distinct passage split like an article (docs/data.md)"),
+                     "each distinct passage split like an article (docs/data.md)",
+                     data=True),
     split=Field("articles", "articles (unseen test paragraphs) | seen_paragraphs (authors')",
                 choices=SPLITS),
     test_fraction=Field(0.2, "share of articles (or of questions for seen_paragraphs)"),

@@ -1,0 +1,129 @@
+"""What a run trained on: ``WORKDIR/data_fingerprint.json``, the size, modification time
+and content hash of every file behind the config's training-data fields (declared
+``Field(data=True)``), so that a resume on changed data is refused
+(``docs/architecture.md``, "Resuming on changed data").
+
+A file's hash is SHA-256 of its bytes, streamed; a ``gs://`` object's is the checksum GCS
+keeps with it (``md5Hash``, else ``crc32c``: no download). A file whose size and
+modification time are as recorded is taken as unchanged without reading it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+
+import ml_collections
+
+from embedding_core import storage
+from embedding_core.fields import Fields
+
+FILE = "data_fingerprint.json"
+_BLOCK = 1 << 22
+
+
+class DataChangedError(ValueError):
+    """A training-data file differs from the one the run in the workdir started on."""
+
+
+def data_fields(config: ml_collections.ConfigDict, fields: Fields | None) -> list[str]:
+    """The config's training-data fields (``Field(data=True)``) that are set."""
+    return [n for n, f in (fields or {}).items()
+            if getattr(f, "data", False) and n in config and str(config[n] or "").strip()]
+
+
+def _paths(value: str) -> list[str]:
+    return [p.strip() for p in str(value).split(",") if p.strip()]
+
+
+def _files(path: str) -> Iterator[tuple[str, object]]:
+    """``(uri, epath.Path)`` of ``path`` or, for a folder, of every file under it, sorted."""
+    root = storage.as_path(path)
+    if root.is_dir():
+        for child in sorted(root.iterdir(), key=lambda p: p.name):
+            yield from _files(os.fspath(child))
+    elif root.exists():
+        yield os.fspath(root), root
+    else:
+        raise FileNotFoundError(f"{path} does not exist")
+
+
+def _stat(path) -> tuple[int, float]:
+    if storage.is_remote(path):
+        import fsspec
+
+        info = fsspec.filesystem("gs").info(os.fspath(path))
+        return int(info.get("size") or 0), float(info.get("generation") or 0)
+    st = os.stat(os.fspath(path))
+    return st.st_size, st.st_mtime
+
+
+def content_hash(path) -> str:
+    """``sha256:HEX`` of a local file's bytes (streamed), or the checksum GCS keeps with a
+    ``gs://`` object (``md5:``/``crc32c:``; streamed SHA-256 where it has neither)."""
+    if storage.is_remote(path):
+        import fsspec
+
+        info = fsspec.filesystem("gs").info(os.fspath(path))
+        for key, name in (("md5Hash", "md5"), ("crc32c", "crc32c")):
+            if info.get(key):
+                return f"{name}:{info[key]}"
+    digest = hashlib.sha256()
+    with storage.as_path(path).open("rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
+                known: Mapping[str, dict] | None = None) -> dict[str, dict[str, dict]]:
+    """``{field: {file: {"size", "mtime", "hash"}}}`` for the named fields' files.
+
+    ``known``: an earlier fingerprint; a file with its recorded size and mtime keeps its
+    recorded hash (not read again).
+
+    Raises:
+      FileNotFoundError: ``config.FIELD: PATH does not exist``.
+    """
+    out: dict[str, dict[str, dict]] = {}
+    for name in names:
+        files: dict[str, dict] = {}
+        for path in _paths(config[name]):
+            try:
+                found = list(_files(path))
+            except FileNotFoundError:
+                raise FileNotFoundError(f"config.{name}: {path} does not exist") from None
+            for uri, one in found:
+                size, mtime = _stat(one)
+                old = ((known or {}).get(name) or {}).get(uri)
+                same = old and old.get("size") == size and old.get("mtime") == mtime
+                files[uri] = {"size": size, "mtime": mtime,
+                              "hash": old["hash"] if same else content_hash(one)}
+        out[name] = files
+    return out
+
+
+def changes(saved: Mapping[str, dict], now: Mapping[str, dict]) -> list[str]:
+    """One phrase per changed field: ``config.F: FILE (what changed)``, [] when equal.
+    Files added or removed under a folder count as a change; mtime alone does not."""
+    out = []
+    for name in sorted(set(saved) | set(now)):
+        before, after = saved.get(name) or {}, now.get(name) or {}
+        for uri in sorted(set(before) | set(after)):
+            old, new = before.get(uri), after.get(uri)
+            if old is None:
+                out.append(f"config.{name}: {uri} is new")
+            elif new is None:
+                out.append(f"config.{name}: {uri} is gone")
+            elif old.get("size") != new.get("size"):
+                out.append(f"config.{name}: {uri} changed ({old.get('size')} -> "
+                           f"{new.get('size')} bytes)")
+            elif old.get("hash") != new.get("hash"):
+                out.append(f"config.{name}: {uri} changed (same size, other content)")
+    return out
+
+
+def path(workdir) -> object:
+    """Where the run's fingerprint lives."""
+    return storage.as_path(workdir) / FILE

@@ -1,0 +1,109 @@
+"""A resume on changed training data is refused (and accepted on purpose); a target step
+below the saved one is an error; the fingerprint itself, by hand."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import ml_collections
+import pytest
+
+from embedding_core import configs, data_fingerprint
+from embedding_core.fields import Field
+from embedding_core.run import run
+from tests.embedding_core.test_run import _config, _make_task
+
+FIELDS = configs.declare(batch_size=Field(8), train_file=Field("", data=True),
+                         notes=Field("", "not data"))
+VALIDATE = configs.validator(FIELDS)
+
+
+def _data_config(train_file, **kw) -> ml_collections.ConfigDict:
+    config = FIELDS.config()
+    config.update(_config().to_dict())
+    config.train_file = str(train_file)
+    config.update(kw)
+    return config
+
+
+def test_fingerprint_hashes_files_and_folders_and_reuses_known_hashes(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b.txt").write_bytes(b"bb")
+    (tmp_path / "d" / "a.txt").write_bytes(b"a")
+    (tmp_path / "f.txt").write_bytes(b"hello\n")
+    config = ml_collections.ConfigDict({"x": f"{tmp_path}/f.txt, {tmp_path}/d", "y": ""})
+    fields = FIELDS.extend(x=Field("", data=True), y=Field("", data=True))
+    assert data_fingerprint.data_fields(config, fields) == ["x"]
+    got = data_fingerprint.fingerprint(config, ["x"])["x"]
+    assert list(got) == [f"{tmp_path}/f.txt", f"{tmp_path}/d/a.txt", f"{tmp_path}/d/b.txt"]
+    assert got[f"{tmp_path}/f.txt"]["size"] == 6
+    assert got[f"{tmp_path}/f.txt"]["hash"] == "sha256:" + hashlib.sha256(b"hello\n").hexdigest()
+    # Size and mtime as recorded: the recorded hash is trusted, the file not read.
+    known = {"x": {k: {**v, "hash": "sha256:recorded"} for k, v in got.items()}}
+    again = data_fingerprint.fingerprint(config, ["x"], known=known)["x"]
+    assert {v["hash"] for v in again.values()} == {"sha256:recorded"}
+
+
+def test_changes_name_the_field_and_file_and_ignore_a_touch(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text("abc\n")
+    config = ml_collections.ConfigDict({"train_file": str(f)})
+    first = data_fingerprint.fingerprint(config, ["train_file"])
+    os.utime(f, (1, 1))  # touched: other mtime, same bytes
+    touched = data_fingerprint.fingerprint(config, ["train_file"], known=first)
+    assert data_fingerprint.changes(first, touched) == []
+    f.write_text("abd\n")  # same size, other content
+    assert data_fingerprint.changes(first, data_fingerprint.fingerprint(
+        config, ["train_file"], known=first)) == [
+        f"config.train_file: {f} changed (same size, other content)"]
+    f.write_text("abc\nmore\n")
+    assert data_fingerprint.changes(first, data_fingerprint.fingerprint(
+        config, ["train_file"])) == [f"config.train_file: {f} changed (4 -> 9 bytes)"]
+
+
+def test_a_missing_data_file_names_the_field(tmp_path):
+    config = ml_collections.ConfigDict({"train_file": f"{tmp_path}/nope.jsonl"})
+    with pytest.raises(FileNotFoundError, match=r"^config.train_file: .*nope.jsonl does not "
+                       "exist$"):
+        data_fingerprint.fingerprint(config, ["train_file"])
+
+
+def test_resume_on_edited_data_is_refused_and_the_flag_accepts_it(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a"}\n')
+    workdir = tmp_path / "run"
+    run(_make_task([]), _data_config(data), workdir, validate=VALIDATE, stop_after=4)
+    saved = json.loads((workdir / data_fingerprint.FILE).read_text())
+    assert saved["train_file"][str(data)]["size"] == 14
+    with data.open("a") as f:
+        f.write('{"text": "b"}\n')
+    with pytest.raises(data_fingerprint.DataChangedError) as err:
+        run(_make_task([]), _data_config(data), workdir, validate=VALIDATE)
+    message = str(err.value)
+    assert message.startswith(f"config.train_file: {data} changed (14 -> 28 bytes) since "
+                              f"{workdir} started: resuming at step 4")
+    assert "--config.resume_changed_data=true" in message and "\n" not in message
+    # A field that is not data may name a file and change freely (not fingerprinted).
+    state = run(_make_task([]), _data_config(data, resume_changed_data=True), workdir,
+                validate=VALIDATE)
+    assert int(state.step) == 12
+    # The new data is now the run's own: a plain resume (nothing left to do) passes.
+    again = json.loads((workdir / data_fingerprint.FILE).read_text())
+    assert again["train_file"][str(data)]["size"] == 28
+    run(_make_task([]), _data_config(data), workdir, validate=VALIDATE)
+
+
+def test_a_target_below_the_saved_step_is_an_error(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("x\n")
+    run(_make_task([]), _data_config(data), tmp_path / "run", validate=VALIDATE, stop_after=8)
+    with pytest.raises(ValueError, match=r"is trained to step 8, past the 6 steps this "
+                       "config asks for"):
+        run(_make_task([]), _data_config(data, num_train_steps=6), tmp_path / "run",
+            validate=VALIDATE)
+    # Equal to the saved step: a finished run, nothing to do, no error.
+    state = run(_make_task([]), _data_config(data, num_train_steps=8), tmp_path / "run",
+                validate=VALIDATE)
+    assert int(state.step) == 8
