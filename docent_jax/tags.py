@@ -21,7 +21,7 @@ from docent_jax import tag_eval
 from docent_jax.corpora import movielens
 from docent_jax.review_data import entity_movielens_ids
 from docent_jax.tag_finetune import FinetuneSettings, TagScorer, finetune_closed, finetune_open
-from embedding_core import storage
+from embedding_core import multihost, storage
 from embedding_core.files import write_json
 
 MODEL_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
@@ -309,9 +309,10 @@ def evaluate_tags_workdir(workdir: str | os.PathLike, *, step: int | None = None
     result = evaluate_tags(ranker, config, progress=progress)
     result["protocol"]["workdir"] = storage.display(workdir)
     path = storage.as_path(workdir) / "eval" / "tags.json"
-    write_json(path, result)
-    print_report(result)
-    print(f"\nwrote {path}")
+    if multihost.is_primary():  # every process holds the same result; one writes it
+        write_json(path, result)
+        print_report(result)
+        print(f"\nwrote {path}")
     return result
 
 

@@ -66,13 +66,13 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     if multihost.is_primary():  # every process holds the same rows; one writes them
         write_json(storage.as_path(workdir) / "eval" / "ranking.json",
                    {"protocol": data.description, "rows": rows})
-    queries_file = str(config.get("eval_queries_file", "") or "").strip()
-    source = f"queries from {queries_file}" if queries_file else "held-out queries"
-    print(f"\nZero-shot entity ranking (%), {int(rows[name]['num_queries'])} {source} "
-          f"over {data.num_entities} entities")
-    print(f"data: {data.description}")
-    print(evaluate.format_table(rows))
-    print(f"wrote {storage.as_path(workdir) / 'eval' / 'ranking.json'}")
+        queries_file = str(config.get("eval_queries_file", "") or "").strip()
+        source = f"queries from {queries_file}" if queries_file else "held-out queries"
+        print(f"\nZero-shot entity ranking (%), {int(rows[name]['num_queries'])} {source} "
+              f"over {data.num_entities} entities")
+        print(f"data: {data.description}")
+        print(evaluate.format_table(rows))
+        print(f"wrote {storage.as_path(workdir) / 'eval' / 'ranking.json'}")
     return (rows, details) if per_query else rows
 
 

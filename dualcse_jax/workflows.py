@@ -17,7 +17,8 @@ def train(config, workdir: str | os.PathLike, *, stop_after: int | None = None):
     from dualcse_jax.trainer import train as train_task
 
     state = train_task(config, workdir, stop_after=stop_after)
-    print(f"checkpoints and TensorBoard events in {workdir}")
+    if multihost.is_primary():
+        print(f"checkpoints and TensorBoard events in {workdir}")
     return state
 
 
@@ -101,22 +102,23 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                        dict(rows["MiniLM off the shelf (mean)"], rule=rules[0],
                             **({"rules": base_rule} if len(rules) > 1 else {}),
                             label_conflicts=conflicts))
-    for rule in rules:
-        table = {name: by_rule[rule]}
-        if baseline:
-            table["MiniLM off the shelf (mean)"] = base_rule[rule]
-        print(f"\nRTE accuracy (%) on {data.rte_sets_label(config)}; score rule {rule}: "
-              f"{evaluate.RULE_TEXT[rule]}")
-        print(evaluate.format_rte_table(table))
-    if note := evaluate.format_label_conflicts(conflicts):
-        print(note)
-    if eis["eis_accuracy"] is None:
-        print(f"EIS accuracy: {eis['eis_data']}")
-    else:
-        label = (f"EIS accuracy ({'INLI' if test_source == 'INLI test' else test_source} "
-                 "proxy)" if eis["proxy"] else f"EIS accuracy ({eis_data})")
-        print(f"{label}: {100 * eis['eis_accuracy']:.2f}%")
-    print(f"wrote {out_dir / 'rte.json'}")
+    if multihost.is_primary():  # the same tables on every process: one prints them
+        for rule in rules:
+            table = {name: by_rule[rule]}
+            if baseline:
+                table["MiniLM off the shelf (mean)"] = base_rule[rule]
+            print(f"\nRTE accuracy (%) on {data.rte_sets_label(config)}; score rule {rule}: "
+                  f"{evaluate.RULE_TEXT[rule]}")
+            print(evaluate.format_rte_table(table))
+        if note := evaluate.format_label_conflicts(conflicts):
+            print(note)
+        if eis["eis_accuracy"] is None:
+            print(f"EIS accuracy: {eis['eis_data']}")
+        else:
+            label = (f"EIS accuracy ({'INLI' if test_source == 'INLI test' else test_source} "
+                     "proxy)" if eis["proxy"] else f"EIS accuracy ({eis_data})")
+            print(f"{label}: {100 * eis['eis_accuracy']:.2f}%")
+        print(f"wrote {out_dir / 'rte.json'}")
     return {"rte": rows, "rte_rules": by_rule, "eis": eis, "label_conflicts": conflicts}
 
 

@@ -95,7 +95,9 @@ class Program:
         ]
 
     def _train(self, inv: Invocation) -> None:
-        self.train(storage.absolute_data_paths(inv.config, self.data_files), inv.workdir)
+        config = storage.absolute_data_paths(inv.config, self.data_files)
+        storage.check_data_paths(config, self.data_files)
+        self.train(config, inv.workdir)
         print(f"checkpoints and TensorBoard events in {inv.workdir}")
 
     def _evaluate(self, inv: Invocation) -> Any:
@@ -211,6 +213,15 @@ def overrides() -> dict[str, Any]:
     return {k: FLAGS.config[k] for k in sorted(given) if k in FLAGS.config}
 
 
+def _paths_given(given) -> list[str]:
+    """The paths of a command line, the workdir first, then --output, --input, the
+    evaluation files and the config's text fields (comma-separated ones split)."""
+    values = [given.workdir, given.output, given.input]
+    values += [path for kind in EVAL_FLAGS for path in given[kind].value]
+    values += [v for v in given.config.values() if isinstance(v, str)]
+    return [part.strip() for v in values if v for part in str(v).split(",")]
+
+
 def main(program: Program, module) -> None:
     """Runs ``program``'s CLI (``module``: the package's ``main`` module, for ``--help``)."""
     module.__doc__ = program.usage_text()
@@ -227,6 +238,8 @@ def main(program: Program, module) -> None:
             sys.exit(f"{program.prog} {command.name}: error: --workdir is required (see --help)")
         with cli.user_errors(program.prog, command.name):
             program.fields.check(FLAGS.config)
+            if command.name != "config":
+                storage.check_endpoint(_paths_given(FLAGS))
             if command.shared_work:
                 from embedding_core import parallel
 

@@ -66,11 +66,11 @@ def evaluate_workdirs(workdirs: Sequence[str | os.PathLike], *, pool: str | None
                   and corpus.split == "articles" else "all paragraphs of the corpus")
     title = (f"recall@k (%) of the right paragraph, {int(corpus.test_questions.sum())} test "
              f"questions ({corpus.split} split), pool = {pool_words} ({n_pool}){title_suffix}")
-    print()
-    print(evaluate.format_table(rows, title))
     out_dir = storage.as_path(workdirs[0]) / "eval"
     if not multihost.is_primary():  # every process holds the same rows; process 0 writes
         return {"rows": rows, "pool": pool, "tsne": None}
+    print()
+    print(evaluate.format_table(rows, title))
     write_json(out_dir / f"recall_{pool}.json", {
         "pool": pool, "pool_size": n_pool, "split": corpus.split,
         "num_test_questions": int(corpus.test_questions.sum()),
