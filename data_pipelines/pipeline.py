@@ -12,16 +12,10 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-import tensorflow as tf
 
 from data_pipelines import shards as shard_layout
 from data_pipelines.table import TokenTable, text_identity_ids
-
-try:
-    # TensorFlow must never take the GPU/TPU memory that JAX needs.
-    tf.config.set_visible_devices([], "GPU")
-except (RuntimeError, ValueError):
-    pass  # devices already initialised by an earlier import; nothing more can be done here
+from data_pipelines.tf_import import tf  # one line when TensorFlow is missing; hides GPUs
 
 __all__ = ["TokenTable", "make_batches", "steps_per_epoch", "text_identity_ids"]
 

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
+from data_pipelines import tf_import  # noqa: F401  (tfds needs TensorFlow: one line if missing)
 from data_pipelines.inli import inli_split_path, read_inli
 from data_pipelines.snli import read_snli_triplets, snli_triplets_path
 

@@ -1,0 +1,29 @@
+"""TensorFlow for tf.data and TFDS, imported here only: a missing install is one line.
+
+TensorFlow is not a base dependency, so that an existing ``tensorflow`` (Colab) is used
+instead of a second one; the ``cpu``/``tpu``/``cuda12``/``cuda13`` extras add
+``tensorflow-cpu`` (README, "Install"). It never sees a GPU: that memory is JAX's.
+
+Raises:
+  ModuleNotFoundError: no ``tensorflow`` module, with the install command.
+"""
+
+from __future__ import annotations
+
+MISSING = ("TensorFlow is not installed; the data pipeline (tf.data, TFDS) needs it: "
+           "pip install 'embedding-jax[cpu]' (or [tpu], [cuda12], [cuda13]), or pip install "
+           "tensorflow")
+
+try:
+    import tensorflow as tf
+except ModuleNotFoundError as error:
+    if error.name != "tensorflow":  # installed but broken: TensorFlow's own error says why
+        raise
+    raise ModuleNotFoundError(MISSING, name="tensorflow") from None
+
+try:
+    tf.config.set_visible_devices([], "GPU")
+except (RuntimeError, ValueError):
+    pass  # devices already initialised by an earlier import; nothing more can be done here
+
+__all__ = ["MISSING", "tf"]
