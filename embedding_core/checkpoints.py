@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from embedding_core import storage
+from embedding_core.errors import StorageError
 
 ITEMS = ("params", "opt_state", "data")
 
@@ -62,14 +64,68 @@ def _directory(directory: str | os.PathLike) -> epath.Path:
     return path if storage.is_remote(path) else path.resolve()
 
 
+class CheckpointWriteError(StorageError):
+    """A checkpoint that could not be written: one line with its folder, the storage error
+    and the checkpoint a rerun resumes from."""
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_position: dict,
          *, force: bool = True, metrics: dict[str, float] | None = None) -> bool:
     """Saves ``state.params``, ``state.opt_state`` (with ``state.step``) and the
-    JSON-serialisable ``data_position``; ``metrics`` rank it (:func:`make_manager`)."""
-    return manager.save(step, force=force, metrics=metrics, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(state.params),
-        opt_state=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
-        data=ocp.args.JsonSave(data_position)))
+    JSON-serialisable ``data_position``; ``metrics`` rank it (:func:`make_manager`). With an
+    async save in flight, :func:`wait` for it first, so that its failure names its step.
+
+    Raises:
+      CheckpointWriteError: the write (or its synchronous part) failed.
+    """
+    with _writing(manager, step):
+        return manager.save(step, force=force, metrics=metrics, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            opt_state=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
+            data=ocp.args.JsonSave(data_position)))
+
+
+def wait(manager: ocp.CheckpointManager, step: int | None) -> None:
+    """Blocks until the async save of ``step`` (the one in flight; None: none) is complete.
+
+    Raises:
+      CheckpointWriteError: it failed (raised again by every later wait on ``manager``).
+    """
+    with _writing(manager, step):
+        manager.wait_until_finished()
+
+
+@contextlib.contextmanager
+def _writing(manager: ocp.CheckpointManager, step: int | None) -> Iterator[None]:
+    # orbax reports a failed write from its threads with tracebacks that run to screens
+    # (tensorstore's own message chains the driver, the array and the object): one line.
+    try:
+        yield
+    except (CheckpointWriteError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 - re-raised with the folder named
+        folder = storage.as_path(manager.directory) / ("?" if step is None else str(step))
+        try:
+            kept = [s for s in ocp.utils.checkpoint_steps(manager.directory) if s != step]
+        except Exception:  # noqa: BLE001 - the storage that failed may fail this too
+            kept = []
+        then = (f"step {max(kept)} in {manager.directory} is the latest complete checkpoint: "
+                "the same command resumes from it" if kept else
+                "no earlier checkpoint is kept: the same command starts again")
+        raise CheckpointWriteError(f"{folder}: checkpoint write failed: "
+                                   f"{storage_error(err)}; {then}") from err
+
+
+def storage_error(err: BaseException) -> str:
+    """The innermost reason of a storage error on one line, at most 300 characters:
+    tensorstore's ``CODE: Error writing X ...: Error reading Y: REASON [spec...]`` chain as
+    ``CODE: Y: REASON``."""
+    text = " ".join(storage.describe_error(err).split()) or type(err).__name__
+    parts = re.split(r"Error (?:reading|writing|opening) ", text)
+    if len(parts) > 1:
+        code = re.match(r"([A-Z][A-Z_]{3,}): ", text)
+        text = (code[0] if code else "") + parts[-1].split(" [", 1)[0]
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def best_step(directory: str | os.PathLike, steps: list[int]) -> int | None:

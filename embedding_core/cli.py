@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from absl import app, flags, logging
 
 from embedding_core import storage
+from embedding_core.errors import StorageError
 
 _NOISY = ("orbax", "xla_bridge", "jax/_src", "gcsfs")
 
@@ -34,12 +35,18 @@ def enable_compilation_cache() -> None:
 
 def quiet_library_logs() -> None:
     """INFO lines from this project (metrics, progress); only warnings from orbax/XLA/gcsfs;
-    gcsfs's retry messages without their tracebacks."""
+    gcsfs's retry messages without their tracebacks; fsspec's readahead-cache line once;
+    without ``EMBEDDING_JAX_DEBUG``, none of orbax's tracebacks of a failed checkpoint
+    write (``user_errors`` reports it in one line)."""
     logging.set_verbosity(logging.INFO)
     logging.get_absl_handler().addFilter(
         lambda record: record.levelno >= pylogging.WARNING
         or not any(n in record.pathname for n in _NOISY))
     logging.get_absl_handler().addFilter(_drop_storage_traceback)
+    if not os.environ.get(DEBUG_ENV):
+        logging.get_absl_handler().addFilter(_drop_reraised_write_errors)
+        _quiet_closed_loop_callbacks()
+    logging.get_absl_handler().addFilter(_ReadaheadSummary())
 
 
 def _drop_storage_traceback(record: pylogging.LogRecord) -> bool:
@@ -48,6 +55,50 @@ def _drop_storage_traceback(record: pylogging.LogRecord) -> bool:
     if record.name.startswith("gcsfs"):
         record.exc_info, record.exc_text = None, None
     return True
+
+
+# orbax logs a failed async write with its traceback in each thread it passes through,
+# then raises it: the caller's one line (checkpoints.CheckpointWriteError) is the report.
+_WRITE_THREADS = ("future.py", "async_checkpointer.py", "checkpoint_manager.py")
+
+
+def _drop_reraised_write_errors(record: pylogging.LogRecord) -> bool:
+    return not (record.exc_info and record.levelno >= pylogging.ERROR
+                and "orbax" in record.pathname
+                and os.path.basename(record.pathname) in _WRITE_THREADS)
+
+
+class _ReadaheadSummary(pylogging.Filter):
+    """fsspec logs its readahead cache for every gs:// file it opens: the first line, as a
+    summary, and no more."""
+
+    seen = False
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        if not (record.name.startswith("fsspec")
+                and str(record.msg).startswith("AdaptiveReadaheadCache")):
+            return True
+        if self.seen:
+            return False
+        self.seen = True
+        record.msg, record.args = ("%s (for each gs:// file read; logged once)",
+                                   (record.getMessage(),))
+        return True
+
+
+def _quiet_closed_loop_callbacks() -> None:
+    # After a failed write, tensorstore completes the write's other futures on the asyncio
+    # loop orbax has closed and prints each "Event loop is closed" from its own thread.
+    import threading
+
+    def quiet(value: BaseException | None) -> bool:
+        return (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+                and threading.current_thread() is not threading.main_thread())
+
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+    sys.excepthook = lambda kind, value, tb: None if quiet(value) else excepthook(
+        kind, value, tb)
+    sys.unraisablehook = lambda info: None if quiet(info.exc_value) else unraisablehook(info)
 
 
 def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None:
@@ -99,10 +150,15 @@ def user_errors(prog: str, command: str) -> Iterator[None]:
         sys.exit(run_control.EXIT_INTERRUPTED)
     except (run_control.DivergedError, run_control.WorkdirInUseError) as err:
         sys.exit(f"{prog} {command}: error: {err}")
+    except StorageError as err:  # the message is the whole report: no traceback hint
+        if os.environ.get(DEBUG_ENV):
+            raise
+        sys.exit(f"{prog} {command}: error: {err}")
     except (OSError, ValueError) as err:
         if os.environ.get(DEBUG_ENV):
             raise
-        sys.exit(f"{prog} {command}: error: {err}\n({DEBUG_ENV}=1 shows the traceback)")
+        sys.exit(f"{prog} {command}: error: {storage.describe_error(err)}\n({DEBUG_ENV}=1 "
+                 "shows the traceback)")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The one exception type for bad input data: it names the file, the line and the field."""
+"""The one exception type for bad input data (it names the file, the line and the field),
+and the storage errors whose message is the whole report."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ class DataError(ValueError):
     def __reduce__(self):
         # Keep the attributes when the error crosses a process boundary (multiprocessing).
         return (type(self), (self.path, self.line, self.field, self.reason))
+
+
+class StorageError(OSError):
+    """A path that does not exist, a ``gs://`` endpoint a run cannot use, or a write that
+    failed: the message is one line (the path, the storage error, what to do) and the CLIs
+    print only it."""
+
+
+class MissingPathError(StorageError, FileNotFoundError):
+    """A config field names a file or folder that does not exist:
+    ``config.FIELD: PATH does not exist``."""

@@ -132,6 +132,8 @@ class _Loop:
                                                 select_metric=settings.select_metric)
         self.step = self.start_step = 0
         self.last_saved = -1
+        self.in_flight: int | None = None  # the step of an async save not yet complete
+        self.write_failed = False
         self.writer: metric_log.MetricLog | None = None
         self.stops: run_control.StopSignals | None = None
         self.pending: list[dict] = []
@@ -247,15 +249,31 @@ class _Loop:
 
     def save(self, state: TrainState, metrics: Mapping[str, float] | None = None) -> None:
         self.check_finite(state)
-        checkpoints.save(self.manager, self.step, state, self.settings.position(self.step),
-                         metrics=dict(metrics) if metrics else None)
+        try:
+            checkpoints.wait(self.manager, self.in_flight)  # its failure names its step
+            self.in_flight = self.step
+            checkpoints.save(self.manager, self.step, state, self.settings.position(self.step),
+                             metrics=dict(metrics) if metrics else None)
+        except checkpoints.CheckpointWriteError:
+            self.write_failed = True
+            raise
         self.last_saved = self.step
         self.writer.sync()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
-        self.writer.close()
+        try:
+            if not self.write_failed:  # orbax raises a failed write again on every wait
+                checkpoints.wait(self.manager, self.in_flight)
+                self.manager.close()
+        except checkpoints.CheckpointWriteError:
+            self.write_failed = True
+            raise
+        finally:
+            # After a failed write the storage may fail the metric upload too: the write's
+            # error is the one to report.
+            with contextlib.suppress(Exception) if self.write_failed else \
+                    contextlib.nullcontext():
+                self.writer.close()
 
 
 def _progress_bar(total: int, initial: int):

@@ -1,5 +1,6 @@
-"""One path type for local files and ``gs://`` URIs (:func:`as_path`), and the GCS
-emulator wiring (:func:`configure`, run on ``import embedding_core``).
+"""One path type for local files and ``gs://`` URIs (:func:`as_path`), the GCS emulator
+wiring (:func:`configure`, run on ``import embedding_core``) and the start-of-run checks of
+a ``gs://`` endpoint (:func:`check_endpoint`, :func:`check_data_paths`).
 
 ``gs://`` goes through fsspec/gcsfs, which honours ``STORAGE_EMULATOR_HOST``; what stays
 local and why: ``docs/architecture.md``, "Storage".
@@ -7,18 +8,36 @@ local and why: ``docs/architecture.md``, "Storage".
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
+import re
 import shutil
+import socket
 import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+import warnings
 from collections.abc import Iterable, Iterator
+from urllib.parse import quote, unquote, urlparse
 
 from etils import epath
+
+from embedding_core.errors import MissingPathError, StorageError
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 CACHE_ENV = "EMBEDDING_JAX_CACHE"
 TENSORSTORE_URL_ENV = "TENSORSTORE_GCS_HTTP_URL"
+TOKEN_ENV = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
+TIMEOUT_ENV = "EMBEDDING_JAX_GCS_TIMEOUT"
+DEFAULT_TIMEOUT = 20.0
+EMULATOR_COMMAND = "python -m embedding_core.gcs_emulator"
+GCS_HOST = "storage.googleapis.com"
 _SCHEME = "gs://"
+_EMULATOR_TOKEN = "emulator"
+_GCSFS_PATH = re.compile(r"(?<![\w/])b/([\w.-]+)/o(?:/([^\s:]+))?")
 _COPY_CHUNK = 1 << 22
 
 
@@ -34,8 +53,9 @@ def configure() -> None:
     """Routes ``gs://`` through fsspec/gcsfs and points every layer at the emulator, if any.
 
     Idempotent. Sets ``EPATH_USE_TF=false`` and, with ``STORAGE_EMULATOR_HOST``,
-    ``TENSORSTORE_GCS_HTTP_URL`` and ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, and gives
-    ``STORAGE_EMULATOR_HOST`` its ``http://`` scheme.
+    ``TENSORSTORE_GCS_HTTP_URL``, ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` and
+    ``GOOGLE_AUTH_TOKEN_FOR_TESTING``, and gives ``STORAGE_EMULATOR_HOST`` its ``http://``
+    scheme.
     """
     os.environ["EPATH_USE_TF"] = "false"
     # epath caches its "is TensorFlow installed" answer; a path built before this call
@@ -54,6 +74,11 @@ def configure() -> None:
         # gcsfs >= 2025 probes each bucket's type through the storage control API, which no
         # emulator serves (one warning per call); the plain JSON API is all we use.
         os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+        # Without it tensorstore looks for Google credentials, which an emulator ignores,
+        # and logs an error-level line when it finds none.
+        os.environ.setdefault(TOKEN_ENV, _EMULATOR_TOKEN)
+    elif os.environ.get(TOKEN_ENV) == _EMULATOR_TOKEN:
+        del os.environ[TOKEN_ENV]
 
 
 def cache_dir() -> pathlib.Path:
@@ -77,6 +102,156 @@ def absolute_data_paths(config, fields: Iterable[str]):
         config[name] = ",".join(p if "://" in p else str(pathlib.Path(p).expanduser().resolve())
                                 for p in parts)
     return config
+
+
+def check_data_paths(config, fields: Iterable[str]) -> None:
+    """Refuses a config whose path fields (as :func:`absolute_data_paths`) name a file or
+    folder that does not exist.
+
+    Raises:
+      MissingPathError: ``config.FIELD: PATH does not exist`` (a ``FileNotFoundError``).
+    """
+    for name in fields:
+        value = str(config.get(name, "") or "") if name in config else ""
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            if not as_path(part).exists():
+                raise MissingPathError(f"config.{name}: {display(part)} does not exist")
+
+
+def describe_error(err: BaseException) -> str:
+    """``str(err)`` with gcsfs's request paths (``b/BUCKET/o/OBJECT``) as ``gs://`` URIs;
+    gcsfs's bare ``FileNotFoundError(path)`` as ``gs://BUCKET/OBJECT does not exist``."""
+    text = _GCSFS_PATH.sub(lambda m: f"{_SCHEME}{m[1]}" + (f"/{unquote(m[2])}" if m[2] else ""),
+                           str(err))
+    if isinstance(err, FileNotFoundError) and is_remote(text) and " " not in text.strip():
+        text = f"{text.strip()} does not exist"
+    return text
+
+
+class StorageUnavailableError(StorageError):
+    """A ``gs://`` endpoint a run cannot use: unreachable, no credentials, or an emulator
+    without object generations. The message is one line naming the URI and what to do."""
+
+
+_checked: set[str] = set()
+
+
+def gcs_timeout() -> float:
+    """How long :func:`check_endpoint` waits for an endpoint: ``$EMBEDDING_JAX_GCS_TIMEOUT``
+    seconds, default 20."""
+    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+
+
+def check_endpoint(uris: Iterable[str | os.PathLike]) -> None:
+    """Checks, once per process, that the endpoint serving the ``gs://`` URIs among ``uris``
+    can run: with ``STORAGE_EMULATOR_HOST``, that it answers within :func:`gcs_timeout`,
+    holds the first URI's bucket and keeps object generations (a probe object, written to
+    ``.embedding-jax-probe/`` of that bucket and deleted); else that Google credentials
+    exist and ``storage.googleapis.com:443`` answers in time. Nothing to do without a URI.
+
+    Raises:
+      StorageUnavailableError: one line naming the first URI and what to set or run.
+    """
+    remote = [os.fspath(u) for u in uris if u and is_remote(u)]
+    url = emulator_url()
+    if not remote or (url or GCS_HOST) in _checked:
+        return
+    uri = remote[0]
+    if url is not None:
+        _check_emulator(url, uri, gcs_timeout())
+    else:
+        _check_google(uri, gcs_timeout())
+    _checked.add(url or GCS_HOST)
+
+
+def _check_google(uri: str, timeout: float) -> None:
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    quiet = logging.getLogger("google.auth")  # "No project ID could be determined"
+    level = quiet.level
+    try:
+        quiet.setLevel(logging.ERROR)
+        with warnings.catch_warnings():  # "end user credentials without a quota project"
+            warnings.simplefilter("ignore")
+            google.auth.default()
+    except DefaultCredentialsError:
+        raise StorageUnavailableError(
+            f"{uri}: no Google Cloud credentials; run `gcloud auth application-default "
+            "login` or set GOOGLE_APPLICATION_CREDENTIALS=KEY.json (for a local emulator "
+            f"instead: {EMULATOR_COMMAND}, then {EMULATOR_ENV}=localhost:PORT)") from None
+    finally:
+        quiet.setLevel(level)
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy")):
+        return  # the clients go through the proxy: a direct connection proves nothing
+    host = GCS_HOST
+    _retry(lambda left: socket.create_connection((host, 443), timeout=left).close(),
+           timeout, lambda why: f"{uri}: cannot reach {host}:443 within {timeout:g} s "
+           f"({why}); check the network (${TIMEOUT_ENV} sets the wait), or set "
+           f"{EMULATOR_ENV}=localhost:PORT for a local emulator ({EMULATOR_COMMAND})")
+
+
+def _check_emulator(url: str, uri: str, timeout: float) -> None:
+    port = urlparse(url).port or "PORT"
+    where = f"the GCS emulator at {url} ({EMULATOR_ENV})"
+    bucket = uri[len(_SCHEME):].split("/", 1)[0]
+    status, _ = _retry(lambda left: _http("GET", f"{url}/storage/v1/b/{bucket}", left),
+                       timeout, lambda why: f"{uri}: nothing answers at {url} "
+                       f"({EMULATOR_ENV}) within {timeout:g} s ({why}); start an emulator "
+                       f"there ({EMULATOR_COMMAND} --port={port}), or unset {EMULATOR_ENV} "
+                       "to use Google Cloud Storage")
+    if status == 404:
+        raise StorageUnavailableError(f"{uri}: {where} has no bucket {bucket!r}; start it "
+                                      f"with {EMULATOR_COMMAND} --port={port} --bucket={bucket}")
+    name = quote(f".embedding-jax-probe/{uuid.uuid4().hex}", safe="")
+    upload_url = f"{url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}"
+    object_url = f"{url}/storage/v1/b/{bucket}/o/{name}"
+    try:
+        _http("POST", upload_url, timeout, b"probe")
+        _, headers = _http("GET", f"{object_url}?alt=media", timeout)
+        guarded, _ = _http("POST", f"{upload_url}&ifGenerationMatch=0", timeout, b"probe")
+    except OSError as err:
+        raise StorageUnavailableError(f"{uri}: {where} failed a probe write ({err})") from None
+    finally:
+        try:
+            _http("DELETE", object_url, timeout)
+        except OSError:
+            pass
+    lacks = ("sends no object generation (x-goog-generation) with a download"
+             if not headers.get("x-goog-generation") else
+             "ignores ifGenerationMatch=0 on an existing object" if guarded != 412 else "")
+    if lacks:
+        raise StorageUnavailableError(
+            f"{uri}: {where} {lacks}, which orbax's checkpoint writer needs (the stock "
+            f"gcp-storage-emulator does not keep them); serve gs:// with {EMULATOR_COMMAND} "
+            f"--port={port} instead")
+
+
+def _http(method: str, url: str, timeout: float, data: bytes | None = None):
+    """``(status, headers)`` of one request, straight to ``url`` (no proxy)."""
+    request = urllib.request.Request(url, data=data, method=method)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=max(timeout, 0.1)) as response:
+            response.read()
+            return response.status, response.headers
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers
+
+
+def _retry(attempt, timeout: float, message):
+    """``attempt(seconds_left)`` until it returns, an ``OSError`` each time until
+    ``timeout`` seconds have passed; then ``StorageUnavailableError(message(reason))``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return attempt(max(deadline - time.monotonic(), 0.1))
+        except OSError as err:
+            if time.monotonic() + 0.25 >= deadline:
+                reason = getattr(err, "reason", err)  # urllib wraps the socket's error
+                why = getattr(reason, "strerror", None) or reason
+                raise StorageUnavailableError(message(why)) from None
+            time.sleep(0.25)
 
 
 def is_remote(path: str | os.PathLike) -> bool:

@@ -94,12 +94,13 @@ def gcs_emulator():
     import fsspec
 
     from embedding_core import storage
-    from tests.gcs_emulator import GcsEmulator
+    from embedding_core.gcs_emulator import GcsEmulator
 
     emulator = GcsEmulator()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(storage.EMULATOR_ENV, emulator.host)
-        for name in (storage.TENSORSTORE_URL_ENV, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"):
+        for name in (storage.TENSORSTORE_URL_ENV, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+                     storage.TOKEN_ENV):
             mp.delenv(name, raising=False)  # restored after the session
         storage.configure()  # embedding_core was imported before the variable was set
         fsspec.get_filesystem_class("gs").clear_instance_cache()

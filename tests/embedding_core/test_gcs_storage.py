@@ -20,7 +20,8 @@ import pytest
 from embedding_core import metric_log, storage
 
 BUCKET = "gs://test-bucket"
-DERIVED = (storage.TENSORSTORE_URL_ENV, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "EPATH_USE_TF")
+DERIVED = (storage.TENSORSTORE_URL_ENV, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "EPATH_USE_TF",
+           storage.TOKEN_ENV)
 """What ``storage.configure`` sets from ``STORAGE_EMULATOR_HOST``."""
 
 
@@ -51,6 +52,36 @@ def _assert_same_params(got: dict, want: dict) -> None:
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def _user_env(host: str, **extra: str) -> dict[str, str]:
+    """This environment as a user's shell has it: ``STORAGE_EMULATOR_HOST=host`` (or unset
+    for ``host=""``), nothing ``storage.configure`` derived, this process's compile cache."""
+    env = {k: v for k, v in os.environ.items() if k not in DERIVED}
+    env.pop(storage.EMULATOR_ENV, None)
+    if host:
+        env[storage.EMULATOR_ENV] = host
+    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
+    return dict(env, **extra)
+
+
+def _dualcse(env: dict, *args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dualcse_jax.main", *args], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=1800)
+
+
+def _error_lines(text: str) -> list[str]:
+    """absl/glog error-level lines (``E1204 10:00:00...``) and traceback headers."""
+    return [line for line in text.splitlines()
+            if (line[:1] in "EF" and line[1:5].isdigit()) or line.startswith("Traceback")]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]  # closed again on return: nothing listens there
 
 
 def _kill_after_first_checkpoint(gcs_emulator, cmd, run: str, tmp_path) -> list[int]:
@@ -304,3 +335,185 @@ def test_docent_on_gs_killed_resumed_exported(gcs_emulator, docent_tiny_run, tmp
     vectors, ids, _ = views["queries"]
     assert ids == queries
     np.testing.assert_allclose(vectors, ranker.encode(queries), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------- endpoints and errors
+
+
+def test_gcsfs_paths_in_errors_become_uris():
+    assert storage.describe_error(FileNotFoundError("b/bkt/o/dir%2Fnope.jsonl")) == \
+        "gs://bkt/dir/nope.jsonl does not exist"
+    assert storage.describe_error(OSError("Forbidden: b/bkt/o\nForbidden")) == \
+        "Forbidden: gs://bkt\nForbidden"
+    assert storage.describe_error(OSError("GET http://h/storage/v1/b/bkt/o/x: 500")) == \
+        "GET http://h/storage/v1/b/bkt/o/x: 500"  # a URL stays as it is
+
+
+def test_missing_remote_data_paths_name_their_field(gcs_emulator):
+    from dualcse_jax.configs import default
+
+    storage.as_path(f"{BUCKET}/data/pairs.csv").write_text("premise\n")
+    for field in ("train_file", "val_file", "train_shards"):
+        config = default.get_config()
+        config[field] = f"{BUCKET}/data/pairs.csv,{BUCKET}/data/nope.jsonl"
+        with pytest.raises(FileNotFoundError) as err:
+            storage.check_data_paths(config, ("train_file", "val_file", "train_shards"))
+        assert str(err.value) == f"config.{field}: {BUCKET}/data/nope.jsonl does not exist"
+        config[field] = f"{BUCKET}/data/pairs.csv"
+        storage.check_data_paths(config, (field,))  # present: accepted
+
+
+def test_missing_remote_val_file_is_one_line(gcs_emulator, tmp_path):
+    proc = _dualcse(_user_env(gcs_emulator.host), "train", f"--workdir={BUCKET}/nofile",
+                    f"--config.val_file={BUCKET}/nope.jsonl")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"dualcse-jax train: error: config.val_file: {BUCKET}/nope.jsonl does not exist"]
+    assert _objects("nofile") == []
+
+
+def test_an_unreachable_emulator_is_one_line_within_the_stated_bound(monkeypatch):
+    port = _closed_port()
+    monkeypatch.setattr(storage, "_checked", set())
+    monkeypatch.setenv(storage.EMULATOR_ENV, f"localhost:{port}")
+    monkeypatch.setenv(storage.TIMEOUT_ENV, "0.5")
+    with pytest.raises(storage.StorageUnavailableError) as err:
+        storage.check_endpoint(["/local/first", "gs://b/run"])
+    assert str(err.value) == (
+        f"gs://b/run: nothing answers at http://localhost:{port} (STORAGE_EMULATOR_HOST) "
+        "within 0.5 s (Connection refused); start an emulator there (python -m "
+        f"embedding_core.gcs_emulator --port={port}), or unset STORAGE_EMULATOR_HOST to use "
+        "Google Cloud Storage")
+    storage.check_endpoint(["/local/only"])  # no gs:// path: nothing to reach
+
+    # The CLI: the same line alone, exit 1, before anything is written.
+    proc = _dualcse(_user_env(f"localhost:{port}", **{storage.TIMEOUT_ENV: "1"}), "train",
+                    "--workdir=gs://b/run")
+    assert proc.returncode == 1
+    assert len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.startswith("dualcse-jax train: error: gs://b/run: nothing answers at "
+                                  f"http://localhost:{port} (STORAGE_EMULATOR_HOST) within 1 s")
+
+
+def test_google_storage_without_credentials_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(storage, "_checked", set())
+    monkeypatch.delenv(storage.EMULATOR_ENV, raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud login here
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a VM's service account
+    with pytest.raises(storage.StorageUnavailableError) as err:
+        storage.check_endpoint(["gs://b/run"])
+    assert str(err.value) == (
+        "gs://b/run: no Google Cloud credentials; run `gcloud auth application-default "
+        "login` or set GOOGLE_APPLICATION_CREDENTIALS=KEY.json (for a local emulator "
+        "instead: python -m embedding_core.gcs_emulator, then "
+        "STORAGE_EMULATOR_HOST=localhost:PORT)")
+
+
+def test_google_storage_out_of_reach_is_one_line_within_the_stated_bound(monkeypatch,
+                                                                         tmp_path):
+    creds = tmp_path / "adc.json"  # parsed without a request; never used to sign in
+    creds.write_text(json.dumps({"type": "authorized_user", "client_id": "i",
+                                 "client_secret": "s", "refresh_token": "r"}))
+    monkeypatch.setattr(storage, "_checked", set())
+    monkeypatch.setattr(storage, "GCS_HOST", "storage.invalid")  # never resolves (RFC 2606)
+    monkeypatch.delenv(storage.EMULATOR_ENV, raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
+    monkeypatch.setenv(storage.TIMEOUT_ENV, "0.5")
+    for proxy in ("HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    with pytest.raises(storage.StorageUnavailableError, match=(
+            r"^gs://b/run: cannot reach storage.invalid:443 within 0.5 s \(.+\); check the "
+            r"network \(\$EMBEDDING_JAX_GCS_TIMEOUT sets the wait\), or set "
+            r"STORAGE_EMULATOR_HOST=localhost:PORT for a local emulator \(python -m "
+            r"embedding_core.gcs_emulator\)$")):
+        storage.check_endpoint(["gs://b/run"])
+
+
+def _start(cmd: list[str], ready: str, env=None) -> tuple[subprocess.Popen, str]:
+    """Starts a server process; returns it with its output up to the line containing
+    ``ready``."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if ready in line:
+            return proc, "".join(seen)
+    proc.wait()
+    raise AssertionError(f"{cmd} ended (rc {proc.returncode}): {''.join(seen)[-2000:]}")
+
+
+def test_the_stock_emulator_is_refused_and_the_shipped_one_accepted(monkeypatch):
+    """gcp-storage-emulator as it installs (no object generations) is refused at the start
+    of a run in one line naming the shipped command, which then passes the same check."""
+    port = _closed_port()
+    stock, _ = _start([sys.executable, "-m", "gcp_storage_emulator", "start",
+                       f"--port={port}", "--in-memory", "--default-bucket=b"],
+                      ready="All services started")
+    try:
+        proc = _dualcse(_user_env(f"localhost:{port}"), "train", "--workdir=gs://b/run")
+    finally:
+        stock.terminate()
+        stock.wait()
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"dualcse-jax train: error: gs://b/run: the GCS emulator at http://localhost:{port} "
+        "(STORAGE_EMULATOR_HOST) sends no object generation (x-goog-generation) with a "
+        "download, which orbax's checkpoint writer needs (the stock gcp-storage-emulator "
+        "does not keep them); serve gs:// with python -m embedding_core.gcs_emulator "
+        f"--port={port} instead"]
+
+    shipped, banner = _start([sys.executable, "-m", "embedding_core.gcs_emulator",
+                              f"--port={port}", "--bucket=b", "--bucket=c"],
+                             ready="STORAGE_EMULATOR_HOST=")
+    try:
+        assert banner.strip() == (f"GCS emulator on http://localhost:{port}, buckets gs://b, "
+                                  f"gs://c; in another shell: export "
+                                  f"STORAGE_EMULATOR_HOST=localhost:{port}")
+        monkeypatch.setattr(storage, "_checked", set())
+        monkeypatch.setenv(storage.EMULATOR_ENV, f"http://localhost:{port}")
+        storage.check_endpoint(["gs://c/run"])  # accepted
+        monkeypatch.setattr(storage, "_checked", set())
+        with pytest.raises(storage.StorageUnavailableError, match=(
+                f"gs://nob/run: the GCS emulator at http://localhost:{port} "
+                r"\(STORAGE_EMULATOR_HOST\) has no bucket 'nob'; start it with python -m "
+                f"embedding_core.gcs_emulator --port={port} --bucket=nob$")):
+            storage.check_endpoint(["gs://nob/run"])
+    finally:
+        shipped.send_signal(signal.SIGTERM)
+        rest = shipped.communicate(timeout=60)[0]
+    assert shipped.returncode == 0 and rest.strip() == f"GCS emulator on localhost:{port} stopped"
+
+
+@pytest.mark.slow
+def test_gs_run_logs_no_errors_and_a_failed_checkpoint_write_is_one_line(
+        gcs_emulator, dualcse_tiny_run, tmp_path):
+    """A 2-step CLI run into gs:// prints no error-level line and one readahead-cache line;
+    its resume to step 3, whose checkpoint the emulator refuses (403), ends in one line
+    naming the folder and the storage error, exit 1, and checkpoint 2 still loads."""
+    from dualcse_jax import load
+
+    over = dict(dualcse_tiny_run.overrides, num_train_steps=2, checkpoint_every=1)
+    args = ["train", f"--workdir={BUCKET}/fails"] + \
+        [f"--config.{k}={v}" for k, v in over.items()]
+    env = _user_env(gcs_emulator.host)
+    ok = _dualcse(env, *args, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert _error_lines(ok.stderr) == []
+    assert sum("AdaptiveReadaheadCache" in line for line in ok.stderr.splitlines()) == 1
+
+    gcs_emulator.fail(at="fails/checkpoints/3/params/ocdbt")
+    try:
+        failed = _dualcse(env, *args, "--config.num_train_steps=3", cwd=tmp_path)
+    finally:
+        gcs_emulator.clear_faults()
+    assert failed.returncode == 1
+    assert _error_lines(failed.stderr) == []
+    assert failed.stderr.splitlines()[-1] == (
+        f"dualcse-jax train: error: {BUCKET}/fails/checkpoints/3: checkpoint write failed: "
+        f"PERMISSION_DENIED: {BUCKET}/fails/checkpoints/3/params/ocdbt.process_0/"
+        f"manifest.ocdbt: Forbidden; step 2 in {BUCKET}/fails/checkpoints is the latest "
+        "complete checkpoint: the same command resumes from it")
+    model = load(f"{BUCKET}/fails")
+    assert model.step == 2
