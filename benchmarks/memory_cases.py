@@ -84,7 +84,8 @@ def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data:
         raise ValueError("the fused table update needs the tiled softmax (block_size > 0)")
     if batch % mesh_data:
         raise ValueError(f"batch {batch} is not divisible by mesh_data={mesh_data}")
-    mesh = parallel.make_mesh(mesh_data, mesh_model)
+    mesh = parallel.make_mesh(mesh_data, mesh_model,
+                              devices=jax.devices()[:mesh_data * mesh_model])
     rows = table_rows(num_entities, 128 * mesh_model)
     tx = optax.adam(1e-3)
     table_sharding = NamedSharding(mesh, P("model", None))
@@ -161,35 +162,58 @@ def dualcse_cross_case(global_batch: int, chunk_size: int, *, seq_len: int = 32,
       mesh_data, mesh_model: the mesh (``mesh_data * mesh_model`` devices must exist).
 
     Returns:
-      ``{"temp_bytes": int, "arg_bytes": int}``: XLA's temporaries and arguments per device.
+      ``{"temp_bytes": int, "arg_bytes": int}`` per device (:func:`dualcse_step_case`).
 
     Raises:
       ValueError: a batch or chunk size the mesh cannot split.
     """
-    import flax.linen as nn
-
     from dualcse_jax.configs import default
-    from dualcse_jax.model import build_model, init_fn
-    from dualcse_jax.trainer import make_loss_fn
-    from embedding_core import configs, contrastive
     from embedding_core.encoders import EncoderConfig
 
-    mesh = parallel.make_mesh(mesh_data, mesh_model)
-    parallel.check_global_batch(global_batch, mesh)
     c = default.get_config()
     c.architecture, c.pooling, c.dropout_impl = "cross", "cls", "hash"
     c.batch_size, c.contrastive_chunk_size = global_batch, chunk_size
     c.loss_chunk_size = chunk_size  # the loss scores its query rows in chunks too
-    contrastive.check_config(c, mesh)
     encoder = EncoderConfig(
         model_type="bert", vocab_size=30522, hidden_size=hidden, num_layers=layers,
         num_heads=4, intermediate_size=4 * hidden, max_position_embeddings=512,
         type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu", pad_token_id=0,
         hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
-    model = build_model(c, encoder)
+    return dualcse_step_case(c, encoder, seq_len, mesh_data, mesh_model)
+
+
+def dualcse_step_case(config, encoder, seq_len: int, mesh_data: int, mesh_model: int = 1,
+                      ) -> dict[str, int]:
+    """Per-device bytes of one DualCSE train step as ``config`` describes it
+    (architecture, ``batch_size`` global premises, dtype, remat, chunk sizes, dropout) on
+    an ``encoder`` (``EncoderConfig``) and a ``mesh_data x mesh_model`` mesh of the first
+    devices; every token field ``seq_len`` long (the longest batch). Abstract inputs only.
+
+    Returns:
+      ``{"temp_bytes": int, "arg_bytes": int}``: XLA's temporaries and arguments per device.
+
+    Raises:
+      ValueError: a batch or chunk size the mesh cannot split, too few devices.
+    """
+    import flax.linen as nn
+
+    from dualcse_jax import tables
+    from dualcse_jax.model import build_model, init_fn
+    from dualcse_jax.trainer import make_loss_fn
+    from embedding_core import configs, contrastive
+
+    devices = jax.devices()[:mesh_data * mesh_model]
+    if len(devices) < mesh_data * mesh_model:
+        raise ValueError(f"the mesh {mesh_data}x{mesh_model} needs more than the "
+                         f"{len(devices)} devices (XLA_FLAGS device count)")
+    mesh = parallel.make_mesh(mesh_data, mesh_model, devices=devices)
+    global_batch = int(config.batch_size)
+    parallel.check_global_batch(global_batch, mesh)
+    contrastive.check_config(config, mesh)
+    model = build_model(config, encoder)
     init = init_fn(model)
     tx, schedule = training.make_optimizer(learning_rate=5e-5, total_steps=1000)
-    rules = configs.axis_rules(c)
+    rules = configs.axis_rules(config)
     shardings = training.state_shardings(init, tx, mesh, rules)
 
     def init_state(rng):  # the state create_sharded_state builds, as shapes only
@@ -201,13 +225,13 @@ def dualcse_cross_case(global_batch: int, chunk_size: int, *, seq_len: int = 32,
     abstract = jax.eval_shape(init_state, jax.random.key(0))
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                          abstract, shardings)
-    loss_fn = make_loss_fn(model, c)
-    grad = contrastive.step_value_and_grad("DualCSE-cross", loss_fn, None, c, mesh,
+    loss_fn = make_loss_fn(model, config)
+    grad = contrastive.step_value_and_grad("DualCSE", loss_fn, None, config, mesh,
                                            shardings.params)
     step = training.make_train_step(loss_fn, shardings, mesh, schedule=schedule, rules=rules,
                                     value_and_grad=grad)
     rows = NamedSharding(mesh, P("data"))
-    fields = 8  # (premise, 3 hypotheses) x (explicit, implicit) indicators
+    fields = len(tables.FIELDS[config.architecture])  # cross: (4 sentences) x 2 indicators
     tokens = jax.ShapeDtypeStruct((global_batch, fields, seq_len), jnp.int32, sharding=rows)
     batch = {"input_ids": tokens, "attention_mask": tokens, "token_type_ids": tokens,
              "text_ids": jax.ShapeDtypeStruct((global_batch, fields), jnp.int32,

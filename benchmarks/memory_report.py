@@ -1,4 +1,5 @@
-"""Per-device memory of the steps that outgrow one device: compile-only, 8 fake CPU devices.
+"""Per-device memory of the steps that outgrow one device: compile-only, fake CPU devices
+(64, of which each case's mesh takes the first ones).
 
 Every case compiles one train step on abstract inputs (``ShapeDtypeStruct``s with their
 shardings; nothing is allocated) and reads XLA's ``memory_analysis()`` of the per-device
@@ -19,7 +20,12 @@ program: temporaries and arguments (the sharded train state and batch). Cases:
   bert_base_dualcse_bf16
       a BERT-base (transformers' ``BertConfig()``: 12 x 768, random init) DualCSE-Cross step
       at the paper's batch, 64 premises x 8 fields x 128 tokens, bfloat16 compute with
-      float32 parameters and AdamW moments, dropout on, on one device.
+      float32 parameters and AdamW moments, dropout on, on one device;
+  dualcse_bert_base_v4 / _v5e
+      the ``dualcse_jax/configs/cross_tpu.py`` preset as it is (global batch 512, 8 fields
+      x 128 tokens, bfloat16, its GradCache chunk and ``remat``) on BERT-base over 16 and
+      64 data devices: a v4 chip has 32 GiB, a v5e chip 16 GiB, and the targets are 28 and
+      14 GiB of temporaries + arguments; ``..._remat_none``: the same with ``remat=none``.
 
   python benchmarks/memory_report.py            # the full cases, a few minutes
   python benchmarks/memory_report.py --smoke    # small sizes, seconds
@@ -40,20 +46,25 @@ from pathlib import Path
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8")
+                               + " --xla_force_host_platform_device_count=64")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import memory_cases  # noqa: E402  (asks for the 8 fake devices before JAX starts)
+import memory_cases  # noqa: E402  (after the device count is set, before JAX starts)
 
 CASES = ("docent_10M_2x4_tiled", "docent_10M_2x4_untiled", "docent_10M_1x8_tiled",
          "dualcse_32768_chunked", "dualcse_32768_unchunked", "dualcse_65536_chunked",
-         "dualcse_65536_unchunked", "bert_base_dualcse_bf16")
-# Beyond the issue's cases: the tiled step with the fused table update
-# (config.fused_table_update), whose table gradient is never built whole.
-EXTRA = ("docent_10M_2x4_tiled_fused", "docent_10M_1x8_tiled_fused")
+         "dualcse_65536_unchunked", "bert_base_dualcse_bf16", "dualcse_bert_base_v4",
+         "dualcse_bert_base_v5e")
+# Beyond the issues' cases: the tiled step with the fused table update
+# (config.fused_table_update), whose table gradient is never built whole; the pod preset
+# without rematerialisation.
+EXTRA = ("docent_10M_2x4_tiled_fused", "docent_10M_1x8_tiled_fused",
+         "dualcse_bert_base_v4_remat_none", "dualcse_bert_base_v5e_remat_none")
+POD_LIMITS = {"dualcse_bert_base_v4": 28, "dualcse_bert_base_v5e": 14}
+"""GiB per device (temporaries + arguments) the pod preset must fit: v4 32 GiB, v5e 16."""
 
 
 def _targets(out: dict) -> list[str]:
@@ -67,6 +78,11 @@ def _targets(out: dict) -> list[str]:
             ok = "meets" if temp(case) <= 1e9 else "misses"
             lines.append(f"target: {case} temporaries {temp(case) / 1e9:.3f} GB per device "
                          f"{ok} <= 1.0 GB")
+    for case, limit in POD_LIMITS.items():
+        if out.get(case):
+            gib = (out[case]["temp_bytes"] + out[case]["arg_bytes"]) / 2**30
+            lines.append(f"target: {case} temporaries + arguments {gib:.2f} GiB per device "
+                         f"{'meets' if gib <= limit else 'misses'} <= {limit} GiB")
     a, b = temp("dualcse_32768_chunked"), temp("dualcse_65536_chunked")
     if a and b:
         lines.append(f"target: dualcse chunked temporaries 65,536 / 32,768 = {b / a:.2f}x "
@@ -133,6 +149,27 @@ def bert_base_dualcse_case(batch: int = 64, seq_len: int = 128, *, dtype: str = 
     return memory_cases.compiled_bytes(compiled)
 
 
+def pod_preset_case(mesh_data: int, *, remat: str | None = None, smoke: bool = False
+                    ) -> dict[str, int]:
+    """Per-device bytes of one ``cross_tpu.py`` step on BERT-base (``smoke``: a
+    1-layer, 64-wide BERT at 16 tokens) over ``mesh_data`` devices; ``remat`` overrides the
+    preset's (``memory_cases.dualcse_step_case``)."""
+    from transformers import BertConfig
+
+    from dualcse_jax.configs import cross_tpu
+    from embedding_core.encoders import EncoderConfig
+
+    c = cross_tpu.get_config()
+    if remat is not None:
+        c.remat = remat
+    shape = BertConfig().to_dict()  # BERT-base: 12 x 768, 30,522 word pieces
+    if smoke:
+        shape.update(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,
+                     intermediate_size=128)
+    return memory_cases.dualcse_step_case(c, EncoderConfig.from_hf_config(shape),
+                                          16 if smoke else int(c.max_length), mesh_data)
+
+
 def case_builders(smoke: bool) -> dict:
     """``{case: zero-argument function}`` for every case (small sizes with ``smoke``)."""
     entities, dim, qbatch, block = ((100_000, 32, 64, 1024) if smoke else
@@ -158,6 +195,12 @@ def case_builders(smoke: bool) -> dict:
         "bert_base_dualcse_bf16": (
             (lambda: bert_base_dualcse_case(8, 16, shape=tiny_bert)) if smoke else
             bert_base_dualcse_case),
+        "dualcse_bert_base_v4": lambda: pod_preset_case(16, smoke=smoke),
+        "dualcse_bert_base_v5e": lambda: pod_preset_case(64, smoke=smoke),
+        "dualcse_bert_base_v4_remat_none": lambda: pod_preset_case(16, remat="none",
+                                                                   smoke=smoke),
+        "dualcse_bert_base_v5e_remat_none": lambda: pod_preset_case(64, remat="none",
+                                                                    smoke=smoke),
     }
 
 
@@ -186,10 +229,10 @@ def main(argv: list[str] | None = None) -> dict:
             # XLA reports a failed host allocation during compilation as a RuntimeError
             # (XlaRuntimeError RESOURCE_EXHAUSTED); the case is recorded as null.
             out[name] = None
-            print(f"{name:26s} null: {type(err).__name__}: {str(err).splitlines()[0][:200]}",
+            print(f"{name:32s} null: {type(err).__name__}: {str(err).splitlines()[0][:200]}",
                   flush=True)
             continue
-        print(f"{name:26s} temp {_gb(out[name]['temp_bytes'])}  args "
+        print(f"{name:32s} temp {_gb(out[name]['temp_bytes'])}  args "
               f"{_gb(out[name]['arg_bytes'])}  per device  ({time.perf_counter() - t:.0f} s)",
               flush=True)
     print(f"total {time.perf_counter() - started:.0f} s{' (smoke sizes)' if args.smoke else ''}")

@@ -308,7 +308,8 @@ def build_model(config, encoder_config: EncoderConfig, num_entities: int
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"),
-                                            dtype=config.dtype)
+                                            dtype=config.dtype,
+                                            remat=config.get("remat", "none"))
     rows = table_rows(num_entities, config.table_multiple)
     variant = config.get("variant", "dual")
     if variant == "full":

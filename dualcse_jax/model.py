@@ -138,11 +138,13 @@ def pretrained_paths(architecture: str) -> tuple[tuple[str, ...], ...]:
 
 
 def build_model(config, encoder_config: EncoderConfig) -> DualEncoder:
-    """The model a config describes (``architecture``, ``pooling``, ``dtype``, ``dropout``)."""
+    """The model a config describes (``architecture``, ``pooling``, ``dtype``, ``dropout``,
+    ``remat``)."""
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
                                                 attention_dropout_rate=0.0)
-    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"))
+    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"),
+                                            remat=config.get("remat", "none"))
     return DualEncoder(encoder_config.replace(dtype=config.dtype), config.architecture,
                        config.pooling)
 

@@ -12,6 +12,7 @@ import ml_collections
 from etils import epath
 
 from embedding_core import parallel, storage
+from embedding_core.encoders import REMAT_POLICIES
 from embedding_core.fields import Field, Fields
 from embedding_core.files import read_json_object
 
@@ -74,6 +75,12 @@ BASE = Fields(dict(
         "given override the defaults, e.g. \"(('heads', ''),)\"", resumable=True),
 ))
 """The loop, optimizer, mesh and logical-axis-rule fields of every model's config."""
+
+REMAT = Field("none", "per-layer rematerialisation of the trained transformer: none | dots "
+              "(dense outputs kept, attention recomputed) | full (layer inputs kept); same "
+              "gradients, less memory, more compute (docs/performance.md)",
+              choices=REMAT_POLICIES, resumable=True)
+"""The ``remat`` field of the packages that train a transformer encoder."""
 
 
 def declare(**fields: Field | object) -> Fields:

@@ -22,6 +22,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from embedding_core.hash_dropout import HashDropout
+
 _MODEL_TYPES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta",
                 "mpnet": "mpnet", "distilbert": "distilbert", "electra": "electra"}
 OFFSET_POSITIONS = ("roberta", "mpnet")
@@ -29,6 +31,9 @@ OFFSET_POSITIONS = ("roberta", "mpnet")
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 _DTYPES = ("float32", "bfloat16")
 _DROPOUT_IMPLS = ("flax", "hash")
+REMAT_POLICIES = ("none", "dots", "full")
+"""Per-layer rematerialisation (``EncoderConfig.remat``; ``docs/performance.md``, "Memory
+of BERT-base on pod slices")."""
 WHAT_TO_PASS = (
     "Pass a local or gs:// folder holding config.json, model.safetensors and tokenizer.json, "
     "the name of an installed package whose folder holds model/config.json (for example "
@@ -44,7 +49,9 @@ class EncoderConfig:
     ``hidden_act``: ``"gelu"`` (erf), ``"gelu_new"`` / ``"gelu_pytorch_tanh"`` (tanh) or
     ``"relu"``; ``dtype``: compute dtype ``"float32"`` or ``"bfloat16"`` (params,
     LayerNorm and softmax stay float32); ``dropout_impl``: ``"flax"`` or ``"hash"``
-    (:class:`HashDropout`). Raises ValueError on an unsupported value.
+    (:class:`HashDropout`); ``remat``: what each layer's backward pass keeps (``"none"``:
+    every activation; ``"dots"``: the dense layers' outputs, attention recomputed;
+    ``"full"``: only the layer's input). Raises ValueError on an unsupported value.
     """
 
     model_type: str
@@ -65,6 +72,7 @@ class EncoderConfig:
     dropout_impl: str = "flax"
     embedding_size: int = 0  # ELECTRA's embedding width (0: hidden_size, no projection)
     relative_attention_num_buckets: int = 0  # MPNet's relative position bias (0: none)
+    remat: str = "none"
 
     def __post_init__(self) -> None:
         if self.model_type not in set(_MODEL_TYPES.values()):
@@ -77,6 +85,8 @@ class EncoderConfig:
         if self.dropout_impl not in _DROPOUT_IMPLS:
             raise ValueError(f"dropout_impl must be one of {_DROPOUT_IMPLS}, got "
                              f"{self.dropout_impl!r}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads "
                              f"{self.num_heads}")
@@ -223,42 +233,6 @@ def _layer_norm(config: EncoderConfig, name: str) -> nn.LayerNorm:
         use_fast_variance=False, name=name,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)))
-
-
-def _fmix32(x: jax.Array) -> jax.Array:
-    """MurmurHash3's 32-bit finaliser: a cheap bijective mix of uint32 values."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * jnp.uint32(0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-class HashDropout(nn.Module):
-    """Inverted dropout: element ``i`` (row-major, global shape) is kept when
-    ``fmix32(i * golden + seed) >= rate * 2**32``, ``seed`` one uint32 from the
-    ``"dropout"`` stream per call; kept values scaled by ``1 / (1 - rate)``. Cheaper than
-    threefry bits, and the same mask however the array is sharded."""
-
-    rate: float
-    rng_collection: str = "dropout"
-
-    @nn.compact
-    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-        if deterministic or self.rate == 0.0:
-            return x
-        seed = jax.random.bits(self.make_rng(self.rng_collection), (), jnp.uint32)
-        index = jnp.zeros(x.shape, jnp.uint32)
-        stride = 1
-        for axis in reversed(range(x.ndim)):
-            index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(
-                stride % 2**32
-            )
-            stride *= x.shape[axis]
-        bits = _fmix32(index * jnp.uint32(0x9E3779B9) + seed)
-        threshold = jnp.uint32(min(int(round(self.rate * 2**32)), 2**32 - 1))
-        keep = bits >= threshold
-        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
 
 
 def _dropout(config: EncoderConfig, rate: float) -> nn.Module:
@@ -427,6 +401,18 @@ def relative_position_bucket(relative: jax.Array, num_buckets: int = 32,
     return out + jnp.where(n < exact, n, large)
 
 
+def _remat_layer(remat: str) -> type[nn.Module]:
+    """:class:`Layer` under ``jax.checkpoint`` with ``remat``'s policy (same parameter
+    names, same dropout masks). ``"dots"`` saves the dots without batch dimensions (the
+    dense projections, O(length) each) and recomputes the attention einsums, whose
+    ``[batch, heads, length, length]`` outputs ``checkpoint_dots`` would keep."""
+    if remat == "none":
+        return Layer
+    policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "dots"
+              else jax.checkpoint_policies.nothing_saveable)
+    return nn.remat(Layer, policy=policy, static_argnums=(3,))  # 3: `deterministic`
+
+
 class Encoder(nn.Module):
     """The stack of layers, ``layer_0 .. layer_{L-1}`` (HF ``BertEncoder``)."""
 
@@ -448,8 +434,9 @@ class Encoder(nn.Module):
                              name="relative_attention_bias")
             bias = jnp.transpose(table(buckets), (2, 0, 1))  # [heads, q, k]
         outputs = []
+        layer = _remat_layer(cfg.remat)
         for i in range(cfg.num_layers):
-            x = Layer(cfg, name=f"layer_{i}")(x, key_mask, deterministic, bias)
+            x = layer(cfg, name=f"layer_{i}")(x, key_mask, deterministic, bias)
             x = nn.with_logical_constraint(x, _HIDDEN_AXES)
             outputs.append(x)
         return x, outputs

@@ -22,6 +22,7 @@ FIELDS = configs.declare(
     dtype=Field("float32", "encoder compute dtype (params stay float32)",
                 choices=("float32", "bfloat16")),
     dropout=Field(True, "the checkpoint's dropout rates during training"),
+    remat=configs.REMAT,
     dropout_impl=Field("flax", "flax | hash (integer-hash mask: a cheaper CPU step, no "
                        "random-bit generation, same rate; benchmarks/)",
                        choices=("flax", "hash")),

@@ -1,0 +1,78 @@
+"""Every ``*_tpu.py`` preset trains 2 steps on the 8 fake CPU devices with the tiny BERT in
+place of BERT-base (``--config.model=``): the preset's batch, chunking, remat and dtype as
+they are; only the model, the step count, the global batch (one GradCache chunk per CPU
+device: 8 devices x the preset's chunk) and (DocEnt, MRWE) a small data file change."""
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+
+PRESETS = ["dualcse_jax.configs.cross_tpu", "dualcse_jax.configs.bi_tpu",
+           "dualcse_jax.configs.simcse_tpu", "docent_jax.configs.dual_tpu",
+           "docent_jax.configs.full_tpu", "docent_jax.configs.hybrid_tpu",
+           "mrwe_jax.configs.convrr_tpu", "mrwe_jax.configs.fcrr_tpu"]
+BERT_BASE = "google-bert/bert-base-uncased"
+
+
+def _docent_docs(path):
+    """64 entities x 20 sentences."""
+    words = ["river", "castle", "music", "engine", "forest", "garden", "bridge", "market"]
+    lines = [json.dumps({"entity": f"E{e}", "text": f"The {words[e % 8]} {e} is seen at "
+                                                    f"hour {k} by {words[k % 8]}."})
+             for e in range(64) for k in range(20)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _mrwe_pairs(path):
+    """100 passages, 4 questions each."""
+    words = ["river", "castle", "music", "engine", "forest", "garden", "bridge", "market"]
+    lines = []
+    for p in range(100):
+        passage = (f"Passage {p} tells of the {words[p % 8]} and the {words[(p // 8) % 8]} "
+                   f"near town {p}.")
+        lines += [json.dumps({"question": f"Where is the {words[(p + q) % 8]} of town {p}?",
+                              "passage": passage}) for q in range(4)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_tpu_preset_trains_two_steps_on_cpu(preset, tiny_bert_dir, tmp_path):
+    module = importlib.import_module(preset)
+    package = preset.split(".")[0]
+    config = module.get_config()
+    settings = {k: config.get(k) for k in ("remat", "dtype", "max_length",
+                                           "contrastive_chunk_size", "paragraphs_per_batch")}
+    overrides = {"num_train_steps": 2, "eval_every": 0, "log_every": 1}
+    if package == "mrwe_jax":
+        from mrwe_jax.workflows import train
+
+        assert config.contextual_model == BERT_BASE
+        overrides.update(contextual_model=str(tiny_bert_dir), contextual_layers="-2,-1",
+                         train_file=str(_mrwe_pairs(tmp_path / "pairs.jsonl")))
+    else:
+        assert config.model == BERT_BASE
+        assert config.dtype == "bfloat16" and config.remat != "none"
+        overrides["model"] = str(tiny_bert_dir)
+        overrides["batch_size"] = 8 * (config.contrastive_chunk_size or 8)
+        if package == "docent_jax":
+            from docent_jax.trainer import train
+
+            overrides.update(train_data="squad",  # the preset's "amazon" names review files
+                             train_file=str(_docent_docs(tmp_path / "docs.jsonl")))
+        else:
+            from dualcse_jax.workflows import train
+
+            overrides["max_train_examples"] = 2 * overrides["batch_size"]
+    config.update(overrides)
+    state = train(config, tmp_path / "run")
+    assert int(state.step) == 2
+    saved = json.loads((tmp_path / "run" / "run_config.json").read_text())
+    assert {k: saved.get(k) for k in settings} == settings
+    losses = [json.loads(line) for line in
+              (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_losses = [m["loss"] for m in losses if "loss" in m]
+    assert len(train_losses) == 2 and np.isfinite(train_losses).all(), losses
