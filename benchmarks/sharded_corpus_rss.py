@@ -23,30 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-
-def _rss_now() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from rss import ROOT, peak_rss, rss_now  # noqa: E402,F401 (sets the environment)
 
 
 def _table(rows, max_length: int):
@@ -82,7 +65,7 @@ def _read_epoch(args) -> dict:
 
     from data_pipelines import pipeline, sharded_corpus, shards
 
-    after_imports = _rss_now()
+    after_imports = rss_now()
     start = time.perf_counter()
     kw = dict(global_batch_size=args.batch, seed=0, process_index=0,
               process_count=args.processes, pad_multiple=16)
@@ -124,7 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.measure:
         result = _preprocess(args) if args.measure == "preprocess" else _read_epoch(args)
-        result["peak_rss"] = _peak_rss()
+        result["peak_rss"] = peak_rss()
         print(json.dumps(result))
         return
 

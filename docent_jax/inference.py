@@ -79,6 +79,9 @@ class EntityRanker(SavesFolder, Encoder):
         self.entity_ids = list(entity_ids)
         self.step = step
         self.default_batch_size = int(batch_size or config.get("eval_batch_size", 64))
+        # Ranking on the table's devices: queries per call, table rows per scoring step.
+        self.query_block = int(config.get("rank_query_block", 0)) or self.default_batch_size
+        self.row_block = int(config.get("rank_row_block", 0))
         self.pad_multiple = pad_multiple
         self.variant = "full" if isinstance(model, DocEntFull) else (
             "hybrid" if isinstance(model, DocEntHybrid) else "dual")
@@ -200,14 +203,15 @@ class EntityRanker(SavesFolder, Encoder):
             raise ValueError(f"k must be a positive integer, got {k!r}")
         k = min(int(k), self.num_entities)
         q = self.encode(texts, batch_size=batch_size, show_progress_bar=show_progress_bar)
-        block = max(1, min(int(batch_size or self.default_batch_size), len(q) or 1))
+        block = max(1, min(int(batch_size or self.query_block), len(q) or 1))
         score_fn, row_args, consts = self._table_scoring()
         table = self.params["entity_embeddings"]
         rows = np.zeros((len(q), k), np.int64)
         scores = np.zeros((len(q), k), np.float32)
         for start, part in self._query_blocks(q, block):
             s, r = table_ranking.top_k(score_fn, part, table, k, num_rows=self.num_entities,
-                                       row_args=row_args, consts=consts)
+                                       row_args=row_args, consts=consts,
+                                       row_block=self.row_block)
             stop = min(start + block, len(q))
             rows[start:stop] = np.asarray(r)[:stop - start]
             scores[start:stop] = np.asarray(s)[:stop - start]
@@ -242,7 +246,7 @@ class EntityRanker(SavesFolder, Encoder):
         rel = np.full((len(q), width), -1, np.int64)
         for i, items in enumerate(lists):
             rel[i, :len(items)] = items
-        block = max(1, min(int(batch_size or self.default_batch_size), len(q) or 1))
+        block = max(1, min(int(batch_size or self.query_block), len(q) or 1))
         score_fn, row_args, consts = self._table_scoring()
         table = self.params["entity_embeddings"]
         scores = np.zeros(rel.shape, np.float32)
@@ -253,7 +257,7 @@ class EntityRanker(SavesFolder, Encoder):
             part_rel[:stop - start] = rel[start:stop]
             s, c = table_ranking.relevant_counts(
                 score_fn, part, table, part_rel, num_rows=self.num_entities,
-                row_args=row_args, consts=consts)
+                row_args=row_args, consts=consts, row_block=self.row_block)
             scores[start:stop], at_least[start:stop] = s[:stop - start], c[:stop - start]
         return table_ranking.ranks_from_counts(rel, scores, at_least)
 
@@ -330,17 +334,36 @@ def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
                                validate=validate_config)
 
 
+def _check_fits(workdir, model, config, device_bytes: int | None) -> None:
+    if device_bytes is None:
+        stats = jax.local_devices()[0].memory_stats() or {}
+        device_bytes = stats.get("bytes_limit")
+    # The table, and Full's bias beside it, float32.
+    table = model.num_rows * (model.dim + isinstance(model, DocEntFull)) * 4
+    if device_bytes is not None and table > int(device_bytes):
+        raise ValueError(
+            f"{storage.display(workdir)}: the entity table ({model.num_rows} x {model.dim} "
+            f"float32, {table / 2**30:.3g} GiB) is larger than one device "
+            f"({int(device_bytes) / 2**30:.3g} GiB) and mesh=None puts it whole on each; "
+            "split it: load(workdir, mesh=embedding_core.parallel.make_mesh(-1, M)) with M "
+            f"dividing table_multiple={config.table_multiple} (docent-jax: "
+            "--config.mesh_model=M)")
+
+
 def load(workdir: str | os.PathLike, *, step: int | None = None,
-         mesh: Mesh | None = None) -> EntityRanker:
+         mesh: Mesh | None = None, device_bytes: int | None = None) -> EntityRanker:
     """The latest (or ``step``'s) checkpoint's params (no optimizer state).
 
     ``mesh=None``: a whole copy per process. A ``("data", "model")`` mesh: the table (and
     Full's bias) split by rows over ``"model"``; ranking and export then work shard by shard.
+    ``device_bytes``: one device's memory (default: the accelerator's ``bytes_limit``; CPU:
+    no limit); ``mesh=None`` is refused for a table larger than it.
 
     Raises:
       FileNotFoundError: no workdir, run config, ``entity_ids.txt`` or checkpoint, or (no
         ``encoder/`` copy) the config's model is gone.
-      ValueError: the mesh's ``model`` size does not divide the table's rows.
+      ValueError: the mesh's ``model`` size does not divide the table's rows, or
+        ``mesh=None`` with a table larger than one device (one line, with the fix).
     """
     config = read_config(workdir)
     entity_ids = read_entity_ids(storage.as_path(workdir) / ENTITY_IDS_FILE)
@@ -348,6 +371,8 @@ def load(workdir: str | os.PathLike, *, step: int | None = None,
     # runs; its weights are never read (the checkpoint holds them all).
     model_dir = workdir_model_dir(workdir, config.model)
     model = build_model(config, EncoderConfig.from_hf_config(model_dir), len(entity_ids))
+    if mesh is None:
+        _check_fits(workdir, model, config, device_bytes)
     target = parallel.make_mesh(-1, 1) if mesh is None else mesh
     shards = int(target.shape["model"])
     if model.num_rows % shards:

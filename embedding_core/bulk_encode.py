@@ -169,7 +169,7 @@ def encode_files(args: argparse.Namespace) -> dict[str, Any]:
                 "normalized": bool(args.normalize), "similarity": encoder.similarity_fn_name
                 if encoder.similarity_fn_name in export.SIMILARITIES else "cosine"}
         export.export_view(out, _read_blocks(blocks_dir, num_blocks), num_rows=total,
-                           dim=encoder.dim, meta=meta)
+                           dim=encoder.dim, meta=meta, split=False)
     return {"rows": total, "blocks": num_blocks, "skipped": skipped, "encoded": encoded,
             "seconds": time.time() - t0}
 

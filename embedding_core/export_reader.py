@@ -21,7 +21,8 @@ def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
                 ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
     """``(arrays, ids, meta)`` of an array folder: ``{name: [num_rows, dim]}``, the
     ``num_rows`` ids (``ids[i]`` names row i) and ``meta.json`` (``mmap_mode``: not for
-    ``gs://``).
+    ``gs://``). A folder written as parts (``meta.json`` lists ``parts``): each part read
+    so (memory-mapped with ``mmap_mode``), concatenated in order.
 
     Raises:
       FileNotFoundError: ``meta.json`` or a listed file is missing.
@@ -41,6 +42,8 @@ def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
         ids_file = meta["ids_file"]
     except KeyError as e:
         raise ValueError(f"{meta_path}: missing field {e}") from e
+    if "parts" in meta:
+        return _load_parts(out_dir, meta, mmap_mode)
     arrays = {}
     for name, info in spec.items():
         path = out_dir / info["file"]
@@ -62,6 +65,32 @@ def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
         raise ValueError(
             f"{ids_path}: {len(ids)} ids, but {meta_path} field 'num_rows' is {num_rows}")
     return arrays, ids, meta
+
+
+def _load_parts(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None
+                ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+    where = out_dir / META_FILENAME
+    pieces: dict[str, list[np.ndarray]] = {name: [] for name in meta["arrays"]}
+    ids: list[str] = []
+    for part in meta["parts"]:
+        arrays, part_ids, part_meta = load_arrays(out_dir / part["folder"], mmap_mode)
+        if "parts" in part_meta or len(part_ids) != part["num_rows"] or \
+                sorted(arrays) != sorted(pieces):
+            raise ValueError(f"{out_dir / part['folder']}: its rows or arrays disagree with "
+                             f"{where} field 'parts'")
+        for name, arr in arrays.items():
+            pieces[name].append(arr)
+        ids.extend(part_ids)
+    out = {name: np.concatenate(p) for name, p in pieces.items()}
+    for name, arr in out.items():
+        info = meta["arrays"][name]
+        if list(arr.shape) != list(info["shape"]) or arr.dtype.name != info["dtype"]:
+            raise ValueError(f"{out_dir}: parts of shape {list(arr.shape)} dtype "
+                             f"{arr.dtype.name} disagree with {where} field 'arrays.{name}'")
+    if len(ids) != int(meta["num_rows"]):
+        raise ValueError(f"{out_dir}: {len(ids)} ids in the parts, but {where} field "
+                         f"'num_rows' is {meta['num_rows']}")
+    return out, ids, meta
 
 
 def _load_npy(path: epath.Path, mmap_mode: str | None) -> np.ndarray:

@@ -70,11 +70,18 @@ TableRows = tuple[int, Iterator[tuple[Sequence[str], np.ndarray]]]
 
 
 def _text_blocks(encoder, view: View, texts: list[str], normalize: bool, chunk: int):
-    for start in range(0, len(texts), chunk):
-        part = texts[start:start + chunk]
-        # Each process encodes a slice of the chunk; process 0 writes (ExportFolder).
-        yield part, multihost.encode(encoder, part, normalize=normalize,
-                                     **dict(view.encode_kwargs or {}))
+    """The view's blocks of ``texts``: a function of a row range when this process holds
+    the whole model (each process encodes and writes its own rows, nothing is gathered),
+    else every chunk on every process (each call a collective)."""
+    kwargs = {"normalize": normalize, **dict(view.encode_kwargs or {})}
+
+    def rows(start: int, stop: int):
+        for a in range(start, stop, chunk):
+            part = texts[a:min(a + chunk, stop)]
+            yield part, encoder.encode(part, **kwargs)
+
+    return rows if multihost.is_local(getattr(encoder, "params", None)) else \
+        rows(0, len(texts))
 
 
 def export(load: Callable[[], Any], output: str | os.PathLike, *,
@@ -147,8 +154,9 @@ def export_hf(load: Callable[[], Any], output: str | os.PathLike, *,
         for view in encoder.views:
             if view.table and view.encode_kwargs is None:
                 num_rows, blocks = encoder.table(view.name, False)
+                # A local staging folder per process: process 0's is the one kept.
                 export_view(stage / view.name, blocks, num_rows=num_rows,
-                            dim=encoder.view_dim(view.name),
+                            dim=encoder.view_dim(view.name), split=False,
                             meta={"model": encoder.name, "step": encoder.step,
                                   "view": view.name, "similarity": view.similarity,
                                   "normalized": False, **encoder.export_meta(), **view.meta,

@@ -70,23 +70,39 @@ def _host_consts(consts: tuple) -> tuple:
     return tuple(np.asarray(jax.device_get(c)) for c in consts)
 
 
-def _local_scores(score_fn, q, w, row_args, consts, num_rows, rows_per_shard, model_axis):
-    s = score_fn(q, w, row_args, consts).astype(jnp.float32)
-    offset = jax.lax.axis_index(model_axis) * rows_per_shard
-    column = offset + jnp.arange(rows_per_shard)
-    return jnp.where(column[None, :] < num_rows, s, -jnp.inf), offset
+def _block_size(row_block: int, per_shard: int, least: int = 1) -> int:
+    if isinstance(row_block, bool) or int(row_block) != row_block or row_block < 0:
+        raise ValueError(f"row_block must be an int >= 0 (0 = a whole shard), got {row_block!r}")
+    return per_shard if not row_block else min(per_shard, max(int(row_block), least))
+
+
+def _block_scores(score_fn, q, w, row_args, consts, num_rows, per_shard, block, i, model_axis):
+    """Scores ``[n, block]`` of shard rows ``[begin, begin + block)``, ``begin`` clamped so
+    the block stays inside the shard (no padded copy of it); rows before ``i * block``
+    (scored by an earlier block) and padding rows are ``-inf``. Also the rows' global
+    indices ``[block]``."""
+    begin = jnp.minimum(i * block, per_shard - block)
+    rows = jax.lax.dynamic_slice_in_dim(w, begin, block, 0)
+    args = tuple(jax.lax.dynamic_slice_in_dim(a, begin, block, 0) for a in row_args)
+    s = score_fn(q, rows, args, consts).astype(jnp.float32)
+    local = begin + jnp.arange(block)
+    column = jax.lax.axis_index(model_axis) * per_shard + local
+    keep = (local >= i * block) & (column < num_rows)
+    return jnp.where(keep[None, :], s, -jnp.inf), column
 
 
 def top_k(score_fn: ScoreFn, queries: jax.Array, table: jax.Array, k: int, *,
           num_rows: int | None = None, row_args: tuple = (), consts: tuple = (),
           mesh: Mesh | None = None, data_axis: str = "data",
-          model_axis: str = "model") -> tuple[jax.Array, jax.Array]:
+          model_axis: str = "model", row_block: int = 0) -> tuple[jax.Array, jax.Array]:
     """The ``k`` best rows for each query: each shard's top ``k``, gathered over
     ``model_axis`` and reduced; equal to ``lax.top_k`` of the whole score matrix (ties:
     lower row first).
 
     ``queries`` ``[n, d]`` float; ``1 <= k <= num_rows``; ``table`` ``[rows, d]`` (rows
-    divisible by ``model_axis``); ``row_args``: ``[rows, ...]`` sliced like the table.
+    divisible by ``model_axis``); ``row_args``: ``[rows, ...]`` sliced like the table;
+    ``row_block``: rows scored at once per shard (at least ``k``; 0 = the whole shard),
+    a running top ``k`` merged over the blocks, so a device holds ``[n, row_block]`` scores.
     Returns ``(scores [n, k] float32, rows [n, k] int32)``, best first.
 
     Raises:
@@ -99,22 +115,35 @@ def top_k(score_fn: ScoreFn, queries: jax.Array, table: jax.Array, k: int, *,
         raise ValueError(f"k must be an int in [1, {num_rows}], got {k!r}")
     n = queries.shape[0]
     (q,) = _pad_queries(queries, mesh, data_axis)
-    fn = _top_k_fn(score_fn, int(k), num_rows, per_shard, mesh, data_axis, model_axis,
+    block = _block_size(row_block, per_shard, min(int(k), per_shard))
+    fn = _top_k_fn(score_fn, int(k), num_rows, per_shard, block, mesh, data_axis, model_axis,
                    len(row_args), len(consts))
     scores, rows = fn(q, table, tuple(row_args), _host_consts(consts))
     return scores[:n], rows[:n]
 
 
 @functools.lru_cache(maxsize=32)
-def _top_k_fn(score_fn, k, num_rows, per_shard, mesh, data_axis, model_axis, n_args, n_consts):
+def _top_k_fn(score_fn, k, num_rows, per_shard, block, mesh, data_axis, model_axis, n_args,
+              n_consts):
     local_k = min(k, per_shard)
 
     def local(q, w, row_args, consts):
-        s, offset = _local_scores(score_fn, q, w, row_args, consts, num_rows, per_shard, model_axis)
-        values, index = jax.lax.top_k(s, local_k)
+        def best(i, carry=None):
+            s, column = _block_scores(score_fn, q, w, row_args, consts, num_rows, per_shard,
+                                      block, i, model_axis)
+            values, where = jax.lax.top_k(s, min(local_k, block))
+            index = column[where]
+            if carry is not None:  # earlier (lower) rows first: ties keep the lower row
+                values = jnp.concatenate([carry[0], values], axis=1)
+                index = jnp.concatenate([carry[1], index], axis=1)
+                values, where = jax.lax.top_k(values, local_k)
+                index = jnp.take_along_axis(index, where, axis=1)
+            return values, index
+
+        values, index = jax.lax.fori_loop(1, -(-per_shard // block), best, best(0))
         # Shards in mesh order: at equal scores the lower row comes first after the merge.
         values = jax.lax.all_gather(values, model_axis, axis=1, tiled=True)
-        index = jax.lax.all_gather(index + offset, model_axis, axis=1, tiled=True)
+        index = jax.lax.all_gather(index, model_axis, axis=1, tiled=True)
         best, where = jax.lax.top_k(values, k)
         return best, jnp.take_along_axis(index, where, axis=1).astype(jnp.int32)
 
@@ -129,11 +158,13 @@ def _top_k_fn(score_fn, k, num_rows, per_shard, mesh, data_axis, model_axis, n_a
 def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
                     relevant: np.ndarray, *, num_rows: int | None = None,
                     row_args: tuple = (), consts: tuple = (), mesh: Mesh | None = None,
-                    data_axis: str = "data", model_axis: str = "model"
+                    data_axis: str = "data", model_axis: str = "model", row_block: int = 0
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Each relevant row's score and how many real rows (itself included) score ``>=`` it,
     counted per shard and summed over ``model_axis``; arguments as :func:`top_k`, with
-    ``relevant`` ``[n, R]`` int rows (``-1`` = none; each once, below ``num_rows``).
+    ``relevant`` ``[n, R]`` int rows (``-1`` = none; each once, below ``num_rows``). With
+    ``row_block``, two passes over each shard's blocks: the relevant rows' scores, then
+    the counts.
 
     Returns ``(scores [n, R] float32, at_least [n, R] int64)`` on the host.
 
@@ -153,23 +184,41 @@ def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
         raise ValueError("a query lists the same relevant row twice")
     n = queries.shape[0]
     q, rel = _pad_queries(queries, mesh, data_axis, (relevant,))
-    fn = _counts_fn(score_fn, num_rows, per_shard, mesh, data_axis, model_axis,
-                    len(row_args), len(consts))
+    fn = _counts_fn(score_fn, num_rows, per_shard, _block_size(row_block, per_shard), mesh,
+                    data_axis, model_axis, len(row_args), len(consts))
     scores, at_least = fn(q, table, rel, tuple(row_args), _host_consts(consts))
     return (np.asarray(scores, np.float32)[:n], np.asarray(at_least, np.int64)[:n])
 
 
 @functools.lru_cache(maxsize=32)
-def _counts_fn(score_fn, num_rows, per_shard, mesh, data_axis, model_axis, n_args, n_consts):
+def _counts_fn(score_fn, num_rows, per_shard, block, mesh, data_axis, model_axis, n_args,
+               n_consts):
+    steps = -(-per_shard // block)
+
     def local(q, w, rel, row_args, consts):
-        s, offset = _local_scores(score_fn, q, w, row_args, consts, num_rows, per_shard, model_axis)
-        here = rel - offset
-        mine = (rel >= 0) & (here >= 0) & (here < per_shard)
-        picked = jnp.take_along_axis(s, jnp.clip(here, 0, per_shard - 1), axis=1)
-        target = jax.lax.psum(jnp.where(mine, picked, 0.0), model_axis)  # [n, R]
-        # One relevant column at a time: [n, rows / model] compared, never [n, R, rows].
-        counts = jax.lax.map(lambda t: jnp.sum(s >= t[:, None], axis=1, dtype=jnp.int32),
-                             target.T).T
+        def scores(i):
+            return _block_scores(score_fn, q, w, row_args, consts, num_rows, per_shard, block,
+                                 i, model_axis)
+
+        def pick(i, target):
+            s, column = scores(i)
+            here = rel - column[0]
+            # Only the block's rows not scored by an earlier block.
+            fresh = i * block - jnp.minimum(i * block, per_shard - block)
+            mine = (rel >= 0) & (here >= fresh) & (here < block)
+            picked = jnp.take_along_axis(s, jnp.clip(here, 0, block - 1), axis=1)
+            return target + jnp.where(mine, picked, 0.0)
+
+        target = jax.lax.fori_loop(0, steps, pick, jnp.zeros(rel.shape, jnp.float32))
+        target = jax.lax.psum(target, model_axis)  # [n, R]
+
+        def count(i, counts):
+            s, _ = scores(i)
+            # One relevant column at a time: [n, block] compared, never [n, R, block].
+            return counts + jax.lax.map(
+                lambda t: jnp.sum(s >= t[:, None], axis=1, dtype=jnp.int32), target.T).T
+
+        counts = jax.lax.fori_loop(0, steps, count, jnp.zeros(rel.shape, jnp.int32))
         return target, jax.lax.psum(counts, model_axis)
 
     sharded = jax.shard_map(

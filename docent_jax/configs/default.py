@@ -45,6 +45,7 @@ FIELDS = configs.declare(
     dtype=Field("float32", "encoder compute dtype (params stay float32)",
                 choices=("float32", "bfloat16")),
     dropout=Field(True, "the checkpoint's dropout rates during training"),
+    remat=configs.REMAT,
     dropout_impl=Field("flax", "flax | hash (integer-hash mask: cheaper on CPU, same rate)",
                        choices=("flax", "hash")),
     # Loss: the denominator of P(e | s) (Dual, Hybrid's dual term).
@@ -118,6 +119,10 @@ FIELDS = configs.declare(
     entity_learning_rate=Field(1e-3, "entity table and scale (0 = learning_rate)", min=0),
     eval_examples=_eval(0, "eval_every: evenly spaced held-out queries ranked (0 = all; "
                         "evaluate ranks all)", min=0),
+    rank_query_block=_eval(0, "queries ranked per call on the table's devices (0 = "
+                           "eval_batch_size)", min=0),
+    rank_row_block=_eval(65536, "table rows scored at once per device when ranking (0 = "
+                         "a whole shard): [rank_query_block, this] float32 scores", min=0),
 )
 """Every DocEnt field; ``mesh_model`` also splits the entity table over ``"model"``."""
 

@@ -285,6 +285,34 @@ def test_bag_of_sentences_is_the_mean_and_zero_without_sentences():
         baselines.bag_of_sentences(vectors, np.array([0, 0, 2]), 2)
 
 
+class _Letters(baselines.Encoder):
+    """Sentence vector = [number of a's, number of b's]; counts encode calls and rows."""
+
+    dim = 2
+
+    def __init__(self):
+        self.calls = []
+
+    def _encode(self, texts, *, batch_size, show_progress_bar):
+        self.calls.append(len(texts))
+        return np.array([[t.count("a"), t.count("b")] for t in texts], np.float32)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 5, 100])
+def test_blocked_bag_of_sentences_equals_the_whole_matrix(block_size):
+    """Entity 0: "a", "aab", "bbb" -> mean [1, 4/3]; entity 1: none -> 0; entity 2: "ab",
+    "b" -> [1/2, 1]. Encoded ``block_size`` sentences per call into a running sum."""
+    texts = ["a", "aab", "ab", "bbb", "b"]
+    entity_of = np.array([0, 0, 2, 0, 2])
+    encoder = _Letters()
+    out = baselines.encode_bag_of_sentences(encoder, texts, entity_of, 3,
+                                            block_size=block_size)
+    want = baselines.bag_of_sentences(encoder.encode(texts), entity_of, 3)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_allclose(out, [[1.0, 4 / 3], [0.0, 0.0], [0.5, 1.0]], rtol=1e-7)
+    assert encoder.calls[:-1] == [min(block_size, 5 - i) for i in range(0, 5, block_size)]
+
+
 def test_tfidf_scores_entity_documents_by_cosine():
     sentences = [(1, "blue car engine"), (0, "red apple"), (0, "a sweet fruit"),
                  (2, "apple orchards grow fruit trees")]

@@ -314,3 +314,28 @@ def test_load_needs_no_base_model(trained, monkeypatch):
     ranker = load(workdir)
     np.testing.assert_array_equal(ranker.encode(QUERIES, batch_size=2), queries)
     np.testing.assert_array_equal(ranker.score(QUERIES), scores)
+
+
+def test_load_refuses_a_table_larger_than_a_device_and_ranks_in_row_blocks(trained):
+    """mesh=None with a table over ``device_bytes``: one line naming the fix; with a mesh
+    the table is split and loads. Ranking 3 rows at a time gives the whole shard's ranks."""
+    from embedding_core import parallel
+
+    workdir, params = trained
+    table_bytes = params["entity_embeddings"].size * 4  # 128 x 32 float32
+    with pytest.raises(ValueError) as err:
+        load(workdir, device_bytes=table_bytes - 1)
+    message = str(err.value)
+    assert "\n" not in message and "is larger than one device" in message
+    assert "mesh=embedding_core.parallel.make_mesh(-1, M)" in message
+    whole = load(workdir, device_bytes=table_bytes)
+    split = load(workdir, mesh=parallel.make_mesh(-1, 2), device_bytes=table_bytes - 1)
+    assert whole.row_block == default.get_config().rank_row_block
+    relevant = [[0], [1, 3], [4]]
+    want = whole.relevant_ranks(QUERIES, relevant)
+    best = whole.top_k(QUERIES, k=4)
+    whole.row_block = split.row_block = 3
+    for ranker in (whole, split):
+        for a, b in zip(ranker.relevant_ranks(QUERIES, relevant), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ranker.top_k(QUERIES, k=4)[0], best[0])

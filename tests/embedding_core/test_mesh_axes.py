@@ -166,9 +166,11 @@ def test_sharded_top_k_and_ranks_equal_the_dense_matrix(table_case, data, model)
     np.testing.assert_array_equal(rank, want_rank)
 
 
-def test_ranks_hand_worked_across_two_shards():
+@pytest.mark.parametrize("row_block", [0, 1])
+def test_ranks_hand_worked_across_two_shards(row_block):
     """Scores [1, 1, 0, 2] (rows 0-1 on one device, 2-3 on the other): relevant {0} ranks
-    behind both rows scoring >= 1 (rank 3); relevant {0, 1} take ranks 2 and 3."""
+    behind both rows scoring >= 1 (rank 3); relevant {0, 1} take ranks 2 and 3; whole
+    shards or one row scored at a time (``row_block``) alike."""
     mesh = _mesh(4, 2)  # one query, padded to the 4 data shards
     table = jax.device_put(np.array([[1.0], [1.0], [0.0], [2.0]], np.float32),
                            NamedSharding(mesh, P("model", None)))
@@ -178,8 +180,11 @@ def test_ranks_hand_worked_across_two_shards():
         return q @ w.T
 
     for relevant, want in (([[0, -1]], [3]), ([[1, 0]], [2, 3])):
-        s, c = table_ranking.relevant_counts(dot, query, table, np.array(relevant))
+        s, c = table_ranking.relevant_counts(dot, query, table, np.array(relevant),
+                                             row_block=row_block)
         assert list(table_ranking.ranks_from_counts(np.array(relevant), s, c)[1]) == want
+    scores, rows = table_ranking.top_k(dot, query, table, 1, row_block=row_block)
+    assert rows.tolist() == [[3]] and scores.tolist() == [[2.0]]
     scores, rows = table_ranking.top_k(dot, query, table, 3)
     assert rows.tolist() == [[3, 0, 1]] and scores.tolist() == [[2.0, 1.0, 1.0]]
 

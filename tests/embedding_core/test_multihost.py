@@ -126,8 +126,16 @@ def _same_export(multi: Path, single: Path) -> None:
         (va, ia, ma), (vb, ib, mb) = a[view], b[view]
         assert ia == ib, view
         np.testing.assert_allclose(va, vb, rtol=1e-5, atol=1e-6, err_msg=view)
-        # Paths and the export's own id and time differ; everything else is equal.
-        for key in ("export_id", "created_utc", "workdir", "input"):
+        # One part per process, in process order: rows [0, ceil(n/2)) and the rest.
+        n = len(ib)
+        assert [p["num_rows"] for p in ma["parts"]] == [(n + 1) // 2, n // 2], view
+        assert [p["folder"].split(".")[0] for p in ma["parts"]] == [
+            "part-00000-of-00002", "part-00001-of-00002"], view
+        assert sorted(p.name for p in (multi / view).iterdir()) == sorted(
+            ["meta.json", *(p["folder"] for p in ma["parts"])]), view
+        # Paths, the export's own id and time, and the layout differ; the rest is equal.
+        for key in ("export_id", "created_utc", "workdir", "input", "parts", "arrays",
+                    "format_version", "part_format_version"):
             ma.pop(key, None), mb.pop(key, None)
         assert ma == mb, view
     names = [p.name for p in multi.rglob("*")]
@@ -167,9 +175,13 @@ def test_two_processes_split_the_work_and_write_one_file_set(workdirs):
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     # The reference: this process alone (8 devices), while the two run.
     reference = worker.run(_spec(root, "single", 1, 0, port))
+    outs = []
     for p in procs:
-        out = p.communicate(timeout=1800)[0]
-        assert p.returncode == 0, out[-4000:]
+        outs.append(p.communicate(timeout=1800)[0])
+        assert p.returncode == 0, outs[-1][-4000:]
+    # Per-run summaries print once, from process 0.
+    for line in ("RTE accuracy (%)", "Zero-shot entity ranking (%)", "wrote "):
+        assert line in outs[0] and line not in outs[1], line
     multi, single = root / "multi", root / "single"
     reports = [json.loads((multi / f"report_{pid}.json").read_text()) for pid in range(2)]
 
@@ -188,12 +200,16 @@ def test_two_processes_split_the_work_and_write_one_file_set(workdirs):
     assert reports[0]["checks"]["error"] == \
         "PeerProcessError: check: process 1 failed: division by zero"
 
-    # One file set, written by process 0 alone.
-    assert reports[1]["written"] == []
-    written = {Path(p).relative_to(multi).as_posix() for p in reports[0]["written"]}
+    # One file set: process 1 writes only its part of each view, process 0 the rest.
+    views = ("dualcse/explicit", "dualcse/implicit", "docent/entities", "docent/queries")
+    written = [{Path(p).relative_to(multi).as_posix() for p in r["written"]} for r in reports]
+    assert sorted(p.split(".")[0] for p in written[1]) == sorted(
+        f"out/{v}/part-00001-of-00002" for v in views), written[1]
     assert {"dualcse/eval/rte.json", "dualcse/eval/eis.json", "docent/eval/ranking.json",
-            "out/dualcse/explicit", "out/dualcse/implicit", "out/dualcse/export.json",
-            "out/docent/entities", "out/docent/queries", "out/docent/export.json"} <= written
+            "out/dualcse/export.json", "out/docent/export.json",
+            *(f"out/{v}/meta.json" for v in views)} <= written[0]
+    assert sorted(p.split(".")[0] for p in written[0] if "/part-" in p) == sorted(
+        f"out/{v}/part-00000-of-00002" for v in views), written[0]
 
     # The same results and exports as one process.
     for path in ("dualcse/eval/rte.json", "dualcse/eval/eis.json",
