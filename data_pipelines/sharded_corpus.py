@@ -7,6 +7,7 @@ in the order of :mod:`data_pipelines.shards` (``docs/data.md``, "Sharded corpora
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -52,6 +53,26 @@ class CorpusSource:
     source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     description: str = "tokenised training rows"
 
+
+
+@contextlib.contextmanager
+def _deterministic_examples():
+    """tensorflow-datasets serialises each ``tf.train.Example`` with its feature map in an
+    arbitrary order; the same input must give the same shard bytes, or a run's data
+    fingerprint (``embedding_core.data_fingerprint``) sees a rebuilt corpus as changed."""
+    from tensorflow_datasets.core import example_serializer
+
+    cls = example_serializer.ExampleSerializer
+    original = cls.serialize_example
+
+    def serialize(self, example):
+        return self.get_tf_example(example).SerializeToString(deterministic=True)
+
+    cls.serialize_example = serialize
+    try:
+        yield
+    finally:
+        cls.serialize_example = original
 
 def _check_output(output) -> None:
     if output.exists() and (not output.is_dir() or any(True for _ in output.iterdir())):
@@ -118,8 +139,9 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
         builder = TokenizedCorpus(examples=examples, description=source.description,
                                   data_dir=staging, file_format="array_record")
         tfds.disable_progress_bar()
-        builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(num_shards=num_shards))
+        with _deterministic_examples():
+            builder.download_and_prepare(
+                download_config=tfds.download.DownloadConfig(num_shards=num_shards))
         split = builder.info.splits["train"]
         names, lengths = list(split.filenames), [int(x) for x in split.shard_lengths]
         if len(names) != num_shards or sum(lengths) != n:

@@ -10,9 +10,9 @@ Raises:
 
 from __future__ import annotations
 
-MISSING = ("TensorFlow is not installed; the data pipeline (tf.data, TFDS) needs it: "
-           "pip install 'embedding-jax[cpu]' (or [tpu], [cuda12], [cuda13]), or pip install "
-           "tensorflow")
+MISSING = ("TensorFlow is not installed; the data pipeline (tf.data, TFDS) needs it: install "
+           "this project with an extra (pip install -e 'PROJECT_FOLDER[cpu]', or [tpu], "
+           "[cuda12], [cuda13]), or pip install 'tensorflow>=2.20,<2.24'")
 
 try:
     import tensorflow as tf

@@ -1,6 +1,7 @@
 """What a run trained on: ``WORKDIR/data_fingerprint.json``, the size, modification time
 and content hash of every file behind the config's training-data fields (declared
-``Field(data=True)``), so that a resume on changed data is refused
+``Field(data=True)``; hidden files in folders skipped), so that a resume on changed data
+is refused
 (``docs/architecture.md``, "Resuming on changed data").
 
 A file's hash is SHA-256 of its bytes, streamed; a ``gs://`` object's is the checksum GCS
@@ -42,7 +43,8 @@ def _files(path: str) -> Iterator[tuple[str, object]]:
     root = storage.as_path(path)
     if root.is_dir():
         for child in sorted(root.iterdir(), key=lambda p: p.name):
-            yield from _files(os.fspath(child))
+            if not child.name.startswith("."):  # .DS_Store, editors' files: not data
+                yield from _files(os.fspath(child))
     elif root.exists():
         yield os.fspath(root), root
     else:
@@ -102,6 +104,28 @@ def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
                               "hash": old["hash"] if same else content_hash(one)}
         out[name] = files
     return out
+
+
+def read(file) -> dict[str, dict[str, dict]]:
+    """A saved fingerprint.
+
+    Raises:
+      ValueError: not JSON or not ``{field: {file: {"size", "mtime", "hash"}}}`` (one line
+        naming the file and the way out).
+    """
+    from embedding_core.files import read_json_object
+
+    way_out = "delete it to record the data as it is now, or use a new --workdir"
+    try:
+        saved = read_json_object(file)
+    except ValueError as err:
+        raise ValueError(f"{err}; {way_out}") from None
+    for name, files in saved.items():
+        keys = {"size", "mtime", "hash"}
+        if not isinstance(files, dict) or not all(
+                isinstance(v, dict) and keys <= set(v) for v in files.values()):
+            raise ValueError(f"{file}: {name!r} is not {{file: {{size, mtime, hash}}}}; {way_out}")
+    return saved
 
 
 def changes(saved: Mapping[str, dict], now: Mapping[str, dict]) -> list[str]:

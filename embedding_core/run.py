@@ -143,13 +143,17 @@ def _check_data(config: ml_collections.ConfigDict, workdir, fields) -> dict:
     names = data_fingerprint.data_fields(config, fields)
     file = data_fingerprint.path(workdir)
     step = _saved_step(workdir)
-    saved = read_json_object(file) if step is not None and file.is_file() else None
+    saved = data_fingerprint.read(file) if step is not None and file.is_file() else None
+    if step is not None and saved is None and names:
+        logging.info("%s holds no %s (written before fingerprints): the data is not checked "
+                     "this time and is recorded now", workdir, data_fingerprint.FILE)
     now = data_fingerprint.fingerprint(config, names, known=saved)
     changed = data_fingerprint.changes(saved, now) if saved is not None else []
     if changed and not config.get("resume_changed_data", False):
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         raise data_fingerprint.DataChangedError(
-            f"{changed[0]}{more} since {workdir} started: resuming at step {step} would "
+            f"{changed[0]}{more} since the run in {workdir} last started: resuming at step "
+            f"{step} would "
             "read other examples in another order; use a new --workdir, or "
             f"--config.resume_changed_data=true to go on from step {step} with the new data")
     if changed:

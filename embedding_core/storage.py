@@ -99,7 +99,9 @@ def absolute_data_paths(config, fields: Iterable[str]):
         if name not in config:
             continue
         parts = [p.strip() for p in str(config.get(name, "") or "").split(",") if p.strip()]
-        config[name] = ",".join(p if "://" in p else str(pathlib.Path(p).expanduser().resolve())
+        # abspath, not resolve: a symlink (current.csv -> v2.csv) stays the name the user
+        # gave; its target's content is what the data fingerprint checks.
+        config[name] = ",".join(p if "://" in p else os.path.abspath(os.path.expanduser(p))
                                 for p in parts)
     return config
 

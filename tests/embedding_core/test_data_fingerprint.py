@@ -32,6 +32,7 @@ def test_fingerprint_hashes_files_and_folders_and_reuses_known_hashes(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "b.txt").write_bytes(b"bb")
     (tmp_path / "d" / "a.txt").write_bytes(b"a")
+    (tmp_path / "d" / ".DS_Store").write_bytes(b"not data")
     (tmp_path / "f.txt").write_bytes(b"hello\n")
     config = ml_collections.ConfigDict({"x": f"{tmp_path}/f.txt, {tmp_path}/d", "y": ""})
     fields = FIELDS.extend(x=Field("", data=True), y=Field("", data=True))
@@ -82,8 +83,8 @@ def test_resume_on_edited_data_is_refused_and_the_flag_accepts_it(tmp_path):
     with pytest.raises(data_fingerprint.DataChangedError) as err:
         run(_make_task([]), _data_config(data), workdir, validate=VALIDATE)
     message = str(err.value)
-    assert message.startswith(f"config.train_file: {data} changed (14 -> 28 bytes) since "
-                              f"{workdir} started: resuming at step 4")
+    assert message.startswith(f"config.train_file: {data} changed (14 -> 28 bytes) since the "
+                              f"run in {workdir} last started: resuming at step 4")
     assert "--config.resume_changed_data=true" in message and "\n" not in message
     # A field that is not data may name a file and change freely (not fingerprinted).
     state = run(_make_task([]), _data_config(data, resume_changed_data=True), workdir,
@@ -107,3 +108,29 @@ def test_a_target_below_the_saved_step_is_an_error(tmp_path):
     state = run(_make_task([]), _data_config(data, num_train_steps=8), tmp_path / "run",
                 validate=VALIDATE)
     assert int(state.step) == 8
+
+
+def test_a_damaged_fingerprint_is_one_line_with_the_way_out(tmp_path):
+    path = tmp_path / data_fingerprint.FILE
+    for text in ('{"train_file": "x"}', '{"train_file": {"/a.csv": "x"}}', '{"train'):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="delete it to record the data as it is now, or "
+                           "use a new --workdir$"):
+            data_fingerprint.read(path)
+
+
+def test_a_symlinked_data_file_keeps_its_name_and_is_checked_by_content(tmp_path, monkeypatch):
+    from embedding_core.storage import absolute_data_paths
+
+    (tmp_path / "v1.csv").write_text("a\n")
+    (tmp_path / "v2.csv").write_text("a\n")
+    (tmp_path / "current.csv").symlink_to("v1.csv")
+    monkeypatch.chdir(tmp_path)
+    config = absolute_data_paths(ml_collections.ConfigDict({"train_file": "current.csv"}),
+                                 ["train_file"])
+    assert config.train_file == str(tmp_path / "current.csv")
+    first = data_fingerprint.fingerprint(config, ["train_file"])
+    (tmp_path / "current.csv").unlink()
+    (tmp_path / "current.csv").symlink_to("v2.csv")  # the same bytes: unchanged
+    assert data_fingerprint.changes(first, data_fingerprint.fingerprint(
+        config, ["train_file"], known=first)) == []

@@ -37,5 +37,6 @@ def test_without_tensorflow_the_data_pipeline_says_what_to_install():
         assert done.returncode == 1
         assert done.stderr.strip().splitlines()[-1] == (
             "ModuleNotFoundError: TensorFlow is not installed; the data pipeline (tf.data, "
-            "TFDS) needs it: pip install 'embedding-jax[cpu]' (or [tpu], [cuda12], [cuda13]), "
-            "or pip install tensorflow"), module
+            "TFDS) needs it: install this project with an extra (pip install -e "
+            "'PROJECT_FOLDER[cpu]', or [tpu], [cuda12], [cuda13]), or pip install "
+            "'tensorflow>=2.20,<2.24'"), module
