@@ -111,13 +111,19 @@ class ExportFolder:
     processes), process 0 the rest; all leave or raise together.
 
     Raises:
-      FileExistsError: ``output`` exists and is not a folder.
+      FileExistsError: ``output`` or a folder above it is a file (also a file where a view
+        goes, from :meth:`tag`).
     """
 
     def __init__(self, output: str | os.PathLike) -> None:
         self.output = storage.as_path(output)
-        if self.output.exists() and not self.output.is_dir():
-            raise FileExistsError(f"--output {self.output} exists and is not a folder")
+        for path in (self.output, *self.output.parents):  # a file in the way, at any level
+            if path.exists():
+                if not path.is_dir():
+                    where = "" if path == self.output else f": {path}"
+                    raise FileExistsError(f"--output {self.output}{where} exists and is not "
+                                          "a folder")
+                break
         self.export_id = uuid.uuid4().hex
         self.views: list[str] = []
 
@@ -126,6 +132,9 @@ class ExportFolder:
         _check_filename(name, "view name")
         if name == MANIFEST_FILENAME or name in self.views:
             raise ValueError(f"view name {name!r} is reserved or used twice")
+        if (self.output / name).is_file():
+            raise FileExistsError(f"--output {self.output}: {self.output / name} is a file, "
+                                  f"where the view {name!r} goes")
         self.views.append(name)
         return {"export_id": self.export_id}
 

@@ -259,3 +259,17 @@ def test_a_first_export_killed_half_way_is_refused_and_a_failure_before_any_view
     with pytest.raises(ValueError, match="not finite"), ExportFolder(tmp_path / "old") as folder:
         folder.view("a", [(["x", "y"], vecs * np.nan)], num_rows=2, dim=3, meta=_view_meta(2))
     assert load_export(tmp_path / "old")["a"][2]["step"] == 1  # the old export still reads
+
+
+def test_a_file_in_the_way_of_an_export_is_one_line(tmp_path):
+    from embedding_core.export import ExportFolder
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match=r"^--output .*afile/sub: .*afile exists and is "
+                       "not a folder$"):
+        ExportFolder(tmp_path / "afile" / "sub")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "explicit").write_text("x")
+    with pytest.raises(FileExistsError, match=r"out/explicit is a file, where the view "
+                       "'explicit' goes$"):
+        ExportFolder(tmp_path / "out").tag("explicit")
