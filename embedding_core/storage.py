@@ -153,8 +153,11 @@ def check_endpoint(uris: Iterable[str | os.PathLike]) -> None:
 
     Raises:
       StorageUnavailableError: one line naming the first URI and what to set or run.
+      ValueError: a ``gs://`` URI without a bucket (:func:`as_path`).
     """
     remote = [os.fspath(u) for u in uris if u and is_remote(u)]
+    for one in remote:
+        as_path(one)  # a URI without a bucket is its own error, not the endpoint's
     url = emulator_url()
     if not remote or (url or GCS_HOST) in _checked:
         return

@@ -517,3 +517,8 @@ def test_gs_run_logs_no_errors_and_a_failed_checkpoint_write_is_one_line(
         "complete checkpoint: the same command resumes from it")
     model = load(f"{BUCKET}/fails")
     assert model.step == 2
+
+
+def test_a_uri_without_a_bucket_is_its_own_error_before_any_endpoint_check():
+    with pytest.raises(ValueError, match=r"^gs:///x.csv: a gs:// URI needs a bucket"):
+        storage.check_endpoint(["/local/dir", "gs:///x.csv"])
