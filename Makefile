@@ -11,7 +11,7 @@ WORKDIR ?= workdirs/dualcse_cross_cpu
 # single-threaded); whole files go to a worker so module fixtures compile once.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-test install-bench demo demo-docent demo-mrwe test test-notebook bench \
+.PHONY: install install-test install-bench demo demo-docent demo-mrwe test test-notebook test-pod bench \
 	lint clean
 
 $(BIN)/python:
@@ -54,6 +54,9 @@ test: install-test
 # downloads TensorFlow once into pip's cache): tests/examples/test_quickstart_notebook.py.
 test-notebook: install-test
 	$(BIN)/python -m pytest -q -s -m notebook_install tests/examples
+
+test-pod: install-test
+	$(BIN)/python -m pytest -q -m pod_command tests/test_pod_command.py
 
 bench: install-bench
 	$(BIN)/python benchmarks/bench_dualcse.py

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,6 +33,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.pod_command
+@pytest.mark.slow
 def test_readme_pod_command_on_two_processes(tmp_path, tiny_bert_dir):
     line = _readme_train_line()
     assert "--config.coordinator_address=auto" in line and "$BUCKET/runs/" in line
