@@ -91,12 +91,9 @@ def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
     out: dict[str, dict[str, dict]] = {}
     for name in names:
         files: dict[str, dict] = {}
+        storage.check_data_paths(config, [name])  # the CLI's own one line for a missing path
         for path in _paths(config[name]):
-            try:
-                found = list(_files(path))
-            except FileNotFoundError:
-                raise FileNotFoundError(f"config.{name}: {path} does not exist") from None
-            for uri, one in found:
+            for uri, one in _files(path):
                 size, mtime = _stat(one)
                 old = ((known or {}).get(name) or {}).get(uri)
                 same = old and old.get("size") == size and old.get("mtime") == mtime
