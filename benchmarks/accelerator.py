@@ -1,6 +1,6 @@
 """Model FLOPs utilisation on one accelerator: JAX against PyTorch, BERT-base in bfloat16.
 
-One command, meant for a lent GPU (under 8 minutes on one H200)::
+One command, meant for a lent GPU (346 s on one H200, docs/performance.md)::
 
     python benchmarks/accelerator.py            # the GPU (or TPU) JAX finds
     python benchmarks/accelerator.py --smoke    # tiny shapes on CPU in seconds (CI)
@@ -501,6 +501,19 @@ def _torch_train(torch, model, args, shape, batch, device, autocast, sync) -> di
 # --------------------------------------------------------------------------- driver
 
 
+def _without_option(argv: list[str], name: str) -> list[str]:
+    """argv less ``name VALUE`` / ``name=VALUE`` (the workers get the rest)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
 def _run_worker(name: str, argv: list[str], smoke: bool, timeout: float) -> dict:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -587,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dropout-impl", default="flax", choices=("flax", "hash"),
                         help="JAX dropout masks: flax (the default config) or hash")
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--save", default=None,
+                        help="folder: each framework's result is written there as it finishes "
+                             "(jax.json, torch.json, report.json), so a run cut short keeps "
+                             "what it measured")
     parser.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     defaults = (dict(train_batches="4", length=16, encode_batch=8, steps=2, repeats=2,
@@ -605,8 +622,17 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     forward = [a for a in (argv if argv is not None else sys.argv[1:])]
+    if args.save:
+        forward = _without_option(forward, "--save")
+        Path(args.save).mkdir(parents=True, exist_ok=True)
+
+    def save(name: str, result: dict | None) -> None:
+        if args.save and result is not None:
+            (Path(args.save) / f"{name}.json").write_text(json.dumps(result, indent=1))
+
     timeout = 120.0 if args.smoke else 420.0
     jax_r = _run_worker("jax", forward, args.smoke, timeout)
+    save("jax", jax_r)
     torch_r = None
     if not args.skip_torch:
         import importlib.util
@@ -618,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
             ran = [b for b, r in jax_r.get("train", {}).items() if "error" not in r]
             peer_args = forward + (["--train-batches", ",".join(ran)] if ran else [])
             torch_r = _run_worker("torch", peer_args, args.smoke, timeout)
+            save("torch", torch_r)
     kind = jax_r.get("device", "?")
     peak, peak_source = peak_tflops(kind) if jax_r.get("platform") not in (None, "cpu") else (
         None, "CPU: no table peak, fractions are of the measured ceiling")
@@ -631,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"smoke": args.smoke, "device": kind, "peak_tflops": peak, "peak_source": peak_source,
               "wall_s": time.perf_counter() - started, "summary": rows, "jax": jax_r,
               "torch": torch_r}
+    save("report", report)
     print(json.dumps(report))
     return 1 if "error" in jax_r else 0
 
