@@ -122,7 +122,7 @@ class MeanPoolingEncoder(Encoder):
         tok = tokenize(self.tokenizer, texts, self.max_length)
         return encode_in_batches(
             tok.lengths, token_batch_builder(tok, batch_size),
-            lambda inputs: self._forward(*inputs), batch_size=batch_size, pad_multiple=16,
+            lambda inputs: self._forward(*inputs), batch_size=batch_size,
             max_width=tok.input_ids.shape[1], show_progress_bar=show_progress_bar,
             desc=f"encode ({self.name})")
 

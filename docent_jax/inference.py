@@ -68,7 +68,7 @@ class EntityRanker(SavesFolder, Encoder):
     def __init__(self, model: DocEntDual | DocEntFull | DocEntHybrid, params, tokenizer,
                  config: ml_collections.ConfigDict, entity_ids: Sequence[str], *,
                  step: int | None = None, batch_size: int | None = None,
-                 pad_multiple: int = 16):
+                 pad_multiple: int = 1):
         if len(entity_ids) != model.num_entities:
             raise ValueError(f"{len(entity_ids)} entity ids for a model of "
                              f"{model.num_entities} entities")

@@ -37,7 +37,7 @@ class Embedder(SavesFolder, Encoder):
 
     def __init__(self, model: DualEncoder, params: Any, tokenizer,
                  config: ml_collections.ConfigDict, *, step: int | None = None,
-                 pad_multiple: int = 8, workdir: str | os.PathLike | None = None):
+                 pad_multiple: int = 1, workdir: str | os.PathLike | None = None):
         self.model, self.params, self.tokenizer, self.config = model, params, tokenizer, config
         self.step, self.workdir, self.pad_multiple = step, workdir, pad_multiple
         self.default_batch_size = int(config.get("eval_batch_size", 64))

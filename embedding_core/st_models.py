@@ -302,7 +302,7 @@ class PretrainedEncoder(Encoder):
             return batch, mask, types
 
         return encode_in_batches(
-            lengths, build, forward, batch_size=batch_size, pad_multiple=8,
+            lengths, build, forward, batch_size=batch_size,
             max_width=int(lengths.max()), show_progress_bar=show_progress_bar, desc="encode",
             rows_out=rows_out)
 

@@ -163,7 +163,7 @@ class Retriever(SavesFolder, Encoder):
 
             out[sel] = encode_in_batches(
                 lengths[sel], build, lambda batch: run(params, *batch),
-                batch_size=rows_per_batch, pad_multiple=16,
+                batch_size=rows_per_batch,
                 show_progress_bar=show_progress_bar, desc=f"encode {side}")
         return out
 

@@ -307,7 +307,7 @@ class ContextualSource:
 
         hidden = encode_in_batches(np.array([len(w) for w in windows]), build,
                                    lambda batch: self.hidden_states_fn(*batch),
-                                   batch_size=size, pad_multiple=16,
+                                   batch_size=size,
                                    max_width=self.max_length, rows_out=True)
         return [h[:len(w)] for h, w in zip(hidden, windows, strict=True)]
 

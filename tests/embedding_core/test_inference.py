@@ -7,11 +7,13 @@ import pytest
 
 from embedding_core.inference import (
     Encoder,
+    bucket_width,
     check_texts,
     encode_in_batches,
     l2_normalize,
     masked_mean,
     round_up,
+    token_slot_counts,
 )
 
 
@@ -33,6 +35,7 @@ def test_encode_loop_returns_input_order_and_is_chunking_invariant(batch_size, p
     def build(rows, width):
         widths.append(width)
         assert width >= lengths[rows].max() and width % pad_multiple == 0
+        assert width == bucket_width(lengths[rows].max(), multiple=pad_multiple)
         block = np.zeros((batch_size, width), np.float32)
         block[: len(rows)] = values[rows, :width]
         return block, np.pad(lengths[rows], (0, batch_size - len(rows)))
@@ -49,6 +52,29 @@ def test_encode_loop_returns_input_order_and_is_chunking_invariant(batch_size, p
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     assert all(s[0] == batch_size for s in shapes)  # fixed batch: one compile per width
     assert widths == sorted(widths, reverse=True)  # longest first
+
+
+def test_bucket_width_by_hand():
+    # exact below 16; then 8 widths per doubling: steps of 2 in [16, 32), 4 in [32, 64), ...
+    assert [bucket_width(n) for n in (0, 1, 13, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129)] == [
+        1, 1, 13, 15, 16, 18, 32, 32, 36, 64, 64, 72, 144]
+    assert [bucket_width(n, per_octave=1, multiple=8) for n in (1, 9, 17, 100)] == [
+        8, 16, 32, 128]  # one width per doubling, at least a multiple of 8
+    assert [bucket_width(n, multiple=8) for n in (3, 17, 65, 129)] == [8, 24, 72, 144]
+    widths = {bucket_width(n) for n in range(1, 513)}
+    assert len(widths) == 15 + 8 * 5 + 1  # 1..15, 8 per octave 16..511, and 512
+    assert all(bucket_width(n) - n < max(n / 8, 1) for n in range(1, 513))
+    with pytest.raises(ValueError, match="per_octave"):
+        bucket_width(5, per_octave=0)
+
+
+def test_token_slot_counts_by_hand():
+    lengths = np.array([3, 17, 5, 9, 40, 33])  # sorted: 40 33 | 17 9 | 5 3 -> widths 40, 18, 5
+    before = token_slot_counts()
+    encode_in_batches(lengths, lambda rows, width: (rows, width),
+                      lambda inputs: np.zeros((2, 1)), batch_size=2)
+    slots, real = (a - b for a, b in zip(token_slot_counts(), before, strict=True))
+    assert (slots, real) == (2 * (40 + 18 + 5), 107)
 
 
 def test_round_up_and_normalize():
