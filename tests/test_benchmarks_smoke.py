@@ -1,5 +1,6 @@
 """The accelerator benchmark keeps working on CPU (`--smoke`), and its PyTorch peer computes
-the loss our step computes."""
+the loss our step computes; the CPU comparison (bench_dualcse.py) runs both OpenMP wait
+policies and counts sentence-transformers' padding as it batches."""
 
 import importlib.util
 import json
@@ -13,13 +14,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "accelerator.py"
+CPU_BENCH = ROOT / "benchmarks" / "bench_dualcse.py"
 
 
-def _accelerator():
-    spec = importlib.util.spec_from_file_location("accelerator_bench", SCRIPT)
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _accelerator():
+    return _load(SCRIPT, "accelerator_bench")
 
 
 def test_analytic_flops_hand_worked():
@@ -70,3 +76,47 @@ def test_accelerator_smoke_runs_on_cpu():
     for workload in ("train_b4", "encode"):
         row = report["summary"][workload]
         assert row["jax_tflops"] > 0 and row["torch_tflops"] > 0 and row["jax_over_torch"] > 0
+
+
+def test_sentence_transformers_slots_hand_worked():
+    bench = _load(CPU_BENCH, "bench_dualcse")
+    # Sorted by characters (50, 40, 30, 20, 10), not tokens: token lengths 4, 9 | 8, 11 | 3
+    # -> 2·9 + 2·11 + 1·3 = 43 slots (sorting by tokens would give 2·11 + 2·8 + 3 = 41).
+    texts = ["a" * 10, "b" * 30, "c" * 20, "d" * 50, "e" * 40]
+    tokens = [3, 8, 11, 4, 9]
+    assert bench.sentence_transformers_slots(texts, tokens, 2) == 43
+    assert bench.sentence_transformers_slots(texts, tokens, 5) == 5 * 11
+    assert bench.sentence_transformers_slots(texts, tokens, 1) == sum(tokens)
+
+
+@pytest.mark.bench_run  # minutes: make test-bench, not the default run
+def test_cpu_bench_runs_both_wait_policies():
+    pytest.importorskip("sentence_transformers")
+    from dualcse_jax.configs import default
+
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the bench sets its own
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
+    proc = subprocess.run([sys.executable, str(CPU_BENCH), "--sentences", "64",
+                           "--train-steps", "2", "--repeats", "1"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("encode_ratio", "train_ratio", "encode_ratio_active", "train_ratio_active",
+                "load_average_start", "load_average_end", "cpu_model", "xla_flags"):
+        assert key in report, key
+    assert report["padding_jax"] >= 1.0 and report["padding_torch"] >= 1.0
+    assert report["omp_wait_policy"] == ["PASSIVE", "ACTIVE"]
+    threads = len(os.sched_getaffinity(0))
+    assert report["threads"] == threads
+    for key, policy in (("passive", "PASSIVE"), ("active", "ACTIVE")):
+        child = report[key]
+        assert child["omp_wait_policy"] == policy
+        assert child["torch_threads"] == threads and child["torch_interop_threads"] == 1
+        assert len(child["xla_cpus"]) == threads
+        assert child["train"]["dropout_impl"] == default.get_config().dropout_impl
+    # Same texts, same batches: both children count the same slots.
+    assert (report["passive"]["encode"]["jax_slots"]
+            == report["active"]["encode"]["jax_slots"])
+    assert report["encode_ratio"] == report["passive"]["encode"]["ratio"]
+    assert report["train_ratio_active"] == report["active"]["train"]["ratio"]
