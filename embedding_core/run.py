@@ -182,8 +182,11 @@ def _eval_files(config: ml_collections.ConfigDict) -> list:
         return []
     from embedding_core.evaluation import run as evaluation
 
-    return [(kind, path, evaluation.build(kind, path, batch_size=int(config.eval_batch_size)))
-            for kind, path in map(evaluation.parse_spec, configs.eval_specs(config))]
+    try:
+        return [(kind, path, evaluation.build(kind, path, batch_size=int(config.eval_batch_size)))
+                for kind, path in map(evaluation.parse_spec, configs.eval_specs(config))]
+    except FileNotFoundError as e:  # the field, as for every other missing data file
+        raise FileNotFoundError(f"config.eval_files: {e}") from None
 
 
 def _eval_fn(task: Task, config: ml_collections.ConfigDict, built: list):
