@@ -307,7 +307,7 @@ def build_model(config, encoder_config: EncoderConfig, num_entities: int
     for an unknown variant)."""
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "flax"),
+    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "hash"),
                                             dtype=config.dtype,
                                             remat=config.get("remat", "none"))
     rows = table_rows(num_entities, config.table_multiple)

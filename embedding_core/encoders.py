@@ -48,10 +48,11 @@ class EncoderConfig:
     ``model_type``: ``"bert"`` or ``"roberta"`` (positions from ``pad_token_id + 1``);
     ``hidden_act``: ``"gelu"`` (erf), ``"gelu_new"`` / ``"gelu_pytorch_tanh"`` (tanh) or
     ``"relu"``; ``dtype``: compute dtype ``"float32"`` or ``"bfloat16"`` (params,
-    LayerNorm and softmax stay float32); ``dropout_impl``: ``"flax"`` or ``"hash"``
-    (:class:`HashDropout`); ``remat``: what each layer's backward pass keeps (``"none"``:
-    every activation; ``"dots"``: the dense layers' outputs, attention recomputed;
-    ``"full"``: only the layer's input). Raises ValueError on an unsupported value.
+    LayerNorm and softmax stay float32); ``dropout_impl``: ``"hash"`` (:class:`HashDropout`,
+    the default: a cheaper step, the same mask on any mesh) or ``"flax"`` (threefry
+    bits); ``remat``: what each layer's backward pass keeps (``"none"``: every activation;
+    ``"dots"``: the dense layers' outputs, attention recomputed; ``"full"``: only the
+    layer's input). Raises ValueError on an unsupported value.
     """
 
     model_type: str
@@ -69,7 +70,7 @@ class EncoderConfig:
     attention_dropout_rate: float
     dtype: str = "float32"
     initializer_range: float = 0.02
-    dropout_impl: str = "flax"
+    dropout_impl: str = "hash"
     embedding_size: int = 0  # ELECTRA's embedding width (0: hidden_size, no projection)
     relative_attention_num_buckets: int = 0  # MPNet's relative position bias (0: none)
     remat: str = "none"
@@ -301,9 +302,32 @@ class Embeddings(nn.Module):
         return _dropout(cfg, cfg.hidden_dropout_rate)(x, deterministic=deterministic)
 
 
+class HeadsProjection(nn.Module):
+    """``x @ kernel + bias`` straight into the attention layout: ``[batch, length, in]`` ->
+    ``[batch, heads, length, head_dim]``; params as ``nn.Dense(hidden_size)`` (``kernel``
+    ``[in, hidden_size]``, ``bias`` ``[hidden_size]``, axes ``("embed", "heads")``), so HF
+    weights and checkpoints load unchanged. Heads-major output saves the transposes that
+    ``[batch, length, heads, head_dim]`` costs around the score einsums on CPU."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        kernel = self.param("kernel", _normal(cfg, ("embed", "heads")),
+                            (x.shape[-1], cfg.hidden_size), jnp.float32)
+        bias = self.param("bias", nn.with_logical_partitioning(
+            nn.initializers.zeros_init(), ("heads",)), (cfg.hidden_size,), jnp.float32)
+        dtype = jnp.dtype(cfg.dtype)
+        kernel = kernel.reshape(x.shape[-1], cfg.num_heads, cfg.head_dim).astype(dtype)
+        y = jnp.einsum("bld,dhk->bhlk", x.astype(dtype), kernel)
+        return y + bias.reshape(cfg.num_heads, 1, cfg.head_dim).astype(dtype)
+
+
 class SelfAttention(nn.Module):
-    """``softmax(q k^T / sqrt(head_dim) + mask) v`` (HF ``BertSelfAttention``); scores and
-    softmax in float32, padded keys masked; dropout on the probabilities."""
+    """``softmax(q k^T / sqrt(head_dim) + mask) v`` (HF ``BertSelfAttention``); q, k, v
+    heads-major (:class:`HeadsProjection`); scores and softmax in float32, padded keys
+    masked; dropout on the probabilities."""
 
     config: EncoderConfig
 
@@ -312,13 +336,8 @@ class SelfAttention(nn.Module):
                  position_bias: jax.Array | None = None) -> jax.Array:
         cfg = self.config
         batch, seq_len, _ = x.shape
-
-        def heads(name: str) -> jax.Array:
-            y = _dense(cfg, cfg.hidden_size, ("embed", "heads"), name)(x)
-            return y.reshape(batch, seq_len, cfg.num_heads, cfg.head_dim)
-
-        q, k, v = heads("query"), heads("key"), heads("value")
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        q, k, v = (HeadsProjection(cfg, name=n)(x) for n in ("query", "key", "value"))
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
         scores = scores / math.sqrt(cfg.head_dim)
         if position_bias is not None:  # MPNet: [heads, q, k], the same in every layer
             scores = scores + position_bias[None]
@@ -327,7 +346,7 @@ class SelfAttention(nn.Module):
         scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
         probs = _dropout(cfg, cfg.attention_dropout_rate)(probs, deterministic=deterministic)
-        context = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(cfg.dtype))
+        context = jnp.einsum("bhqk,bhkd->bqhd", probs, v.astype(cfg.dtype))
         return context.reshape(batch, seq_len, cfg.hidden_size)
 
 

@@ -46,7 +46,8 @@ FIELDS = configs.declare(
                 choices=("float32", "bfloat16")),
     dropout=Field(True, "the checkpoint's dropout rates during training"),
     remat=configs.REMAT,
-    dropout_impl=Field("flax", "flax | hash (integer-hash mask: cheaper on CPU, same rate)",
+    dropout_impl=Field("hash", "hash (integer-hash mask: same rate, a cheaper step) | "
+                       "flax (threefry bits)",
                        choices=("flax", "hash")),
     # Loss: the denominator of P(e | s) (Dual, Hybrid's dual term).
     softmax=Field("in_batch", "in_batch (paper) | full_vocab (the whole table, "

@@ -23,8 +23,8 @@ FIELDS = configs.declare(
                 choices=("float32", "bfloat16")),
     dropout=Field(True, "the checkpoint's dropout rates during training"),
     remat=configs.REMAT,
-    dropout_impl=Field("flax", "flax | hash (integer-hash mask: a cheaper CPU step, no "
-                       "random-bit generation, same rate; benchmarks/)",
+    dropout_impl=Field("hash", "hash (integer-hash mask: same rate, the same mask on any "
+                       "mesh, a cheaper step) | flax (threefry bits); docs/performance.md",
                        choices=("flax", "hash")),
     normalize=Field(False, "L2-normalise encoded / exported vectors by default"),
     # Data.

@@ -121,10 +121,9 @@ def test_config_command_lists_fields_with_values_and_comments():
     # The command line's value, the preset's value, each with its declared help.
     assert rows["batch_size"].startswith("batch_size = 32 ")
     assert rows["batch_size"].endswith("# global batch, premises (64 cross / 32 bi in the paper)")
-    assert rows["dropout_impl"].split() == ["dropout_impl", "=", "'hash'", "#", "flax", "|",
-                                            "hash", "(integer-hash", "mask:", "a", "cheaper",
-                                            "CPU", "step,", "no", "random-bit", "generation,",
-                                            "same", "rate;", "benchmarks/)"]
+    assert rows["pooling"].split() == ["pooling", "=", "'mean'", "#", "cls", "|", "cls_mlp", "|",
+                                       "mean;", "the", "same", "head", "at", "training", "and",
+                                       "evaluation"]
     assert "contradiction[, neutral]; simcse: anchor" in rows["train_file"]
 
 
