@@ -120,3 +120,70 @@ def test_cpu_bench_runs_both_wait_policies():
             == report["active"]["encode"]["jax_slots"])
     assert report["encode_ratio"] == report["passive"]["encode"]["ratio"]
     assert report["train_ratio_active"] == report["active"]["train"]["ratio"]
+
+
+HAND_HLO = """HloModule jit_step, entry_computation_layout={()->f32[]}
+
+%fused_transpose (param_0: f32[4,8]) -> f32[8,4] {
+  %param_0 = f32[4,8]{1,0} parameter(0)
+  %transpose.1 = f32[8,4]{0,1} transpose(%param_0), dimensions={1,0}
+  ROOT %bitcast.1 = f32[8,4]{1,0} bitcast(%transpose.1)
+}
+
+%fused_hash (param_0.1: u32[16]) -> u32[16] {
+  %param_0.1 = u32[16]{0} parameter(0)
+  %constant.1 = u32[] constant(16)
+  %broadcast.1 = u32[16]{0} broadcast(%constant.1), dimensions={}
+  %shift-right-logical.1 = u32[16]{0} shift-right-logical(%param_0.1, %broadcast.1)
+  ROOT %xor.1 = u32[16]{0} xor(%param_0.1, %shift-right-logical.1)
+}
+
+%fused_gelu (param_0.2: f32[4,8]) -> f32[4,8] {
+  %param_0.2 = f32[4,8]{1,0} parameter(0)
+  ROOT %multiply.1 = f32[4,8]{1,0} multiply(%param_0.2, %param_0.2), metadata={op_name="gelu/mul"}
+}
+
+%fused_bias (param_0.3: f32[4,8]) -> f32[4,8] {
+  %param_0.3 = f32[4,8]{1,0} parameter(0)
+  ROOT %add.2 = f32[4,8]{1,0} add(%param_0.3, %param_0.3)
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(%a, %b)
+}
+
+%fused_reduce (param_0.4: f32[4,8]) -> f32[4] {
+  %param_0.4 = f32[4,8]{1,0} parameter(0)
+  %constant.2 = f32[] constant(0)
+  ROOT %reduce.1 = f32[4]{0} reduce(%param_0.4, %constant.2), dimensions={1}, to_apply=%add
+}
+
+ENTRY %main (p0: f32[4,8], p1: u32[16], p2: f32[8,8]) -> f32[4,8] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = u32[16]{0} parameter(1)
+  %p2 = f32[8,8]{1,0} parameter(2)
+  %transpose_fusion = f32[8,4]{1,0} fusion(%p0), kind=kLoop, calls=%fused_transpose
+  %hash_fusion = u32[16]{0} fusion(%p1), kind=kLoop, calls=%fused_hash
+  %gelu_fusion = f32[4,8]{1,0} fusion(%p0), kind=kLoop, calls=%fused_gelu
+  %bias_fusion = f32[4,8]{1,0} fusion(%p0), kind=kLoop, calls=%fused_bias
+  %reduce_fusion = f32[4]{0} fusion(%p0), kind=kInput, calls=%fused_reduce
+  ROOT %dot.1 = f32[4,8]{1,0} dot(%p0, %p2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_train_step_profile_classifies_hand_written_hlo():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    profile = _load(ROOT / "benchmarks" / "train_step_profile.py", "train_step_profile")
+    instrs, comps, module = profile.parse_hlo(HAND_HLO)
+    assert module == "jit_step"
+    assert instrs["dot.1"]["root"] and instrs["dot.1"]["opcode"] == "dot"
+    assert instrs["hash_fusion"]["called"] == ["fused_hash"]
+    got = {name: profile.classify(name, instrs, comps) for name in (
+        "transpose_fusion", "hash_fusion", "gelu_fusion", "bias_fusion", "reduce_fusion",
+        "dot.1", "no_such_op")}
+    assert got == {"transpose_fusion": "transpose/copy", "hash_fusion": "dropout mask",
+                   "gelu_fusion": "gelu", "bias_fusion": "elementwise",
+                   "reduce_fusion": "reductions", "dot.1": "matmul", "no_such_op": "unmatched"}
