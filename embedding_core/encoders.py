@@ -303,11 +303,10 @@ class Embeddings(nn.Module):
 
 
 class HeadsProjection(nn.Module):
-    """``x @ kernel + bias`` straight into the attention layout: ``[batch, length, in]`` ->
-    ``[batch, heads, length, head_dim]``; params as ``nn.Dense(hidden_size)`` (``kernel``
-    ``[in, hidden_size]``, ``bias`` ``[hidden_size]``, axes ``("embed", "heads")``), so HF
-    weights and checkpoints load unchanged. Heads-major output saves the transposes that
-    ``[batch, length, heads, head_dim]`` costs around the score einsums on CPU."""
+    """``x @ kernel + bias``, ``[batch, length, in]`` -> ``[batch, heads, length, head_dim]``
+    (the score einsums' layout, no transposed copy: docs/performance.md); params as
+    ``nn.Dense(hidden_size)``'s (``kernel`` ``[in, hidden_size]``, ``bias``, axes
+    ``("embed", "heads")``), so HF weights and checkpoints load unchanged."""
 
     config: EncoderConfig
 

@@ -253,6 +253,15 @@ def _sign(iv) -> str:
     return "Cross ahead (the paper's sign)" if iv.low > 0 else "not resolved"
 
 
+def _cross_curves(results: Mapping):
+    """``(curve, row, SimCSE's row, steps scored in both)`` of each finished Cross curve."""
+    for curve in (c for c in CURVES if c.key == "cross"):
+        row, ref = curve.row, _reference(curve.row)
+        if row in results and ref in results:
+            yield curve, row, ref, [s for s in _steps(results[row][0][1])
+                                    if s in _steps(results[ref][0][1])]
+
+
 def verdict(results: Mapping, num_samples: int) -> str:
     """The budget explanation tested: DualCSE-Cross − SimCSE(INLI) at each scored step of
     each schedule, under every rule (average accuracy) and threshold-free (AUC of all pairs,
@@ -260,11 +269,7 @@ def verdict(results: Mapping, num_samples: int) -> str:
     from embedding_core.stats import format_interval
 
     lines = []
-    for curve in (c for c in CURVES if c.key == "cross"):
-        row, ref = curve.row, _reference(curve.row)
-        if row not in results or ref not in results:
-            continue
-        steps = [s for s in _steps(results[row][0][1]) if s in _steps(results[ref][0][1])]
+    for _, row, ref, steps in _cross_curves(results):
         lines.append(f"- **{row}** ({len(results[row])} seed(s); SimCSE "
                      f"{len(results[ref])}):")
         for step in steps:
@@ -282,6 +287,43 @@ def verdict(results: Mapping, num_samples: int) -> str:
         return ""
     return ("### Does more training close the gap? (Cross − SimCSE, same schedule)\n\n"
             + "\n".join(lines) + "\n")
+
+
+def budget_paragraph(results: Mapping, num_samples: int) -> str:
+    """The verdict on the budget explanation ("more steps close DualCSE-Cross's gap to
+    SimCSE(INLI)"), worded from the numbers of the cells finished so far: per schedule,
+    Cross − SimCSE at its first and last scored step (RTE average under ``max``, AUC of all
+    pairs under the ``max`` score), whether the gap narrowed, and its sign at the last step
+    under every rule and both AUCs (``max``, ``implicit``); ``""`` without a Cross curve."""
+    from embedding_core.stats import format_interval
+
+    sentences = []
+    for curve, row, ref, steps in _cross_curves(results):
+        if not steps:
+            continue
+        first, last = steps[0], steps[-1]
+        acc = [_gap(results, row, s, "max", num_samples, False) for s in (first, last)]
+        auc = [_gap(results, row, s, "max", num_samples, True) for s in (first, last)]
+        final = [_gap(results, row, last, r, num_samples, False) for r in RULES] + [
+            auc[1], _gap(results, row, last, "implicit", num_samples, True)]
+        signs = sorted({_sign(iv) for iv in final})
+        moved = acc[1].mean_difference - acc[0].mean_difference
+        trend = ("narrowed" if moved > 0 else "widened") + f" by {100 * abs(moved):.2f} points"
+        where = (f"under every rule and both AUCs: {signs[0]}" if len(signs) == 1 else
+                 "the rules and AUCs disagree (" + "; ".join(signs) + ")")
+        batch = f"{curve.premises} premises per step"
+        sentences.append(
+            f"On the {curve.schedule}-step schedule ({batch}; Cross {len(results[row])} "
+            f"seed(s), SimCSE {len(results[ref])}), Cross − SimCSE on the RTE average "
+            f"(`max`) went from {format_interval(acc[0])} at step {first} to "
+            f"{format_interval(acc[1])} at step {last} ({trend}), and AUC(all) from "
+            f"{format_interval(auc[0])} to {format_interval(auc[1])}; at step {last} "
+            f"{where}.")
+    if not sentences:
+        return ""
+    return ("### Verdict on the budget explanation\n\n" + " ".join(sentences)
+            + " Intervals cover the test pairs, not the seeds; a curve with one seed is one "
+            "run. Cells still missing are listed under Cells.\n")
 
 
 def section(results: Mapping, num_samples: int) -> str:
@@ -316,6 +358,7 @@ test pairs within each label (class-stratified), paired across systems and seeds
         parts.append(f"#### Score `{rule}`\n")
         parts.append(auc_table(results, rule, num_samples) + "\n")
     parts.append(verdict(results, num_samples))
+    parts.append(budget_paragraph(results, num_samples))
     return "\n".join(parts)
 
 

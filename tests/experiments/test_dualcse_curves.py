@@ -106,3 +106,16 @@ def test_verdict_names_every_step_and_the_sign():
     text = dc.verdict(_fake_curve_results(), num_samples=200)
     assert text.count("  - step ") == 3
     assert "AUC(all) Δ max +" in text  # Cross's fake cosines separate the classes better
+
+
+def test_budget_paragraph_words_the_numbers():
+    results = _fake_curve_results()
+    text = dc.budget_paragraph(results, num_samples=200)
+    from embedding_core.stats import format_interval
+    first = dc._gap(results, dc.CURVES[1].row, 100, "max", 200, False)
+    assert f"went from {format_interval(first)} at step 100" in text
+    assert "Cross 2 seed(s), SimCSE 2" in text
+    # The fake Cross separates entailed pairs far better: AUC(all) clearly above SimCSE.
+    auc = dc._gap(results, dc.CURVES[1].row, 500, "max", 200, True)
+    assert auc.low > 0 and f"to {format_interval(auc)}; at step 500" in text
+    assert dc.budget_paragraph({dc.CURVES[0].row: results[dc.CURVES[0].row]}, 200) == ""
