@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from experiments import dualcse_curves, grid
+from experiments import dualcse_claims, dualcse_curves, grid
 from experiments.dualcse_cells import (  # noqa: F401 (SEEDS, run_config: the grid's API)
     ABLATIONS,
     BASELINE,
@@ -173,7 +173,7 @@ def _budget_note(preset: str) -> str:
             "our sources)")
 
 
-def report(results: Mapping, args) -> str:
+def report(results: Mapping, args, claims: str = "") -> str:
     order = [BASELINE] + [SYSTEMS[k][0] for k in (*MAIN, *ABLATIONS)]
     present = [s for s in order if s in results]
     seeds = {s: len(results[s]) for s in present if s != BASELINE}
@@ -220,6 +220,8 @@ wrong for every model (docs/dualcse.md).
 
 {_paper_table()}
 """]
+    if claims:
+        parts.append(claims)
     for rule in RULES:
         from dualcse_jax.evaluate import RULE_TEXT
 
@@ -284,9 +286,11 @@ def main(argv=None) -> None:
         print("no finished run yet; no table written")
         return
     curve_rows = {c.row for c in dualcse_curves.CURVES} | {dualcse_curves.CURVE_BASELINE_ROW}
-    text = report({k: v for k, v in results.items() if k not in curve_rows}, args)
-    text += "\n" + dualcse_curves.section(
-        {k: v for k, v in results.items() if k in curve_rows}, args.num_samples)
+    grid_rows = {k: v for k, v in results.items() if k not in curve_rows}
+    curves = {k: v for k, v in results.items() if k in curve_rows}
+    claims = dualcse_claims.section(grid_rows, curves, args.num_samples)
+    text = report(grid_rows, args, claims)
+    text += "\n" + dualcse_curves.section(curves, args.num_samples)
     grid.write_results("dualcse", text, results, args.results, specs=specs, root=root)
 
 

@@ -119,3 +119,41 @@ def test_budget_paragraph_words_the_numbers():
     auc = dc._gap(results, dc.CURVES[1].row, 500, "max", 200, True)
     assert auc.low > 0 and f"to {format_interval(auc)}; at step 500" in text
     assert dc.budget_paragraph({dc.CURVES[0].row: results[dc.CURVES[0].row]}, 200) == ""
+
+
+def test_claims_summary_words_hand_made_signs():
+    from experiments.dualcse_claims import summary
+    assert summary({"max": "holds", "AUC max": "holds"}) == "holds under every measure"
+    assert summary({"max": "not resolved (interval covers 0)"}) == "open under every measure"
+    assert summary({"max": "holds", "explicit": "reversed", "pair": "holds",
+                    "AUC max": "not resolved (interval covers 0)"}) == (
+        "holds under max, pair; reversed under explicit; open under AUC max")
+
+
+def test_claims_table_rows_are_the_paired_intervals():
+    from embedding_core.stats import format_interval, paired_bootstrap
+    from experiments import dualcse_claims as claims
+    from experiments.dualcse_cells import CROSS, SIMCSE
+
+    results = _fake_curve_results()
+    labels = [label for label, _ in claims.budgets({}, results)]
+    assert labels == [f"{dc.EPOCH_STEPS}-step schedule, step {s}" for s in (100, 250, 500)]
+    text = claims.claims_table({}, results, num_samples=200)
+    cross, simcse = CROSS, SIMCSE
+    row = next(ln for ln in text.splitlines()
+               if ln.startswith(f"| {cross} − {simcse}, average")
+               and "step 500 |" in ln)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    runs, ref = (dc._at(results[c.row], 500) for c in (dc.CURVES[1], dc.CURVES[0]))
+    a, b = grid.seed_mean(runs), grid.seed_mean(ref)
+    for i, rule in enumerate(RULES):
+        assert cells[3 + i] == format_interval(
+            paired_bootstrap(a[f"{rule}/average"], b[f"{rule}/average"], num_samples=200))
+    # The fake Cross separates entailed pairs by 3 sd against SimCSE's 1: AUC holds the
+    # paper's sign (Cross above SimCSE) under both one-score rules.
+    for i, _ in enumerate(dc.ONE_SCORE_RULES):
+        assert float(cells[3 + len(RULES) + i].split("[")[1].split(",")[0]) > 0
+    holds = next(part for part in cells[-1].split("; ") if part.startswith("holds under"))
+    assert holds == "holds under every measure" or all(
+        f"AUC {r}" in holds for r in dc.ONE_SCORE_RULES)
+    assert claims.claims_table({}, {dc.CURVES[0].row: results[dc.CURVES[0].row]}, 200) == ""
