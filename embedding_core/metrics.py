@@ -351,45 +351,80 @@ def _binary_rows(scores, labels, caller: str) -> tuple[np.ndarray, np.ndarray]:
     return s, y
 
 
-def roc_auc_rows(scores, labels) -> np.ndarray:
+def _sorted_weights(scores, labels, sample_weight, caller: str, descending: bool):
+    """Positive and negative weights ``[..., n]`` in score order and each item's tie group
+    ``(start, end)`` indices in that order (``scores`` broadcast against ``sample_weight``)."""
+    s, y = _binary_rows(scores, labels, caller)
+    if sample_weight is None:
+        w = np.ones(s.shape)
+    else:
+        w = np.asarray(sample_weight, dtype=np.float64)
+        if w.ndim < 1 or w.shape[-1] != s.shape[-1]:
+            raise ValueError(f"{caller}: sample_weight must end in {s.shape[-1]} items, got "
+                             f"shape {w.shape}")
+        if not np.isfinite(w).all() or (w < 0).any():
+            raise ValueError(f"{caller}: sample_weight must be finite and >= 0")
+    shape = np.broadcast_shapes(s.shape, w.shape)
+    order = np.argsort(-s if descending else s, axis=-1, kind="stable")
+    ss = np.take_along_axis(s, order, axis=-1)
+    n, position = s.shape[-1], np.arange(s.shape[-1])
+    first = np.ones(ss.shape, bool)
+    first[..., 1:] = ss[..., 1:] != ss[..., :-1]
+    last = np.ones(ss.shape, bool)
+    last[..., :-1] = first[..., 1:]
+    start = np.maximum.accumulate(np.where(first, position, 0), axis=-1)
+    end = np.minimum.accumulate(np.where(last, position, n)[..., ::-1], axis=-1)[..., ::-1]
+    if s.ndim == 1:  # one order for every weight row: plain indexing, no broadcast copies
+        ws = np.broadcast_to(w, shape)[..., order]
+    else:
+        order, start, end, y = (np.broadcast_to(x, shape) for x in (order, start, end, y))
+        ws = np.take_along_axis(np.broadcast_to(w, shape), order, axis=-1)
+    wp = ws * _take(y, order)
+    wn = ws - wp
+    if (wp.sum(axis=-1) <= 0).any() or (wn.sum(axis=-1) <= 0).any():
+        raise ValueError(f"{caller} needs positive and negative weight in every row")
+    return wp, wn, start, end
+
+
+def _take(x: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``x`` at ``index`` along the last axis (one index for every row when 1-D)."""
+    return x[..., index] if index.ndim == 1 else np.take_along_axis(x, index, axis=-1)
+
+
+def roc_auc_rows(scores, labels, sample_weight=None) -> np.ndarray:
     """ROC-AUC of each row of ``[..., n]`` scores against bool (or 0/1) labels of the same
-    shape: the Mann-Whitney form ``(sum of the positives' mid-ranks - P(P+1)/2) / (P N)``,
-    ties counting 1/2 (equal to ``sklearn.metrics.roc_auc_score`` row by row). Returns a
-    float64 array of the leading shape.
+    shape: the weighted Mann-Whitney form ``sum_i w_i+ (N_below(i) + N_tied(i) / 2) /
+    (P N)`` (ties count 1/2; equal to ``sklearn.metrics.roc_auc_score`` row by row, with
+    its ``sample_weight``). ``sample_weight`` ``[..., n]`` broadcasts against the scores:
+    integer counts make it the AUC of a resample, which is how the bootstrap uses it
+    (``[n]`` scores sorted once for ``[B, n]`` counts). Returns float64 of the leading
+    shape.
 
     Raises:
-      ValueError: NaN scores, shape mismatch, or a row with one class only.
+      ValueError: NaN scores, shape mismatch, negative weights, or a row with one class.
     """
-    from scipy.stats import rankdata
+    wp, wn, start, end = _sorted_weights(scores, labels, sample_weight, "roc_auc_rows", False)
+    below = np.cumsum(wn, axis=-1)
+    up_to = _take(below, end)
+    before = _take(below, start) - _take(wn, start)
+    u = np.sum(wp * (before + up_to) / 2, axis=-1)
+    return u / (wp.sum(axis=-1) * wn.sum(axis=-1))
 
-    s, y = _binary_rows(scores, labels, "roc_auc_rows")
-    ranks = rankdata(s, method="average", axis=-1)
-    p = y.sum(axis=-1).astype(np.float64)
-    n = y.shape[-1] - p
-    return (np.sum(ranks * y, axis=-1) - p * (p + 1) / 2) / (p * n)
 
-
-def average_precision_rows(scores, labels) -> np.ndarray:
+def average_precision_rows(scores, labels, sample_weight=None) -> np.ndarray:
     """Average precision of each row of ``[..., n]`` scores against bool (or 0/1) labels,
     ``AP = sum_t (R_t - R_{t-1}) P_t`` over the distinct score thresholds ``t`` in
     descending order (tied items enter together; equal to
-    ``sklearn.metrics.average_precision_score`` row by row). Returns float64 of the
-    leading shape.
+    ``sklearn.metrics.average_precision_score`` row by row, with its ``sample_weight``,
+    which broadcasts as in :func:`roc_auc_rows`). Returns float64 of the leading shape.
 
     Raises:
-      ValueError: NaN scores, shape mismatch, or a row with one class only.
+      ValueError: NaN scores, shape mismatch, negative weights, or a row with one class.
     """
-    s, y = _binary_rows(scores, labels, "average_precision_rows")
-    order = np.argsort(-s, axis=-1, kind="stable")
-    ss = np.take_along_axis(s, order, axis=-1)
-    ys = np.take_along_axis(y, order, axis=-1)
-    n = s.shape[-1]
-    tp = np.cumsum(ys, axis=-1)
-    position = np.arange(n)
-    group_end = np.ones(s.shape, bool)
-    group_end[..., :-1] = ss[..., :-1] != ss[..., 1:]
+    wp, wn, _, end = _sorted_weights(scores, labels, sample_weight, "average_precision_rows",
+                                     True)
     # Each item takes the precision at the end of its tie group (the threshold it enters at).
-    end_index = np.minimum.accumulate(np.where(group_end, position, n)[..., ::-1],
-                                      axis=-1)[..., ::-1]
-    precision = np.take_along_axis(tp, end_index, axis=-1) / (end_index + 1)
-    return np.sum(precision * ys, axis=-1) / tp[..., -1]
+    tp = _take(np.cumsum(wp, axis=-1), end)
+    seen = tp + _take(np.cumsum(wn, axis=-1), end)
+    precision = np.divide(tp, seen, out=np.zeros_like(tp), where=seen > 0)
+    return np.sum(wp * precision, axis=-1) / wp.sum(axis=-1)

@@ -116,7 +116,9 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
 
     ``a``, ``b``: ``[n]`` or ``[n, seeds]`` scores of two systems on the same items (a
     system's ``S`` is the mean of ``statistic`` over its seed columns); ``labels``: ``[n]``
-    bool. ``statistic(scores [B, n], labels [B, n]) -> [B]`` (``metrics.roc_auc_rows``).
+    bool. ``statistic(scores [n], labels [n], sample_weight=counts [B, n]) -> [B]``
+    (``metrics.roc_auc_rows``, ``average_precision_rows``): each resample is given as the
+    count of every item in it, so the scores are sorted once, not once per resample.
     Resampling is stratified (positives and negatives drawn with replacement within their
     own class, pROC's default), so every resample keeps both classes and their counts; the
     same items for every seed and both systems; independent of ``chunk_size``.
@@ -135,16 +137,12 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
     num_samples = _positive_int(num_samples, "num_samples")
     if not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-    columns = a_arr.shape[0] + b_arr.shape[0]
-    chunk = (max(1, _MAX_ENTRIES // (4 * n * columns)) if chunk_size is None
+    chunk = (max(1, _MAX_ENTRIES // (8 * n)) if chunk_size is None
              else _positive_int(chunk_size, "chunk_size"))
     groups = (np.flatnonzero(y), np.flatnonzero(~y))
 
-    def s_of(x: np.ndarray, idx: np.ndarray) -> np.ndarray:  # x [seeds, n], idx [B, n]
-        scores = x[:, idx]  # [seeds, B, n]
-        yy = np.broadcast_to(y[idx], scores.shape)
-        flat = statistic(scores.reshape(-1, n), yy.reshape(-1, n))
-        return flat.reshape(scores.shape[:2]).mean(axis=0)
+    def s_of(x: np.ndarray, counts: np.ndarray) -> np.ndarray:  # x [seeds, n], counts [B, n]
+        return np.mean([statistic(col, y, sample_weight=counts) for col in x], axis=0)
 
     rng = np.random.default_rng(seed)
     diffs = np.empty(num_samples, dtype=np.float64)
@@ -159,10 +157,12 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
             cols = slice(lo, lo + g.size)
             idx[:, cols] = g[np.minimum((u[:, cols] * g.size).astype(np.intp), g.size - 1)]
             lo += g.size
-        diffs[start:start + rows] = s_of(a_arr, idx) - s_of(b_arr, idx)
+        counts = np.bincount((idx + n * np.arange(rows)[:, None]).ravel(),
+                             minlength=rows * n).reshape(rows, n)
+        diffs[start:start + rows] = s_of(a_arr, counts) - s_of(b_arr, counts)
     alpha = (1.0 - float(confidence)) / 2.0
     low, high = np.quantile(diffs, [alpha, 1.0 - alpha])
-    whole = np.arange(n)[None]
+    whole = np.ones((1, n))
     point = s_of(a_arr, whole)[0] - s_of(b_arr, whole)[0]
     return BootstrapInterval(mean_difference=float(point), low=float(low), high=float(high),
                              num_samples=num_samples, confidence=float(confidence))

@@ -236,7 +236,8 @@ wrong for every model (docs/dualcse.md).
             parts.append(grid.results_table(_view(results, rule, present), ("implied",),
                                             reference=SIMCSE, primary="implied",
                                             num_samples=args.num_samples))
-            parts.append("\nThe paper's comparisons under this rule.\n")
+            parts.append("\nThe paper's comparisons under this rule only (all rules and AUCs "
+                         "together: Claims, above).\n")
             parts.append(comparisons(results, rule, args.num_samples))
         else:
             parts.append(grid.results_table(_view(results, rule, present), COLUMNS,

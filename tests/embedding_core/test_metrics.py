@@ -331,3 +331,37 @@ def test_auc_ap_rows_by_hand_and_errors():
         metrics.roc_auc_rows(s, np.ones(4))
     with pytest.raises(ValueError, match="NaN"):
         metrics.average_precision_rows(np.array([np.nan, 1.0]), np.array([1, 0]))
+
+
+def test_weighted_auc_ap_equal_sklearn_and_the_resample_they_count():
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    rng = np.random.default_rng(11)
+    labels = rng.random(57) < 0.4
+    scores = np.round(rng.normal(size=57) + labels * 0.7, 1)  # ties within and across classes
+    counts = rng.integers(0, 4, size=(5, 57))  # five bootstrap-like resamples, as counts
+    counts[:, :2] = 1
+    labels[:2] = True, False
+    auc = metrics.roc_auc_rows(scores, labels, sample_weight=counts)
+    ap = metrics.average_precision_rows(scores, labels, sample_weight=counts)
+    assert auc.shape == ap.shape == (5,)
+    for i, c in enumerate(counts):
+        resample = np.repeat(np.arange(57), c)  # the multiset the counts stand for
+        assert auc[i] == pytest.approx(roc_auc_score(labels[resample], scores[resample]),
+                                       abs=1e-12)
+        assert ap[i] == pytest.approx(
+            average_precision_score(labels[resample], scores[resample]), abs=1e-12)
+    w = rng.random(57)  # real-valued weights: sklearn's sample_weight
+    assert metrics.roc_auc_rows(scores, labels, w) == pytest.approx(
+        roc_auc_score(labels, scores, sample_weight=w), abs=1e-12)
+    assert metrics.average_precision_rows(scores, labels, w) == pytest.approx(
+        average_precision_score(labels, scores, sample_weight=w), abs=1e-12)
+    rows = np.stack([scores, -scores]), np.stack([labels, labels])  # [2, n] against [3, 2, n]
+    many = rng.random((3, 2, 57))
+    got = metrics.roc_auc_rows(*rows, sample_weight=many)
+    assert got.shape == (3, 2) and got[2, 1] == pytest.approx(
+        roc_auc_score(labels, -scores, sample_weight=many[2, 1]), abs=1e-12)
+    with pytest.raises(ValueError, match="sample_weight"):
+        metrics.roc_auc_rows(scores, labels, -w)
+    with pytest.raises(ValueError, match="positive and negative weight"):
+        metrics.roc_auc_rows(scores, labels, labels.astype(float))
