@@ -346,13 +346,16 @@ def results_table(grid: Mapping[str, Sequence[tuple[int | None, Scores]]],
 
 def provenance(specs: Sequence[RunSpec], root) -> str:
     """A Markdown section listing each finished cell's commit, finish time and wall time
-    (from its ``cell.json``; cells finished before the grid recorded them say so)."""
+    (from its ``cell.json``; cells finished before the grid recorded them say so), and each
+    cell not finished yet as such."""
     root = storage.as_path(root)
     lines = ["## Cells", "", "| cell | commit | finished | wall |", "|---|---|---|---|"]
     notes: list[str] = []
     for spec in specs:
         workdir = root / spec.key
         if not (workdir / SCORES_FILE).exists():
+            lines.append(f"| {spec.key} | not finished yet (re-running the command runs it) "
+                         "| — | — |")
             continue
         try:
             cell = json.loads((workdir / CELL_FILE).read_text())

@@ -103,9 +103,10 @@ def test_results_end_with_each_cells_commit_and_older_cells_say_not_recorded(tmp
                             root=tmp_path / "cells").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| a |")
             or line.startswith("| b |") or line.startswith("| c |")]
-    assert len(rows) == 2  # c never ran: no row
+    assert len(rows) == 3
     assert f"`{grid.commit()}`" in rows[0] and "UTC" in rows[0]
     assert rows[1] == "| b | not recorded | — | — |"
+    assert rows[2].startswith("| c | not finished yet")  # c never ran: listed as missing
 
 
 def test_cells_filled_in_afterwards_carry_a_footnote(tmp_path):
