@@ -341,7 +341,7 @@ def roc_auc(scores, labels) -> float:
 
 
 def _binary_rows(scores, labels, caller: str) -> tuple[np.ndarray, np.ndarray]:
-    s = _scores(scores, np.ndim(scores)).astype(np.float64)
+    s = _scores(scores, np.ndim(scores))  # ints stay ints: 2**60 and 2**60 + 1 differ
     y = _binary(labels, s.shape, "labels")
     if s.ndim < 1 or s.shape[-1] == 0:
         raise ValueError(f"{caller} needs [..., n_items] scores with n_items >= 1")
@@ -365,7 +365,9 @@ def _sorted_weights(scores, labels, sample_weight, caller: str, descending: bool
         if not np.isfinite(w).all() or (w < 0).any():
             raise ValueError(f"{caller}: sample_weight must be finite and >= 0")
     shape = np.broadcast_shapes(s.shape, w.shape)
-    order = np.argsort(-s if descending else s, axis=-1, kind="stable")
+    order = np.argsort(s, axis=-1, kind="stable")
+    if descending:  # not argsort(-s): unsigned scores would wrap
+        order = order[..., ::-1]
     ss = np.take_along_axis(s, order, axis=-1)
     n, position = s.shape[-1], np.arange(s.shape[-1])
     first = np.ones(ss.shape, bool)
@@ -375,7 +377,7 @@ def _sorted_weights(scores, labels, sample_weight, caller: str, descending: bool
     start = np.maximum.accumulate(np.where(first, position, 0), axis=-1)
     end = np.minimum.accumulate(np.where(last, position, n)[..., ::-1], axis=-1)[..., ::-1]
     if s.ndim == 1:  # one order for every weight row: plain indexing, no broadcast copies
-        ws = np.broadcast_to(w, shape)[..., order]
+        ws = _take(np.broadcast_to(w, shape), order)
     else:
         order, start, end, y = (np.broadcast_to(x, shape) for x in (order, start, end, y))
         ws = np.take_along_axis(np.broadcast_to(w, shape), order, axis=-1)
@@ -387,8 +389,11 @@ def _sorted_weights(scores, labels, sample_weight, caller: str, descending: bool
 
 
 def _take(x: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """``x`` at ``index`` along the last axis (one index for every row when 1-D)."""
-    return x[..., index] if index.ndim == 1 else np.take_along_axis(x, index, axis=-1)
+    """``x`` at ``index`` along the last axis (one index for every row when 1-D), in C
+    order, so a row sums in the same order alone as in a batch (chunk-independent)."""
+    if index.ndim == 1:
+        return np.ascontiguousarray(x[..., index])
+    return np.take_along_axis(x, index, axis=-1)
 
 
 def roc_auc_rows(scores, labels, sample_weight=None) -> np.ndarray:
@@ -404,11 +409,12 @@ def roc_auc_rows(scores, labels, sample_weight=None) -> np.ndarray:
       ValueError: NaN scores, shape mismatch, negative weights, or a row with one class.
     """
     wp, wn, start, end = _sorted_weights(scores, labels, sample_weight, "roc_auc_rows", False)
+    # Each class's weights as fractions of its total: no overflow or underflow in P * N.
+    wp, wn = wp / wp.sum(axis=-1, keepdims=True), wn / wn.sum(axis=-1, keepdims=True)
     below = np.cumsum(wn, axis=-1)
     up_to = _take(below, end)
     before = _take(below, start) - _take(wn, start)
-    u = np.sum(wp * (before + up_to) / 2, axis=-1)
-    return u / (wp.sum(axis=-1) * wn.sum(axis=-1))
+    return np.sum(wp * (before + up_to) / 2, axis=-1)
 
 
 def average_precision_rows(scores, labels, sample_weight=None) -> np.ndarray:

@@ -103,6 +103,8 @@ def _seed_columns(x, name: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.ndim not in (1, 2):
         raise ValueError(f"{name} must be [n] or [n, seeds], got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape}): no items or no seed columns")
     cols = arr.reshape(arr.shape[0], -1).T  # [seeds, n]
     return np.stack([_per_query(c, name) for c in cols])
 
@@ -127,11 +129,15 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
       ValueError: as :func:`paired_bootstrap`; labels of another length or of one class.
     """
     a_arr, b_arr = _seed_columns(a, "a"), _seed_columns(b, "b")
-    y = np.asarray(labels).astype(bool)
+    y = np.asarray(labels)
     n = a_arr.shape[1]
     if b_arr.shape[1] != n or y.shape != (n,):
-        raise ValueError(f"a, b and labels must have one length, got {n}, {b_arr.shape[1]} "
-                         f"and {y.size}")
+        raise ValueError(f"a [n(, seeds)], b and labels [n] must share n, got {a_arr.shape[1]}, "
+                         f"{b_arr.shape[1]} and labels of shape {y.shape}")
+    if y.dtype != np.bool_ and not (np.issubdtype(y.dtype, np.number)
+                                    and np.isin(y, (0, 1)).all()):
+        raise ValueError(f"labels must be bool or 0/1, got dtype {y.dtype}")
+    y = y.astype(bool)
     if y.all() or not y.any():
         raise ValueError("labels need both classes")
     num_samples = _positive_int(num_samples, "num_samples")

@@ -365,3 +365,16 @@ def test_weighted_auc_ap_equal_sklearn_and_the_resample_they_count():
         metrics.roc_auc_rows(scores, labels, -w)
     with pytest.raises(ValueError, match="positive and negative weight"):
         metrics.roc_auc_rows(scores, labels, labels.astype(float))
+
+
+def test_auc_ap_extreme_weights_and_large_integer_scores():
+    # Found by trying to break them: P * N over- / underflowed at extreme weight scales, and
+    # integer scores above 2**53 collapsed into ties when cast to float64.
+    s, y = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])
+    for scale in (1e-200, 1e-162, 1e160):
+        assert metrics.roc_auc_rows(s, y, np.full(4, scale)) == pytest.approx(0.75)
+        assert metrics.average_precision_rows(s, y, np.full(4, scale)) == pytest.approx(
+            metrics.average_precision_rows(s, y))
+    big = np.array([2**60, 2**60 + 1], dtype=np.int64)
+    assert metrics.roc_auc_rows(big, [0, 1]) == 1.0
+    assert metrics.average_precision_rows(big.astype(np.uint64), [0, 1]) == 1.0

@@ -175,3 +175,23 @@ def test_bootstrap_statistic_over_seeds_is_the_mean_of_seed_statistics():
         average_precision_score(y, b)
     assert iv.mean_difference == pytest.approx(want, abs=1e-12)
     assert iv.low < want < iv.high
+
+
+def test_bootstrap_statistic_is_chunk_independent_to_the_bit_and_checks_labels():
+    from embedding_core import metrics
+
+    rng = np.random.default_rng(3)
+    y = rng.random(40) < 0.5
+    a = np.round(rng.normal(size=40) + y, 1)
+    b = np.round(rng.normal(size=(40, 3)) + 0.5 * y[:, None], 1)
+    runs = [stats.paired_bootstrap_statistic(metrics.average_precision_rows, a, b, y,
+                                             num_samples=500, seed=3, chunk_size=c)
+            for c in (1, 7, None)]
+    assert len({(r.low, r.high) for r in runs}) == 1
+    for bad in (np.where(y, 2, 0), np.where(y, 1.0, np.nan), y.astype(str)):
+        with pytest.raises(ValueError, match="bool or 0/1"):
+            stats.paired_bootstrap_statistic(metrics.roc_auc_rows, a, b, bad, num_samples=5)
+    with pytest.raises(ValueError, match=r"labels of shape \(40, 1\)"):
+        stats.paired_bootstrap_statistic(metrics.roc_auc_rows, a, b, y[:, None], num_samples=5)
+    with pytest.raises(ValueError, match="empty"):
+        stats.paired_bootstrap_statistic(metrics.roc_auc_rows, a, np.zeros((40, 0)), y)
