@@ -28,18 +28,13 @@ def budgets(grid_results: Mapping, curve_results: Mapping) -> list[tuple[str, di
     trained = {s: runs for s, runs in grid_results.items() if s in PAPER}
     if trained:
         out.append((f"{CPU_STEPS}-step grid", trained))
-    seen = []
-    for curve in dc.CURVES:
-        suffix = curve.row[len(SYSTEMS[curve.key][0]) + 2:]  # "500-step schedule[, ...]"
-        if suffix in seen:
-            continue
-        seen.append(suffix)
+    for setting in dict.fromkeys(c.setting for c in dc.CURVES):  # in CURVES order
         rows = {SYSTEMS[c.key][0]: curve_results[c.row] for c in dc.CURVES
-                if c.row == f"{SYSTEMS[c.key][0]}, {suffix}" and c.row in curve_results}
+                if c.setting == setting and c.row in curve_results}
         for step in sorted({s for runs in rows.values() for s in dc._steps(runs[0][1])}):
             at = {s: dc._at(runs, step) for s, runs in rows.items()
                   if step in dc._steps(runs[0][1])}
-            out.append((f"{suffix}, step {step}", at))
+            out.append((f"{setting}, step {step}", at))
     return out
 
 

@@ -56,11 +56,16 @@ class Curve:
     learning_rate: float | None = None  # None: the preset's (cross_cpu.py: 1e-4)
 
     @property
-    def row(self) -> str:
-        name = f"{SYSTEMS[self.key][0]}, {self.schedule}-step schedule"
+    def setting(self) -> str:
+        """The schedule and batch, shared by the curves a row is compared with."""
+        name = f"{self.schedule}-step schedule"
         if self.premises != 16:
             name += f", {self.premises} premises/step, lr {self.learning_rate:g}"
         return name
+
+    @property
+    def row(self) -> str:
+        return f"{SYSTEMS[self.key][0]}, {self.setting}"
 
     def cell(self, seed: int) -> str:
         return f"curve-{self.key}-sched{self.schedule}-b{self.premises}-seed{seed}"
