@@ -317,9 +317,18 @@ def budget_paragraph(results: Mapping, num_samples: int) -> str:
         where = (f"under every rule and both AUCs: {signs[0]}" if len(signs) == 1 else
                  "the rules and AUCs disagree (" + "; ".join(signs) + ")")
         batch = f"{curve.premises} premises per step"
+        if curve.learning_rate is not None:
+            batch += f", lr {curve.learning_rate:g}"
+        setting = (f"On the {curve.schedule}-step schedule ({batch}; Cross "
+                   f"{len(results[row])} seed(s), SimCSE {len(results[ref])}), ")
+        if first == last:  # one scored step: a level, not a trend
+            sentences.append(
+                setting + f"Cross − SimCSE at step {last} is {format_interval(acc[1])} on "
+                f"the RTE average (`max`) and {format_interval(auc[1])} in AUC(all); "
+                f"{where}.")
+            continue
         sentences.append(
-            f"On the {curve.schedule}-step schedule ({batch}; Cross {len(results[row])} "
-            f"seed(s), SimCSE {len(results[ref])}), Cross − SimCSE on the RTE average "
+            setting + f"Cross − SimCSE on the RTE average "
             f"(`max`) went from {format_interval(acc[0])} at step {first} to "
             f"{format_interval(acc[1])} at step {last} ({trend}), and AUC(all) from "
             f"{format_interval(auc[0])} to {format_interval(auc[1])}; at step {last} "

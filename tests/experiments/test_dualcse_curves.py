@@ -119,6 +119,16 @@ def test_budget_paragraph_words_the_numbers():
     auc = dc._gap(results, dc.CURVES[1].row, 500, "max", 200, True)
     assert auc.low > 0 and f"to {format_interval(auc)}; at step 500" in text
     assert dc.budget_paragraph({dc.CURVES[0].row: results[dc.CURVES[0].row]}, 200) == ""
+    # The paper-batch curves score one step: a level, not "went from X to X".
+    paper = [c for c in dc.CURVES if c.premises == 64]
+    one = {c.row: [(s, {k: v for k, v in sc.items() if k.startswith("step500/")})
+                   for s, sc in results[dc.CURVES[i].row]]
+           for i, c in enumerate(paper)}
+    one = {row: [(s, {k.replace("step500/", "step125/"): v for k, v in sc.items()})
+                 for s, sc in runs] for row, runs in one.items()}
+    text = dc.budget_paragraph(one, num_samples=200)
+    assert "64 premises per step, lr 5e-05" in text and "went from" not in text
+    assert "Cross − SimCSE at step 125 is " in text
 
 
 def test_claims_summary_words_hand_made_signs():
