@@ -112,8 +112,39 @@ def _writing(manager: ocp.CheckpointManager, step: int | None) -> Iterator[None]
         then = (f"step {max(kept)} in {manager.directory} is the latest complete checkpoint: "
                 "the same command resumes from it" if kept else
                 "no earlier checkpoint is kept: the same command starts again")
+        _quiet_orphaned_writes(str(folder))
         raise CheckpointWriteError(f"{folder}: checkpoint write failed: "
                                    f"{storage_error(err)}; {then}") from err
+
+
+class _OrphanedWriteFilter(logging.Filter):
+    """Drops asyncio's "Task/Future exception was never retrieved" records of writes into a
+    checkpoint folder whose failure was already raised as one :class:`CheckpointWriteError`.
+
+    orbax gathers one task per array; when the first fails its event loop can stop before
+    the others' failures are collected, and each is logged (a traceback apiece) whenever the
+    garbage collector reaches it: the same error again, possibly after the one-line report.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folders: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        return not (err is not None and str(record.msg).split("\n", 1)[0].endswith(
+            "exception was never retrieved")  # a Task's, or a Future's (tensorstore's)
+            and any(folder + "/" in str(err) for folder in self.folders))
+
+
+_ORPHANED = _OrphanedWriteFilter()
+
+
+def _quiet_orphaned_writes(folder: str) -> None:
+    _ORPHANED.folders.add(folder)
+    asyncio_log = logging.getLogger("asyncio")
+    if _ORPHANED not in asyncio_log.filters:
+        asyncio_log.addFilter(_ORPHANED)
 
 
 def storage_error(err: BaseException) -> str:

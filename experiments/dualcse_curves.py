@@ -258,13 +258,32 @@ def _sign(iv) -> str:
     return "Cross ahead (the paper's sign)" if iv.low > 0 else "not resolved"
 
 
-def _cross_curves(results: Mapping):
-    """``(curve, row, SimCSE's row, steps scored in both)`` of each finished Cross curve."""
-    for curve in (c for c in CURVES if c.key == "cross"):
+def _cross_curves(results: Mapping, keys: Sequence[str] = ("cross",)):
+    """``(curve, row, SimCSE's row, steps scored in both)`` of each finished curve of the
+    systems ``keys``."""
+    for curve in (c for c in CURVES if c.key in keys):
         row, ref = curve.row, _reference(curve.row)
         if row in results and ref in results:
             yield curve, row, ref, [s for s in _steps(results[row][0][1])
                                     if s in _steps(results[ref][0][1])]
+
+
+def _where(ivs: Mapping) -> str:
+    """Signs of named intervals in words: ``"SimCSE ahead under explicit, AUC max; not
+    resolved under max"``, or one sign under every rule and both AUCs."""
+    by: dict[str, list[str]] = {}
+    for name, iv in ivs.items():
+        by.setdefault(_sign(iv), []).append(name)
+    if len(by) == 1:
+        return f"under every rule and both AUCs: {next(iter(by))}"
+    return "; ".join(f"{sign} under {', '.join(names)}" for sign, names in by.items())
+
+
+def _final_gaps(results: Mapping, row: str, step: int, num_samples: int) -> dict:
+    ivs = {rule: _gap(results, row, step, rule, num_samples, False) for rule in RULES}
+    ivs.update({f"AUC {r}": _gap(results, row, step, r, num_samples, True)
+                for r in ("max", "implicit")})
+    return ivs
 
 
 def verdict(results: Mapping, num_samples: int) -> str:
@@ -296,48 +315,63 @@ def verdict(results: Mapping, num_samples: int) -> str:
 
 def budget_paragraph(results: Mapping, num_samples: int) -> str:
     """The verdict on the budget explanation ("more steps close DualCSE-Cross's gap to
-    SimCSE(INLI)"), worded from the numbers of the cells finished so far: per schedule,
-    Cross − SimCSE at its first and last scored step (RTE average under ``max``, AUC of all
-    pairs under the ``max`` score), whether the gap narrowed, and its sign at the last step
-    under every rule and both AUCs (``max``, ``implicit``); ``""`` without a Cross curve."""
+    SimCSE(INLI)"), worded from the numbers of the cells finished so far: per schedule and
+    dual system (Cross, then Bi and Cross w/o intra-sentence), its gap to SimCSE at the
+    first and last scored step (RTE average under ``max``, AUC of all pairs under the
+    ``max`` score), whether it narrowed, and its sign at the last step under every rule and
+    both AUCs (``max``, ``implicit``); then whether Cross's gap narrowed on every schedule
+    and closed on the longest. ``""`` without a Cross curve."""
     from embedding_core.stats import format_interval
 
-    sentences = []
-    for curve, row, ref, steps in _cross_curves(results):
+    sentences, moves, longest = [], [], None
+    for curve, row, ref, steps in _cross_curves(results, ("cross", "bi", "cross-nointra")):
         if not steps:
             continue
+        name = SYSTEMS[curve.key][0]
         first, last = steps[0], steps[-1]
         acc = [_gap(results, row, s, "max", num_samples, False) for s in (first, last)]
         auc = [_gap(results, row, s, "max", num_samples, True) for s in (first, last)]
-        final = [_gap(results, row, last, r, num_samples, False) for r in RULES] + [
-            auc[1], _gap(results, row, last, "implicit", num_samples, True)]
-        signs = sorted({_sign(iv) for iv in final})
-        moved = acc[1].mean_difference - acc[0].mean_difference
-        trend = ("narrowed" if moved > 0 else "widened") + f" by {100 * abs(moved):.2f} points"
-        where = (f"under every rule and both AUCs: {signs[0]}" if len(signs) == 1 else
-                 "the rules and AUCs disagree (" + "; ".join(signs) + ")")
+        where = _where(_final_gaps(results, row, last, num_samples))
         batch = f"{curve.premises} premises per step"
         if curve.learning_rate is not None:
             batch += f", lr {curve.learning_rate:g}"
-        setting = (f"On the {curve.schedule}-step schedule ({batch}; Cross "
+        setting = (f"On the {curve.schedule}-step schedule ({batch}; {name} "
                    f"{len(results[row])} seed(s), SimCSE {len(results[ref])}), ")
         if first == last:  # one scored step: a level, not a trend
             sentences.append(
-                setting + f"Cross − SimCSE at step {last} is {format_interval(acc[1])} on "
+                setting + f"{name} − SimCSE at step {last} is {format_interval(acc[1])} on "
                 f"the RTE average (`max`) and {format_interval(auc[1])} in AUC(all); "
                 f"{where}.")
             continue
+        moved = acc[1].mean_difference - acc[0].mean_difference
+        trend = ("narrowed" if moved > 0 else "widened") + f" by {100 * abs(moved):.2f} points"
+        if curve.key == "cross":
+            moves.append(moved)
+            if longest is None or curve.schedule > longest[0]:
+                longest = (curve.schedule, last, where)
         sentences.append(
-            setting + f"Cross − SimCSE on the RTE average "
+            setting + f"{name} − SimCSE on the RTE average "
             f"(`max`) went from {format_interval(acc[0])} at step {first} to "
             f"{format_interval(acc[1])} at step {last} ({trend}), and AUC(all) from "
             f"{format_interval(auc[0])} to {format_interval(auc[1])}; at step {last} "
             f"{where}.")
-    if not sentences:
+    if not moves and not sentences:
         return ""
+    if longest is not None:
+        schedule, last, where = longest
+        closed = "SimCSE ahead" not in where
+        sentences.append(
+            ("So more training narrows Cross's gap on every schedule scored at more than "
+             "one step" if all(m > 0 for m in moves) else
+             "So more training does not narrow Cross's gap on every schedule")
+            + (", and closes it" if closed else ", but does not close it")
+            + f" by step {last} of the {schedule}-step schedule ({where}).")
+    missing = [c.cell(s) for c in CURVES for s in c.seeds
+               if c.row not in results or s not in {sd for sd, _ in results[c.row]}]
     return ("### Verdict on the budget explanation\n\n" + " ".join(sentences)
             + " Intervals cover the test pairs, not the seeds; a curve with one seed is one "
-            "run. Cells still missing are listed under Cells.\n")
+            "run." + (f" Cells not yet run: {', '.join(missing)}." if missing else "")
+            + "\n")
 
 
 def section(results: Mapping, num_samples: int) -> str:

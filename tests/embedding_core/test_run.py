@@ -269,3 +269,35 @@ def test_select_metric_keeps_the_best_checkpoint_and_loaders_take_it(tmp_path, s
     with pytest.raises(ValueError, match="need config.eval_every > 0"):
         run(_scripted_task(scores), _config(select_metric="score", eval_every=0),
             tmp_path / "third")
+
+
+def test_orphaned_writes_of_a_reported_failure_are_not_logged_again(tmp_path, caplog):
+    """orbax's array writes whose failures nobody collected (its loop stopped at the first)
+    are logged by asyncio when garbage-collected: dropped once that folder's failure was
+    raised as one CheckpointWriteError, kept for any other folder."""
+    import asyncio
+    import gc
+
+    def orphan(folder):
+        async def write():
+            raise ValueError(f"PERMISSION_DENIED: Error writing {folder}/params/x: Forbidden")
+
+        loop = asyncio.new_event_loop()
+        loop.create_task(write())
+        loop.run_until_complete(asyncio.sleep(0))  # the write ran and failed; not awaited
+        loop.create_future().set_exception(ValueError(f"Error reading {folder}/params/y"))
+        loop.close()
+        gc.collect()
+
+    manager = checkpoints.make_manager(tmp_path / "checkpoints", async_save=False)
+    with pytest.raises(checkpoints.CheckpointWriteError,
+                       match=r"checkpoints/3: checkpoint write failed: .*Forbidden"):
+        with checkpoints._writing(manager, 3):
+            raise ValueError(f"PERMISSION_DENIED: Error writing {tmp_path}/checkpoints/3/"
+                             "params/manifest: Forbidden")
+    with caplog.at_level("ERROR", logger="asyncio"):
+        orphan(tmp_path / "checkpoints" / "3")
+        assert caplog.records == []
+        orphan(tmp_path / "checkpoints" / "4")  # a folder that did not fail: still logged
+        assert sorted(r.getMessage().splitlines()[0] for r in caplog.records) == [
+            "Future exception was never retrieved", "Task exception was never retrieved"]

@@ -114,10 +114,21 @@ def test_budget_paragraph_words_the_numbers():
     from embedding_core.stats import format_interval
     first = dc._gap(results, dc.CURVES[1].row, 100, "max", 200, False)
     assert f"went from {format_interval(first)} at step 100" in text
-    assert "Cross 2 seed(s), SimCSE 2" in text
+    assert "DualCSE-Cross 2 seed(s), SimCSE 2" in text
     # The fake Cross separates entailed pairs far better: AUC(all) clearly above SimCSE.
     auc = dc._gap(results, dc.CURVES[1].row, 500, "max", 200, True)
     assert auc.low > 0 and f"to {format_interval(auc)}; at step 500" in text
+    # The signs at the last step, grouped; then the verdict on the longest schedule.
+    final = dc._final_gaps(results, dc.CURVES[1].row, 500, 200)
+    ahead = [m for m, iv in final.items() if iv.low > 0]
+    assert "AUC max" in ahead
+    assert f"Cross ahead (the paper's sign) under {', '.join(ahead)}" in text
+    moved = first.mean_difference < dc._gap(results, dc.CURVES[1].row, 500, "max", 200,
+                                             False).mean_difference
+    assert ("narrows Cross's gap on every schedule" if moved else "does not narrow") in text
+    assert "by step 500 of the 500-step schedule" in text
+    assert ("Cells not yet run: curve-simcse-sched500-b16-seed2, "
+            "curve-cross-sched500-b16-seed2, curve-bi-sched500-b16-seed0, ") in text
     assert dc.budget_paragraph({dc.CURVES[0].row: results[dc.CURVES[0].row]}, 200) == ""
     # The paper-batch curves score one step: a level, not "went from X to X".
     paper = [c for c in dc.CURVES if c.premises == 64]
