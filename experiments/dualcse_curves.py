@@ -318,7 +318,7 @@ def budget_paragraph(results: Mapping, num_samples: int) -> str:
     SimCSE(INLI)"), worded from the numbers of the cells finished so far: per schedule and
     dual system (Cross, then Bi and Cross w/o intra-sentence), its gap to SimCSE at the
     first and last scored step (RTE average under ``max``, AUC of all pairs under the
-    ``max`` score), whether it narrowed, and its sign at the last step under every rule and
+    ``max`` score), how far it moved and toward whom, its sign at the last step under every rule and
     both AUCs (``max``, ``implicit``); then whether Cross's gap narrowed on every schedule
     and closed on the longest. ``""`` without a Cross curve."""
     from embedding_core.stats import format_interval
@@ -344,7 +344,7 @@ def budget_paragraph(results: Mapping, num_samples: int) -> str:
                 f"{where}.")
             continue
         moved = acc[1].mean_difference - acc[0].mean_difference
-        trend = ("narrowed" if moved > 0 else "widened") + f" by {100 * abs(moved):.2f} points"
+        trend = f"{100 * moved:+.2f} points, toward {name if moved > 0 else 'SimCSE'}"
         if curve.key == "cross":
             moves.append(moved)
             if longest is None or curve.schedule > longest[0]:

@@ -126,6 +126,9 @@ def test_budget_paragraph_words_the_numbers():
     moved = first.mean_difference < dc._gap(results, dc.CURVES[1].row, 500, "max", 200,
                                              False).mean_difference
     assert ("narrows Cross's gap on every schedule" if moved else "does not narrow") in text
+    last = dc._gap(results, dc.CURVES[1].row, 500, "max", 200, False)
+    change = 100 * (last.mean_difference - first.mean_difference)
+    assert f"({change:+.2f} points, toward {'DualCSE-Cross' if moved else 'SimCSE'})" in text
     assert "by step 500 of the 500-step schedule" in text
     assert ("Cells not yet run: curve-simcse-sched500-b16-seed2, "
             "curve-cross-sched500-b16-seed2, curve-bi-sched500-b16-seed0, ") in text
