@@ -77,7 +77,7 @@ def seeds_of(key: str, preset: str) -> Sequence[int]:
 
 
 def grid_specs(preset: str, steps: int | None = None) -> list[grid.RunSpec]:
-    specs = [grid.RunSpec(BASELINE, "baseline-minilm", baseline(preset))]
+    specs = [grid.RunSpec(BASELINE, "baseline-minilm", baseline(preset, raw=True))]
     for key in (*MAIN, *ABLATIONS):
         for seed in seeds_of(key, preset):
             specs.append(grid.RunSpec(SYSTEMS[key][0], f"{key}-seed{seed}",

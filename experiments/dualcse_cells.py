@@ -144,7 +144,7 @@ def train_and_score(key: str, preset: str, seed: int, steps: int | None):
         train(run_config(key, preset, seed, steps), workdir)
         t1, c1 = time.time(), time.process_time()
         val, test = rte_sets()
-        scores, thresholds = scores_of(load(workdir), val, test)
+        scores, thresholds = scores_of(load(workdir), val, test, raw=True)
         save_thresholds(workdir, thresholds)
         # CPU seconds (all threads) next to wall seconds: on a shared machine the wall time
         # says little about what the cell costs on quiet cores.
