@@ -188,7 +188,8 @@ def report(results: Mapping, args, claims: str = "") -> str:
 
 Produced by `{grid.command_line()}` on {datetime.date.today()} at commit `{grid.commit()}`
 (preset `{args.preset}`; raw per-pair scores in `dualcse.npz`, keys
-`"<system>|seed=<seed>|<rule>/<class>"`, `"…|<rule>/average"` and `"…|eis_proxy"`).
+`"<system>|seed=<seed>|<rule>/<class>"`, `"…|<rule>/average"`, `"…|eis_proxy"` and the
+raw cosines `"…|sims/<val|test>/<class>"`, columns cos(r_p, r_h), cos(u_p, r_h)).
 Re-running the command skips finished runs.{steps_note}
 
 {grid.MINILM_NOTE}
@@ -249,6 +250,13 @@ wrong for every model (docs/dualcse.md).
                                             reference=CROSS, primary="average",
                                             num_samples=args.num_samples))
         parts.append("")
+    raw = {s: results[s] for s in present if "sims/test/implied" in results[s][0][1]}
+    if raw:
+        parts.append("## Threshold-free: ROC-AUC and average precision (%) per class\n")
+        parts.append(f"Every row at the end of its run (step —). {dualcse_curves.AUC_NOTE}")
+        for rule in dualcse_curves.ONE_SCORE_RULES:
+            parts.append(f"### Score `{rule}`\n")
+            parts.append(dualcse_curves.auc_table(raw, rule, args.num_samples) + "\n")
     eis = {s: [(seed, {"EIS proxy": sc["eis_proxy"]}) for seed, sc in results[s]]
            for s in present}
     parts.append("## EIS (INLI PROXY: premise vs its implied entailment, 1,000 test pairs)\n")

@@ -5,7 +5,7 @@ open.
 A budget is the 200-step grid or one scored step of a learning curve
 (``dualcse_curves.CURVES``). Per comparison and budget: the paired-bootstrap interval of the
 accuracy difference under each rule (the compared metric: the RTE average or implied
-accuracy) and, where the raw cosines were kept (curves), of the ROC-AUC difference under
+accuracy) and, where both systems' cells kept the raw cosines, of the ROC-AUC difference under
 each one-score rule (``all`` pairs for the average, the implied class for implied). A
 measure's sign is :func:`experiments.grid.sign_verdict` against the paper's difference.
 """
@@ -105,8 +105,8 @@ Each row compares two systems trained on the same budget (the 200-step grid, or 
 step of a learning curve; the curves' learning rate follows their own schedule, so step 250
 of the 500-step schedule is not a 250-step run). Columns: difference in percentage points
 with its paired-bootstrap 95% interval, RTE accuracy of the compared metric under each
-score rule, then ROC-AUC (`all` pairs for the average, the implied class for implied; only
-where the raw cosines were kept, so not for the grid). "holds": the interval excludes 0 on
+score rule, then ROC-AUC (`all` pairs for the average, the implied class for implied; "—"
+where a cell kept no raw cosines). "holds": the interval excludes 0 on
 the paper's side; "reversed": on the other; "open": it covers 0. Seeds: system/reference;
 intervals cover test pairs, not seeds. A claim stated elsewhere in this file or the README
 holds only where this table says so.

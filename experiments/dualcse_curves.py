@@ -202,9 +202,19 @@ def _seed_scores(runs, cls: str, rule: str) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(cols, axis=1), labels
 
 
+AUC_NOTE = """Per class: an entailed class (explicit, implied) against every not-entailed pair; a
+not-entailed class (neutral, contradiction) as the negatives against every entailed pair;
+`all`: entailed against not entailed. Values are means over seeds; intervals resample
+test pairs within each label (class-stratified), paired across systems and seeds. The
+`pair` rule has two thresholds and no single score, so it has no AUC.
+"""
+
+
 def auc_table(results: Mapping, rule: str, num_samples: int) -> str:
     """Per (row, step): ROC-AUC per class and over all pairs, AP of implied and of all,
-    and the intervals of implied and all AUC against SimCSE at the same step."""
+    and the intervals of implied and all AUC against SimCSE at the same step. A row
+    without steps (the baseline, the 200-step grid's rows) is one line, step "—"; rows
+    without raw cosines are left out."""
     from embedding_core import metrics
     from embedding_core.stats import format_interval, paired_bootstrap_statistic
 
@@ -213,9 +223,7 @@ def auc_table(results: Mapping, rule: str, num_samples: int) -> str:
             "AUC implied − SimCSE [95% CI]", "AUC all − SimCSE [95% CI]"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, runs in results.items():
-        if "sims/test/implied" not in runs[0][1] and not _steps(runs[0][1]):
-            continue
-        for step in ([None] if row == CURVE_BASELINE_ROW else _steps(runs[0][1])):
+        for step in _steps(runs[0][1]) or [None]:  # None: scored once, at the run's end
             at = _at(runs, step)
             if "sims/test/implied" not in at[0][1]:
                 continue
@@ -227,8 +235,9 @@ def auc_table(results: Mapping, rule: str, num_samples: int) -> str:
                     cells.append(f"{100 * measure(x.T, np.broadcast_to(y, x.T.shape)).mean():.2f}")
             ref = results.get(_reference(row))
             for c in ("implied", "all"):
-                if (step is None or not ref or row == _reference(row)
-                        or step not in _steps(ref[0][1])):
+                if (not ref or row == _reference(row)
+                        or step not in (_steps(ref[0][1]) or [None])
+                        or "sims/test/implied" not in _at(ref, step)[0][1]):
                     cells.append("—")
                     continue
                 (x, y), (xr, _) = _seed_scores(at, c, rule), _seed_scores(_at(ref, step), c, rule)
@@ -394,14 +403,7 @@ same step (test pairs resampled; seeds averaged first).
     for rule in RULES:
         parts.append(f"### RTE average accuracy (%), rule `{rule}`\n")
         parts.append(accuracy_table(results, rule, num_samples) + "\n")
-    parts.append("""### Threshold-free: ROC-AUC and average precision (%) per class
-
-Per class: an entailed class (explicit, implied) against every not-entailed pair; a
-not-entailed class (neutral, contradiction) as the negatives against every entailed pair;
-`all`: entailed against not entailed. Values are means over seeds; intervals resample
-test pairs within each label (class-stratified), paired across systems and seeds. The
-`pair` rule has two thresholds and no single score, so it has no AUC.
-""")
+    parts.append(f"### Threshold-free: ROC-AUC and average precision (%) per class\n\n{AUC_NOTE}")
     for rule in ONE_SCORE_RULES:
         parts.append(f"#### Score `{rule}`\n")
         parts.append(auc_table(results, rule, num_samples) + "\n")

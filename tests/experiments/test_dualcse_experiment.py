@@ -49,11 +49,16 @@ def test_sibling_count_follows_the_pipeline_order():
         assert pairs > 0  # the case is not vacuous
 
 
-def _fake_results(seed=0):
+def _fake_results(seed=0, raw=False):
     rng = np.random.default_rng(seed)
 
     def scores(p):
         out = {}
+        if raw:  # entailed pairs' cosines shifted up by a system's own margin
+            for c in dualcse.CLASSES:
+                shift = 3 * p if c in ("explicit", "implied") else 0.0
+                out.update({f"sims/{split}/{c}": rng.normal(size=(50, 2)) + shift
+                            for split in ("val", "test")})
         for rule in dualcse.RULES:
             parts = [(rng.random(50) < p).astype(float) for _ in dualcse.CLASSES]
             out.update({f"{rule}/{c}": v for c, v in zip(dualcse.CLASSES, parts, strict=True)})
@@ -100,3 +105,26 @@ def test_comparison_verdicts():
 def test_steps_must_be_positive():
     with pytest.raises(SystemExit):
         dualcse.main(["--steps=0", "--list"])
+
+
+def test_grid_rows_with_raw_cosines_get_the_auc_table():
+    from embedding_core import metrics
+    from embedding_core.stats import format_interval, paired_bootstrap_statistic
+    from experiments import dualcse_curves as dc
+
+    args = argparse.Namespace(preset="cpu", steps=None, num_samples=300)
+    assert "## Threshold-free" not in dualcse.report(_fake_results(), args)
+    results = _fake_results(raw=True)
+    results[dualcse.NO_INTRA] = _fake_results()[dualcse.NO_INTRA]  # a cell without cosines
+    text = dualcse.report(results, args).split("## Threshold-free", 1)[1]
+    max_block = text.split("### Score `max`", 1)[1].split("###", 1)[0]
+    rows = [ln.split("|")[1].strip() for ln in max_block.splitlines() if ln.startswith("| ")]
+    assert rows[1:] == [dualcse.BASELINE, dualcse.SIMCSE, dualcse.CROSS, dualcse.BI,
+                        dualcse.NO_CONTRA]  # after the header; no w/o intra row
+    cells = [c.strip() for c in next(ln for ln in max_block.splitlines()
+                                     if ln.startswith(f"| {dualcse.CROSS} |")).split("|")[1:-1]]
+    (x, y), (xr, _) = (dc._seed_scores(results[s], "all", "max")
+                       for s in (dualcse.CROSS, dualcse.SIMCSE))
+    assert cells[1] == "—" and cells[-1] == format_interval(
+        paired_bootstrap_statistic(metrics.roc_auc_rows, x, xr, y, num_samples=300))
+    assert float(cells[-1].split("[")[1].split(",")[0]) > 0  # margin 2.7 against 1.8
