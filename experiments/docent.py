@@ -181,4 +181,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    grid.main_of("docent", main)

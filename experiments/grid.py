@@ -86,11 +86,11 @@ def parser(paper: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu",
                    help="cpu: a grid sized for 2 CPU cores (MiniLM, short runs); gpu: the "
                         "paper-sized grid (full epoch, paper batch sizes) for an accelerator")
-    p.add_argument("--root", default=None,
+    p.add_argument("--root", default=None, type=nonempty,
                    help="folder of the runs' workdirs (local or gs://); default "
                         f"workdirs/experiments/{paper}-<preset>. Re-running the same command "
                         "skips finished runs and resumes unfinished ones")
-    p.add_argument("--results", default=str(RESULTS_DIR),
+    p.add_argument("--results", default=str(RESULTS_DIR), type=nonempty,
                    help="where <paper>.md and <paper>.npz are written (default "
                         "experiments/results)")
     p.add_argument("--only", action="append", default=[],
@@ -103,6 +103,22 @@ def parser(paper: str, description: str) -> argparse.ArgumentParser:
                    help="bootstrap resamples per interval (default 10000)")
     p.add_argument("--list", action="store_true", help="print the grid's cells and exit")
     return p
+
+
+def nonempty(text: str) -> str:
+    """argparse type of a path argument: an empty string is an error, not the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def main_of(paper: str, main: Callable[[], None]) -> None:
+    """Runs an experiment's ``main`` with the core's error reporting: a bad path, a corrupt
+    cell file or a failed write ends in one line naming it, exit 1 (``cli.user_errors``)."""
+    from embedding_core.cli import user_errors
+
+    with user_errors(f"python -m experiments.{paper}", "grid"):
+        main()
 
 
 def grid_root(args: argparse.Namespace, paper: str) -> Path:
@@ -148,14 +164,61 @@ def save_scores(path, scores: Mapping[str, np.ndarray]) -> None:
 
 
 def load_scores(path) -> Scores:
-    """Reads a :func:`save_scores` file."""
-    with storage.as_path(path).open("rb") as f:
-        with np.load(io.BytesIO(f.read())) as z:
-            return {k: np.asarray(z[k], np.float64) for k in z.files}
+    """Reads a :func:`save_scores` file.
+
+    Raises:
+      ValueError: not a readable ``.npz`` of numeric arrays (the message names the file and
+        says how to run the cell again).
+    """
+    path = storage.as_path(path)
+    try:
+        with path.open("rb") as f:
+            with np.load(io.BytesIO(f.read())) as z:
+                scores = {k: np.asarray(z[k], np.float64) for k in z.files}
+    except Exception as err:  # zip, pickle, dtype, OS errors alike: the file is unusable
+        raise ValueError(
+            f"{storage.display(path)}: not a readable scores file ({type(err).__name__}: "
+            f"{err}); delete {storage.display(path.parent)} to run that cell again") from err
+    bad = next((k for k, v in scores.items() if v.ndim == 0 or v.shape[0] == 0), None)
+    if not scores or bad is not None:
+        raise ValueError(f"{storage.display(path)}: "
+                         + (f"{bad!r} holds no items" if scores else "holds no scores")
+                         + f"; delete {storage.display(path.parent)} to run that cell again")
+    return scores
+
+
+def _agree(system: str, cells: Sequence[tuple[str, Scores]],
+           optional: Callable[[str], bool]) -> list[Scores]:
+    """The cells of one system with the keys they share: an ``optional`` key (raw cosines a
+    later version kept) that some cells lack is dropped from all, with one printed line.
+
+    Raises:
+      ValueError: cells differ in a key that is not optional, or in an array's length.
+    """
+    shared = set.intersection(*(set(sc) for _, sc in cells))
+    for key, sc in cells:
+        missing = sorted(k for k in set().union(*(set(o) for _, o in cells)) - set(sc)
+                         if not optional(k))
+        if missing:
+            raise ValueError(f"cell {key} of {system!r} lacks {len(missing)} score(s) its "
+                             f"other cells have (e.g. {missing[0]!r}); delete its folder "
+                             "to run it again")
+    for k in shared:
+        lengths = {key: len(sc[k]) for key, sc in cells}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"{system!r}: {k!r} has different lengths across cells "
+                             f"{lengths}; a cell was scored on other data")
+    dropped = sorted(set().union(*(set(sc) for _, sc in cells)) - shared)
+    if dropped:
+        lacking = ", ".join(key for key, sc in cells if not set(dropped) <= set(sc))
+        print(f"{system}: cell(s) {lacking} kept no {dropped[0]!r} and {len(dropped) - 1} "
+              "more optional score(s); the table leaves those out for this row", flush=True)
+    return [{k: v for k, v in sc.items() if k in shared} for _, sc in cells]
 
 
 def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = (),
-             table_only: bool = False) -> dict[str, list[tuple[int | None, Scores]]]:
+             table_only: bool = False, optional: Callable[[str], bool] = lambda k: False
+             ) -> dict[str, list[tuple[int | None, Scores]]]:
     """Runs (or skips) every cell and collects the finished ones.
 
     Args:
@@ -165,19 +228,28 @@ def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = (),
         scores are still collected when already finished).
       table_only: run no cell; collect the finished ones (a table of a grid that is
         still running, or was stopped).
+      optional: keys a system's cells may lack (kept only where all its cells hold them).
 
     Returns:
       ``{system: [(seed, scores), ...]}`` for the finished cells, in grid order.
 
     Raises:
-      ValueError: duplicate keys.
+      ValueError: duplicate keys; an ``only`` text that matches no key; an unreadable or
+        inconsistent finished cell (:func:`load_scores`).
     """
     keys = [s.key for s in specs]
     if len(set(keys)) != len(keys):
         dup = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"grid keys must be unique; repeated: {dup}")
+    unmatched = [o for o in only if not any(o in k for k in keys)]
+    if unmatched:
+        raise ValueError(f"--only {unmatched[0]!r} matches no cell of this grid (--list "
+                         "prints them)")
     root = storage.as_path(root)
-    out: dict[str, list[tuple[int | None, Scores]]] = {}
+    if table_only and not root.is_dir():
+        raise ValueError(f"--root {storage.display(root)} is not a folder: no cell to "
+                         "table (run without --table-only to start the grid)")
+    cells: dict[str, list[tuple[RunSpec, Scores]]] = {}
     for i, spec in enumerate(specs, 1):
         workdir = root / spec.key
         done = workdir / SCORES_FILE
@@ -201,8 +273,11 @@ def run_grid(specs: Sequence[RunSpec], root, *, only: Sequence[str] = (),
                     "%Y-%m-%d %H:%M UTC")}))
             save_scores(done, scores)  # last: its presence marks the cell finished
             print(f"{tag}: done in {seconds:.0f} s", flush=True)
-        out.setdefault(spec.system, []).append((spec.seed, load_scores(done)))
-    return out
+        cells.setdefault(spec.system, []).append((spec, load_scores(done)))
+    return {system: list(zip([sp.seed for sp, _ in runs],
+                             _agree(system, [(sp.key, sc) for sp, sc in runs], optional),
+                             strict=True))
+            for system, runs in cells.items()}
 
 
 def _cells_in_markdown(md: Path) -> dict[str, dict]:
@@ -214,12 +289,19 @@ def _cells_in_markdown(md: Path) -> dict[str, dict]:
     notes = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in lines
              if ln.startswith("*") and " " in ln}
     cells = {}
-    for ln in lines:
+    for number, ln in enumerate(lines, 1):
         parts = [p.strip() for p in ln.strip().strip("|").split("|")]
         if len(parts) == 4 and parts[1].startswith("`") and parts[3].endswith(" min"):
             commit, _, stars = parts[1][1:].partition("`")
-            cells[parts[0]] = {"commit": commit, "finished": parts[2],
-                               "seconds": round(float(parts[3][:-4]) * 60)}
+            try:
+                minutes = float(parts[3][:-4])
+                seconds = round(minutes * 60)
+                if minutes < 0:
+                    raise ValueError("negative")
+            except (ValueError, OverflowError):
+                raise ValueError(f"{md}:{number}: Cells row {parts[0]!r} has wall time "
+                                 f"{parts[3]!r}, not minutes") from None
+            cells[parts[0]] = {"commit": commit, "finished": parts[2], "seconds": seconds}
             if stars in notes:
                 cells[parts[0]]["source"] = notes[stars]
     return cells
@@ -395,10 +477,16 @@ def write_results(paper: str, text: str,
               for metric, values in scores.items()}
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)  # 0/1 hits compress ~20x (they are committed)
-    write_bytes_atomic(results_dir / f"{paper}.npz", buf.getvalue())
     md = results_dir / f"{paper}.md"
     if specs and root is not None:
         text = text.rstrip() + "\n\n" + provenance(specs, root)
+    # The pair must not go out of step: a results folder that refuses the Markdown (a
+    # folder in its place, no permission) is found before the .npz is replaced.
+    if md.is_dir() or (results_dir / f"{paper}.npz").is_dir():
+        raise IsADirectoryError(f"{storage.display(md)} or its .npz is a folder; not written")
+    write_text_atomic(md.with_name(f".{paper}.md.check"), "")
+    md.with_name(f".{paper}.md.check").unlink()
+    write_bytes_atomic(results_dir / f"{paper}.npz", buf.getvalue())
     write_text_atomic(md, text.rstrip() + "\n")
     print(f"wrote {storage.display(md)} and {paper}.npz")
     return Path(str(md))

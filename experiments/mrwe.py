@@ -421,4 +421,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    grid.main_of("mrwe", main)

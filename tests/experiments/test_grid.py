@@ -1,6 +1,7 @@
 """The experiment grid: finished cells are skipped, tables pair items and average seeds."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -30,11 +31,34 @@ def test_finished_cells_are_skipped_and_unfinished_ones_run(tmp_path):
 
 
 def test_only_selects_cells_but_collects_finished_ones(tmp_path):
-    specs = [grid.RunSpec("A", "a", lambda w: {"m": np.ones(2)}),
-             grid.RunSpec("B", "b", lambda w: {"m": np.zeros(2)})]
+    specs = [grid.RunSpec(k.upper(), k, lambda w: {"m": np.ones(2)}) for k in "abc"]
     grid.run_grid(specs[:1], tmp_path)
-    out = grid.run_grid(specs, tmp_path, only=["zzz"])
-    assert list(out) == ["A"]
+    out = grid.run_grid(specs, tmp_path, only=["c"])
+    assert list(out) == ["A", "C"] and not (tmp_path / "b").exists()
+    with pytest.raises(ValueError, match="--only 'zzz' matches no cell"):
+        grid.run_grid(specs, tmp_path, only=["zzz"])
+
+
+def test_bad_cells_are_one_error_naming_the_file_and_optional_keys_are_dropped(tmp_path,
+                                                                              capsys):
+    specs = [grid.RunSpec("A", f"a{s}", None, seed=s) for s in range(3)]
+    grid.save_scores(tmp_path / "a0" / grid.SCORES_FILE, {"m": np.ones(4), "sims": np.ones(4)})
+    grid.save_scores(tmp_path / "a1" / grid.SCORES_FILE, {"m": np.zeros(4)})
+    (tmp_path / "a2").mkdir()
+    (tmp_path / "a2" / grid.SCORES_FILE).write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ValueError, match=r"a2/scores.npz: not a readable scores file .*"
+                                         r"delete .*a2 to run that cell again"):
+        grid.run_grid(specs, tmp_path, table_only=True)
+    with pytest.raises(ValueError, match="cell a1 of 'A' lacks 1 score"):
+        grid.run_grid(specs[:2], tmp_path, table_only=True)  # "sims" is not optional
+    out = grid.run_grid(specs[:2], tmp_path, table_only=True, optional=lambda k: k == "sims")
+    assert [sorted(sc) for _, sc in out["A"]] == [["m"], ["m"]]
+    assert "A: cell(s) a1 kept no 'sims' and 0 more" in capsys.readouterr().out
+    grid.save_scores(tmp_path / "a1" / grid.SCORES_FILE, {"m": np.zeros(5)})
+    with pytest.raises(ValueError, match="'m' has different lengths across cells"):
+        grid.run_grid(specs[:2], tmp_path, table_only=True, optional=lambda k: k == "sims")
+    with pytest.raises(ValueError, match="is not a folder"):
+        grid.run_grid(specs, tmp_path / "absent", table_only=True)
 
 
 def test_table_only_runs_nothing_and_collects_finished_cells(tmp_path):
@@ -107,6 +131,37 @@ def test_results_end_with_each_cells_commit_and_older_cells_say_not_recorded(tmp
     assert f"`{grid.commit()}`" in rows[0] and "UTC" in rows[0]
     assert rows[1] == "| b | not recorded | — | — |"
     assert rows[2].startswith("| c | not finished yet")  # c never ran: listed as missing
+
+
+def test_a_results_pair_is_written_whole_or_not_at_all(tmp_path):
+    results = {"A": [(None, {"m": np.ones(2)})]}
+    out = tmp_path / "out"
+    grid.write_results("demo", "# old", results, out)
+    before = (out / "demo.npz").read_bytes()
+    (out / "demo.md").unlink()
+    (out / "demo.md").mkdir()  # the Markdown cannot be replaced
+    with pytest.raises(IsADirectoryError, match="not written"):
+        grid.write_results("demo", "# new", {"A": [(None, {"m": np.zeros(2)})]}, out)
+    assert (out / "demo.npz").read_bytes() == before and sorted(
+        p.name for p in out.iterdir()) == ["demo.md", "demo.npz"]
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    for args, message in ((["--only", "zzz"], "--only 'zzz' matches no cell of this grid"),
+                          (["--table-only", "--root", str(tmp_path / "none")],
+                           f"--root {tmp_path / 'none'} is not a folder")):
+        run = subprocess.run([sys.executable, "-m", "experiments.docent", *args,
+                              "--results", str(tmp_path / "out")], capture_output=True,
+                             text=True, env={**os.environ, "EMBEDDING_JAX_DEBUG": ""})
+        assert run.returncode == 1 and run.stderr.splitlines()[0] == (
+            f"python -m experiments.docent grid: error: {message} (--list prints them)"
+            if "only" in message else
+            f"python -m experiments.docent grid: error: {message}: no cell to table (run "
+            "without --table-only to start the grid)"), run.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_cells_filled_in_afterwards_carry_a_footnote(tmp_path):
