@@ -253,7 +253,11 @@ wrong for every model (docs/dualcse.md).
     raw = {s: results[s] for s in present if "sims/test/implied" in results[s][0][1]}
     if raw:
         parts.append("## Threshold-free: ROC-AUC and average precision (%) per class\n")
-        parts.append(f"Every row at the end of its run (step —). {dualcse_curves.AUC_NOTE}")
+        lacking = [s for s in present if s not in raw]
+        parts.append(f"Every row at the end of its run (step —). {dualcse_curves.AUC_NOTE}"
+                     + (f"Not here: {', '.join(lacking)} (their cells kept no raw cosines; "
+                        "delete a cell's folder and re-run the command to add them).\n"
+                        if lacking else ""))
         for rule in dualcse_curves.ONE_SCORE_RULES:
             parts.append(f"### Score `{rule}`\n")
             parts.append(dualcse_curves.auc_table(raw, rule, args.num_samples) + "\n")

@@ -117,6 +117,7 @@ def test_grid_rows_with_raw_cosines_get_the_auc_table():
     results = _fake_results(raw=True)
     results[dualcse.NO_INTRA] = _fake_results()[dualcse.NO_INTRA]  # a cell without cosines
     text = dualcse.report(results, args).split("## Threshold-free", 1)[1]
+    assert f"Not here: {dualcse.NO_INTRA} (their cells kept no raw cosines" in text
     max_block = text.split("### Score `max`", 1)[1].split("###", 1)[0]
     rows = [ln.split("|")[1].strip() for ln in max_block.splitlines() if ln.startswith("| ")]
     assert rows[1:] == [dualcse.BASELINE, dualcse.SIMCSE, dualcse.CROSS, dualcse.BI,
