@@ -71,11 +71,14 @@ def paired_bootstrap(a, b, *, num_samples: int = 10_000, confidence: float = 0.9
     n = a_arr.size
     chunk = (max(1, _MAX_ENTRIES // n) if chunk_size is None
              else _positive_int(chunk_size, "chunk_size"))
-    diff = a_arr - b_arr
     # Resample the differences relative to one of them: a constant difference then gives
     # exactly 0 deviations (so exactly [c, c]); it also avoids cancellation for large values.
-    shift = diff[0]
-    centred = diff - shift
+    with np.errstate(over="ignore", invalid="ignore"):
+        diff = a_arr - b_arr
+        shift = diff[0]
+        centred = diff - shift
+    if not np.isfinite(centred).all() or not np.isfinite(centred.sum()):
+        raise ValueError("a - b overflows float64 (values near 1e308); rescale the scores")
     rng = np.random.default_rng(seed)
     means = np.empty(num_samples, dtype=np.float64)
     for start in range(0, num_samples, chunk):
@@ -136,7 +139,8 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
                          f"{b_arr.shape[1]} and labels of shape {y.shape}")
     if y.dtype != np.bool_ and not (np.issubdtype(y.dtype, np.number)
                                     and np.isin(y, (0, 1)).all()):
-        raise ValueError(f"labels must be bool or 0/1, got dtype {y.dtype}")
+        shown = np.unique(y[~np.isin(y, (0, 1))])[:3] if y.dtype.kind in "biuf" else y.dtype
+        raise ValueError(f"labels must be bool or 0/1, got {shown}")
     y = y.astype(bool)
     if y.all() or not y.any():
         raise ValueError("labels need both classes")

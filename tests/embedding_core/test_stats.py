@@ -135,6 +135,9 @@ def test_bad_inputs_are_rejected():
         paired_bootstrap(ok, ok, num_samples=0)
     with pytest.raises(ValueError, match="chunk_size"):
         paired_bootstrap(ok, ok, chunk_size=0)
+    for a, b in (([1e308, -1e308], [-1e308, 1e308]), ([1.5e308, -1.5e308], [0.0, 0.0])):
+        with pytest.raises(ValueError, match="overflows float64"):  # not a NaN interval
+            paired_bootstrap(a, b, num_samples=10)
 
 
 def test_bootstrap_of_auc_difference():
@@ -188,8 +191,9 @@ def test_bootstrap_statistic_is_chunk_independent_to_the_bit_and_checks_labels()
                                              num_samples=500, seed=3, chunk_size=c)
             for c in (1, 7, None)]
     assert len({(r.low, r.high) for r in runs}) == 1
-    for bad in (np.where(y, 2, 0), np.where(y, 1.0, np.nan), y.astype(str)):
-        with pytest.raises(ValueError, match="bool or 0/1"):
+    for bad, shown in ((np.where(y, 2, 0), r"\[2\]"), (np.where(y, 1.0, np.nan), r"\[nan\]"),
+                       (np.where(y, 1, -1), r"\[-1\]"), (y.astype(str), "<U5")):
+        with pytest.raises(ValueError, match=f"bool or 0/1, got {shown}"):
             stats.paired_bootstrap_statistic(metrics.roc_auc_rows, a, b, bad, num_samples=5)
     with pytest.raises(ValueError, match=r"labels of shape \(40, 1\)"):
         stats.paired_bootstrap_statistic(metrics.roc_auc_rows, a, b, y[:, None], num_samples=5)
