@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from etils import epath
 
-from embedding_core import multihost, serving, storage
+from embedding_core import metric_log, multihost, serving, storage
 from embedding_core.files import write_json, write_lines
 
 
@@ -181,6 +181,8 @@ def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
     print(f"  time: train {t1 - t0:.0f}s, evaluate {t2 - t1:.0f}s, export {t3 - t2:.0f}s")
     print(f"  checkpoints:  {workdir / 'checkpoints'}")
     print(f"  TensorBoard:  tensorboard --logdir {workdir}")
+    print(f"  metrics:      {workdir / metric_log.METRICS_FILE} "
+          f"(plotted: {workdir / metric_log.PLOT_FILE})")
     print(f"  RTE results:  {workdir / 'eval' / 'rte.json'} (baseline: rte_baseline.json)")
     print(f"  embeddings:   {export_dir}/explicit/ and {export_dir}/implicit/ "
           "(embeddings.npy, ids.txt, meta.json)")
