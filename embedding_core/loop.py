@@ -151,7 +151,10 @@ class _Loop:
                 position, seed=self.settings.seed,
                 global_batch_size=self.settings.global_batch_size, directory=self.workdir)
             self.last_saved = self.start_step
-            logging.info("resuming at step %d", self.start_step)
+            if self.start_step >= self.settings.num_train_steps:
+                logging.info("training already finished at step %d", self.start_step)
+            else:
+                logging.info("resuming at step %d", self.start_step)
         self.step = self.start_step
         return state
 

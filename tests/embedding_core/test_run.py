@@ -92,12 +92,18 @@ def test_run_trains_writes_files_and_evaluates(full_run):
     assert np.linalg.norm(kernel - np.arange(1, 5)) < np.linalg.norm(np.arange(1, 5))
 
 
-def test_resume_equals_uninterrupted_run(full_run, tmp_path):
+def test_resume_equals_uninterrupted_run(full_run, tmp_path, caplog):
     _, state, _ = full_run
     run(_make_task([]), _config(), tmp_path, stop_after=5)
-    resumed = run(_make_task([]), _config(), tmp_path)
+    with caplog.at_level("INFO"):
+        resumed = run(_make_task([]), _config(), tmp_path)
+        again = run(_make_task([]), _config(), tmp_path)  # finished: trains no further
     np.testing.assert_allclose(np.asarray(resumed.params["kernel"]),
                                np.asarray(state.params["kernel"]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(again.params["kernel"]),
+                                  np.asarray(resumed.params["kernel"]))
+    said = [r.getMessage() for r in caplog.records]
+    assert "resuming at step 5" in said and "training already finished at step 12" in said
 
 
 def test_params_only_restore_onto_another_mesh(full_run):
