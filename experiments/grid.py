@@ -167,8 +167,7 @@ def load_scores(path) -> Scores:
     """Reads a :func:`save_scores` file.
 
     Raises:
-      ValueError: not a readable ``.npz`` of numeric arrays (the message names the file and
-        says how to run the cell again).
+      ValueError: not a readable ``.npz`` of numeric arrays (names the file and the fix).
     """
     path = storage.as_path(path)
     try:
@@ -285,7 +284,9 @@ def _cells_in_markdown(md: Path) -> dict[str, dict]:
     a starred commit carrying its footnote as ``source``."""
     if not md.exists():
         return {}
-    lines = md.read_text().splitlines()
+    lines = md.read_text(encoding="utf-8", errors="replace").splitlines()
+    if "## Cells" in lines:  # its footnotes, not a bullet list elsewhere in the file
+        lines = lines[lines.index("## Cells"):]
     notes = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in lines
              if ln.startswith("*") and " " in ln}
     cells = {}

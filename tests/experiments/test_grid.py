@@ -170,8 +170,13 @@ def test_cells_filled_in_afterwards_carry_a_footnote(tmp_path):
     for key, source in (("a", "from log X"), ("c", "from log Y")):
         (tmp_path / "cells" / key / grid.CELL_FILE).write_text(json.dumps(
             {"commit": "abc1234", "seconds": 60, "finished": "then", "source": source}))
-    md = grid.write_results("demo", "# t", results, tmp_path / "out", specs=specs,
-                            root=tmp_path / "cells").read_text()
+    md = grid.write_results("demo", "# t\n\n* a bullet, not a footnote", results,
+                            tmp_path / "out", specs=specs, root=tmp_path / "cells").read_text()
     assert "| a | `abc1234`* | then | 1.0 min |" in md
     assert "| c | `abc1234`** | then | 1.0 min |" in md
     assert md.rstrip().endswith("* from log X\n** from log Y")
+    cells = grid._cells_in_markdown(tmp_path / "out" / "demo.md")  # as restore_cells reads it
+    assert (cells["a"]["source"], cells["c"]["source"]) == ("from log X", "from log Y")
+    (tmp_path / "out" / "demo.md").write_text(md.replace("1.0 min |", "abc min |", 1))
+    with pytest.raises(ValueError, match=r"demo.md:\d+: Cells row 'a' has wall time 'abc min'"):
+        grid._cells_in_markdown(tmp_path / "out" / "demo.md")
