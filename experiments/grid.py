@@ -12,10 +12,9 @@ per-item scores beside it as ``<paper>.npz``, ending with each cell's commit and
 (``cell.json``, written beside ``scores.npz``), since a table may gather cells from several
 sessions.
 
-Seeds: a system trained with several seeds is reported as the mean over seeds (and the
-standard deviation across seeds); its interval against the reference is computed on the
-seed-averaged per-item scores, so it covers test-set sampling, not seed variance — the
-seed spread is the separate ``sd`` column.
+Seeds: a system trained with several seeds is reported as the mean over seeds; its interval
+against the reference is computed on the seed-averaged per-item scores, so it covers
+test-set sampling, not seed variance (the separate ``sd`` column).
 """
 
 from __future__ import annotations
@@ -287,8 +286,9 @@ def _cells_in_markdown(md: Path) -> dict[str, dict]:
     lines = md.read_text(encoding="utf-8", errors="replace").splitlines()
     if "## Cells" in lines:  # its footnotes, not a bullet list elsewhere in the file
         lines = lines[lines.index("## Cells"):]
-    notes = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in lines
-             if ln.startswith("*") and " " in ln}
+    notes: dict[str, str] = {}  # the first of each mark: the footnotes follow the table
+    for ln in (ln for ln in lines if ln.startswith("*") and " " in ln):
+        notes.setdefault(*ln.split(" ", 1))
     cells = {}
     for number, ln in enumerate(lines, 1):
         parts = [p.strip() for p in ln.strip().strip("|").split("|")]

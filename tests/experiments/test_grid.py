@@ -175,6 +175,8 @@ def test_cells_filled_in_afterwards_carry_a_footnote(tmp_path):
     assert "| a | `abc1234`* | then | 1.0 min |" in md
     assert "| c | `abc1234`** | then | 1.0 min |" in md
     assert md.rstrip().endswith("* from log X\n** from log Y")
+    with open(tmp_path / "out" / "demo.md", "a") as f:
+        f.write("\n* a bullet after the footnotes\n")
     cells = grid._cells_in_markdown(tmp_path / "out" / "demo.md")  # as restore_cells reads it
     assert (cells["a"]["source"], cells["c"]["source"]) == ("from log X", "from log Y")
     (tmp_path / "out" / "demo.md").write_text(md.replace("1.0 min |", "abc min |", 1))
