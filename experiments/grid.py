@@ -194,9 +194,9 @@ def _agree(system: str, cells: Sequence[tuple[str, Scores]],
       ValueError: cells differ in a key that is not optional, or in an array's length.
     """
     shared = set.intersection(*(set(sc) for _, sc in cells))
+    every = set().union(*(set(sc) for _, sc in cells))
     for key, sc in cells:
-        missing = sorted(k for k in set().union(*(set(o) for _, o in cells)) - set(sc)
-                         if not optional(k))
+        missing = sorted(k for k in every - set(sc) if not optional(k))
         if missing:
             raise ValueError(f"cell {key} of {system!r} lacks {len(missing)} score(s) its "
                              f"other cells have (e.g. {missing[0]!r}); delete its folder "
@@ -206,7 +206,7 @@ def _agree(system: str, cells: Sequence[tuple[str, Scores]],
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{system!r}: {k!r} has different lengths across cells "
                              f"{lengths}; a cell was scored on other data")
-    dropped = sorted(set().union(*(set(sc) for _, sc in cells)) - shared)
+    dropped = sorted(every - shared)
     if dropped:
         lacking = ", ".join(key for key, sc in cells if not set(dropped) <= set(sc))
         print(f"{system}: cell(s) {lacking} kept no {dropped[0]!r} and {len(dropped) - 1} "
