@@ -5,14 +5,18 @@ is refused
 (``docs/architecture.md``, "Resuming on changed data").
 
 A file's hash is SHA-256 of its bytes, streamed; a ``gs://`` object's is the checksum GCS
-keeps with it (``md5Hash``, else ``crc32c``: no download). A file whose size and
-modification time are as recorded is taken as unchanged without reading it again.
+keeps with it (``md5Hash``, else ``crc32c``: no download). A local file is taken as
+unchanged without reading it again only when its size, mtime, ctime and inode are all as
+recorded (git's index check): ``touch -r``, ``cp -p`` and ``rsync -t`` restore an mtime but
+not a ctime, which only the kernel sets. A file whose ctime was within :data:`RACY_S` of
+the recording may have been written again in the same clock tick: it is hashed next time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping
 
 import ml_collections
@@ -22,6 +26,8 @@ from embedding_core.fields import Fields
 
 FILE = "data_fingerprint.json"
 _BLOCK = 1 << 22
+RACY_S = 2.0
+"""Seconds: a ctime this close to the recording is not trusted (timestamps are coarse)."""
 
 
 class DataChangedError(ValueError):
@@ -51,14 +57,21 @@ def _files(path: str) -> Iterator[tuple[str, object]]:
         raise FileNotFoundError(f"{path} does not exist")
 
 
-def _stat(path) -> tuple[int, float]:
+def _stat(path) -> dict:
+    """``size``, ``mtime`` and, for a local file, ``stamp`` (``"inode:mtime_ns:ctime_ns"``,
+    ``None`` while racy); a ``gs://`` object's ``mtime`` is its generation (any rewrite
+    changes it), its stamp that generation."""
     if storage.is_remote(path):
         import fsspec
 
         info = fsspec.filesystem("gs").info(os.fspath(path))
-        return int(info.get("size") or 0), float(info.get("generation") or 0)
+        generation = float(info.get("generation") or 0)
+        return {"size": int(info.get("size") or 0), "mtime": generation,
+                "stamp": f"gs:{info.get('generation')}" if info.get("generation") else None}
     st = os.stat(os.fspath(path))
-    return st.st_size, st.st_mtime
+    racy = time.time_ns() - st.st_ctime_ns < RACY_S * 1e9
+    return {"size": st.st_size, "mtime": st.st_mtime,
+            "stamp": None if racy else f"{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}"}
 
 
 def content_hash(path) -> str:
@@ -80,10 +93,11 @@ def content_hash(path) -> str:
 
 def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
                 known: Mapping[str, dict] | None = None) -> dict[str, dict[str, dict]]:
-    """``{field: {file: {"size", "mtime", "hash"}}}`` for the named fields' files.
+    """``{field: {file: {"size", "mtime", "stamp", "hash"}}}`` for the named fields' files.
 
-    ``known``: an earlier fingerprint; a file with its recorded size and mtime keeps its
-    recorded hash (not read again).
+    ``known``: an earlier fingerprint; a file with its recorded size and stamp (see the
+    module docstring; a record without one never matches) keeps its recorded hash, not
+    read again: a stat per file. Any other file is hashed (SHA-256 reads all of it).
 
     Raises:
       FileNotFoundError: ``config.FIELD: PATH does not exist``.
@@ -94,11 +108,11 @@ def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
         storage.check_data_paths(config, [name])  # the CLI's own one line for a missing path
         for path in _paths(config[name]):
             for uri, one in _files(path):
-                size, mtime = _stat(one)
+                now = _stat(one)
                 old = ((known or {}).get(name) or {}).get(uri)
-                same = old and old.get("size") == size and old.get("mtime") == mtime
-                files[uri] = {"size": size, "mtime": mtime,
-                              "hash": old["hash"] if same else content_hash(one)}
+                same = (old and now["stamp"] is not None and old.get("size") == now["size"]
+                        and old.get("stamp") == now["stamp"])
+                files[uri] = {**now, "hash": old["hash"] if same else content_hash(one)}
         out[name] = files
     return out
 

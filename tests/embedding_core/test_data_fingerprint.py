@@ -28,7 +28,8 @@ def _data_config(train_file, **kw) -> ml_collections.ConfigDict:
     return config
 
 
-def test_fingerprint_hashes_files_and_folders_and_reuses_known_hashes(tmp_path):
+def test_fingerprint_hashes_files_and_folders_and_reuses_known_hashes(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_fingerprint, "RACY_S", 0.0)  # files written just now count
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "b.txt").write_bytes(b"bb")
     (tmp_path / "d" / "a.txt").write_bytes(b"a")
@@ -41,10 +42,66 @@ def test_fingerprint_hashes_files_and_folders_and_reuses_known_hashes(tmp_path):
     assert list(got) == [f"{tmp_path}/f.txt", f"{tmp_path}/d/a.txt", f"{tmp_path}/d/b.txt"]
     assert got[f"{tmp_path}/f.txt"]["size"] == 6
     assert got[f"{tmp_path}/f.txt"]["hash"] == "sha256:" + hashlib.sha256(b"hello\n").hexdigest()
-    # Size and mtime as recorded: the recorded hash is trusted, the file not read.
+    # Size and stamp as recorded: the recorded hash is trusted, the file not read.
     known = {"x": {k: {**v, "hash": "sha256:recorded"} for k, v in got.items()}}
     again = data_fingerprint.fingerprint(config, ["x"], known=known)["x"]
     assert {v["hash"] for v in again.values()} == {"sha256:recorded"}
+    # A record of an older version (no stamp) is never trusted: hashed again.
+    old = {"x": {k: {"size": v["size"], "mtime": v["mtime"], "hash": "sha256:recorded"}
+                 for k, v in got.items()}}
+    assert data_fingerprint.fingerprint(config, ["x"], known=old)["x"] == got
+
+
+def test_a_file_changed_within_the_racy_window_is_hashed_again(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("a,b\n")  # its ctime is now: another write in this tick would keep it
+    config = ml_collections.ConfigDict({"train_file": str(f)})
+    first = data_fingerprint.fingerprint(config, ["train_file"])
+    assert first["train_file"][str(f)]["stamp"] is None
+    known = {"train_file": {str(f): {**first["train_file"][str(f)], "hash": "sha256:old"}}}
+    again = data_fingerprint.fingerprint(config, ["train_file"], known=known)
+    assert again["train_file"][str(f)]["hash"] == first["train_file"][str(f)]["hash"]
+
+
+def _touch_r(path, text: str, stat) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _cp_p(path, text: str, stat) -> None:
+    import shutil
+
+    source = path.with_name("backup.csv")
+    _touch_r(source, text, stat)
+    shutil.copy2(source, path)  # cp -p: the bytes and the source's mtime, same inode
+
+
+def _rsync_t(path, text: str, stat) -> None:
+    aside = path.with_name(f".{path.name}.tmp")
+    _touch_r(aside, text, stat)
+    os.replace(aside, path)  # rsync -t: a new file with the old mtime, renamed over
+
+
+@pytest.mark.parametrize("rewrite", [_touch_r, _cp_p, _rsync_t])
+def test_a_same_size_rewrite_with_the_old_mtime_is_refused(tmp_path, monkeypatch, rewrite):
+    monkeypatch.setattr(data_fingerprint, "RACY_S", 0.0)  # the stamp alone must tell
+    data = tmp_path / "pairs.csv"
+    data.write_text("premise,hypothesis\nab,cd\n")
+    workdir = tmp_path / "run"
+    run(_make_task([]), _data_config(data), workdir, validate=VALIDATE, stop_after=2)
+    before = (workdir / data_fingerprint.FILE).read_text()
+    stat = os.stat(data)
+    rewrite(data, "hypothesis,premise\ncd,ab\n", stat)  # two columns swapped
+    assert (os.stat(data).st_size, os.stat(data).st_mtime_ns) == (stat.st_size,
+                                                                   stat.st_mtime_ns)
+    with pytest.raises(data_fingerprint.DataChangedError) as err:
+        run(_make_task([]), _data_config(data), workdir, validate=VALIDATE)
+    assert str(err.value).startswith(
+        f"config.train_file: {data} changed (same size, other content) since the run in "
+        f"{workdir} last started: resuming at step 2 would")
+    assert (workdir / data_fingerprint.FILE).read_text() == before
+    assert json.loads(before)["train_file"][str(data)]["hash"] == "sha256:" + hashlib.sha256(
+        b"premise,hypothesis\nab,cd\n").hexdigest()
 
 
 def test_changes_name_the_field_and_file_and_ignore_a_touch(tmp_path):
