@@ -3,10 +3,12 @@
 :class:`InformationRetrievalEvaluator` encodes the queries (``encode_query``) and the corpus
 (``encode_document``) chunk by chunk, keeps a running top-k per query and reports accuracy,
 precision, recall, MRR, NDCG and MAP at the given cutoffs under sentence-transformers' names
-(``cosine_ndcg@10``; ``{name}_cosine_ndcg@10`` with a name). Relevance is binary.
+(``cosine_ndcg@10``; ``{name}_cosine_ndcg@10`` with a name). Relevance may be graded
+(BEIR qrels scores): NDCG gains are the grades, as BEIR's pytrec_eval; every other metric
+counts grade >= 1 as relevant. On binary relevance the numbers are sentence-transformers'.
 
 Ties never favour the model (:mod:`embedding_core.metrics`' rule): at equal score the documents
-not relevant to the query rank first, then the lower corpus index (the corpus' input order).
+of lower grade (not relevant first) rank first, then the lower corpus index (input order).
 The ranking is a total order, so neither ``corpus_chunk_size`` nor the number of processes
 changes it. sentence-transformers 6.3 breaks ties by the ascending corpus *id* string instead
 (earlier versions left them to ``torch.topk``), so exactly tied scores may give other numbers.
@@ -28,7 +30,9 @@ from embedding_core.errors import DataError
 from embedding_core.storage import as_path
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
-_LOW31 = np.uint64(0x7FFFFFFF)
+Relevant = Mapping[str, set[str] | Mapping[str, int]]
+_LOW28 = np.uint64((1 << 28) - 1)
+_TOP_GRADE = 15  # grades above it tie with it in the tie-break (4 bits of the key)
 _BLOCK = 1 << 24  # score-matrix entries per block: bounds the memory of one chunk's ranking
 
 
@@ -48,21 +52,23 @@ def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 SCORE_FUNCTIONS: dict[str, ScoreFn] = {"cosine": cosine, "dot": dot}
 
 
-def _keys(scores: np.ndarray, relevant: np.ndarray, start: int) -> np.ndarray:
+def _keys(scores: np.ndarray, grades: np.ndarray, start: int) -> np.ndarray:
     """uint64 sort keys, larger = better: the float32 score's order-preserving bits (top 32),
-    1 where the document is *not* relevant to the query (bit 31), ``2**31 - 1 - corpus index``
-    (low 31; index < 2**31 - 1, so no real key is 0, the padding). One integer sort gives
-    the order (-score, relevant, index); ``relevant`` is bool of the shape of ``scores``."""
+    ``15 - min(grade, 15)`` (bits 28-31: a lower grade is better at equal score), and
+    ``2**28 - 1 - corpus index`` (low 28). A finite score's bits are never 0, so no real key
+    is 0, the padding. One integer sort gives the order (-score, grade, index); ``grades``
+    is an integer array of the shape of ``scores``."""
     bits = (scores + np.float32(0)).view(np.uint32)  # + 0 turns -0.0 into +0.0: they tie
     ordered = np.where(bits >> np.uint32(31), ~bits, bits | np.uint32(0x80000000))
     index = np.arange(start, start + scores.shape[1], dtype=np.uint64)
-    return ((ordered.astype(np.uint64) << np.uint64(32))
-            | ((~relevant).astype(np.uint64) << np.uint64(31)) | (_LOW31 - index))
+    worse = _TOP_GRADE - np.minimum(grades, _TOP_GRADE).astype(np.uint64)
+    return ((ordered.astype(np.uint64) << np.uint64(32)) | (worse << np.uint64(28))
+            | (_LOW28 - index))
 
 
 def _decode(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Corpus indices (int64) and float32 scores of :func:`_keys` keys."""
-    index = (_LOW31 - (keys & _LOW31)).astype(np.int64)
+    index = (_LOW28 - (keys & _LOW28)).astype(np.int64)
     ordered = (keys >> np.uint64(32)).astype(np.uint32)
     bits = np.where(ordered >> np.uint32(31), ordered & np.uint32(0x7FFFFFFF), ~ordered)
     return index, bits.view(np.float32)
@@ -80,11 +86,13 @@ class InformationRetrievalEvaluator:
     ``encode_document`` (``texts, batch_size=, show_progress_bar=, convert_to_numpy=True`` ->
     float32 ``[n, d]``; ``encode`` when it has neither), e.g. ours or a ``SentenceTransformer``.
 
-    Queries without a relevant document are dropped (counted in ``dropped_queries``), as in
-    sentence-transformers; relevant ids missing from the corpus still count in recall's and
-    NDCG's denominators. With ``r`` the 0/1 relevance at rank i = 1..k and R relevant docs:
+    ``relevant_docs``: ``{query id: {doc ids}}`` (binary) or ``{query id: {doc id: grade}}``
+    (grades <= 0 are not relevant). Queries without a relevant document are dropped (counted
+    in ``dropped_queries``), as in sentence-transformers; relevant ids missing from the corpus
+    still count in recall's and NDCG's denominators. With ``g_i`` the grade at rank
+    i = 1..k, ``r_i = g_i >= 1`` and R relevant docs, ``g*`` their grades sorted descending:
     precision = sum(r) / k, recall = sum(r) / R, MRR = 1 / (first relevant rank),
-    NDCG = sum(r_i / log2(i + 1)) / sum_{i <= min(R, k)} 1 / log2(i + 1),
+    NDCG = sum(g_i / log2(i + 1)) / sum_{i <= min(R, k)} g*_i / log2(i + 1) (pytrec_eval's),
     MAP = sum_i r_i * precision@i / min(R, k); each averaged over the queries.
 
     ``score_functions``: names in :data:`SCORE_FUNCTIONS` or a ``{name: fn}`` mapping of
@@ -94,15 +102,15 @@ class InformationRetrievalEvaluator:
 
     On several processes each encodes and ranks its rows of the corpus (``multihost``) and
     the per-query candidates are merged; every process returns the same metrics.
-    Raises ValueError: no query with relevant documents, no corpus, a cutoff < 1, no
-    ``ndcg_at_k``, an unknown score function.
+    Raises ValueError: no query with relevant documents, no corpus or one of 2**28 - 1
+    documents or more, a cutoff < 1, no ``ndcg_at_k``, an unknown score function.
     """
 
     def __init__(
         self,
         queries: Mapping[str, str],
         corpus: Mapping[str, str],
-        relevant_docs: Mapping[str, set[str]],
+        relevant_docs: Relevant,
         *,
         name: str = "",
         batch_size: int = 32,
@@ -116,17 +124,21 @@ class InformationRetrievalEvaluator:
         corpus_chunk_size: int = 50_000,
         show_progress_bar: bool = False,
     ) -> None:
-        self.query_ids = [q for q in queries if relevant_docs.get(q)]
+        graded = {q: _grades(relevant_docs.get(q) or ()) for q in queries}
+        self.query_ids = [q for q in queries if graded[q]]
         self.dropped_queries = len(queries) - len(self.query_ids)
         self.queries = [queries[q] for q in self.query_ids]
-        self.relevant_docs = {q: set(relevant_docs[q]) for q in self.query_ids}
+        self.relevant_docs: dict[str, dict[str, int]] = {q: graded[q] for q in self.query_ids}
         self.corpus_ids = list(corpus)
         self.corpus = [corpus[c] for c in self.corpus_ids]
+        if len(self.corpus) >= int(_LOW28):
+            raise ValueError(f"retrieval ranks up to {int(_LOW28) - 1} documents, got "
+                             f"{len(self.corpus)}")
         row = {c: i for i, c in enumerate(self.corpus_ids)}
-        # (corpus row, query row) of every relevant pair in the corpus, by corpus row.
-        self._pairs = np.array(sorted((row[c], q) for q, qid in enumerate(self.query_ids)
-                                      for c in self.relevant_docs[qid] if c in row),
-                               np.int64).reshape(-1, 2)
+        # (corpus row, query row, grade) of every relevant pair in the corpus, by corpus row.
+        self._pairs = np.array(sorted((row[c], q, g) for q, qid in enumerate(self.query_ids)
+                                      for c, g in self.relevant_docs[qid].items() if c in row),
+                               np.int64).reshape(-1, 3)
         if not self.query_ids or not self.corpus:
             raise ValueError(f"retrieval needs queries with relevant documents and a corpus; "
                              f"got {len(self.query_ids)} queries ({self.dropped_queries} "
@@ -235,33 +247,38 @@ class InformationRetrievalEvaluator:
                         raise ValueError(f"score function {f!r} gave shape {scores.shape}")
                     if not np.isfinite(scores).all():  # NaN has no place in a ranking
                         raise ValueError(f"non-finite {f} scores for documents [{a}, {b})")
-                    rel = self._relevance(q, q + len(scores), a, b)
-                    blocks.append(_top(_keys(scores, rel, a), self.max_k))
+                    grades = self._relevance(q, q + len(scores), a, b)
+                    blocks.append(_top(_keys(scores, grades, a), self.max_k))
                 best[f] = _top(np.concatenate([best[f], np.concatenate(blocks)], axis=1),
                                self.max_k)
         return best
 
     def _relevance(self, q0: int, q1: int, a: int, b: int) -> np.ndarray:
-        """``[q1 - q0, b - a]`` bool: corpus row ``a + j`` is relevant to query ``q0 + i``."""
+        """``[q1 - q0, b - a]`` int64: the grade of corpus row ``a + j`` for query ``q0 + i``
+        (0: not relevant)."""
         lo, hi = np.searchsorted(self._pairs[:, 0], [a, b])
-        doc, query = self._pairs[lo:hi].T
+        doc, query, grade = self._pairs[lo:hi].T
         keep = (query >= q0) & (query < q1)
-        out = np.zeros((q1 - q0, b - a), bool)
-        out[query[keep] - q0, doc[keep] - a] = True
+        out = np.zeros((q1 - q0, b - a), np.int64)
+        out[query[keep] - q0, doc[keep] - a] = grade[keep]
         return out
 
     def compute_metrics(self, index: np.ndarray) -> dict[str, float]:
         """The metrics (``accuracy@1``, ...) of ranked corpus indices ``[n_queries, k]``."""
-        rel = np.zeros((len(index), self.max_k), bool)  # padded: fewer documents than max_k
+        # Padded with 0: fewer documents than max_k.
+        gain, best = (np.zeros((len(index), self.max_k)) for _ in range(2))
         for i, (qid, row) in enumerate(zip(self.query_ids, index, strict=True)):
-            relevant = self.relevant_docs[qid]
-            rel[i, :len(row)] = [self.corpus_ids[j] in relevant for j in row]
+            grades = self.relevant_docs[qid]
+            gain[i, :len(row)] = [grades.get(self.corpus_ids[j], 0) for j in row]
+            ideal_order = sorted(grades.values(), reverse=True)[:self.max_k]
+            best[i, :len(ideal_order)] = ideal_order
+        rel = gain > 0
         n_rel = np.array([len(self.relevant_docs[q]) for q in self.query_ids], np.float64)
         rank = np.arange(1, self.max_k + 1)
         hits = np.cumsum(rel, axis=1)  # relevant documents in the top i
         first = np.argmax(rel, axis=1) + 1
         discount = 1.0 / np.log2(rank + 1)
-        ideal, ks, out = np.cumsum(discount), self.cutoffs, {}
+        ks, out = self.cutoffs, {}
         for k in ks["accuracy"]:
             out[f"accuracy@{k}"] = float(np.mean(hits[:, k - 1] > 0))
         for k in ks["precision_recall"]:
@@ -269,14 +286,21 @@ class InformationRetrievalEvaluator:
         for k in ks["precision_recall"]:
             out[f"recall@{k}"] = float(np.mean(hits[:, k - 1] / n_rel))
         for k in ks["ndcg"]:
-            dcg = (rel[:, :k] * discount[:k]).sum(axis=1)
-            out[f"ndcg@{k}"] = float(np.mean(dcg / ideal[np.minimum(n_rel, k).astype(int) - 1]))
+            dcg = (gain[:, :k] * discount[:k]).sum(axis=1)
+            out[f"ndcg@{k}"] = float(np.mean(dcg / (best[:, :k] * discount[:k]).sum(axis=1)))
         for k in ks["mrr"]:
             out[f"mrr@{k}"] = float(np.mean(np.where(hits[:, k - 1] > 0, 1.0 / first, 0.0)))
         for k in ks["map"]:
             precision_sum = (rel[:, :k] * hits[:, :k] / rank[:k]).sum(axis=1)
             out[f"map@{k}"] = float(np.mean(precision_sum / np.minimum(n_rel, k)))
         return out
+
+
+def _grades(docs: set[str] | Mapping[str, int]) -> dict[str, int]:
+    """``{doc id: grade >= 1}`` of a set of ids (grade 1 each) or an id -> grade mapping."""
+    if isinstance(docs, Mapping):
+        return {c: int(g) for c, g in docs.items() if int(g) > 0}
+    return dict.fromkeys(docs, 1)
 
 
 def _dedup(ks: Sequence[int]) -> list[int]:
@@ -342,15 +366,17 @@ def _ids(path: Any, text_of: Callable[[dict, int], str]) -> dict[str, str]:
 
 
 def read_beir(folder: str | os.PathLike, split: str = "test"
-              ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+              ) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
     """``(queries, corpus, relevant_docs)`` of a BEIR folder (local or ``gs://``):
     ``corpus.jsonl`` (``_id``, ``text``, optional ``title``; the document is
     ``(title + " " + text).strip()``, BEIR's join), ``queries.jsonl`` (``_id``, ``text``) and
     ``qrels/{split}.tsv`` (header ``query-id corpus-id score``, tab-separated; rows with an
-    integer score > 0 are relevant).
+    integer score > 0 are relevant, the score their grade: ``relevant_docs`` is
+    ``{query id: {doc id: grade}}``).
 
     Raises: DataError: invalid UTF-8 or JSON, a missing, mistyped or empty field, a duplicate
-      id, a bad qrels row or header, a qrels id not in the queries or the corpus.
+      id, a bad qrels row or header, a qrels id not in the queries or the corpus, a
+      query-document pair given twice with two scores.
     """
     root = as_path(folder)
     paths = {name: root / f"{name}.jsonl" for name in ("corpus", "queries")}
@@ -373,7 +399,8 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
 
     corpus = _ids(paths["corpus"], document)
     queries = _ids(paths["queries"], lambda r, line: _text(r, "text", paths["queries"], line))
-    relevant: dict[str, set[str]] = {}
+    relevant: dict[str, dict[str, int]] = {}
+    seen: dict[tuple[str, str], int] = {}
     rows = _records(qrels_path, jsonl=False)
     header = next(rows, None)
     if header is None or header[1].split("\t") != ["query-id", "corpus-id", "score"]:
@@ -392,8 +419,11 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
             value = int(score)
         except ValueError:
             raise DataError(qrels_path, line, "score", f"not an integer: {score!r}") from None
+        if seen.setdefault((qid, cid), value) != value:
+            raise DataError(qrels_path, line, "score", f"{qid!r} and {cid!r} were given score "
+                            f"{seen[qid, cid]} on an earlier line, now {value}")
         if value > 0:
-            relevant.setdefault(qid, set()).add(cid)
+            relevant.setdefault(qid, {})[cid] = value
     return queries, corpus, relevant
 
 

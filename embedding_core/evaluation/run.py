@@ -91,7 +91,9 @@ def evaluate(encoder: Any, specs: Iterable[str], *, batch_size: int = 32,
              ) -> dict[str, dict[str, Any]]:
     """Runs every spec on ``encoder``; ``{label: {"kind", "file", "primary_metric",
     "metrics": {name: float}}}`` with ``label`` the kind, or ``kind:file stem`` when a kind
-    comes twice. ``evaluators``: already built ``(kind, path, evaluator)`` (training)."""
+    comes twice, and for retrieval ``"dropped_queries"`` (queries without a relevant
+    document, not scored). ``evaluators``: already built ``(kind, path, evaluator)``
+    (training)."""
     if evaluators is None:
         evaluators = [(kind, path, build(kind, path, batch_size=batch_size, ir_split=ir_split))
                       for kind, path in map(parse_spec, specs)]
@@ -101,6 +103,8 @@ def evaluate(encoder: Any, specs: Iterable[str], *, batch_size: int = 32,
         metrics = {k: float(v) for k, v in evaluator(encoder).items()}
         results[label] = {"kind": kind, "file": storage.display(path),
                           "primary_metric": evaluator.primary_metric, "metrics": metrics}
+        if hasattr(evaluator, "dropped_queries"):
+            results[label]["dropped_queries"] = int(evaluator.dropped_queries)
     return results
 
 
@@ -134,10 +138,14 @@ def flat_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
 
 
 def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """One block per evaluator: its file, then every metric (primary first), 4 decimals."""
+    """One block per evaluator: its file (and the retrieval queries dropped), then every
+    metric (primary first), 4 decimals."""
     lines = []
     for label, r in results.items():
-        lines.append(f"{label} ({WHAT[r['kind']]}) on {r['file']}:")
+        dropped = r.get("dropped_queries")
+        lines.append(f"{label} ({WHAT[r['kind']]}) on {r['file']}" + (
+            f" ({dropped} queries without a relevant document dropped)"
+            if dropped is not None else "") + ":")
         names = sorted(r["metrics"], key=lambda n: (n != r["primary_metric"], n))
         width = max(len(n) for n in names) if names else 0
         lines += [f"  {n:<{width}}  {r['metrics'][n]:.4f}" for n in names]

@@ -51,3 +51,23 @@ def test_cli_refuses_an_output_folder_before_loading_the_model(tmp_path, capsys)
     # A model that does not exist: the output check must come first.
     assert cli.main(["--model=/nonexistent", f"--sts={sts}", f"--output={tmp_path}"]) == 1
     assert "is a folder; name a file" in capsys.readouterr().err
+
+
+def test_cli_prints_and_writes_the_dropped_queries(tmp_path, capsys, tiny_bert_dir):
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "a cat"}\n'
+                                       '{"_id": "d2", "text": "a dog"}\n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "cat"}\n'
+                                        '{"_id": "q2", "text": "dog"}\n'
+                                        '{"_id": "q3", "text": "cow"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t2\n"
+                                             "q2\td2\t1\nq3\td1\t0\n")
+    out = tmp_path / "results.json"
+    assert cli.main([f"--model={tiny_bert_dir}", f"--ir={beir}", f"--output={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert f"ir (retrieval) on {beir} (1 queries without a relevant document dropped):" \
+        in printed
+    result = json.loads(out.read_text())["results"]["ir"]
+    assert result["dropped_queries"] == 1
+    assert set(result["metrics"]) >= {"cosine_ndcg@10", "dot_map@100"}

@@ -310,3 +310,50 @@ def test_bad_input_names_file_line_and_field(beir, squad, tmp_path):
         assert f"{path}:2:" in str(err.value)
     with pytest.raises(ValueError, match="0 queries"):
         IR({"q": "text"}, {"d": "doc"}, {"q": set()})
+
+
+def test_graded_qrels_give_graded_ndcg_and_binary_other_metrics(tmp_path):
+    # One query; dot scores rank d1 (grade 1), d3 (unjudged), d0 (grade 2), d2 (grade 0).
+    # NDCG@10 (gain = grade, as pytrec_eval): DCG = 1/log2(2) + 2/log2(4) = 2,
+    # IDCG = 2/log2(2) + 1/log2(3); binary metrics: d1 and d0 relevant (grade >= 1).
+    docs = {"d0": [2.0], "d1": [4.0], "d2": [1.0], "d3": [3.0]}
+    write_beir(tmp_path / "graded", [{"_id": d, "text": f"text {d}"} for d in docs],
+               [{"_id": "q", "text": "text q"}, {"_id": "lost", "text": "text lost"}],
+               [("q", "d0", 2), ("q", "d1", 1), ("q", "d2", 0), ("lost", "d2", 0)])
+    encoder = Vectors({"text q": [1.0], "text lost": [1.0]},
+                      {f"text {d}": v for d, v in docs.items()})
+    ev = IR.from_beir(tmp_path / "graded", accuracy_at_k=[1], precision_recall_at_k=[3],
+                      mrr_at_k=[10], ndcg_at_k=[3, 10], map_at_k=[100],
+                      score_functions=["dot"])
+    assert ev.relevant_docs == {"q": {"d0": 2, "d1": 1}} and ev.dropped_queries == 1
+    got = ev(encoder)
+    assert got["dot_ndcg@10"] == pytest.approx(2 / (2 + 1 / math.log2(3)))  # 0.7602
+    from sklearn.metrics import ndcg_score
+
+    for k in (3, 10):
+        assert got[f"dot_ndcg@{k}"] == pytest.approx(
+            ndcg_score([[2, 1, 0, 0]], [[2.0, 4.0, 1.0, 3.0]], k=k))
+    assert got["dot_precision@3"] == pytest.approx(2 / 3) and got["dot_recall@3"] == 1.0
+    assert got["dot_mrr@10"] == 1.0 and got["dot_map@100"] == pytest.approx((1 + 2 / 3) / 2)
+    # The same qrels as sets (sentence-transformers' input): binary NDCG, the old number.
+    binary = IR({"q": "text q"}, {d: f"text {d}" for d in docs}, {"q": {"d0", "d1"}},
+                ndcg_at_k=[10], score_functions=["dot"])(encoder)
+    assert binary["dot_ndcg@10"] == pytest.approx(
+        (1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3)))
+
+
+def test_graded_ties_rank_the_lower_grade_first():
+    # d0 (grade 2), d1 (grade 1), d2 (unjudged) tie: worst order first, whatever the index.
+    docs = {"d0": [1.0], "d1": [1.0], "d2": [1.0]}
+    ev = IR({"q": "text q"}, {d: f"text {d}" for d in docs}, {"q": {"d0": 2, "d1": 1}},
+            ndcg_at_k=[10], score_functions=["dot"])
+    encoder = Vectors({"text q": [1.0]}, {f"text {d}": v for d, v in docs.items()})
+    assert ev.retrieve(encoder)["dot"][0].tolist() == [[2, 1, 0]]
+
+
+def test_a_qrels_pair_with_two_scores_is_refused(tmp_path):
+    folder = write_beir(tmp_path / "twice", [{"_id": "d", "text": "x"}],
+                        [{"_id": "q", "text": "y"}], [("q", "d", 2), ("q", "d", 1)])
+    with pytest.raises(DataError, match=r"test.tsv:3: field 'score': 'q' and 'd' were given "
+                       "score 2 on an earlier line, now 1"):
+        IR.from_beir(folder)
