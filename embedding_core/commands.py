@@ -191,8 +191,8 @@ def evaluate_files(program_load: Callable[[Invocation], Any], inv: Invocation) -
     from embedding_core.evaluation import run
     from embedding_core.files import write_json
 
-    built = [(kind, path, run.build(kind, path)) for kind in EVAL_FLAGS
-             for path in FLAGS[kind].value]  # bad files fail before the model loads
+    built = run.build_flags(f"{kind}:{path}" for kind in EVAL_FLAGS
+                            for path in FLAGS[kind].value)  # before the model loads
     model = program_load(inv)
     results = run.evaluate(run.view_of(model, FLAGS.view), (), evaluators=built)
     output = FLAGS.output or os.path.join(str(inv.workdir), "eval", "evaluators.json")
@@ -215,11 +215,16 @@ def overrides() -> dict[str, Any]:
 
 def _paths_given(given) -> list[str]:
     """The paths of a command line, the workdir first, then --output, --input, the
-    evaluation files and the config's text fields (comma-separated ones split)."""
+    evaluation files (flags and ``config.eval_files``, without ``KIND:``) and the config's
+    other text fields (comma-separated ones split)."""
+    from embedding_core import configs
+
     values = [given.workdir, given.output, given.input]
     values += [path for kind in EVAL_FLAGS for path in given[kind].value]
-    values += [v for v in given.config.values() if isinstance(v, str)]
-    return [part.strip() for v in values if v for part in str(v).split(",")]
+    paths = [part.strip() for v in values if v for part in str(v).split(",")]
+    paths += [spec.partition(":")[2] for spec in configs.eval_specs(given.config)]
+    return paths + [part.strip() for k, v in given.config.items()
+                    if isinstance(v, str) and k != "eval_files" for part in v.split(",")]
 
 
 def main(program: Program, module) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable
 
 import ml_collections
@@ -56,7 +57,8 @@ BASE = Fields(dict(
                           resumable=True),
     eval_files=Field("", "comma-separated KIND:PATH files (ir, sts, pairs, triplets) scored "
                      "every eval_every steps with sentence-transformers' metrics "
-                     "(docs/evaluation.md)", resumable=True),
+                     "(docs/evaluation.md); a comma inside a path is written \\,",
+                     resumable=True),
     select_metric=Field("", "an eval metric (e.g. sts/spearman_cosine): the checkpoint "
                         "where it is highest is kept, and evaluate / export load it",
                         resumable=True),
@@ -170,8 +172,10 @@ def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = Non
 
 
 def eval_specs(config: ml_collections.ConfigDict) -> list[str]:
-    """``config.eval_files`` as a list of ``KIND:PATH`` specs."""
-    return [s.strip() for s in str(config.get("eval_files", "")).split(",") if s.strip()]
+    """``config.eval_files`` as a list of ``KIND:PATH`` specs: split at commas, except
+    ``\\,``, which is a comma inside a path (``sts:data/a\\,b.csv``)."""
+    parts = re.split(r"(?<!\\),", str(config.get("eval_files", "")))
+    return [p.strip().replace("\\,", ",") for p in parts if p.strip()]
 
 
 def validator(fields: Fields, extra: Callable[[ml_collections.ConfigDict], None] | None = None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 USAGE = """usage: embedding-jax COMMAND [--help]
 
@@ -13,22 +14,51 @@ USAGE = """usage: embedding-jax COMMAND [--help]
 """
 
 
-def run() -> None:
-    """Dispatches ``embedding-jax COMMAND ...`` to the command's ``main``."""
-    argv = sys.argv[1:]
+def _gs_values(argv: Sequence[str]) -> list[str]:
+    """The ``gs://`` values of ``--flag=VALUE`` / ``--flag VALUE`` arguments."""
+    values = [a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in argv]
+    return [part for v in values for part in v.split(",") if part.startswith("gs://")]
+
+
+def check_storage(command: str, argv: Sequence[str]) -> int:
+    """The trainers' ``gs://`` start check (``storage.check_endpoint``) on the URIs of a
+    command line: 0 when there is none or its endpoint answers, else 1 after one line on
+    stderr naming the URI."""
+    uris = _gs_values(argv)
+    if not uris:
+        return 0
+    from embedding_core import storage
+
+    try:
+        storage.check_endpoint(uris)
+    except (OSError, ValueError) as err:
+        print(f"embedding-jax {command}: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """Runs ``embedding-jax COMMAND ...`` (``argv`` without the program name); the exit
+    status."""
+    argv = list(argv)
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE, end="")
-        sys.exit(0)
+        return 0
     if argv[:1] == ["encode"]:
         from embedding_core import bulk_encode
 
-        sys.exit(bulk_encode.main(argv[1:]))
+        return check_storage("encode", argv[1:]) or bulk_encode.main(argv[1:])
     if argv[:1] == ["evaluate"]:
         from embedding_core.evaluation import cli
 
-        sys.exit(cli.main(argv[1:]))
+        return cli.main(argv[1:])  # runs the same check itself
     print(USAGE, end="", file=sys.stderr)
-    sys.exit(2)
+    return 2
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from embedding_core import (
     parallel,
     run_control,
     run_lock,
+    storage,
     training,
 )
 from embedding_core.files import read_json_object, write_json
@@ -176,17 +177,31 @@ def _eval_files(config: ml_collections.ConfigDict) -> list:
     """``config.eval_files`` read into evaluators ``(kind, path, evaluator)``.
 
     Raises:
-      FileNotFoundError, DataError: a bad file (one line naming it).
+      FileNotFoundError, ValueError: a bad spec, a missing file or a bucket
+        (``config.eval_files: ...``); DataError: a bad row (file, line, field).
+      storage.StorageUnavailableError: ``gs://`` that cannot be reached (the URI named).
     """
     if int(config.eval_every) <= 0 or not configs.eval_specs(config):
         return []
+    from embedding_core.errors import DataError
     from embedding_core.evaluation import run as evaluation
 
     try:
+        specs = [evaluation.parse_spec(s) for s in configs.eval_specs(config)]
+    except ValueError as e:
+        raise ValueError(f"config.eval_files: {e}; a comma inside a path is written \\,"
+                         ) from None
+    # The trainers' start check: without it a gs:// URI with no credentials retries for a
+    # minute, then fails without naming the URI.
+    storage.check_endpoint([path for _, path in specs])
+    try:
         return [(kind, path, evaluation.build(kind, path, batch_size=int(config.eval_batch_size)))
-                for kind, path in map(evaluation.parse_spec, configs.eval_specs(config))]
-    except FileNotFoundError as e:  # the field, as for every other missing data file
-        raise FileNotFoundError(f"config.eval_files: {e}") from None
+                for kind, path in specs]
+    except DataError:
+        raise
+    except (FileNotFoundError, ValueError) as e:  # the field, as for other data files
+        wrap = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
+        raise wrap(f"config.eval_files: {e}") from None
 
 
 def _eval_fn(task: Task, config: ml_collections.ConfigDict, built: list):

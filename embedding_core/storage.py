@@ -112,12 +112,28 @@ def check_data_paths(config, fields: Iterable[str]) -> None:
 
     Raises:
       MissingPathError: ``config.FIELD: PATH does not exist`` (a ``FileNotFoundError``).
+      ValueError: ``config.FIELD: gs://B/ is a bucket, not a file`` (:func:`check_not_bucket`).
     """
     for name in fields:
         value = str(config.get(name, "") or "") if name in config else ""
         for part in filter(None, (p.strip() for p in value.split(","))):
+            check_not_bucket(part, f"config.{name}: ")
             if not as_path(part).exists():
                 raise MissingPathError(f"config.{name}: {display(part)} does not exist")
+
+
+def check_not_bucket(path: str | os.PathLike, prefix: str = "") -> None:
+    """Refuses a bare ``gs://BUCKET`` or ``gs://BUCKET/`` where data is read: fsspec would
+    list the bucket as a folder, then fail with "Attempt to open a bucket".
+
+    Raises:
+      ValueError: ``{prefix}gs://B/ is a bucket, not a file; ...`` (one line).
+    """
+    text = os.fspath(path)
+    if is_remote(text) and "/" not in text[len(_SCHEME):].strip("/"):
+        as_path(text)  # gs:// alone: its own error (no bucket)
+        raise ValueError(f"{prefix}{text} is a bucket, not a file; name a file (or folder) "
+                         f"in it: {_SCHEME}{text[len(_SCHEME):].strip('/')}/PATH")
 
 
 def describe_error(err: BaseException) -> str:

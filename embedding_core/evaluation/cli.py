@@ -54,13 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("embedding-jax evaluate: error: --batch_size must be >= 1", file=sys.stderr)
         return 2
     try:
+        # The trainers' start check: gs:// without credentials is one line, not a minute of
+        # retries.
+        storage.check_endpoint([args.model, args.output or "",
+                                *(path for _, path in map(run.parse_spec, specs))])
         if args.output:  # before any work: a result that cannot be written is lost
             out = storage.as_path(args.output)
             if out.is_dir():
                 raise IsADirectoryError(f"--output {args.output} is a folder; name a file")
-        built = [(kind, path, run.build(kind, path, batch_size=args.batch_size,
-                                        ir_split=args.ir_split))
-                 for kind, path in map(run.parse_spec, specs)]  # bad files fail first
+        built = run.build_flags(specs, batch_size=args.batch_size, ir_split=args.ir_split)
         model = load_encoder(args.model)
         results = run.evaluate(run.view_of(model, args.view), (), evaluators=built)
         print(f"{getattr(model, 'name', args.model)}"

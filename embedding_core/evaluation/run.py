@@ -37,13 +37,15 @@ def build(kind: str, path: str, *, batch_size: int = 32, ir_split: str = "test")
     """The evaluator of one spec, its file read now (so bad input fails before any work).
 
     Raises:
-      FileNotFoundError: no such file or folder (the path named). DataError: a bad row.
+      FileNotFoundError: ``PATH does not exist`` (the caller names the flag or field).
+      ValueError: a bare ``gs://`` bucket. DataError: a bad row (file, line, field).
     """
     from embedding_core.evaluation import pairs, retrieval
 
+    storage.check_not_bucket(path)
     where = storage.as_path(path)
     if not where.exists():
-        raise FileNotFoundError(f"{kind}: {storage.display(path)} does not exist")
+        raise FileNotFoundError(f"{storage.display(path)} does not exist")
     if kind == "ir":
         if where.is_dir():
             return retrieval.InformationRetrievalEvaluator.from_beir(
@@ -52,6 +54,28 @@ def build(kind: str, path: str, *, batch_size: int = 32, ir_split: str = "test")
     cls = {"sts": pairs.EmbeddingSimilarityEvaluator,
            "pairs": pairs.BinaryClassificationEvaluator, "triplets": pairs.TripletEvaluator}[kind]
     return cls.from_file(path, batch_size=batch_size)
+
+
+def build_flags(specs: Iterable[str], **kwargs: Any) -> list[tuple[str, str, Any]]:
+    """``(kind, path, evaluator)`` of command-line specs (:func:`build`'s ``kwargs``), bad
+    files first, before any model loads.
+
+    Raises:
+      FileNotFoundError, ValueError: ``--KIND PATH ...`` (the flag and the path named).
+      DataError: a bad row (file, line, field).
+    """
+    from embedding_core.errors import DataError
+
+    out = []
+    for kind, path in map(parse_spec, specs):
+        try:
+            out.append((kind, path, build(kind, path, **kwargs)))
+        except DataError:
+            raise
+        except (FileNotFoundError, ValueError) as e:
+            wrap = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
+            raise wrap(f"--{kind} {e}") from None
+    return out
 
 
 class ViewOf:

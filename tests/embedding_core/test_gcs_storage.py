@@ -522,3 +522,74 @@ def test_gs_run_logs_no_errors_and_a_failed_checkpoint_write_is_one_line(
 def test_a_uri_without_a_bucket_is_its_own_error_before_any_endpoint_check():
     with pytest.raises(ValueError, match=r"^gs:///x.csv: a gs:// URI needs a bucket"):
         storage.check_endpoint(["/local/dir", "gs:///x.csv"])
+
+
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    """Google Cloud Storage, no emulator, no credentials: the start check's first refusal."""
+    monkeypatch.setattr(storage, "_checked", set())
+    monkeypatch.delenv(storage.EMULATOR_ENV, raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud login here
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a VM's service account
+    return ("gs://b/dev.csv: no Google Cloud credentials; run `gcloud auth "
+            "application-default login`")
+
+
+def test_eval_files_over_gs_get_the_start_check(no_credentials, tmp_path):
+    from embedding_core import commands, configs
+    from embedding_core.run import run
+    from tests.embedding_core.test_run import _config, _make_task
+
+    config = _config(eval_every=6, eval_files="sts:gs://b/dev.csv")
+    with pytest.raises(storage.StorageUnavailableError) as err:
+        run(_make_task([]), config, tmp_path / "run")
+    assert str(err.value).startswith(no_credentials) and "\n" not in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+    class Given(dict):  # what the trainers' CLI hands _paths_given: absl FLAGS
+        workdir, output, input = "/w", None, None
+        config = configs.base()
+
+    given = Given({kind: type("Flag", (), {"value": []}) for kind in commands.EVAL_FLAGS})
+    given.config.eval_files = r"sts:gs://b/dev.csv, ir:/data/beir\,v2, pairs:p.csv"
+    paths = commands._paths_given(given)
+    assert paths[:4] == ["/w", "gs://b/dev.csv", "/data/beir,v2", "p.csv"]
+
+
+def test_embedding_jax_encode_and_evaluate_get_the_start_check(no_credentials, capsys):
+    from embedding_core import main
+    from embedding_core.evaluation import cli
+
+    assert cli.main(["--model=org/model", "--sts=gs://b/dev.csv"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"embedding-jax evaluate: error: {no_credentials}")
+    storage._checked.clear()
+    assert main.main(["encode", "--model=org/model", "--input", "gs://b/dev.csv",
+                      "--output=/tmp/out"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"embedding-jax encode: error: {no_credentials}")
+
+
+def test_a_bucket_is_not_a_data_file(gcs_emulator):
+    import ml_collections
+
+    from embedding_core import data_fingerprint
+    from embedding_core.evaluation import run as evaluation
+    from embedding_core.run import _eval_files
+    from tests.embedding_core.test_run import _config
+
+    storage.write_bytes(f"{BUCKET}/x.csv", b"a,b\n")  # a bucket with a file is still one
+    for uri in (f"{BUCKET}/", BUCKET, f"{BUCKET}//"):
+        config = ml_collections.ConfigDict({"train_file": uri})
+        want = (f"config.train_file: {uri} is a bucket, not a file; name a file (or folder) "
+                f"in it: {BUCKET}/PATH")
+        for check in (storage.check_data_paths, data_fingerprint.fingerprint):
+            with pytest.raises(ValueError) as err:
+                check(config, ["train_file"])
+            assert str(err.value) == want
+    with pytest.raises(ValueError, match=rf"^config.eval_files: {BUCKET}/ is a bucket, not a "
+                       "file; "):
+        _eval_files(_config(eval_every=6, eval_files=f"ir:{BUCKET}/"))
+    with pytest.raises(ValueError, match=rf"^--sts {BUCKET} is a bucket, not a file; "):
+        evaluation.build_flags([f"sts:{BUCKET}"])

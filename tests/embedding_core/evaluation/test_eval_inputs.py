@@ -71,3 +71,24 @@ def test_cli_prints_and_writes_the_dropped_queries(tmp_path, capsys, tiny_bert_d
     result = json.loads(out.read_text())["results"]["ir"]
     assert result["dropped_queries"] == 1
     assert set(result["metrics"]) >= {"cosine_ndcg@10", "dot_map@100"}
+
+
+def test_config_eval_files_name_the_field_and_take_an_escaped_comma(tmp_path, capsys):
+    from embedding_core.run import _eval_files
+    from tests.embedding_core.test_run import _config
+
+    sts = tmp_path / "dev,v2.csv"
+    sts.write_text("sentence1,sentence2,score\na,b,1\nc,d,2\ne,f,3\n")
+    built = _eval_files(_config(eval_every=6, eval_files=rf"sts:{tmp_path}/dev\,v2.csv"))
+    assert [(kind, path) for kind, path, _ in built] == [("sts", str(sts))]
+    assert len(built[0][2].sentences1) == 3
+    # Unescaped, the comma splits the path into two specs: the second has no KIND.
+    with pytest.raises(ValueError, match=r"^config.eval_files: evaluation 'v2.csv': write "
+                       r"KIND:PATH .*; a comma inside a path is written \\,$"):
+        _eval_files(_config(eval_every=6, eval_files=f"sts:{tmp_path}/dev,v2.csv"))
+    with pytest.raises(FileNotFoundError) as err:
+        _eval_files(_config(eval_every=6, eval_files=f"sts:{tmp_path}/nope.csv"))
+    assert str(err.value) == f"config.eval_files: {tmp_path}/nope.csv does not exist"
+    assert cli.main(["--model=org/model", f"--sts={tmp_path}/nope.csv"]) == 1
+    assert capsys.readouterr().err == (f"embedding-jax evaluate: error: --sts {tmp_path}/"
+                                       "nope.csv does not exist\n")
