@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -19,6 +20,7 @@ import numpy as np
 
 from embedding_core import pretrained, storage
 from embedding_core.inference import Encoder, encode_in_batches, masked_mean
+from embedding_core.st_tokenizer import CallableTokenizer
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 _LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
@@ -34,7 +36,8 @@ _ACTIVATIONS = {"Identity": lambda x: x, "Tanh": jnp.tanh, "ReLU": jax.nn.relu,
 class Pipeline:
     """What a folder's modules do after the transformer: ``pooling`` modes (concatenated),
     ``include_prompt``, ``dense`` layers ``(kernel [in, out], bias [out] | None, activation
-    name)``, ``normalize``; the tokenizer's ``max_seq_length`` and ``do_lower_case``."""
+    name)``, ``normalize``; the tokenizer's ``max_seq_length``, ``do_lower_case`` and
+    ``model_max_length`` (``tokenizer_config.json``, at most the positions)."""
 
     pooling: tuple[str, ...] = ("mean",)
     include_prompt: bool = True
@@ -42,6 +45,7 @@ class Pipeline:
     normalize: bool = False
     max_seq_length: int = 512
     do_lower_case: bool = False
+    model_max_length: int = 512
 
 
 def _json(path: pathlib.Path) -> dict:
@@ -95,7 +99,8 @@ def read_pipeline(model_dir: pathlib.Path, max_positions: int) -> Pipeline:
         else None
     limit = max_positions if not isinstance(model_max, int) else min(max_positions, model_max)
     base = dict(max_seq_length=int(settings.get("max_seq_length") or limit),
-                do_lower_case=bool(settings.get("do_lower_case", False)))
+                do_lower_case=bool(settings.get("do_lower_case", False)),
+                model_max_length=int(limit))
     modules_file = model_dir / "modules.json"
     if not modules_file.is_file():
         return Pipeline(**base)
@@ -150,7 +155,8 @@ class PretrainedEncoder(Encoder):
 
     Attributes:
       model_dir: the local folder; pretrained: the transformer (``pretrained.Pretrained``);
-      pipeline: its :class:`Pipeline`; tokenizer: a ``tokenizers.Tokenizer``.
+      pipeline: its :class:`Pipeline`; tokenizer: called as sentence-transformers'
+      (``st_tokenizer.CallableTokenizer``: ``tokenizer("hi")["input_ids"]``).
     """
 
     default_batch_size = 32
@@ -164,9 +170,13 @@ class PretrainedEncoder(Encoder):
         self.pipeline = read_pipeline(model_dir,
                                       config.max_position_embeddings - config.position_offset)
         self._max_length = self.pipeline.max_seq_length
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
+        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self.tokenizer = CallableTokenizer(
+            self._tokenizer, model_max_length=self.pipeline.model_max_length,
+            token_types=config.model_type in ("bert", "electra"),
+            pad_token_id=_pad_id(self._tokenizer, config.pad_token_id))
         st_config = model_dir / "config_sentence_transformers.json"
         extra = _json(st_config) if st_config.is_file() else {}
         self.prompts = dict(extra.get("prompts") or {})
@@ -247,9 +257,39 @@ class PretrainedEncoder(Encoder):
         # The prompt's own token count (less its closing special token), for include_prompt.
         text = st_compat.resolve_prompt(self.prompts, prompt, prompt_name,
                                         self.default_prompt_name)
-        self._prompt_length = (len(self.tokenizer.encode(self._case(text)).ids) - 1
+        self._prompt_length = (len(self._tokenizer.encode(self._case(text)).ids) - 1
                                if text else 0)
         return super().encode(sentences, prompt_name, prompt, *args, **kwargs)
+
+    def tokenize(self, texts: Sequence[str | tuple[str, str]]) -> dict[str, np.ndarray]:
+        """sentence-transformers' ``tokenize``: texts (or pairs) stripped, lower-cased where
+        the folder says ``do_lower_case``, cut to :attr:`max_seq_length` tokens and padded to
+        the longest; ``input_ids``, ``token_type_ids`` (models with token types),
+        ``attention_mask``, each int64 ``[len(texts), L]`` (numpy, not torch)."""
+        pairs = [(t, None) if isinstance(t, str) else tuple(t) for t in texts]
+        first = [self._case(str(a).strip()) for a, _ in pairs]
+        second = None if all(b is None for _, b in pairs) else \
+            [self._case(str(b).strip()) for _, b in pairs]
+        return dict(self.tokenizer(first, second, padding=True, truncation=True,
+                                   max_length=self._max_length, return_tensors="np"))
+
+    preprocess = tokenize  # sentence-transformers 6's name for it
+
+    def __repr__(self) -> str:
+        raw = _json(self.model_dir / "config.json")
+        architecture = (raw.get("architectures") or [raw.get("model_type")])[0]
+        pipe, hidden = self.pipeline, int(self.pretrained.config.hidden_size)
+        modules = [f"Transformer({{'max_seq_length': {self._max_length}, 'do_lower_case': "
+                   f"{pipe.do_lower_case}, 'architecture': {architecture!r}}})",
+                   f"Pooling({{'embedding_dimension': {hidden}, 'pooling_mode': "
+                   f"{(pipe.pooling[0] if len(pipe.pooling) == 1 else pipe.pooling)!r}, "
+                   f"'include_prompt': {pipe.include_prompt}}})"]
+        modules += [f"Dense({{'in_features': {kernel.shape[0]}, 'out_features': "
+                    f"{kernel.shape[1]}, 'bias': {bias is not None}, 'activation_function': "
+                    f"{act!r}}})" for kernel, bias, act in pipe.dense]
+        modules += ["Normalize()"] * pipe.normalize
+        lines = "".join(f"  ({i}): {m}\n" for i, m in enumerate(modules))
+        return f"{type(self).__name__}(\n{lines})"
 
     def _case(self, text: str) -> str:
         return text.lower() if self.pipeline.do_lower_case else text
@@ -260,11 +300,11 @@ class PretrainedEncoder(Encoder):
         """The tokenizer's encodings (ids and token types: a template may give a suffix
         type 1, as export-hf's DualCSE views do) and their lengths."""
         # max_seq_length counts the special tokens, as sentence-transformers' truncation.
-        self.tokenizer.enable_truncation(max_length=self._max_length)
+        self._tokenizer.enable_truncation(max_length=self._max_length)
         try:
-            encodings = self.tokenizer.encode_batch([self._case(t) for t in texts])
+            encodings = self._tokenizer.encode_batch([self._case(t) for t in texts])
         finally:
-            self.tokenizer.no_truncation()
+            self._tokenizer.no_truncation()
         return encodings, np.array([len(e.ids) for e in encodings])
 
     def _token_rows(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
@@ -283,7 +323,7 @@ class PretrainedEncoder(Encoder):
                          lambda x: self._forward(self.params, *x, prompt_length))
 
     def _run(self, ids, lengths, batch_size, show_progress_bar, forward, rows_out=False):
-        pad_id = _pad_id(self.tokenizer, self.pretrained.config.pad_token_id)
+        pad_id = self.tokenizer.pad_token_id
 
         rows_per_call = batch_size
         if self._sharding is not None:  # a whole number of rows per device
@@ -315,23 +355,33 @@ def _pad_id(tokenizer, fallback: int) -> int:
     return int(fallback)
 
 
-def load_encoder(name_or_path: str | os.PathLike) -> Encoder:
+def load_encoder(name_or_path: str | os.PathLike, *, truncate_dim: int | None = None
+                 ) -> Encoder:
     """Any encoder a user names, as an ``Encoder`` with ``SentenceTransformer.encode``'s
     arguments: a sentence-transformers or transformers folder (local or ``gs://``), an
     installed package carrying one, or a hub id (``org/name[@revision]``).
+    ``truncate_dim``: ``encode`` keeps the first columns only unless a call says otherwise
+    (``SentenceTransformer(..., truncate_dim=)``).
 
     Raises:
       FileNotFoundError, ValueError: as ``pretrained.resolve_model_dir`` and
-        :func:`read_pipeline` (one line each).
+        :func:`read_pipeline` (one line each); ``truncate_dim`` not an int >= 1.
     A workdir of ours (local or ``gs://``) loads as its package's ``load`` gives it
     (``embedding_core.workdirs``), its views chosen with ``kind=`` / ``side=``.
     """
     from embedding_core import workdirs
 
+    if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(
+            truncate_dim, (int, np.integer)) or truncate_dim < 1):
+        raise ValueError(f"truncate_dim must be None or an int >= 1, got {truncate_dim!r}")
     if not isinstance(name_or_path, str) or "://" in name_or_path \
             or os.path.exists(name_or_path):
         if workdirs.is_workdir(name_or_path):
-            return workdirs.load_workdir(name_or_path)
+            encoder = workdirs.load_workdir(name_or_path)
+            encoder.truncate_dim = truncate_dim
+            return encoder
     model_dir = pretrained.resolve_model_dir(name_or_path)
-    return PretrainedEncoder(model_dir, name=storage.display(name_or_path)
-                             if storage.is_remote(name_or_path) else str(name_or_path))
+    encoder = PretrainedEncoder(model_dir, name=storage.display(name_or_path)
+                                if storage.is_remote(name_or_path) else str(name_or_path))
+    encoder.truncate_dim = None if truncate_dim is None else int(truncate_dim)
+    return encoder

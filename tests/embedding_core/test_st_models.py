@@ -125,3 +125,54 @@ def test_token_embeddings_and_all_outputs_equal_sentence_transformers(minilm, st
                                    st_row["sentence_embedding"].numpy(), atol=3e-5)
     with pytest.raises(ValueError, match="output_value 'tokens'"):
         ours.encode(SENTENCES, output_value="tokens")
+
+
+def test_tokenizer_tokenize_truncate_dim_and_repr_as_sentence_transformers(tiny_bert_dir,
+                                                                         tmp_path):
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+
+    folder = str(tiny_bert_dir)
+    ours = load_encoder(folder, truncate_dim=8)
+    st = SentenceTransformer(folder, device="cpu", truncate_dim=8)
+    assert ours.tokenizer("hi") == st.tokenizer("hi") == {
+        "input_ids": [101, 7632, 102], "token_type_ids": [0, 0, 0], "attention_mask": [1, 1, 1]}
+    assert ours.tokenizer("hi").input_ids == [101, 7632, 102]
+    texts = ["a b", "  Hello there world", SENTENCES[2]]
+    assert ours.tokenizer(texts) == dict(st.tokenizer(texts))
+    assert ours.tokenizer(texts, padding=True) == dict(st.tokenizer(texts, padding=True))
+    for length in (128, 6):  # max_seq_length cuts tokenize's rows, special tokens included
+        ours.max_seq_length = st.max_seq_length = length
+        got, want = ours.tokenize(texts), st.tokenize(texts)
+        assert list(got) == ["input_ids", "token_type_ids", "attention_mask"]
+        for key, value in got.items():
+            assert value.dtype == np.int64
+            np.testing.assert_array_equal(value, want[key].numpy(), err_msg=key)
+    assert got["input_ids"].shape == (3, 6)
+
+    assert ours.get_sentence_embedding_dimension() == st.get_embedding_dimension() == 8
+    assert ours.encode(SENTENCES).shape == (4, 8) and ours.encode(SENTENCES[0]).shape == (8,)
+    np.testing.assert_allclose(ours.encode(SENTENCES), st.encode(SENTENCES), atol=2e-5)
+    assert ours.encode(SENTENCES, truncate_dim=16).shape == (4, 16)
+    with pytest.raises(ValueError, match="truncate_dim must be None or an int >= 1, got 0"):
+        load_encoder(folder, truncate_dim=0)
+
+    assert repr(ours) == (
+        "PretrainedEncoder(\n"
+        "  (0): Transformer({'max_seq_length': 6, 'do_lower_case': False, "
+        "'architecture': 'BertModel'})\n"
+        "  (1): Pooling({'embedding_dimension': 32, 'pooling_mode': 'mean', "
+        "'include_prompt': True})\n)")
+    pool = models.Pooling(32, pooling_mode=("mean", "max"), include_prompt=False)
+    torch.manual_seed(0)
+    dense = models.Dense(64, 24, activation_function=torch.nn.Tanh())
+    st = SentenceTransformer(modules=[models.Transformer(folder), pool, dense,
+                                      models.Normalize()], device="cpu")
+    st.save(str(tmp_path / "st"))
+    shown = repr(load_encoder(tmp_path / "st")).splitlines()
+    pooling = [line for line in repr(st).splitlines() if "Pooling" in line]
+    assert shown[2] == pooling[0] == (
+        "  (1): Pooling({'embedding_dimension': 32, 'pooling_mode': ('mean', 'max'), "
+        "'include_prompt': False})")
+    assert shown[3:] == ["  (2): Dense({'in_features': 64, 'out_features': 24, 'bias': True, "
+                         "'activation_function': 'Tanh'})", "  (3): Normalize()", ")"]
