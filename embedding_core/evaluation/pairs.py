@@ -156,24 +156,48 @@ class EmbeddingSimilarityEvaluator:
 
     Metrics: ``pearson_{fn}``, ``spearman_{fn}`` per function, ``pearson_max`` and
     ``spearman_max`` with more than one; all prefixed ``{name}_`` when ``name`` is set.
-    :attr:`primary_metric`: ``spearman_max``, or ``spearman_{fn}`` with one function.
+    Functions: ``similarity_fn_names``, else ``[main_similarity]``, else all four (a
+    superset of sentence-transformers' ``[model.similarity_fn_name]``).
+    :attr:`primary_metric` is sentence-transformers' for the same arguments:
+    ``spearman_{main_similarity}``; without it ``spearman_max`` for several given functions,
+    ``spearman_{fn}`` for one, and for none given ``spearman_{encoder.similarity_fn_name}``
+    (set when called; ``cosine`` for an encoder without one).
 
     Raises:
-      ValueError: columns of different lengths or empty; an unknown function name.
+      ValueError: columns of different lengths or empty; an unknown function name, or a
+        ``main_similarity`` not among ``similarity_fn_names``.
     """
 
     greater_is_better = True
 
     def __init__(self, sentences1: Sequence[str], sentences2: Sequence[str],
                  scores: Sequence[float], *, name: str = "", batch_size: int = 32,
-                 similarity_fn_names: Sequence[str] = ("cosine", "euclidean", "manhattan", "dot"),
-                 show_progress_bar: bool = False) -> None:
+                 similarity_fn_names: Sequence[str] | None = None,
+                 main_similarity: str | None = None, show_progress_bar: bool = False) -> None:
         _check_lengths(sentences1=sentences1, sentences2=sentences2, scores=scores)
         self.sentences1, self.sentences2 = list(sentences1), list(sentences2)
         self.scores = np.asarray(scores, np.float64)
         self.name, self.batch_size, self.show_progress_bar = name, batch_size, show_progress_bar
+        if main_similarity is not None:
+            main_similarity = str(getattr(main_similarity, "value", main_similarity))
+        # Neither given: sentence-transformers scores the model's own function only.
+        self._model_fn = similarity_fn_names is None and main_similarity is None
+        if similarity_fn_names is None:
+            similarity_fn_names = ((main_similarity,) if main_similarity else
+                                   ("cosine", "euclidean", "manhattan", "dot"))
         self.similarity_fn_names = _check_fns(similarity_fn_names)
-        self.primary_metric = _primary(name, "spearman_{}", self.similarity_fn_names)
+        if main_similarity is not None and main_similarity not in self.similarity_fn_names:
+            raise ValueError(f"main_similarity {main_similarity!r} is not one of "
+                             f"similarity_fn_names {list(self.similarity_fn_names)}")
+        self.main_similarity = main_similarity
+        self.primary_metric = self._primary("cosine")
+
+    def _primary(self, model_fn: str) -> str:
+        if self._model_fn:
+            return _primary(self.name, "spearman_{}", (model_fn,))
+        if self.main_similarity is not None:
+            return _primary(self.name, "spearman_{}", (self.main_similarity,))
+        return _primary(self.name, "spearman_{}", self.similarity_fn_names)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> EmbeddingSimilarityEvaluator:
@@ -203,6 +227,9 @@ class EmbeddingSimilarityEvaluator:
             for kind in ("pearson", "spearman"):
                 metrics[f"{kind}_max"] = max(metrics[f"{kind}_{fn}"]
                                              for fn in self.similarity_fn_names)
+        model_fn = getattr(encoder, "similarity_fn_name", None)
+        self.primary_metric = self._primary(model_fn if model_fn in SIMILARITY_FNS
+                                            else "cosine")
         return _prefixed(metrics, self.name)
 
 

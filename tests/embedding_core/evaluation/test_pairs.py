@@ -69,7 +69,7 @@ def files(tmp_path_factory):
 
 CLASSES = {"sts": EmbeddingSimilarityEvaluator, "pairs": BinaryClassificationEvaluator,
            "triplets": TripletEvaluator}
-OPTIONS = {"sts": {"name": "sts"}, "pairs": {"name": "inli"},
+OPTIONS = {"sts": {"name": "sts", "similarity_fn_names": ALL_FNS}, "pairs": {"name": "inli"},
            "triplets": {"similarity_fn_names": ALL_FNS, "margin": {"cosine": 0.05}}}
 COLUMNS = {"sts": ("sentences1", "sentences2", "scores"),
            "pairs": ("sentences1", "sentences2", "labels"),
@@ -253,6 +253,45 @@ def test_similarity_by_hand():
     assert list(got) == ["pearson_dot", "spearman_dot"] and ev.primary_metric == "spearman_dot"
     assert got["spearman_dot"] == pytest.approx(1.0)
     assert got["pearson_dot"] == pytest.approx(np.corrcoef([0.0, 1.0, 3.0], [0.25, 0.5, 2.0])[0, 1])
+
+
+STS_PAIRS = [("A man plays a guitar.", "A man is playing music.", 4.5),
+             ("A cat sleeps.", "The stock market fell today.", 0.0),
+             ("Kids play in the park.", "Children are playing outside.", 4.0),
+             ("A woman cooks dinner.", "A chef prepares food.", 3.0),
+             ("The sky is blue.", "Grass is green.", 1.0),
+             ("He reads a book.", "A man is reading.", 3.5)]
+
+
+@pytest.mark.parametrize("model_fn", ["cosine", "dot"])
+@pytest.mark.parametrize("kwargs", [
+    {}, {"name": "sts"}, {"main_similarity": "dot"},
+    {"main_similarity": "euclidean", "similarity_fn_names": ["cosine", "euclidean"]},
+    {"similarity_fn_names": ["manhattan"]}, {"similarity_fn_names": ["cosine", "dot"]},
+    {"name": "sts", "main_similarity": "cosine", "similarity_fn_names": list(ALL_FNS)}])
+def test_sts_primary_metric_is_sentence_transformers_for_the_same_arguments(
+        tiny_bert_dir, kwargs, model_fn):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import evaluation as st_eval
+
+    model = SentenceTransformer(str(tiny_bert_dir), device="cpu", similarity_fn_name=model_fn)
+    s1, s2, scores = (list(c) for c in zip(*STS_PAIRS, strict=True))
+    ours = EmbeddingSimilarityEvaluator(s1, s2, scores, **kwargs)
+    theirs = st_eval.EmbeddingSimilarityEvaluator(s1, s2, scores, **kwargs)
+    got, want = ours(model), theirs(model)
+    assert ours.primary_metric == theirs.primary_metric
+    assert got[ours.primary_metric] == pytest.approx(want[theirs.primary_metric], abs=1e-6)
+    if "similarity_fn_names" in kwargs or "main_similarity" in kwargs:
+        assert list(got) == list(want)
+    else:  # sentence-transformers scores the model's function only; we score all four
+        assert set(want) < set(got) and len(got) == 10
+        assert ours.primary_metric == ("sts_" if kwargs else "") + f"spearman_{model_fn}"
+
+
+def test_sts_main_similarity_must_be_scored():
+    with pytest.raises(ValueError, match="main_similarity 'dot' is not one of"):
+        EmbeddingSimilarityEvaluator(["a", "b"], ["c", "d"], [0.0, 1.0], main_similarity="dot",
+                                     similarity_fn_names=["cosine"])
 
 
 BAD = [
