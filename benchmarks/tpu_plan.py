@@ -1,0 +1,264 @@
+"""What each ``*_tpu.py`` preset needs on each TPU generation, from the TPU compiler.
+
+Every case is compiled ahead of time by libtpu's compiler for a slice that is not here
+(``benchmarks/tpu_compile.py``; ``make install-tpu`` installs the libtpu the installed jax
+pins), on abstract inputs (``benchmarks/tpu_cases.py``). Per case it prints the device kind
+the compiler built for, per-chip HBM (arguments + outputs + temporaries - donated) against
+the chip's, FLOPs and HBM traffic (``cost_analysis``), the collectives of the optimised HLO
+(kind, mesh axis, bytes per step) and a roofline bound on step time with the examples/s
+per chip and the MFU it allows (``docs/performance.md``, "TPU compiler").
+
+Cases: each preset's train step (DualCSE cross/bi/simcse, DocEnt dual/full/hybrid at the
+paper's 81,057 entities; MRWE: its BERT-base feature pass), one ``encode`` batch and one
+DocEnt ranking block, on v4, v5e, v5p and v6e at the slice the presets are sized for and
+(``--sizes=all``) one smaller and one larger. ``--largest`` adds, per preset and
+generation, the largest global batch that compiles within 90% of HBM. Results are kept in
+``--results`` (JSON) as each case finishes; a re-run reuses a case only when its inputs
+(preset config, slice, jax and libtpu versions) are unchanged, and says so.
+
+  make install-tpu && python benchmarks/tpu_plan.py                 # named slices
+  python benchmarks/tpu_plan.py --presets=cross_tpu --generations=v5e --largest
+  python benchmarks/tpu_plan.py --tiny                               # tiny BERT, minutes
+
+Last line: one JSON object ``{case: {hbm_bytes, hbm_capacity_bytes, fits, flops,
+collective_bytes, step_time_bound_s, mfu_bound, ...}}`` (a case that failed: ``{"error"}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import tpu_compile  # noqa: E402  (before JAX starts)
+
+PRESETS = {
+    "cross_tpu": ("dualcse", "dualcse_jax.configs.cross_tpu"),
+    "bi_tpu": ("dualcse", "dualcse_jax.configs.bi_tpu"),
+    "simcse_tpu": ("dualcse", "dualcse_jax.configs.simcse_tpu"),
+    "dual_tpu": ("docent", "docent_jax.configs.dual_tpu"),
+    "full_tpu": ("docent", "docent_jax.configs.full_tpu"),
+    "hybrid_tpu": ("docent", "docent_jax.configs.hybrid_tpu"),
+    "convrr_tpu": ("mrwe", "mrwe_jax.configs.convrr_tpu"),
+    "fcrr_tpu": ("mrwe", "mrwe_jax.configs.fcrr_tpu"),
+}
+SLICES = {  # (smaller, the presets' own, larger)
+    "v4": ("v4:2x2x2", "v4:2x2x4", "v4:2x4x4"),
+    "v5e": ("v5e:4x8", "v5e:8x8", "v5e:8x16"),
+    "v5p": ("v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4"),
+    "v6e": ("v6e:4x8", "v6e:8x8", "v6e:8x16"),
+}
+"""The presets are sized for 16 chips of v4 / v5p and 64 of v5e / v6e (their docstrings)."""
+ENCODE_BATCH_PER_CHIP = 256
+RANKING_QUERIES_PER_CHIP = 64
+FIT = 0.9  # --largest: a batch fits when it needs at most this share of the chip's HBM
+
+
+def _config(module: str, tiny: bool):
+    import importlib
+
+    config = importlib.import_module(module).get_config()
+    if tiny:
+        config.max_length = 16
+    return config
+
+
+def _fit_chunk(config, mesh) -> str:
+    """The preset's GradCache / loss chunk, lowered to divide the per-device batch of a
+    large slice; returns a note when it changed."""
+    per_device = int(config.batch_size) // mesh.shape["data"]
+    notes = []
+    for field in ("contrastive_chunk_size", "loss_chunk_size"):
+        chunk = int(config.get(field, 0) or 0)
+        if chunk and per_device % chunk:
+            new = max(d for d in range(1, chunk + 1) if per_device % d == 0)
+            config[field] = new
+            notes.append(f"{field} {chunk} -> {new}")
+    return "; ".join(notes)
+
+
+def build(preset: str, slice_name: str, *, tiny: bool, batch: int | None = None):
+    """``(compiled, examples, mesh, chip, note)`` of one case."""
+    import tpu_cases
+
+    devices, chip = tpu_compile.topology(slice_name)
+    encoder = tpu_cases.encoder_config(tpu_cases.TINY_BERT if tiny else tpu_cases.BERT_BASE)
+    if preset == "encode":
+        mesh = tpu_compile.mesh_of(devices)
+        per = ENCODE_BATCH_PER_CHIP * (mesh.size // chip.cores)
+        return (*tpu_cases.encode_batch(encoder, mesh, per, 16 if tiny else 128), mesh, chip,
+                f"{ENCODE_BATCH_PER_CHIP} texts x 128 tokens per chip, float32")
+    if preset == "ranking":
+        mesh = tpu_compile.mesh_of(devices, model=chip.cores * 2)
+        queries = RANKING_QUERIES_PER_CHIP * (mesh.size // chip.cores)
+        dim = encoder.hidden_size
+        return (*tpu_cases.ranking_block(mesh, queries, dim=dim), mesh, chip,
+                f"{RANKING_QUERIES_PER_CHIP} queries per chip, top 100 of 81,057 entities")
+    package, module = PRESETS[preset]
+    config = _config(module, tiny)
+    if batch:
+        config.batch_size = batch
+    mesh = tpu_compile.mesh_of(devices, model=int(config.get("mesh_model", 1) or 1))
+    if package == "mrwe":
+        per = int(config.contextual_batch_size)
+        return (*tpu_cases.mrwe_features(encoder, mesh, per * (mesh.size // chip.cores),
+                                         16 if tiny else 128), mesh, chip,
+                f"{per} windows x 128 tokens per chip (the train step is the small tower)")
+    note = _fit_chunk(config, mesh)
+    step = tpu_cases.dualcse_step if package == "dualcse" else tpu_cases.docent_step
+    return (*step(config, encoder, mesh), mesh, chip, note)
+
+
+def fingerprint(preset: str, slice_name: str, tiny: bool, batch: int | None) -> str:
+    """What a kept result depends on (besides this code): config, slice, versions."""
+    config = "" if preset in ("encode", "ranking") else \
+        _config(PRESETS[preset][1], tiny).to_json(sort_keys=True)
+    text = json.dumps([preset, slice_name, tiny, batch, config, jax.__version__,
+                       tpu_compile.libtpu_version()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_case(name: str, preset: str, slice_name: str, kept: dict, *, tiny: bool,
+             batch: int | None = None) -> dict:
+    key = fingerprint(preset, slice_name, tiny, batch)
+    if kept.get(name, {}).get("fingerprint") == key:
+        print(f"{name}: kept from an earlier run with the same inputs", flush=True)
+        return kept[name]
+    started = time.perf_counter()
+    try:
+        compiled, examples, mesh, chip, note = build(preset, slice_name, tiny=tiny, batch=batch)
+        out = tpu_compile.analyse(compiled, mesh, chip, examples)
+    except Exception as e:  # a case libtpu refuses is a finding, not the end of the plan
+        out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        print(f"{name}: FAILED {out['error']}", flush=True)
+        return {**out, "fingerprint": key}
+    out.update(note=note, examples_per_step=examples, fingerprint=key,
+               compile_s=round(time.perf_counter() - started, 1))
+    print(line(name, out), flush=True)
+    return out
+
+
+def line(name: str, r: dict) -> str:
+    """One case as a printed row."""
+    if "error" in r:
+        return f"{name}: FAILED {r['error']}"
+    coll = ", ".join(f"{c['kind']}[{c['axis']}] {c['bytes'] / 2**20:.1f} MiB"
+                     for c in r["collectives"][:4]) or "none"
+    return (f"{name:34s} {r['device_kind']:12s} {r['chips']:4d} chips  HBM "
+            f"{r['hbm_bytes'] / 2**30:6.2f} / {r['hbm_capacity_bytes'] / 2**30:5.2f} GiB "
+            f"{'fits' if r['fits'] else 'DOES NOT FIT'}  {r['flops'] / 1e12:8.2f} TFLOP "
+            f"{r['step_time_bound_s'] * 1e3:8.2f} ms ({r['bound_by']}) "
+            f"MFU<={r['mfu_bound']:.2f} {r['examples_per_s_per_chip']:8.1f} ex/s/chip | "
+            f"{coll}" + (f" | {r['note']}" if r.get("note") else ""))
+
+
+def largest_batch(preset: str, slice_name: str, kept: dict, results: dict, *, tiny: bool,
+                  save) -> dict:
+    """The largest global batch (a multiple of the data size) that compiles within
+    ``FIT`` of HBM, the preset's chunks kept: HBM is fitted as affine in the batch from
+    two compiles, the prediction compiled, and stepped down until it fits."""
+    package, module = PRESETS[preset]
+    config = _config(module, tiny)
+    base = int(config.batch_size)
+    devices, chip = tpu_compile.topology(slice_name)
+    data = len(devices)
+    cap = FIT * chip.hbm_bytes
+    points = {}
+    for batch in (base, 2 * base):
+        name = f"{preset}@{slice_name}#batch={batch}"
+        results[name] = run_case(name, preset, slice_name, kept, tiny=tiny, batch=batch)
+        save()
+        if "error" in results[name]:
+            return {"error": results[name]["error"]}
+        points[batch] = results[name]["hbm_bytes"]
+    slope = (points[2 * base] - points[base]) / base
+    if slope <= 0:
+        return {"largest_batch": None, "note": "HBM does not grow with the batch"}
+    guess = int((cap - points[base]) / slope + base)
+    unit = data * max(int(config.get("contrastive_chunk_size", 0) or 1), 1)
+    batch = max(unit, guess // unit * unit)
+    for _ in range(4):
+        name = f"{preset}@{slice_name}#batch={batch}"
+        results[name] = run_case(name, preset, slice_name, kept, tiny=tiny, batch=batch)
+        save()
+        r = results[name]
+        if "error" not in r and r["hbm_bytes"] <= cap:
+            return {"largest_batch": batch, "hbm_bytes": r["hbm_bytes"],
+                    "examples_per_s_per_chip": r["examples_per_s_per_chip"]}
+        batch = max(unit, int(batch * 0.8) // unit * unit)
+    return {"largest_batch": None, "note": "no batch within 90% of HBM after 4 tries"}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default="all",
+                        help=f"comma-separated, of {list(PRESETS)} + encode, ranking")
+    parser.add_argument("--generations", default="all", help=f"of {list(SLICES)}")
+    parser.add_argument("--sizes", default="named", choices=("named", "all"),
+                        help="named: the slices the presets are sized for; all: also one "
+                             "smaller and one larger")
+    parser.add_argument("--largest", action="store_true",
+                        help="search the largest global batch per preset and generation")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tests' tiny BERT at 16 tokens (minutes, not hours)")
+    parser.add_argument("--results", default=str(Path(__file__).parent / "results" /
+                                                  "tpu_plan.json"),
+                        help="JSON kept as cases finish; unchanged cases are reused")
+    args = parser.parse_args(argv)
+    why = tpu_compile.unavailable()
+    if why:
+        parser.exit(2, f"tpu_plan: {why}\n")
+    wanted = list(PRESETS) + ["encode", "ranking"] if args.presets == "all" else \
+        [p for p in args.presets.split(",") if p]
+    gens = list(SLICES) if args.generations == "all" else args.generations.split(",")
+    bad = [p for p in wanted if p not in PRESETS and p not in ("encode", "ranking")] + \
+        [g for g in gens if g not in SLICES]
+    if bad:
+        parser.error(f"unknown preset(s) or generation(s) {bad}")
+    path = Path(args.results + (".tiny" if args.tiny else ""))
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    results: dict = {}
+
+    def save():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**kept, **results}, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+    print(f"jax {jax.__version__}, libtpu {tpu_compile.libtpu_version()}; compiling on "
+          "this CPU for TPU slices (BERT-base: minutes per case on 2 cores)", flush=True)
+    for gen in gens:
+        slices = SLICES[gen] if args.sizes == "all" else SLICES[gen][1:2]
+        for slice_name in slices:
+            for preset in wanted:
+                name = f"{preset}@{slice_name}"
+                results[name] = run_case(name, preset, slice_name, kept, tiny=args.tiny)
+                save()
+        if args.largest:
+            for preset in (p for p in wanted if PRESETS.get(p, ("",))[0] in ("dualcse",
+                                                                           "docent")):
+                name = f"{preset}@{SLICES[gen][1]}#largest"
+                results[name] = largest_batch(preset, SLICES[gen][1], kept, results,
+                                              tiny=args.tiny, save=save)
+                print(f"{name}: {results[name]}", flush=True)
+                save()
+    summary = {k: {f: v.get(f) for f in ("device_kind", "chips", "hbm_bytes",
+                                         "hbm_capacity_bytes", "fits", "flops",
+                                         "collective_bytes", "step_time_bound_s",
+                                         "mfu_bound", "examples_per_s_per_chip",
+                                         "largest_batch", "error") if f in v}
+               for k, v in results.items()}
+    print(json.dumps(summary))
+    return results
+
+
+if __name__ == "__main__":
+    main()
