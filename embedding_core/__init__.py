@@ -9,10 +9,10 @@ from embedding_core import storage as _storage
 _storage.configure()
 
 
-def load_encoder(name_or_path):
+def load_encoder(name_or_path, *, truncate_dim=None):
     """A pretrained encoder (folder, ``gs://``, installed package or hub id) as an
-    ``inference.Encoder`` with ``SentenceTransformer.encode``'s arguments
-    (``embedding_core.st_models.load_encoder``)."""
+    ``inference.Encoder`` with ``SentenceTransformer.encode``'s arguments;
+    ``truncate_dim``: ``encode``'s default (``embedding_core.st_models.load_encoder``)."""
     from embedding_core.st_models import load_encoder as _load
 
-    return _load(name_or_path)
+    return _load(name_or_path, truncate_dim=truncate_dim)

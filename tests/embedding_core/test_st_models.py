@@ -132,8 +132,10 @@ def test_tokenizer_tokenize_truncate_dim_and_repr_as_sentence_transformers(tiny_
     import torch
     from sentence_transformers import SentenceTransformer, models
 
+    import embedding_core
+
     folder = str(tiny_bert_dir)
-    ours = load_encoder(folder, truncate_dim=8)
+    ours = embedding_core.load_encoder(folder, truncate_dim=8)  # the README's import
     st = SentenceTransformer(folder, device="cpu", truncate_dim=8)
     assert ours.tokenizer("hi") == st.tokenizer("hi") == {
         "input_ids": [101, 7632, 102], "token_type_ids": [0, 0, 0], "attention_mask": [1, 1, 1]}
