@@ -1,13 +1,18 @@
 """One training run per workdir: ``WORKDIR/run.lock``, a JSON record with a heartbeat,
 local or on ``gs://`` (``docs/architecture.md``, "Stopping a run", "One run per workdir").
 
-Created exclusively (``O_EXCL``, ``ifGenerationMatch=0``) and read back after every write;
-stale when its heartbeat is older than ``stale_after_s`` or its process here is gone.
+Created exclusively (``O_EXCL``, ``ifGenerationMatch=0``) and read back after creation;
+stale when its heartbeat is older than ``stale_after_s`` or its process here is gone. Every
+later change (heartbeat, take-over, removal) is a compare-and-write: it happens only if the
+record is still the one just read, under ``flock`` of ``.run.lock.guard`` beside a local
+lock, or with ``ifGenerationMatch`` of the generation read on ``gs://``; so a heartbeat
+never overwrites a lock another run took over meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -17,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from etils import epath
 
@@ -24,6 +30,7 @@ from embedding_core import storage
 from embedding_core.run_control import WorkdirInUseError
 
 LOCK_NAME = "run.lock"
+GUARD_NAME = ".run.lock.guard"  # flock'ed around each compare-and-write of a local lock
 HEARTBEAT_S = 30.0  # seconds between a live run's heartbeats
 STALE_AFTER_S = 300.0  # a heartbeat older than this is taken over (a crash elsewhere)
 
@@ -106,6 +113,9 @@ class WorkdirLock:
             text = self.path.read_text()
         except FileNotFoundError:
             return None
+        return self._parse(text)
+
+    def _parse(self, text: str) -> dict:
         try:
             record = json.loads(text)
             float(record["heartbeat"]), int(record["pid"]), str(record["token"])
@@ -124,6 +134,89 @@ class WorkdirLock:
             os.replace(tmp, self.path)
         else:
             self.path.write_text(text)  # an object write is atomic
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Exclusive, between processes and threads, for one compare-and-write of a local
+        lock (nothing to do on ``gs://``: generations guard it)."""
+        if not _is_local(self.path):
+            yield
+            return
+        guard = os.fspath(self.workdir / GUARD_NAME)
+        while True:
+            fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:  # a release may have removed the file while we waited: lock the new one
+                linked = os.stat(guard).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                linked = False
+            if linked:
+                break
+            os.close(fd)
+        try:
+            yield
+        finally:
+            os.close(fd)  # drops the flock
+
+    def _read_versioned(self) -> tuple[dict | None, str | None]:
+        """The record and, on ``gs://``, the generation it was read at (one request)."""
+        if _is_local(self.path):
+            return self.read(), None
+        import fsspec
+
+        fs = fsspec.filesystem("gs")
+        bucket, key = os.fspath(self.path)[len("gs://"):].split("/", 1)
+        try:
+            headers, data = fs.call("GET", "b/{}/o/{}", bucket, key, alt="media")
+        except FileNotFoundError:
+            return None, None
+        return self._parse(data.decode()), headers.get("x-goog-generation")
+
+    def _replace_if(self, match: Callable[[dict], bool], record: dict | None
+                    ) -> tuple[bool, dict | None]:
+        """Writes ``record`` (None: deletes the lock) only if the lock exists and ``match``es
+        it; ``(done, the record found)``."""
+        if _is_local(self.path) and not self.path.exists():
+            return False, None  # nothing to compare with (nor a folder for the guard)
+        with self._guard():
+            found, generation = self._read_versioned()
+            if found is None or not match(found):
+                return False, found
+            if _is_local(self.path):
+                if record is None:
+                    self.path.unlink(missing_ok=True)
+                    os.unlink(os.fspath(self.workdir / GUARD_NAME))  # held: safe (_guard)
+                else:
+                    self._write(record)
+                return True, found
+            if self._replace_remote(generation, record):
+                return True, found
+            return False, self.read()  # rewritten since it was read: by whom, now
+
+    def _replace_remote(self, generation: str | None, record: dict | None) -> bool:
+        import fsspec
+
+        fs = fsspec.filesystem("gs")
+        bucket, key = os.fspath(self.path)[len("gs://"):].split("/", 1)
+        try:
+            if generation is None:  # a store without generations: write, then read back
+                if record is None:
+                    self.path.unlink(missing_ok=True)
+                    return True
+                self._write(record)
+                return (self.read() or {}).get("token") == record["token"]
+            if record is None:
+                fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=generation)
+            else:
+                fs.call("POST", f"{fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+                        uploadType="media", name=key, ifGenerationMatch=generation,
+                        data=json.dumps(record).encode(),
+                        headers={"Content-Type": "application/octet-stream"})
+            return True
+        except FileExistsError:  # 412: rewritten since we read it
+            return False
+        finally:
+            fs.invalidate_cache(os.fspath(self.path))
 
     def _create(self, record: dict) -> bool:
         """Creates the lock file if absent; False when it exists."""
@@ -195,18 +288,20 @@ class WorkdirLock:
         record = self._record()
         if not self._create(record):
             held = self.read()
-            if held is not None:
+            if held is None:  # released meanwhile
+                if not self._create(record):
+                    raise self._in_use(self.read() or record)
+            else:
                 reason = self.stale_reason(held)
                 if reason is None:
                     raise self._in_use(held)
-                logging.warning("taking over the lock %s of host %s pid %s: %s", self.path,
+                # Replace only the very record judged stale: not one a rival wrote since,
+                # nor the holder's own fresh heartbeat.
+                done, found = self._replace_if(lambda now: now == held, record)
+                if not done:
+                    raise self._in_use(found or record)
+                logging.warning("took over the lock %s of host %s pid %s: %s", self.path,
                                 held.get("host"), held["pid"], reason)
-                # Remove only the stale record we judged, not one a rival just wrote.
-                again = self.read()
-                if again is not None and again["token"] == held["token"]:
-                    self.path.unlink(missing_ok=True)
-            if not self._create(record):
-                raise self._in_use(self.read() or record)
         mine = self.read()
         if mine is None or mine["token"] != self.token:
             raise self._in_use(mine or record)
@@ -220,12 +315,12 @@ class WorkdirLock:
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
-                record = self.read()
-                if record is None or record["token"] != self.token:
+                done, record = self._replace_if(lambda now: now["token"] == self.token,
+                                                self._record())
+                if not done:
                     self.lost = record or {"host": "?", "pid": "?", "token": ""}
                     logging.error("the lock %s is no longer this run's (now %s)", self.path, record)
                     return
-                self._write(self._record())
             except Exception as err:  # noqa: BLE001 - a missed beat must not kill training
                 logging.warning("could not refresh %s: %s", self.path, err)
 
@@ -251,9 +346,7 @@ class WorkdirLock:
             return
         self.held = False
         try:
-            record = self.read()
-            if record is not None and record["token"] == self.token:
-                self.path.unlink(missing_ok=True)
+            self._replace_if(lambda now: now["token"] == self.token, None)
         except Exception as err:  # noqa: BLE001 - never hide the run's own outcome
             logging.warning("could not remove %s: %s (delete it by hand)", self.path, err)
 

@@ -161,3 +161,118 @@ def test_the_lock_works_on_gcs(gcs_emulator):
         with pytest.raises(WorkdirInUseError, match=f"delete {workdir}/run.lock"):
             run_lock.WorkdirLock(workdir).acquire()
     assert not first.path.exists()
+
+
+def _beat_paused_after_its_read(lock, method: str):
+    """Wraps ``lock.<method>`` so that the heartbeat thread's first call sets ``read`` and
+    then waits for ``go``; its second call sets ``again`` (the first beat has finished)."""
+    import threading
+
+    events = {name: threading.Event() for name in ("read", "go", "again")}
+    real = getattr(lock, method)
+    calls = []
+
+    def paused():
+        out = real()
+        if threading.current_thread().name == "workdir-lock-heartbeat":
+            calls.append(1)
+            if len(calls) == 1:
+                events["read"].set()
+                assert events["go"].wait(HANG_GUARD_S)
+            elif len(calls) == 2:
+                events["again"].set()
+        return out
+
+    setattr(lock, method, paused)
+    return events
+
+
+def _take_over(thief, name: str):
+    """Starts ``thief.acquire()`` in a thread named ``name``: the thread and the outcome
+    ("holds" or "refused") it fills in."""
+    import threading
+
+    outcome = {}
+
+    def take():
+        try:
+            thief.acquire()
+            outcome["thief"] = "holds"
+        except WorkdirInUseError:
+            outcome["thief"] = "refused"
+
+    thread = threading.Thread(target=take, name=name)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_heartbeat_never_overwrites_a_lock_taken_over_meanwhile(tmp_path, monkeypatch):
+    """The holder's beat reads its record; a second run, judging it stale, takes over before
+    the beat writes. Only one of them may end up thinking it holds the lock."""
+    import fcntl
+    import threading
+
+    holder = run_lock.WorkdirLock(tmp_path, heartbeat_s=0.01, stale_after_s=60)
+    thief = run_lock.WorkdirLock(tmp_path, stale_after_s=60)
+    thief.stale_reason = lambda record: "judged stale by the test"
+    events = _beat_paused_after_its_read(holder, "read")
+    thief_waits = threading.Event()
+    real_flock = fcntl.flock
+
+    def flock(fd, operation):
+        if threading.current_thread().name == "thief" and operation == fcntl.LOCK_EX:
+            try:
+                return real_flock(fd, operation | fcntl.LOCK_NB)
+            except BlockingIOError:
+                thief_waits.set()  # the holder's beat is between its read and its write
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    holder.acquire()
+    try:
+        assert events["read"].wait(HANG_GUARD_S)
+        thread, outcome = _take_over(thief, "thief")
+        # Let the beat go on once the thief has finished, or waits for the beat's guard.
+        done = threading.Thread(target=lambda: (thread.join(), thief_waits.set()))
+        done.start()
+        assert thief_waits.wait(HANG_GUARD_S)
+        events["go"].set()
+        thread.join(HANG_GUARD_S)
+        assert events["again"].wait(HANG_GUARD_S)  # the paused beat has written (or not)
+        owners = [name for name, lock in (("holder", holder), ("thief", thief))
+                  if lock.held and lock.lost is None]
+        assert len(owners) == 1, (owners, outcome)
+        assert holder.read()["token"] == {"holder": holder.token,
+                                          "thief": thief.token}[owners[0]]
+        assert outcome == {"thief": "refused"}  # the beat came first: the holder is live
+    finally:
+        events["go"].set()
+        holder.release()
+        thief.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # lock and guard gone
+
+
+def test_a_gcs_heartbeat_never_overwrites_a_lock_taken_over_meanwhile(gcs_emulator):
+    workdir = "gs://test-bucket/lock-race"
+    holder = run_lock.WorkdirLock(workdir, heartbeat_s=0.01, stale_after_s=60)
+    thief = run_lock.WorkdirLock(workdir, stale_after_s=60)
+    thief.stale_reason = lambda record: "judged stale by the test"
+    events = _beat_paused_after_its_read(holder, "_read_versioned")
+    holder.acquire()
+    try:
+        assert events["read"].wait(HANG_GUARD_S)
+        thread, outcome = _take_over(thief, "thief")
+        thread.join(HANG_GUARD_S)  # no guard on gs://: the take-over completes
+        assert outcome == {"thief": "holds"}
+        events["go"].set()  # the beat writes at the generation it read: refused (412)
+        thread = holder._thread
+        thread.join(HANG_GUARD_S)  # a lost lock ends the heartbeat
+        assert holder.lost is not None and holder.lost["token"] == thief.token
+        with pytest.raises(WorkdirInUseError, match="took over"):
+            holder.check()
+        assert thief.read()["token"] == thief.token
+    finally:
+        events["go"].set()
+        holder.release()
+        thief.release()
+    assert not thief.path.exists()
