@@ -18,6 +18,7 @@ flags.DEFINE_bool("baselines", True, "evaluate: also score BoS-MiniLM, BoS-GloVe
 flags.DEFINE_enum("task", "ranking", ["ranking", "tags"], "evaluate: zero-shot entity ranking "
                   "or MovieLens tag prediction (config.tag_movielens_dir, config.mapping_path).")
 preprocess.define_flags()
+flags.adopt_module_key_flags(preprocess)  # --help lists --num_shards with our own flags
 
 
 def train(config, workdir):

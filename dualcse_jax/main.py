@@ -22,6 +22,7 @@ flags.DEFINE_string("rte_score_rules", None, "evaluate: comma-separated RTE scor
                     "(max, explicit, implicit, pair) or 'all', one table each from one "
                     "encoding (default: the run's config.eval_rte_score_rule).")
 preprocess.define_flags()
+flags.adopt_module_key_flags(preprocess)  # --help lists --num_shards with our own flags
 FLAGS = flags.FLAGS
 
 

@@ -90,3 +90,14 @@ def test_training_time_evaluation_takes_evenly_spaced_queries():
     config.eval_examples = -1
     with pytest.raises(ValueError, match="config.eval_examples must be >= 0"):
         validate_config(config)
+
+
+def test_help_lists_the_data_layers_num_shards():
+    from absl import flags
+
+    from docent_jax import main
+
+    # What --help prints: the key flags of the CLI module (embedding_core.cli.run_app).
+    text = flags.FLAGS.module_help(main.__name__)
+    assert "--num_shards: preprocess: shard files to write; a multiple of" in text
+    assert "--[no]baselines" in text

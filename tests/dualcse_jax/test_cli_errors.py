@@ -105,6 +105,7 @@ def test_usage_and_help():
     proc = _cli("--help")
     assert proc.returncode == 0
     assert "--workdir: Training directory" in proc.stdout and "--num_train_steps" in proc.stdout
+    assert "--num_shards: preprocess: shard files to write" in proc.stdout
     assert "75 preempted by SIGTERM (checkpoint saved" in proc.stdout
     assert "run the same command to resume); 130 Ctrl-C" in " ".join(proc.stdout.split())
     assert "config    lists every field of --config" in proc.stdout
