@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 
+import flax.linen as nn
 import jax
 import ml_collections
 import optax
@@ -75,7 +76,7 @@ def run(
         checkpoints.check_layout(workdir / "checkpoints")
         _pin_models(config, workdir, fields)
         _check_resume(config, workdir, fields)
-        fingerprint = _check_data(config, workdir, fields)
+        fingerprint, data_changes = _check_data(config, workdir, fields)
         mesh = parallel.mesh_from_config(config)
         if distributed and jax.process_count() == 1:
             stops.multiprocess = False
@@ -87,6 +88,7 @@ def run(
         # after it (nothing is written before the task has loaded its data).
         run_lock.on_process_zero(run_lock.WorkdirLock(workdir).check_free)
         eval_files = _eval_files(config)  # bad files fail here, before anything loads
+        _log_loading(config, fields)
         task = make_task(config, mesh)
         if task.num_examples < 1 or task.steps_per_epoch < 1:
             raise ValueError(f"{task.name}: no training examples ({task.num_examples}) or no "
@@ -94,12 +96,25 @@ def run(
         contrastive.check_task(task.name, task.loss_fn, task.grad_accumulation, config)
         num_steps = configs.num_train_steps(config, task.steps_per_epoch)
         _check_target(workdir, num_steps)
+        if data_changes:  # after the target check: an error comes alone, not after this
+            logging.warning("%s; resuming at step %d with the new data (resume_changed_data)",
+                            "; ".join(data_changes), _saved_step(workdir))
         # Files are written from here on: a signal now ends the loop before its first step.
         stops.defer()
         with run_lock.hold(workdir) as lock:
             return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
                           stop_after=stop_after, eval_files=eval_files,
                           fingerprint=fingerprint)
+
+
+def _log_loading(config: ml_collections.ConfigDict, fields) -> None:
+    # TensorFlow's import, the model and the data take seconds to minutes before the
+    # summary line: a new user should see that the run has started.
+    fields = fields or {}
+    models = [f"{n}={config[n]}" for n, f in fields.items() if f.pretrained and n in config]
+    data = ", ".join(f"{n}={config[n]}" for n in data_fingerprint.data_fields(config, fields))
+    logging.info("loading %s and the training data%s ...", ", ".join(models) or "the model",
+                 f" ({data})" if data else "")
 
 
 def _pin_models(config: ml_collections.ConfigDict, workdir, fields) -> None:
@@ -133,9 +148,11 @@ def _saved_step(workdir) -> int | None:
     return max(steps) if steps else None
 
 
-def _check_data(config: ml_collections.ConfigDict, workdir, fields) -> dict:
+def _check_data(config: ml_collections.ConfigDict, workdir, fields
+                ) -> tuple[dict, list[str]]:
     """The fingerprint of the training data (:mod:`embedding_core.data_fingerprint`),
-    checked against the run's own when resuming.
+    checked against the run's own when resuming, and the changes
+    ``resume_changed_data`` accepts (the caller warns of them).
 
     Raises:
       FileNotFoundError: a data file is missing (``config.FIELD: PATH does not exist``).
@@ -157,10 +174,7 @@ def _check_data(config: ml_collections.ConfigDict, workdir, fields) -> dict:
             f"{step} would "
             "read other examples in another order; use a new --workdir, or "
             f"--config.resume_changed_data=true to go on from step {step} with the new data")
-    if changed:
-        logging.warning("%s; resuming at step %d with the new data (resume_changed_data)",
-                        "; ".join(changed), step)
-    return now
+    return now, changed
 
 
 def _check_target(workdir, num_steps: int) -> None:
@@ -242,6 +256,10 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
            num_steps: int, *, stops: run_control.StopSignals,
            lock: run_lock.WorkdirLock | None, stop_after: int | None, eval_files: list,
            fingerprint: dict) -> training.TrainState:
+    logging.info("training %s for %d steps on %d examples (%d steps per epoch), global "
+                 "batch %d, mesh %s%s", task.name, num_steps, task.num_examples,
+                 task.steps_per_epoch, task.global_batch_size, dict(mesh.shape),
+                 f"; {task.summary}" if task.summary else "")
     # Rules fitted to this mesh once, so that the state and the step's constraints agree;
     # checked before the config is written, so a mistyped rule leaves no run behind.
     abstract_params = jax.eval_shape(task.init_params, jax.random.key(0))
@@ -264,13 +282,16 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
                                        rules=rules, value_and_grad=value_and_grad,
                                        fused_table=task.fused_table)
     eval_fn = _eval_fn(task, config, eval_files)
-    logging.info("training %s for %d steps on %d examples (%d steps per epoch), global "
-                 "batch %d, mesh %s%s", task.name, num_steps, task.num_examples,
-                 task.steps_per_epoch, task.global_batch_size, dict(mesh.shape),
-                 f"; {task.summary}" if task.summary else "")
+
+    def compile_step(state, batch, rng):
+        # The context of make_train_step's own call, so that the first step finds this
+        # executable in jit's cache (benchmarks/accelerator.py lowers the same way).
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            step_fn.jitted.lower(state, batch, rng).compile()
+
     settings = loop.LoopSettings.from_config(config, num_steps, task.global_batch_size, stop_after)
     return loop.train_loop(
         workdir=workdir, state=state, state_shardings=shardings, train_step=step_fn,
         make_batches=checked_batches(task.make_batches, task.batch_spec, task.name),
         mesh=mesh, rng=dropout_rng, settings=settings, eval_fn=eval_fn,
-        hparams=config.to_dict(), stops=stops, lock=lock)
+        hparams=config.to_dict(), stops=stops, lock=lock, compile_step=compile_step)

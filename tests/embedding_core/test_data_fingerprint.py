@@ -191,3 +191,26 @@ def test_a_symlinked_data_file_keeps_its_name_and_is_checked_by_content(tmp_path
     (tmp_path / "current.csv").symlink_to("v2.csv")  # the same bytes: unchanged
     assert data_fingerprint.changes(first, data_fingerprint.fingerprint(
         config, ["train_file"], known=first)) == []
+
+
+def test_changed_data_accepted_with_a_target_below_the_saved_step_is_the_error_alone(
+        tmp_path, caplog):
+    data = tmp_path / "train.jsonl"
+    data.write_text("x\n")
+    workdir = tmp_path / "run"
+    run(_make_task([]), _data_config(data), workdir, validate=VALIDATE, stop_after=8)
+    data.write_text("x\ny\n")
+    with caplog.at_level("WARNING"), pytest.raises(ValueError, match="is trained to step 8, "
+                                                   "past the 6 steps"):
+        run(_make_task([]), _data_config(data, num_train_steps=6, resume_changed_data=True),
+            workdir, validate=VALIDATE)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
+    # A target above it: the warning, naming the file, then the run goes on.
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        state = run(_make_task([]), _data_config(data, num_train_steps=10,
+                                                 resume_changed_data=True),
+                    workdir, validate=VALIDATE)
+    assert int(state.step) == 10
+    assert f"config.train_file: {data} changed (2 -> 4 bytes); resuming at step 8 with the " \
+        "new data (resume_changed_data)" in [r.getMessage() for r in caplog.records]
