@@ -11,7 +11,7 @@ WORKDIR ?= workdirs/dualcse_cross_cpu
 # single-threaded); whole files go to a worker so module fixtures compile once.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-test install-bench demo demo-docent demo-mrwe test test-notebook test-pod test-bench bench \
+.PHONY: install install-test install-bench demo demo-docent demo-mrwe test test-notebook test-pod test-slow test-bench bench \
 	lint clean
 
 $(BIN)/python:
@@ -57,6 +57,10 @@ test-notebook: install-test
 
 test-pod: install-test
 	$(BIN)/python -m pytest -q -m pod_command tests/test_pod_command.py
+
+# Multi-process runs that wait on purpose (a process 45 s late to its first step).
+test-slow: install-test
+	$(BIN)/python -m pytest -q -m slow_multiprocess tests
 
 # bench_dualcse.py end to end at tiny sizes (two child processes, two MiniLM compiles each).
 test-bench: install-test

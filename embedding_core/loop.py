@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.sharding import Mesh
 
-from embedding_core import checkpoints, metric_log, parallel, run_control, storage
+from embedding_core import checkpoints, metric_log, multihost, parallel, run_control, storage
 from embedding_core.files import read_json_object, write_json
 from embedding_core.run_lock import WorkdirLock
 from embedding_core.training import TrainState
@@ -69,7 +70,8 @@ def train_loop(*, workdir: str | os.PathLike, state: TrainState, state_shardings
                make_batches: Callable[[int], Iterator[Mapping[str, np.ndarray]]],
                eval_fn: EvalFn | None = None, hparams: Mapping[str, Any] | None = None,
                stops: run_control.StopSignals | None = None,
-               lock: WorkdirLock | None = None) -> TrainState:
+               lock: WorkdirLock | None = None,
+               compile_step: Callable | None = None) -> TrainState:
     """Runs (or resumes from ``workdir/checkpoints``) training to ``num_train_steps``.
 
     Saves every ``checkpoint_every`` steps, on a stop and at the end, never a non-finite
@@ -79,6 +81,8 @@ def train_loop(*, workdir: str | os.PathLike, state: TrainState, state_shardings
       make_batches: ``start_step -> iterator`` of this process's numpy host batches
         (``global_batch_size / process_count`` rows); a ``"step"`` entry is checked.
       eval_fn: ``(state, step) -> {name: float}``, every ``eval_every`` steps and at the end.
+      compile_step: ``(state, batch, rng)`` compiles ``train_step`` for the first batch, so
+        that every process has compiled before any starts the step (its collectives).
 
     Raises:
       run_control.DivergedError: a non-finite loss, gradient norm, parameter or metric.
@@ -103,9 +107,10 @@ def train_loop(*, workdir: str | os.PathLike, state: TrainState, state_shardings
     loop.stops = stops
     try:
         try:
-            with (stops if own_stops else contextlib.nullcontext(stops)), \
-                    _progress_bar(settings.num_train_steps, loop.start_step) as bar:
-                state = loop.run(state, batches, bar)
+            with stops if own_stops else contextlib.nullcontext(stops):
+                batches = loop.ready(state, batches, compile_step)
+                with _progress_bar(settings.num_train_steps, loop.start_step) as bar:
+                    state = loop.run(state, batches, bar)
         finally:
             loop.close()
     except KeyboardInterrupt as err:
@@ -157,6 +162,23 @@ class _Loop:
                 logging.info("resuming at step %d", self.start_step)
         self.step = self.start_step
         return state
+
+    def ready(self, state: TrainState, batches: Iterator,
+              compile_step: Callable | None) -> Iterator:
+        """Compiles the step on the first batch, then waits for every process: a host that
+        compiles minutes later than another would fail the other's first collective.
+        Returns ``batches`` with that batch back in front."""
+        # A stop asked for alone skips the compile; several processes all pass the barrier.
+        if self.step >= self.settings.num_train_steps or (
+                self.stops.requested and not self.stops.multiprocess):
+            return batches
+        first = next(batches)
+        logging.info("compiling the train step (the first step only) ...")
+        if compile_step is not None:
+            batch = {k: v for k, v in first.items() if k != "step"}
+            compile_step(state, parallel.host_to_global(batch, self.mesh), self.rng)
+        multihost.barrier("first train step")
+        return itertools.chain([first], batches)
 
     def run(self, state: TrainState, batches: Iterator, bar) -> TrainState:
         s = self.settings

@@ -8,6 +8,7 @@ an exception in one process's slice is raised on all of them.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -22,6 +23,10 @@ _STATUS_BYTES = 4096  # of the status each process sends before a gather (longer
 # Re-raised under their own name on the processes that did not fail.
 _KNOWN_ERRORS = {cls.__name__: cls for cls in (ValueError, TypeError, KeyError,
                                                 FileNotFoundError, OSError, RuntimeError)}
+# A host that compiles a large step minutes after its peers (a loaded machine, a slower
+# host) must not fail the run; a process that never comes ends it after this long.
+BARRIER_TIMEOUT_S = 30 * 60
+_barriers = itertools.count()  # every process passes the same barriers in the same order
 
 
 class PeerProcessError(RuntimeError):
@@ -31,6 +36,38 @@ class PeerProcessError(RuntimeError):
 def is_primary() -> bool:
     """Whether this process writes the result files (process 0; always true alone)."""
     return jax.process_index() == 0
+
+
+def barrier(what: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
+    """Returns once every process has called it (the same ``what``, in the same order); a
+    no-op alone. JAX's coordination service waits, not a collective: gloo gives those 30 s.
+
+    Raises:
+      TimeoutError: a process did not come within ``timeout_s`` (one line naming ``what``);
+        RuntimeError: the coordination service failed (a process ended).
+    """
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed
+
+    name = f"embedding_jax_{next(_barriers)}_{what}"
+    client = distributed.global_state.client
+    if client is None:  # several processes without jax.distributed: only a collective
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+        return
+    logging.info("%s: process %d of %d waits for the others (up to %g s)", what,
+                 jax.process_index(), jax.process_count(), timeout_s)
+    try:
+        client.wait_at_barrier(name, int(timeout_s * 1000))
+    except jax.errors.JaxRuntimeError as err:
+        first = (str(err).splitlines() or [""])[0]
+        if "DEADLINE_EXCEEDED" in first:
+            raise TimeoutError(f"{what}: process {jax.process_index()} waited {timeout_s:g} "
+                               "s for the other processes, which did not all come") from None
+        raise RuntimeError(f"{what}: process {jax.process_index()} waiting for the other "
+                           f"processes: {first}") from None
 
 
 def process_rows(total: int, index: int | None = None, count: int | None = None) -> tuple[int, int]:
