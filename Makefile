@@ -11,7 +11,7 @@ WORKDIR ?= workdirs/dualcse_cross_cpu
 # single-threaded); whole files go to a worker so module fixtures compile once.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-test install-bench demo demo-docent demo-mrwe test test-notebook test-pod test-slow test-bench bench \
+.PHONY: install install-test install-bench install-tpu demo demo-docent demo-mrwe test test-notebook test-pod test-slow test-tpu tpu-plan test-bench bench \
 	lint clean
 
 $(BIN)/python:
@@ -61,6 +61,28 @@ test-pod: install-test
 # Multi-process runs that wait on purpose (a process 45 s late to its first step).
 test-slow: install-test
 	$(BIN)/python -m pytest -q -m slow_multiprocess tests
+
+# libtpu (the TPU compiler), the version the installed jax's [tpu] extra pins, beside the
+# venv and not in it: JAX finds it only where TPU_LIBRARY_PATH names it
+# (benchmarks/tpu_compile.py), so CPU runs never try to open a TPU.
+TPU_COMPILER := $(VENV)/tpu-compiler
+# No wheel for this platform: one line, and tests/tpu skip saying so.
+$(TPU_COMPILER)/.installed: $(VENV)/.installed-test
+	@if $(BIN)/pip install --quiet --no-deps --target $(TPU_COMPILER) "$$($(BIN)/python \
+		-c 'import sys; sys.path.insert(0, "benchmarks"); import tpu_compile as t; \
+		print(t.required_libtpu())')"; then touch $@; else \
+		echo "install-tpu: no libtpu wheel installs here; make test-tpu will skip"; fi
+
+install-tpu: $(TPU_COMPILER)/.installed
+
+# The TPU compiler's checks (tests/tpu): a few minutes; not part of `make test`.
+test-tpu: install-tpu
+	$(BIN)/python -m pytest -q -p no:xdist -m tpu_compile tests/tpu
+
+# Every *_tpu.py preset on v4/v5e/v5p/v6e: hours on 2 cores the first time; results are
+# kept in benchmarks/results/tpu_plan.json and reused (benchmarks/tpu_plan.py --help).
+tpu-plan: install-tpu
+	$(BIN)/python benchmarks/tpu_plan.py $(TPU_PLAN_ARGS)
 
 # bench_dualcse.py end to end at tiny sizes (two child processes, two MiniLM compiles each).
 test-bench: install-test

@@ -19,16 +19,16 @@ batch are ``ShapeDtypeStruct``s carrying their ``NamedSharding``s.
 
 from __future__ import annotations
 
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-import tpu_compile  # noqa: F401  (sets TPU_LIBRARY_PATH before JAX starts)
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import tpu_compile  # noqa: F401  (TPU_LIBRARY_PATH, read when a topology is made)
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from embedding_core import configs, contrastive, parallel, training  # noqa: E402
-from embedding_core.encoders import EncoderConfig  # noqa: E402
+from embedding_core import configs, contrastive, parallel, training
+from embedding_core.encoders import EncoderConfig
 
 BERT_BASE = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 768,
              "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,

@@ -14,7 +14,8 @@ DocEnt ranking block, on v4, v5e, v5p and v6e at the slice the presets are sized
 (``--sizes=all``) one smaller and one larger. ``--largest`` adds, per preset and
 generation, the largest global batch that compiles within 90% of HBM. Results are kept in
 ``--results`` (JSON) as each case finishes; a re-run reuses a case only when its inputs
-(preset config, slice, jax and libtpu versions) are unchanged, and says so.
+(preset config, slice, jax and libtpu versions, the packages' sources) are unchanged, and
+says so.
 
   make install-tpu && python benchmarks/tpu_plan.py                 # named slices
   python benchmarks/tpu_plan.py --presets=cross_tpu --generations=v5e --largest
@@ -58,6 +59,7 @@ SLICES = {  # (smaller, the presets' own, larger)
 """The presets are sized for 16 chips of v4 / v5p and 64 of v5e / v6e (their docstrings)."""
 ENCODE_BATCH_PER_CHIP = 256
 RANKING_QUERIES_PER_CHIP = 64
+_CODE = ""
 FIT = 0.9  # --largest: a batch fits when it needs at most this share of the chip's HBM
 
 
@@ -116,19 +118,32 @@ def build(preset: str, slice_name: str, *, tiny: bool, batch: int | None = None)
     return (*step(config, encoder, mesh), mesh, chip, note)
 
 
+def _code_hash() -> str:
+    """The Python sources a case is built from (the five packages, these benchmarks)."""
+    root = tpu_compile.ROOT
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("benchmarks/tpu_*.py"),
+                        *(p for pkg in CODE for p in (root / pkg).rglob("*.py"))]):
+        digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+CODE = ("embedding_core", "data_pipelines", "dualcse_jax", "docent_jax", "mrwe_jax")
+
+
 def fingerprint(preset: str, slice_name: str, tiny: bool, batch: int | None) -> str:
-    """What a kept result depends on (besides this code): config, slice, versions."""
+    """What a kept result depends on: config, slice, jax and libtpu versions, the code."""
     config = "" if preset in ("encode", "ranking") else \
         _config(PRESETS[preset][1], tiny).to_json(sort_keys=True)
     text = json.dumps([preset, slice_name, tiny, batch, config, jax.__version__,
-                       tpu_compile.libtpu_version()])
+                       tpu_compile.libtpu_version(), _CODE])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def run_case(name: str, preset: str, slice_name: str, kept: dict, *, tiny: bool,
              batch: int | None = None) -> dict:
     key = fingerprint(preset, slice_name, tiny, batch)
-    if kept.get(name, {}).get("fingerprint") == key:
+    if kept.get(name, {}).get("fingerprint") == key and "error" not in kept[name]:
         print(f"{name}: kept from an earlier run with the same inputs", flush=True)
         return kept[name]
     started = time.perf_counter()
@@ -213,6 +228,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                   "tpu_plan.json"),
                         help="JSON kept as cases finish; unchanged cases are reused")
     args = parser.parse_args(argv)
+    global _CODE
+    _CODE = _code_hash()
     why = tpu_compile.unavailable()
     if why:
         parser.exit(2, f"tpu_plan: {why}\n")

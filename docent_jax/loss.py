@@ -27,7 +27,13 @@ from docent_jax.masking import (
     maskable_word_pieces,
 )
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, word_table
-from embedding_core.contrastive import ContrastiveLoss, GradAccumulation, map_rows, per_example
+from embedding_core.contrastive import (
+    ContrastiveLoss,
+    GradAccumulation,
+    gather_keys,
+    map_rows,
+    per_example,
+)
 from embedding_core.losses import cosine_similarity_matrix, info_nce
 from embedding_core.table_update import TABLE_STATS, FusedTableUpdate, softmax_table_stats
 from embedding_core.task import LossFn
@@ -51,10 +57,12 @@ def in_batch_entity_loss(
     float32.
     """
     b = sentences.shape[0]
+    entities, entity_ids_keys = gather_keys((entities, entity_ids), row_chunk)
 
     def per_row(rows):
         queries, index = rows
-        return info_nce(queries, entities, index, temperature=1.0 / scale, key_ids=entity_ids)
+        return info_nce(queries, entities, index, temperature=1.0 / scale,
+                        key_ids=entity_ids_keys)
 
     per = map_rows(per_row, (sentences, jnp.arange(b, dtype=jnp.int32)), row_chunk)
     ordered = jnp.sort(entity_ids)  # O(b log b): no [b, b] comparison

@@ -146,6 +146,18 @@ def _constrain(x: jax.Array, mesh: Mesh | None, axis: int) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec) if _context_data() else x
 
 
+def gather_keys(tree: Any, chunk_size: int, mesh: Mesh | None = None) -> Any:
+    """``tree`` (the keys every query chunk of :func:`map_rows` scores against) on every
+    device, gathered once: closed over by the chunk loop's body, the partitioner gathers
+    them again in every iteration (``docs/performance.md``, "TPU compiler"). A no-op
+    without row chunks or a ``"data"`` axis; values unchanged."""
+    if chunk_size <= 0 or (mesh is None and not _context_data()):
+        return tree
+    spec = PartitionSpec()
+    where = NamedSharding(mesh, spec) if mesh is not None else spec
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, where), tree)
+
+
 def map_rows(fn: Callable[[Any], Any], rows: Any, chunk_size: int, mesh: Mesh | None = None) -> Any:
     """``fn(rows)`` over chunks of ``chunk_size`` rows per data device, one at a time, each
     recomputed in the backward (``jax.checkpoint``); ``fn``: pytree of ``[c, ...]`` rows ->
