@@ -59,8 +59,10 @@ test-pod: install-test
 	$(BIN)/python -m pytest -q -m pod_command tests/test_pod_command.py
 
 # Multi-process runs that wait on purpose (a process 45 s late to its first step).
+# Multi-process runs, the pod line among them: a barrier before the first step makes a
+# loaded machine safe for them (README "Pods and Colab").
 test-slow: install-test
-	$(BIN)/python -m pytest -q -m slow_multiprocess tests
+	$(BIN)/python -m pytest -q -m "slow_multiprocess or pod_command" tests
 
 # libtpu (the TPU compiler), the version the installed jax's [tpu] extra pins, beside the
 # venv and not in it: JAX finds it only where TPU_LIBRARY_PATH names it
