@@ -34,8 +34,19 @@ def input_files(pattern: str) -> list[str]:
 
     Raises:
       FileNotFoundError: nothing matches (one line naming the pattern).
+      IsADirectoryError: ``pattern`` is a folder (the line shows the glob to give).
+      ValueError: a recursive ``**`` glob.
     """
     path = storage.as_path(pattern)
+    if path.is_dir():
+        raise IsADirectoryError(f"--input={pattern} is a folder, not a file; give a file or "
+                                f"a glob of its files, such as --input='{pattern.rstrip('/')}"
+                                "/*.txt'")
+    if path.is_file():  # a file whose name holds [ ] * ?
+        return [str(path)]
+    if "**" in pattern:
+        raise ValueError(f"--input={pattern}: a recursive '**' glob is not read; give one "
+                         "'*' per folder level (such as DIR/*/*.txt)")
     if any(c in pattern for c in "*?["):
         parent = storage.as_path(pattern.rsplit("/", 1)[0]) if "/" in pattern else \
             storage.as_path(".")
@@ -52,7 +63,8 @@ def texts(files: Sequence[str], field: str | None) -> Iterator[tuple[str, str]]:
     ``field``. Lines are strict UTF-8 (a leading byte-order mark is dropped).
 
     Raises:
-      DataError: invalid UTF-8, an empty text, bad JSON or a missing field
+      DataError: invalid UTF-8, a NUL byte (binary or UTF-16 input), a carriage return
+        inside a plain-text line, an empty text, bad JSON or a missing field
         (``FILE:LINE: ...``).
     """
     for name in files:
@@ -64,6 +76,13 @@ def texts(files: Sequence[str], field: str | None) -> Iterator[tuple[str, str]]:
                     raise DataError(name, number, None, f"invalid UTF-8 ({err.reason})") from None
                 if number == 1:
                     line = line.removeprefix("\ufeff")
+                if "\x00" in line:
+                    raise DataError(name, number, None, "holds a NUL byte (\\x00) at character "
+                                    f"{line.index(chr(0)) + 1}: the file is binary, UTF-16 or "
+                                    "damaged (UTF-8 text is read)")
+                if "\r" in line and not field:
+                    raise DataError(name, number, None, "a carriage return inside the line (one "
+                                    "text a line, lines end with \\n or \\r\\n)")
                 if field:
                     try:
                         record = json.loads(line)
@@ -203,6 +222,9 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
     blocks_dir = out / BLOCKS
     wanted = settings(args, files)
     saved_file = blocks_dir / SETTINGS_FILE
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--output={args.output} is a file; give a folder (new, or "
+                                 "one this command encoded into before)")
     finished = (out / export.META_FILENAME).exists()
     claimed = False  # encode.json holds `wanted`
     if saved_file.exists():
@@ -212,8 +234,15 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
             changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
             raise ValueError(f"{storage.display(out)} holds blocks of another encode ({changed} "
                              "differ); use a new --output or the same inputs and flags")
-    if finished:  # nothing to redo
-        rows = int(json.loads((out / export.META_FILENAME).read_text())["num_rows"])
+    if finished:  # nothing to redo, if it is this encode's export
+        meta = json.loads((out / export.META_FILENAME).read_text())
+        if meta.get("config") != wanted:
+            done = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+            changed = sorted(k for k in wanted if done.get(k) != wanted[k])
+            raise ValueError(f"{storage.display(out)} holds the export of another encode or "
+                             f"run ({changed} differ); use a new --output or the same inputs "
+                             "and flags")
+        rows = int(meta["num_rows"])
         return {"rows": rows, "blocks": -(-rows // args.block_rows), "skipped": 0,
                 "encoded": 0, "seconds": 0.0, "finished_before": True}
     total = count_rows(args.input, files, args.field)

