@@ -125,6 +125,8 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
       FileNotFoundError: none of these, or a file (the message says what to pass; offline,
         :func:`installed_model_packages` are named).
     """
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        raise FileNotFoundError(f"The model name is empty. {WHAT_TO_PASS}")
     if storage.is_remote(name_or_path):
         try:
             name_or_path = storage.local_copy(name_or_path)
@@ -201,18 +203,36 @@ def _flax_path(hf_name: str, model_type: str = "bert") -> tuple[tuple[str, ...],
     return (*path[:-1], leaf), transpose
 
 
-def _read_safetensors(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
+def _load_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """The tensors of one safetensors file; a truncated or foreign file is one line."""
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
+    if not path.is_file():
+        raise FileNotFoundError(f"No weights file {path} (named in {_WEIGHTS_INDEX_FILE}). "
+                                f"{WHAT_TO_PASS}")
+    try:
+        return dict(load_file(str(path)))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable safetensors file ({err}); a download or "
+                         "copy cut short leaves one: copy it again") from None
+
+
+def _read_safetensors(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
     single = model_dir / _WEIGHTS_FILE
     if single.is_file():
-        return dict(load_file(str(single)))
+        return _load_safetensors(single)
     index = model_dir / _WEIGHTS_INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shards = {str(v) for v in dict(weight_map).values()}
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{index}: not a safetensors index (JSON with a 'weight_map' "
+                             f"object; {type(err).__name__}: {err})") from None
         tensors: dict[str, np.ndarray] = {}
-        for shard in sorted(set(weight_map.values())):
-            tensors.update(load_file(str(model_dir / shard)))
+        for shard in sorted(shards):
+            tensors.update(_load_safetensors(model_dir / shard))
         return tensors
     raise FileNotFoundError(
         f"No {_WEIGHTS_FILE} (or {_WEIGHTS_INDEX_FILE}) in {model_dir}; only safetensors "

@@ -165,12 +165,21 @@ class PretrainedEncoder(Encoder):
         from tokenizers import Tokenizer
 
         self.model_dir, self.name = model_dir, name
+        tokenizer_file = model_dir / "tokenizer.json"
+        if not tokenizer_file.is_file():  # checked before the weights load
+            raise FileNotFoundError(f"No tokenizer.json in {model_dir}. "
+                                    f"{pretrained.WHAT_TO_PASS}")
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as err:  # tokenizers raises a bare Exception
+            raise ValueError(f"{tokenizer_file}: not a tokenizer.json the tokenizers "
+                             f"library reads ({err})") from None
         self.pretrained = pretrained.load_pretrained(model_dir)
         config = self.pretrained.config
         self.pipeline = read_pipeline(model_dir,
                                       config.max_position_embeddings - config.position_offset)
         self._max_length = self.pipeline.max_seq_length
-        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._tokenizer = tokenizer
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         self.tokenizer = CallableTokenizer(

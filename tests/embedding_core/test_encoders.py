@@ -296,6 +296,49 @@ def test_a_file_given_as_model_is_named_a_file(tmp_path, monkeypatch):
         assert str(err.value).startswith(f"{texts} is a file, not a model folder. Pass ")
 
 
+def test_a_damaged_model_folder_is_one_line_naming_the_file(tiny_bert_dir, tmp_path):
+    """No tokenizer.json, an unreadable one, weights cut short, a shard index naming a
+    missing shard or holding no weight_map, an empty name: one line (no tokenizers /
+    safetensors exception and traceback), the tokenizer checked before the weights load."""
+    import shutil
+
+    from embedding_core.st_models import load_encoder
+
+    def folder(name, drop=(), **files):
+        out = tmp_path / name
+        shutil.copytree(tiny_bert_dir, out)
+        for dropped in drop:
+            (out / dropped).unlink()
+        for file, text in files.items():
+            (out / file.replace("__", ".")).write_text(text)
+        return out
+
+    weights = "model.safetensors"
+    cut = folder("cut")
+    (cut / weights).write_bytes((tiny_bert_dir / weights).read_bytes()[:1000])
+    cases = [
+        (folder("no_tokenizer", drop=["tokenizer.json", weights]), FileNotFoundError,
+         "No tokenizer.json in {}. Pass a local"),
+        (folder("bad_tokenizer", tokenizer__json='{"version": '), ValueError,
+         "{}/tokenizer.json: not a tokenizer.json the tokenizers library reads (EOF while "),
+        (cut, ValueError, "{}/model.safetensors: not a readable safetensors file (Error "
+                          "while deserializing header"),
+        (folder("no_shard", drop=[weights], model__safetensors__index__json=
+                '{"weight_map": {"x": "model-00001.safetensors"}}'), FileNotFoundError,
+         "No weights file {}/model-00001.safetensors (named in "
+         "model.safetensors.index.json)"),
+        (folder("bad_index", drop=[weights], model__safetensors__index__json="[1]"),
+         ValueError, "{}/model.safetensors.index.json: not a safetensors index"),
+        ("", FileNotFoundError, "The model name is empty. Pass a local"),
+    ]
+    for given, kind, start in cases:
+        with pytest.raises(kind) as err:
+            load_encoder(str(given))
+        message = str(err.value)
+        assert message.startswith(start.format(given)), message
+        assert "\n" not in message and type(err.value) is kind
+
+
 def test_offline_hub_id_names_what_works_here(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
