@@ -419,6 +419,9 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
             value = int(score)
         except ValueError:
             raise DataError(qrels_path, line, "score", f"not an integer: {score!r}") from None
+        if not -2**31 <= value < 2**31:
+            raise DataError(qrels_path, line, "score", f"{score.strip()} is out of range (a "
+                            "grade is a small integer: 0 or below not relevant, 1, 2, ...)")
         if seen.setdefault((qid, cid), value) != value:
             raise DataError(qrels_path, line, "score", f"{qid!r} and {cid!r} were given score "
                             f"{seen[qid, cid]} on an earlier line, now {value}")

@@ -33,6 +33,11 @@ def test_beir_folder_problems_name_the_missing_file_and_bad_row(tmp_path):
         retrieval.read_beir(beir, split="dev")
     with pytest.raises(DataError, match=r"test.tsv:2: field 'score': not an integer"):
         retrieval.read_beir(beir)
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t"
+                                             "99999999999999999999999\n")
+    with pytest.raises(DataError, match=r"test.tsv:2: field 'score': 99999999999999999999999 "
+                       r"is out of range \(a grade is a small integer"):
+        retrieval.read_beir(beir)  # was an OverflowError traceback when scored
 
 
 def test_labels_never_collide():
