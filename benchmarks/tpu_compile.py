@@ -289,7 +289,8 @@ def _collectives(comps: dict[str, list[str]], runs: dict[str, int], mesh: Mesh) 
                 continue
             channel = _CHANNEL.search(line)
             groups = _GROUPS.search(line)
-            key = (m.group(2), channel.group(1) if channel else id(line), m.group(1),
+            shape = re.sub(r"\{[^}]*\}", "", m.group(1))  # layouts differ between copies
+            key = (m.group(2), channel.group(1) if channel else id(line), shape,
                    groups.group(1) if groups else "")
             nbytes = _shape_bytes(m.group(1))
             total = nbytes * max(runs.get(comp, 1), 1)
