@@ -224,9 +224,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="search the largest global batch per preset and generation")
     parser.add_argument("--tiny", action="store_true",
                         help="the tests' tiny BERT at 16 tokens (minutes, not hours)")
-    parser.add_argument("--results", default=str(Path(__file__).parent / "results" /
-                                                  "tpu_plan.json"),
-                        help="JSON kept as cases finish; unchanged cases are reused")
+    parser.add_argument("--results", default=None,
+                        help="JSON kept as cases finish; unchanged cases are reused "
+                             "(default benchmarks/results/tpu_plan[_tiny].json)")
     args = parser.parse_args(argv)
     global _CODE
     _CODE = _code_hash()
@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
         [g for g in gens if g not in SLICES]
     if bad:
         parser.error(f"unknown preset(s) or generation(s) {bad}")
-    path = Path(args.results + (".tiny" if args.tiny else ""))
+    path = Path(args.results or Path(__file__).parent / "results" /
+                f"tpu_plan{'_tiny' if args.tiny else ''}.json")
     kept = json.loads(path.read_text()) if path.is_file() else {}
     results: dict = {}
 

@@ -90,3 +90,27 @@ def _check_table_split(result, chip, encoder):
                                               ("v5e:2x2", True)])
 def test_docent_tiled_step_keeps_the_table_split(slice_name, fused):
     _check_table_split(*_docent_tiled(slice_name, fused))
+
+
+def test_tpu_plan_prints_each_case_and_a_json_last_line(tmp_path, capsys):
+    import json
+
+    import tpu_plan
+
+    results = tmp_path / "plan.json"
+    tpu_plan.main(["--tiny", "--presets=cross_tpu,ranking", "--generations=v5e",
+                   f"--results={results}"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    last = json.loads(lines[-1])
+    assert sorted(last) == ["cross_tpu@v5e:8x8", "ranking@v5e:8x8"]
+    for case in last.values():
+        assert case["device_kind"] == "TPU v5 lite" and case["chips"] == 64
+        assert {"hbm_bytes", "hbm_capacity_bytes", "fits", "flops", "collective_bytes",
+                "step_time_bound_s", "mfu_bound"} <= set(case)
+        assert 0 < case["step_time_bound_s"] and 0 < case["mfu_bound"] <= 1
+    # A second run reuses both cases (same inputs) and says so.
+    tpu_plan.main(["--tiny", "--presets=cross_tpu,ranking", "--generations=v5e",
+                   f"--results={results}"])
+    out = capsys.readouterr().out
+    assert out.count("kept from an earlier run with the same inputs") == 2
+    assert json.loads(out.strip().splitlines()[-1]) == last
