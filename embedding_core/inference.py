@@ -321,6 +321,9 @@ class Encoder:
         texts = check_texts(texts)
         if truncate_dim is None:
             truncate_dim = self.truncate_dim
+        if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(
+                truncate_dim, (int, np.integer)) or truncate_dim < 1):
+            raise ValueError(f"truncate_dim must be None or an int >= 1, got {truncate_dim!r}")
         if normalize is not None:
             normalize_embeddings = normalize
         if not isinstance(normalize_embeddings, (bool, np.bool_)):

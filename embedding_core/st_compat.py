@@ -149,7 +149,19 @@ def check_device(device: str | None) -> None:
 
 
 def texts_of(sentences: str | Sequence[str]) -> tuple[list[str], bool]:
-    """``(list of texts, whether one string was given)``."""
+    """``(list of texts, whether one string was given)``.
+
+    Raises:
+      TypeError: bytes, None or another object that is no list of texts (items are checked
+        by ``inference.check_texts``).
+    """
     if isinstance(sentences, str):
         return [sentences], True
-    return list(sentences), False
+    if isinstance(sentences, (bytes, bytearray)):
+        raise TypeError("encode takes str texts, not bytes: decode them first "
+                        "(data.decode('utf-8'))")
+    try:
+        return list(sentences), False
+    except TypeError:
+        raise TypeError("encode takes a str or a list of str, got "
+                        f"{type(sentences).__name__}") from None

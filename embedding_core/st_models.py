@@ -238,6 +238,11 @@ class PretrainedEncoder(Encoder):
     def max_seq_length(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
             raise ValueError(f"max_seq_length must be an int >= 2, got {value!r}")
+        config = self.pretrained.config
+        positions = config.max_position_embeddings - config.position_offset
+        if value > positions:  # it would fail at the first long text, inside the model
+            raise ValueError(f"max_seq_length {value} is more than the {positions} token "
+                             f"positions {self.name} has; give at most {positions}")
         self._max_length = int(value)
 
     def save(self, folder: str) -> None:
@@ -275,7 +280,18 @@ class PretrainedEncoder(Encoder):
         the folder says ``do_lower_case``, cut to :attr:`max_seq_length` tokens and padded to
         the longest; ``input_ids``, ``token_type_ids`` (models with token types),
         ``attention_mask``, each int64 ``[len(texts), L]`` (numpy, not torch)."""
-        pairs = [(t, None) if isinstance(t, str) else tuple(t) for t in texts]
+        if isinstance(texts, str) or texts is None or not hasattr(texts, "__iter__"):
+            raise TypeError("tokenize takes a list of texts or of (text, text) pairs, got "
+                            f"{type(texts).__name__}")
+        texts = list(texts)
+        pairs = [(t, None) if isinstance(t, str) else t for t in texts]
+        for i, pair in enumerate(pairs):
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                    and isinstance(pair[0], str) and isinstance(pair[1], (str, type(None)))):
+                raise TypeError(f"texts[{i}] is a {type(texts[i]).__name__}, not a str or a "
+                                "(str, str) pair")
+        if not pairs:
+            return {k: np.zeros((0, 0), np.int64) for k in self.tokenizer.model_input_names}
         first = [self._case(str(a).strip()) for a, _ in pairs]
         second = None if all(b is None for _, b in pairs) else \
             [self._case(str(b).strip()) for _, b in pairs]

@@ -23,6 +23,24 @@ class Encoded(dict):
             raise AttributeError(name) from None
 
 
+def _texts(value: Any, name: str) -> list[str]:
+    """``value`` as a list of texts: one str, or a sequence of them.
+
+    Raises:
+      TypeError: naming the argument (and the item) that is not a str.
+    """
+    if isinstance(value, str):
+        return [value]
+    if value is None or isinstance(value, (bytes, bytearray, dict)) or not hasattr(
+            value, "__iter__"):
+        raise TypeError(f"{name} must be a str or a list of str, got {type(value).__name__}")
+    items = list(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] is a {type(item).__name__}, not a str")
+    return items
+
+
 class CallableTokenizer:
     """``backend`` called as a transformers tokenizer.
 
@@ -59,9 +77,8 @@ class CallableTokenizer:
             texts of different lengths without ``padding``.
         """
         single = isinstance(text, str)
-        texts = [text] if single else list(text)
-        pairs = None if text_pair is None else \
-            ([text_pair] if isinstance(text_pair, str) else list(text_pair))
+        texts = _texts(text, "text")
+        pairs = None if text_pair is None else _texts(text_pair, "text_pair")
         if return_tensors not in (None, "np"):
             raise ValueError(f"return_tensors={return_tensors!r}: this tokenizer gives lists "
                              "or numpy arrays (None or 'np'); it needs no torch")
@@ -78,14 +95,16 @@ class CallableTokenizer:
                 "token_type_ids": [e.type_ids for e in encodings],
                 "attention_mask": [[1] * len(e.ids) for e in encodings]}
         if padding:
-            width = limit if padding == "max_length" else max(map(len, rows["input_ids"]))
+            width = limit if padding == "max_length" else \
+                max(map(len, rows["input_ids"]), default=0)
             fill = {"input_ids": self.pad_token_id, "token_type_ids": 0, "attention_mask": 0}
             rows = {k: [r + [fill[k]] * (width - len(r)) for r in v] for k, v in rows.items()}
         out = Encoded((k, rows[k]) for k in self.model_input_names)
         if return_tensors == "np":
             if len({len(r) for r in out["input_ids"]}) > 1:
                 raise ValueError("texts of different lengths make no array: pass padding=True")
-            out = Encoded((k, np.asarray(v, np.int64)) for k, v in out.items())
+            out = Encoded((k, np.asarray(v, np.int64).reshape(len(v), -1) if v else
+                           np.zeros((0, 0), np.int64)) for k, v in out.items())
         return Encoded((k, v[0]) for k, v in out.items()) if single else out
 
     def encode(self, text: str, text_pair: str | None = None, *,

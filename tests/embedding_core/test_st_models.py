@@ -178,3 +178,51 @@ def test_tokenizer_tokenize_truncate_dim_and_repr_as_sentence_transformers(tiny_
         "'include_prompt': False})")
     assert shown[3:] == ["  (2): Dense({'in_features': 64, 'out_features': 24, 'bias': True, "
                          "'activation_function': 'Tanh'})", "  (3): Normalize()", ")"]
+
+
+def test_bad_arguments_to_encode_tokenizer_and_tokenize_are_one_clear_error(tiny_bert_dir):
+    """None, bytes, a number or a None item as the texts; truncate_dim 0 or negative on a
+    call or as the attribute; max_seq_length past the model's positions: an error naming the
+    argument (were 'NoneType is not iterable', 'text 0 is a int', a (1, 0) or (1, 31)
+    result, an error inside the model at the first long text); empty lists give empty
+    results."""
+    ours = load_encoder(tiny_bert_dir)
+    for texts, kind, message in [
+            (None, TypeError, "encode takes a str or a list of str, got NoneType"),
+            (b"x", TypeError, "encode takes str texts, not bytes: decode them first"),
+            (5, TypeError, "encode takes a str or a list of str, got int")]:
+        with pytest.raises(kind, match=f"^{message}"):
+            ours.encode(texts)
+    for dim in (0, -1):
+        with pytest.raises(ValueError, match=f"truncate_dim must be None or an int >= 1, "
+                                             f"got {dim}"):
+            ours.encode(["hi"], truncate_dim=dim)
+    ours.truncate_dim = -1
+    with pytest.raises(ValueError, match="truncate_dim must be None or an int >= 1, got -1"):
+        ours.encode(["hi"])
+    ours.truncate_dim = 100  # larger than the model's: the whole row, as sentence-transformers
+    assert ours.encode(["hi"]).shape == (1, 32)
+    ours.truncate_dim = None
+
+    tok = ours.tokenizer
+    for text, message in [(None, "text must be a str or a list of str, got NoneType"),
+                          (b"x", "text must be a str or a list of str, got bytes"),
+                          (["a", None], r"text\[1\] is a NoneType, not a str")]:
+        with pytest.raises(TypeError, match=f"^{message}$"):
+            tok(text)
+    with pytest.raises(TypeError, match=r"^text_pair\[0\] is a int, not a str$"):
+        tok(["a"], [3])
+    assert tok([]) == {"input_ids": [], "token_type_ids": [], "attention_mask": []}
+    assert tok([], padding=True, return_tensors="np")["input_ids"].shape == (0, 0)
+    with pytest.raises(TypeError, match=r"^texts\[1\] is a int, not a str or a \(str, str\) "
+                                        "pair$"):
+        ours.tokenize(["a", 3])
+    with pytest.raises(TypeError, match="^tokenize takes a list of texts or of"):
+        ours.tokenize(None)
+    assert ours.tokenize([])["input_ids"].shape == (0, 0)
+    assert ours.tokenize([("a", "b"), "c"])["input_ids"].shape == (2, 5)
+
+    with pytest.raises(ValueError, match="^max_seq_length 129 is more than the 128 token "
+                                         "positions .* has; give at most 128$"):
+        ours.max_seq_length = 129
+    ours.max_seq_length = 128
