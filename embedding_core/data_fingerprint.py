@@ -44,15 +44,28 @@ def _paths(value: str) -> list[str]:
     return [p.strip() for p in str(value).split(",") if p.strip()]
 
 
-def _files(path: str) -> Iterator[tuple[str, object]]:
-    """``(uri, epath.Path)`` of ``path`` or, for a folder, of every file under it, sorted."""
+def _files(path: str, above: frozenset[str] = frozenset()) -> Iterator[tuple[str, object]]:
+    """``(uri, epath.Path)`` of ``path`` or, for a folder, of every file under it, sorted.
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist, or is a broken symbolic link.
+      ValueError: a symbolic link to a folder above it (a loop).
+    """
     root = storage.as_path(path)
+    local = not storage.is_remote(path)
     if root.is_dir():
+        real = os.path.realpath(path) if local else os.fspath(path)
+        if real in above:
+            raise ValueError(f"{path} is a link to {real}, a folder it is in: a loop; remove "
+                             "the link")
         for child in sorted(root.iterdir(), key=lambda p: p.name):
             if not child.name.startswith("."):  # .DS_Store, editors' files: not data
-                yield from _files(os.fspath(child))
+                yield from _files(os.fspath(child), above | {real})
     elif root.exists():
         yield os.fspath(root), root
+    elif local and os.path.islink(path):
+        raise FileNotFoundError(f"{path} is a broken symbolic link (to {os.readlink(path)}); "
+                                "remove it or restore its target")
     else:
         raise FileNotFoundError(f"{path} does not exist")
 
@@ -100,14 +113,20 @@ def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
     read again: a stat per file. Any other file is hashed (SHA-256 reads all of it).
 
     Raises:
-      FileNotFoundError: ``config.FIELD: PATH does not exist``.
+      FileNotFoundError: ``config.FIELD: PATH does not exist`` (or, under a folder, is a
+        broken symbolic link).
+      ValueError: ``config.FIELD: PATH`` is a link to a folder above it.
     """
     out: dict[str, dict[str, dict]] = {}
     for name in names:
         files: dict[str, dict] = {}
         storage.check_data_paths(config, [name])  # the CLI's own one line for a missing path
         for path in _paths(config[name]):
-            for uri, one in _files(path):
+            try:
+                found = list(_files(path))
+            except (FileNotFoundError, ValueError) as err:  # under a folder: name the field
+                raise type(err)(f"config.{name}: {err}") from None
+            for uri, one in found:
                 now = _stat(one)
                 old = ((known or {}).get(name) or {}).get(uri)
                 same = (old and now["stamp"] is not None and old.get("size") == now["size"]

@@ -128,6 +128,34 @@ def test_a_missing_data_file_names_the_field(tmp_path):
         data_fingerprint.fingerprint(config, ["train_file"])
 
 
+def test_a_broken_link_or_a_link_loop_under_a_data_folder_names_the_field(tmp_path):
+    """Were 'd/dangling does not exist' (no field) and 'd/loop/loop/.../a.txt does not
+    exist' after 40 levels."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a\n")
+    config = ml_collections.ConfigDict({"train_file": str(folder)})
+    (folder / "dangling").symlink_to(tmp_path / "gone.txt")
+    with pytest.raises(FileNotFoundError) as err:
+        data_fingerprint.fingerprint(config, ["train_file"])
+    assert str(err.value) == (f"config.train_file: {folder}/dangling is a broken symbolic "
+                              f"link (to {tmp_path}/gone.txt); remove it or restore its target")
+    (folder / "dangling").unlink()
+    (folder / "loop").symlink_to(folder)
+    with pytest.raises(ValueError) as err:
+        data_fingerprint.fingerprint(config, ["train_file"])
+    assert str(err.value) == (f"config.train_file: {folder}/loop is a link to "
+                              f"{os.path.realpath(folder)}, a folder it is in: a loop; remove "
+                              "the link")
+    (folder / "loop").unlink()
+    (folder / "sub").symlink_to(tmp_path, target_is_directory=True)  # a link to a parent
+    with pytest.raises(ValueError, match="a folder it is in: a loop"):
+        data_fingerprint.fingerprint(config, ["train_file"])
+    (folder / "sub").unlink()
+    assert list(data_fingerprint.fingerprint(config, ["train_file"])["train_file"]) == [
+        f"{folder}/a.txt"]
+
+
 def test_resume_on_edited_data_is_refused_and_the_flag_accepts_it(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "a"}\n')
