@@ -27,6 +27,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
       ValueError: no ``KIND:`` prefix, or an unknown kind (the spec named).
     """
     kind, sep, path = str(spec).partition(":")
+    kind, path = kind.strip(), path.strip()  # "sts: a.csv" is a.csv
     if not sep or kind not in KINDS or not path:
         raise ValueError(f"evaluation {spec!r}: write KIND:PATH with KIND one of {KINDS} "
                          "(ir:BEIR_DIR_OR_JSONL, sts:FILE, pairs:FILE, triplets:FILE)")
@@ -38,7 +39,8 @@ def build(kind: str, path: str, *, batch_size: int = 32, ir_split: str = "test")
 
     Raises:
       FileNotFoundError: ``PATH does not exist`` (the caller names the flag or field).
-      ValueError: a bare ``gs://`` bucket. DataError: a bad row (file, line, field).
+      ValueError: a bare ``gs://`` bucket; a folder for a kind that reads one file.
+      DataError: a bad row (file, line, field).
     """
     from embedding_core.evaluation import pairs, retrieval
 
@@ -51,6 +53,9 @@ def build(kind: str, path: str, *, batch_size: int = 32, ir_split: str = "test")
             return retrieval.InformationRetrievalEvaluator.from_beir(
                 path, split=ir_split, batch_size=batch_size)
         return retrieval.InformationRetrievalEvaluator.from_jsonl(path, batch_size=batch_size)
+    if where.is_dir():
+        raise ValueError(f"{storage.display(path)} is a folder; {kind} reads one CSV or JSON "
+                         "Lines file")
     cls = {"sts": pairs.EmbeddingSimilarityEvaluator,
            "pairs": pairs.BinaryClassificationEvaluator, "triplets": pairs.TripletEvaluator}[kind]
     return cls.from_file(path, batch_size=batch_size)

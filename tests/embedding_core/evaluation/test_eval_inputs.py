@@ -97,3 +97,23 @@ def test_config_eval_files_name_the_field_and_take_an_escaped_comma(tmp_path, ca
     assert cli.main(["--model=org/model", f"--sts={tmp_path}/nope.csv"]) == 1
     assert capsys.readouterr().err == (f"embedding-jax evaluate: error: --sts {tmp_path}/"
                                        "nope.csv does not exist\n")
+
+
+def test_a_folder_for_a_one_file_kind_and_a_space_after_the_kind(tmp_path, capsys):
+    """'sts:FOLDER' said 'FOLDER: no such file'; 'sts: a.csv' looked for ' a.csv'."""
+    from embedding_core.run import _eval_files
+    from tests.embedding_core.test_run import _config
+
+    sts = tmp_path / "dev.csv"
+    sts.write_text("sentence1,sentence2,score\na,b,1\nc,d,2\ne,f,3\n")
+    built = _eval_files(_config(eval_every=6, eval_files=f"sts: {sts}"))
+    assert [(kind, path) for kind, path, _ in built] == [("sts", str(sts))]
+    assert run.parse_spec(f" pairs : {sts} ") == ("pairs", str(sts))
+    for kind in ("sts", "pairs", "triplets"):
+        with pytest.raises(ValueError) as err:
+            _eval_files(_config(eval_every=6, eval_files=f"{kind}:{tmp_path}"))
+        assert str(err.value) == (f"config.eval_files: {tmp_path} is a folder; {kind} reads "
+                                  "one CSV or JSON Lines file")
+    assert cli.main(["--model=org/model", f"--sts={tmp_path}"]) == 1
+    assert capsys.readouterr().err == (f"embedding-jax evaluate: error: --sts {tmp_path} is a "
+                                       "folder; sts reads one CSV or JSON Lines file\n")
