@@ -153,7 +153,7 @@ def read_records(path: str | os.PathLike[str], required: Sequence[str],
     Raises:
       FileNotFoundError: no such file.
       ValueError: a list field not among the fields, or an unknown format name.
-      DataError: a format not allowed; invalid UTF-8 or JSON, a non-object line, a duplicated
+      DataError: a folder; a format not allowed; invalid UTF-8 or JSON, a non-object line, a duplicated
         key, a missing, null or empty required field, a wrong type, a NUL or a lone surrogate;
         broken CSV; fewer than ``min_records`` records.
     """
@@ -166,6 +166,9 @@ def read_records(path: str | os.PathLike[str], required: Sequence[str],
             raise ValueError(f"unknown format {name!r}; use one of {FORMATS}")
     where = str(path)
     path = epath.Path(path)
+    if path.is_dir():  # open() would say "[Errno 21] Is a directory" without the name
+        raise DataError(where, None, None, "a folder, not a file; give one "
+                        f"{' or '.join(_NAMES[f] for f in formats)} file")
     kind = file_format
     if kind == "auto":
         kind = _EXTENSIONS.get(path.suffix.lower())

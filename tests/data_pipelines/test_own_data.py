@@ -208,6 +208,14 @@ def test_missing_file_and_unknown_list_field(tmp_path):
         records.read_records(tmp_path / "x.jsonl", ["a"], list_fields=["b"])
 
 
+def test_a_folder_given_as_a_data_file_is_one_line_naming_it(tmp_path):
+    """Was "[Errno 21] Is a directory: PATH" from open() (dualcse-jax train
+    --config.train_file=FOLDER)."""
+    with pytest.raises(DataError) as err:
+        sentence_files.read_inli_file(tmp_path)
+    assert str(err.value) == f"{tmp_path}: a folder, not a file; give one CSV or JSON Lines file"
+
+
 def test_gs_uris_read_like_local_files(gcs_emulator):
     from data_pipelines import squad
     from embedding_core import storage
