@@ -57,7 +57,7 @@ def in_batch_entity_loss(
     float32.
     """
     b = sentences.shape[0]
-    entities, entity_ids_keys = gather_keys((entities, entity_ids), row_chunk)
+    entities, entity_ids_keys = gather_keys((entities, entity_ids), b, row_chunk)
 
     def per_row(rows):
         queries, index = rows

@@ -94,7 +94,7 @@ def dualcse_loss(
     # Every term's keys hold the positives first, in row order: row i's positive is key i.
     keys1, keys2 = keys(keys1), keys(keys2)
     intra = {slot: (u[:, slot], uid[:, slot]) for slot in slots} if use_intra else {}
-    keys1, keys2, intra = gather_keys((keys1, keys2, intra), row_chunk)
+    keys1, keys2, intra = gather_keys((keys1, keys2, intra), n, row_chunk)
 
     def terms_of(rows):  # per-row terms of a chunk of query rows against every key
         r_rows, u_rows, index = rows
@@ -141,7 +141,7 @@ def simcse_loss(
     valid = jnp.concatenate([jnp.ones(n, bool), has_negative])
     anchor = text_ids[:, ANCHOR]
     rows = (e[:, ANCHOR], anchor, jnp.arange(n, dtype=jnp.int32))
-    keys, ids, valid, anchor = gather_keys((keys, ids, valid, anchor), row_chunk)
+    keys, ids, valid, anchor = gather_keys((keys, ids, valid, anchor), n, row_chunk)
 
     def losses_of(chunk):  # a chunk of anchors against every key: [c, 2n] at a time
         query, anchor_rows, index = chunk

@@ -146,12 +146,15 @@ def _constrain(x: jax.Array, mesh: Mesh | None, axis: int) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec) if _context_data() else x
 
 
-def gather_keys(tree: Any, chunk_size: int, mesh: Mesh | None = None) -> Any:
+def gather_keys(tree: Any, rows: int, chunk_size: int, mesh: Mesh | None = None) -> Any:
     """``tree`` (the keys every query chunk of :func:`map_rows` scores against) on every
     device, gathered once: closed over by the chunk loop's body, the partitioner gathers
-    them again in every iteration (``docs/performance.md``, "TPU compiler"). A no-op
-    without row chunks or a ``"data"`` axis; values unchanged."""
+    them again in every iteration (``docs/performance.md``, "TPU compiler"). A no-op where
+    :func:`map_rows` of ``rows`` query rows runs no loop (one chunk a device, no
+    ``chunk_size``, no ``"data"`` axis): there it would only cost memory. Values unchanged."""
     if chunk_size <= 0 or (mesh is None and not _context_data()):
+        return tree
+    if rows // (_data_size(mesh) * chunk_size) <= 1:
         return tree
     spec = PartitionSpec()
     where = NamedSharding(mesh, spec) if mesh is not None else spec
