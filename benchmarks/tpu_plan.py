@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -174,41 +175,73 @@ def line(name: str, r: dict) -> str:
             f"{coll}" + (f" | {r['note']}" if r.get("note") else ""))
 
 
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\)")
+
+
+def _need(r: dict, base: dict, cores: int) -> float | None:
+    """Per-chip HBM of a compiled case, or, for one the TPU compiler refused for memory,
+    the temporaries its message names plus the base case's arguments (bytes)."""
+    if "error" not in r:
+        return float(r["hbm_bytes"])
+    m = _OOM.search(r["error"])
+    if not m:
+        return None
+    return float(m[1]) * 1024 ** " KMGT".index(m[2]) * cores + base["arg_bytes"]
+
+
 def largest_batch(preset: str, slice_name: str, kept: dict, results: dict, *, tiny: bool,
-                  save) -> dict:
-    """The largest global batch (a multiple of the data size) that compiles within
-    ``FIT`` of HBM, the preset's chunks kept: HBM is fitted as affine in the batch from
-    two compiles, the prediction compiled, and stepped down until it fits."""
-    package, module = PRESETS[preset]
+                  save, probe: int = 64, tries: int = 3) -> dict:
+    """The largest global batch (a multiple of data size x chunk) that compiles within
+    ``FIT`` of HBM, the preset's chunks kept. HBM is taken as affine in the batch between
+    the preset's batch and ``probe`` times it (an out-of-memory refusal still names the
+    temporaries it needs); the predicted batch is compiled and moved by the measured
+    ratio until it fits (at most ``tries`` compiles). With GradCache chunks HBM grows
+    only with the gathered embeddings, so the answer is far above the preset's batch."""
+    _, module = PRESETS[preset]
     config = _config(module, tiny)
     base = int(config.batch_size)
     devices, chip = tpu_compile.topology(slice_name)
-    data = len(devices)
     cap = FIT * chip.hbm_bytes
-    points = {}
-    for batch in (base, 2 * base):
+    unit = len(devices) * max(int(config.get("contrastive_chunk_size", 0) or 1), 1)
+
+    def compiled(batch: int) -> dict:
         name = f"{preset}@{slice_name}#batch={batch}"
         results[name] = run_case(name, preset, slice_name, kept, tiny=tiny, batch=batch)
         save()
-        if "error" in results[name]:
-            return {"error": results[name]["error"]}
-        points[batch] = results[name]["hbm_bytes"]
-    slope = (points[2 * base] - points[base]) / base
-    if slope <= 0:
-        return {"largest_batch": None, "note": "HBM does not grow with the batch"}
-    guess = int((cap - points[base]) / slope + base)
-    unit = data * max(int(config.get("contrastive_chunk_size", 0) or 1), 1)
-    batch = max(unit, guess // unit * unit)
-    for _ in range(4):
-        name = f"{preset}@{slice_name}#batch={batch}"
-        results[name] = run_case(name, preset, slice_name, kept, tiny=tiny, batch=batch)
-        save()
-        r = results[name]
+        return results[name]
+
+    first = compiled(base)
+    if "error" in first:
+        return {"error": first["error"]}
+    far = max(unit, base * probe // unit * unit)
+    need = _need(compiled(far), first, chip.cores)
+    if need is None:
+        return {"error": f"batch {far}: {results[f'{preset}@{slice_name}#batch={far}']}"}
+    slope = (need - first["hbm_bytes"]) / (far - base)
+    batch = far if slope <= 0 else int((cap - first["hbm_bytes"]) / slope + base)
+    best = base if first["hbm_bytes"] <= cap else None
+    for _ in range(tries):
+        batch = max(unit, batch // unit * unit)
+        r = compiled(batch)
+        need = _need(r, first, chip.cores)
         if "error" not in r and r["hbm_bytes"] <= cap:
-            return {"largest_batch": batch, "hbm_bytes": r["hbm_bytes"],
-                    "examples_per_s_per_chip": r["examples_per_s_per_chip"]}
-        batch = max(unit, int(batch * 0.8) // unit * unit)
-    return {"largest_batch": None, "note": "no batch within 90% of HBM after 4 tries"}
+            best = max(best or 0, batch)
+            if r["hbm_bytes"] > 0.95 * cap:
+                break
+        elif need is None:
+            break
+        # affine from the base case through this one, aimed at the cap
+        slope = (need - first["hbm_bytes"]) / (batch - base) if batch != base else 0
+        nxt = int((0.97 * cap - first["hbm_bytes"]) / slope + base) if slope > 0 else 2 * batch
+        if nxt // unit * unit == batch:
+            break
+        batch = nxt
+    if best is None:
+        return {"largest_batch": None, "note": f"no batch within {FIT:.0%} of HBM"}
+    r = results[f"{preset}@{slice_name}#batch={best}"]
+    return {"largest_batch": best, "hbm_bytes": r["hbm_bytes"],
+            "examples_per_s_per_chip": r["examples_per_s_per_chip"],
+            "step_time_bound_s": r["step_time_bound_s"]}
 
 
 def main(argv: list[str] | None = None) -> dict:
