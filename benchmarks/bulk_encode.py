@@ -62,7 +62,7 @@ def _xla_env(devices: int) -> dict[str, str]:
 
 
 def _cmd(args, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "embedding_core.bulk_encode", "encode",
+    return [sys.executable, "-m", "embedding_core.serving.bulk_encode", "encode",
             f"--model={args.model}", f"--input={args.input}", f"--output={out}",
             f"--block_rows={args.block_rows}", "--batch_size=256",
             f"--max_seq_length={args.max_seq_length}", *extra]
@@ -112,7 +112,7 @@ def run_two_processes(args, out: Path) -> dict:
 
 
 def compare(out: Path, reference: np.ndarray, n: int) -> dict:
-    from embedding_core.export_reader import load_view
+    from embedding_core.serving.export_reader import load_view
 
     vectors, ids, _ = load_view(out)
     if len(ids) != n:
@@ -125,8 +125,8 @@ def sentences_per_second(args, texts: list[str]) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from embedding_core.pretrained import resolve_model_dir
-    from embedding_core.st_models import load_encoder
+    from embedding_core.models.pretrained import resolve_model_dir
+    from embedding_core.serving.st_models import load_encoder
 
     torch.set_num_threads(args.threads)
     ours = load_encoder(args.peer_model)
@@ -154,7 +154,7 @@ def tiny_model(folder: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     if (folder / "model.safetensors").exists():
         return folder
@@ -208,7 +208,7 @@ def main() -> None:
     print("8 devices:", result["eight_devices"], flush=True)
     result["two_processes"] = run_two_processes(args, root / "two")
     print("2 processes x 4:", result["two_processes"], flush=True)
-    from embedding_core.st_models import load_encoder
+    from embedding_core.serving.st_models import load_encoder
 
     model = load_encoder(args.model)
     model.max_seq_length = args.max_seq_length

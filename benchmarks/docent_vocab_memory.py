@@ -3,7 +3,8 @@
 One step = loss + gradients (queries and table) + an Adam update of the table, for
 ``scale * cos(q, table)`` logits and cross-entropy against each query's entity, in three forms:
 
-* ``vocab_parallel``: ``embedding_core.vocab_softmax.vocab_parallel_softmax_cross_entropy`` with the
+* ``vocab_parallel``:
+  ``embedding_core.losses.vocab_softmax.vocab_parallel_softmax_cross_entropy`` with the
   table sharded by rows over "model" and the batch over "data" (shard_map);
 * ``dense_gspmd``: the dense ``optax.softmax_cross_entropy_with_integer_labels`` on the full
   ``[batch, num_entities]`` logits, jitted with the same input shardings (XLA's SPMD
@@ -45,7 +46,8 @@ import optax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from embedding_core import losses, parallel, vocab_softmax  # noqa: E402
+from embedding_core.distributed import parallel  # noqa: E402
+from embedding_core.losses import losses, vocab_softmax  # noqa: E402
 
 SCALE = 20.0
 

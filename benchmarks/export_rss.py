@@ -2,7 +2,7 @@
 
 A synthetic model with one table view (row ``i``: a function of ``i``, float32 ``[rows,
 --dim]``, ids ``row<i>``, produced ``--block`` rows at a time) is exported with
-``embedding_core.serving.export`` by ``--processes`` local processes x ``--devices`` fake
+``embedding_core.serving.serving.export`` by ``--processes`` local processes x ``--devices`` fake
 CPU devices each (jax.distributed, gloo), once for ``--small`` rows and once for ``--rows``
 rows, each in fresh processes; then by one process (all devices) for ``--rows`` rows.
 Each process reports its peak RSS (``resource.getrusage``) and its RSS after the imports
@@ -38,7 +38,7 @@ class Synthetic:
         import ml_collections
         import numpy as np
 
-        from embedding_core.serving import View
+        from embedding_core.serving.serving import View
 
         self.np, self.rows, self.dim, self.block = np, rows, dim, block
         self.config = ml_collections.ConfigDict({"rows": rows, "dim": dim})
@@ -68,13 +68,13 @@ class Synthetic:
 
 
 def _worker(args) -> None:
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     if args.processes > 1:
         parallel.maybe_initialize_distributed(args.coordinator, args.processes, args.process_id)
     import jax
 
-    from embedding_core import serving
+    from embedding_core.serving import serving
 
     jax.devices()
     after_start = rss_now()
@@ -113,7 +113,7 @@ def _export(args, rows: int, processes: int, out: Path) -> list[dict]:
 def _check(args, multi: Path, single: Path, rows: int) -> dict:
     import numpy as np
 
-    from embedding_core.export_reader import load_export
+    from embedding_core.serving.export_reader import load_export
 
     (a, ids_a, meta_a), = load_export(multi, mmap_mode="r").values()
     (b, ids_b, meta_b), = load_export(single, mmap_mode="r").values()

@@ -36,8 +36,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from docent_jax.loss import full_vocab_entity_loss  # noqa: E402
 from docent_jax.model import table_rows  # noqa: E402
-from embedding_core import parallel, training  # noqa: E402
-from embedding_core.table_update import TABLE_STATS, FusedTableUpdate  # noqa: E402
+from embedding_core.distributed import parallel  # noqa: E402
+from embedding_core.losses.table_update import TABLE_STATS, FusedTableUpdate  # noqa: E402
+from embedding_core.training import training  # noqa: E402
 
 
 def compiled_bytes(compiled) -> dict[str, int]:
@@ -64,7 +65,7 @@ def docent_full_softmax_case(num_entities: int, dim: int, batch: int, mesh_data:
     ``fused=True`` is ``config.fused_table_update``: the loss runs with the table's
     gradient stopped (``full_vocab_entity_loss(..., fused_table=True)``) and the same Adam
     step is applied block by block
-    (``embedding_core.table_update.FusedTableUpdate``), so the table's gradient never
+    (``embedding_core.losses.table_update.FusedTableUpdate``), so the table's gradient never
     exists whole; the step also returns the global gradient norm, as the train step logs it.
 
     Args:
@@ -149,7 +150,7 @@ def dualcse_cross_case(global_batch: int, chunk_size: int, *, seq_len: int = 32,
 
     The step is the real one: ``dualcse_jax.trainer.make_loss_fn`` (the 5-term loss, 8
     token fields of ``seq_len`` per premise, CLS pooling, dropout on) through
-    ``embedding_core.training.make_train_step`` with AdamW and donated state, on a random
+    ``embedding_core.training.training.make_train_step`` with AdamW and donated state, on a random
     BERT of ``layers`` x ``hidden`` (4 heads, MLP 4 x ``hidden``, 30,522 word pieces).
     ``chunk_size > 0`` is ``config.contrastive_chunk_size``: the chunked (GradCache) step,
     whose loss also scores its query rows in chunks; 0 is the plain step, where each
@@ -168,7 +169,7 @@ def dualcse_cross_case(global_batch: int, chunk_size: int, *, seq_len: int = 32,
       ValueError: a batch or chunk size the mesh cannot split.
     """
     from dualcse_jax.configs import default
-    from embedding_core.encoders import EncoderConfig
+    from embedding_core.models.encoders import EncoderConfig
 
     c = default.get_config()
     c.architecture, c.pooling, c.dropout_impl = "cross", "cls", "hash"
@@ -200,7 +201,8 @@ def dualcse_step_case(config, encoder, seq_len: int, mesh_data: int, mesh_model:
     from dualcse_jax import tables
     from dualcse_jax.model import build_model, init_fn
     from dualcse_jax.trainer import make_loss_fn
-    from embedding_core import configs, contrastive
+    from embedding_core import configs
+    from embedding_core.losses import contrastive
 
     devices = jax.devices()[:mesh_data * mesh_model]
     if len(devices) < mesh_data * mesh_model:

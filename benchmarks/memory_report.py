@@ -95,7 +95,7 @@ def bert_base_dualcse_case(batch: int = 64, seq_len: int = 128, *, dtype: str = 
     """Per-device bytes of one BERT-base DualCSE-Cross train step on one device.
 
     The step is the real one (``dualcse_jax.trainer.make_loss_fn``: 5-term loss, CLS
-    pooling, dropout on; ``embedding_core.training.make_train_step`` with AdamW and donated
+    pooling, dropout on; ``embedding_core.training.training.make_train_step`` with AdamW and donated
     state) on abstract inputs: ``batch`` premises x 8 token fields x ``seq_len``.
 
     Args:
@@ -116,8 +116,10 @@ def bert_base_dualcse_case(batch: int = 64, seq_len: int = 128, *, dtype: str = 
     from dualcse_jax.configs import default
     from dualcse_jax.model import build_model, init_fn
     from dualcse_jax.trainer import make_loss_fn
-    from embedding_core import configs, parallel, training
-    from embedding_core.encoders import EncoderConfig
+    from embedding_core import configs
+    from embedding_core.distributed import parallel
+    from embedding_core.models.encoders import EncoderConfig
+    from embedding_core.training import training
 
     mesh = parallel.make_mesh(1, 1, devices=jax.devices()[:1])
     c = default.get_config()
@@ -157,7 +159,7 @@ def pod_preset_case(mesh_data: int, *, remat: str | None = None, smoke: bool = F
     from transformers import BertConfig
 
     from dualcse_jax.configs import cross_tpu
-    from embedding_core.encoders import EncoderConfig
+    from embedding_core.models.encoders import EncoderConfig
 
     c = cross_tpu.get_config()
     if remat is not None:

@@ -1,7 +1,7 @@
 """Cost of per-example dropout keys: the SimCSE CPU train step with and without them.
 
 The training losses run the encoder on each example alone under ``jax.vmap`` with the key
-``fold_in(step key, row)`` when dropout is on (``embedding_core.contrastive.per_example``),
+``fold_in(step key, row)`` when dropout is on (``embedding_core.losses.contrastive.per_example``),
 so that masks do not depend on chunking or the mesh. This times that step against the
 batched form it replaced (one key for the whole batch), interleaved, same weights, same
 batch (MiniLM shape, random tokens, batch 32 x 3 sentences, max length 64, CLS pooling,
@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from dualcse_jax.loss import simcse_loss
     from dualcse_jax.model import build_model, init_fn, sentence_text_ids
     from dualcse_jax.trainer import make_loss_fn
-    from embedding_core import parallel, training
-    from embedding_core.pretrained import load_pretrained
+    from embedding_core.distributed import parallel
+    from embedding_core.models.pretrained import load_pretrained
+    from embedding_core.training import training
 
     c = simcse.get_config()
     c.pooling, c.max_length, c.dropout, c.dropout_impl = "cls", 64, True, args.dropout_impl

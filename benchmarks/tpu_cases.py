@@ -4,15 +4,15 @@ Each builder returns ``(compiled, examples)``: the executable ``benchmarks/tpu_c
 analyses and the examples one call processes (whole mesh). Nothing is allocated: state and
 batch are ``ShapeDtypeStruct``s carrying their ``NamedSharding``s.
 
-- :func:`train_step`: a preset's train step as ``embedding_core.run`` builds it (the
+- :func:`train_step`: a preset's train step as ``embedding_core.training.run`` builds it (the
   package's model, loss, batch contract, optimizer, GradCache / accumulation, fused table
   update, logical-axis rules fitted to the mesh, donated state); token fields at
   ``config.max_length`` (the longest batch). DualCSE, DocEnt (Dual, Full, Hybrid).
 - :func:`encode_batch`: one ``embedding-jax encode`` batch, the encoder + pooling +
-  normalisation of ``embedding_core.st_models.PretrainedEncoder``, batch split over the
+  normalisation of ``embedding_core.serving.st_models.PretrainedEncoder``, batch split over the
   slice (parameters replicated).
 - :func:`ranking_block`: DocEnt's entity ranking, one query block against the table split
-  by rows over ``model`` (``embedding_core.table_ranking.top_k``).
+  by rows over ``model`` (``embedding_core.losses.table_ranking.top_k``).
 - :func:`mrwe_features`: MRWE's contextual feature pass (BERT-base hidden states of every
   layer for ``contextual_batch_size`` windows), the part of an MRWE run a TPU speeds up.
 """
@@ -27,8 +27,11 @@ import tpu_compile  # noqa: F401  (TPU_LIBRARY_PATH, read when a topology is mad
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedding_core import configs, contrastive, parallel, training
-from embedding_core.encoders import EncoderConfig
+from embedding_core import configs
+from embedding_core.distributed import parallel
+from embedding_core.losses import contrastive
+from embedding_core.models.encoders import EncoderConfig
+from embedding_core.training import training
 
 BERT_BASE = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 768,
              "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
@@ -65,14 +68,14 @@ def _batch(spec, sizes: dict, mesh: Mesh) -> dict:
 
 def _compile_step(name: str, config, mesh: Mesh, init_params, loss_fn, batch: dict, *,
                   optimizer=None, accumulation=None, fused_table=None, heads: int = 12):
-    """``embedding_core.run._train``'s step, compiled on abstract state and batch."""
+    """``embedding_core.training.run._train``'s step, compiled on abstract state and batch."""
     abstract_params = jax.eval_shape(init_params, jax.random.key(0))
     rules = parallel.fit_rules(configs.axis_rules(config), mesh, abstract_params,
                                {"heads": heads})
     parallel.check_global_batch(int(config.batch_size), mesh)
     contrastive.check_config(config, mesh)
     if optimizer is None:
-        from embedding_core.run import default_optimizer as optimizer
+        from embedding_core.training.run import default_optimizer as optimizer
     tx, schedule = optimizer(config, 1000)
     shardings = training.state_shardings(init_params, tx, mesh, rules)
 
@@ -141,8 +144,8 @@ def docent_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh:
 
 def encode_batch(encoder: EncoderConfig, mesh: Mesh, batch: int, seq: int = 128):
     """One encode batch of ``batch`` texts x ``seq`` tokens: mean pooling, normalised."""
-    from embedding_core.encoders import TransformerEncoder
-    from embedding_core.st_models import pool
+    from embedding_core.models.encoders import TransformerEncoder
+    from embedding_core.serving.st_models import pool
 
     module = TransformerEncoder(encoder)
     ids = jnp.zeros((1, 8), jnp.int32)
@@ -165,7 +168,7 @@ def encode_batch(encoder: EncoderConfig, mesh: Mesh, batch: int, seq: int = 128)
 def mrwe_features(encoder: EncoderConfig, mesh: Mesh, batch: int, seq: int = 128):
     """MRWE's contextual pass: every layer's hidden states of ``batch`` windows (float32,
     forward only; ``mrwe_jax/features``), the batch split over the slice."""
-    from embedding_core.encoders import TransformerEncoder
+    from embedding_core.models.encoders import TransformerEncoder
 
     module = TransformerEncoder(encoder)
     ids = jnp.zeros((1, 8), jnp.int32)
@@ -191,7 +194,7 @@ def ranking_block(mesh: Mesh, queries: int, num_entities: int = DOCENT_ENTITIES,
     time with the Dual cosine score (``docent_jax.inference``)."""
     from docent_jax.inference import _dual_table_scores
     from docent_jax.model import table_rows
-    from embedding_core import table_ranking
+    from embedding_core.losses import table_ranking
 
     model = mesh.shape["model"]
     rows = table_rows(num_entities, 128 * model)

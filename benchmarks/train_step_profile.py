@@ -37,7 +37,8 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jaxlib  # noqa: E402
 
-from embedding_core import parallel, training  # noqa: E402
+from embedding_core.distributed import parallel  # noqa: E402
+from embedding_core.training import training  # noqa: E402
 
 CATEGORIES = ("matmul", "dropout mask", "transpose/copy", "reductions", "gelu", "elementwise",
               "other", "unmatched")

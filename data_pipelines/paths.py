@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from embedding_core.storage import CACHE_ENV, absolute_data_paths, cache_dir  # noqa: F401
+from embedding_core.storage.storage import CACHE_ENV, absolute_data_paths, cache_dir  # noqa: F401
 
 DATA_ENV = "EMBEDDING_JAX_DATA"
 

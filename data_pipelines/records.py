@@ -153,9 +153,9 @@ def read_records(path: str | os.PathLike[str], required: Sequence[str],
     Raises:
       FileNotFoundError: no such file.
       ValueError: a list field not among the fields, or an unknown format name.
-      DataError: a folder; a format not allowed; invalid UTF-8 or JSON, a non-object line, a duplicated
-        key, a missing, null or empty required field, a wrong type, a NUL or a lone surrogate;
-        broken CSV; fewer than ``min_records`` records.
+      DataError: a folder; a format not allowed; invalid UTF-8 or JSON, a non-object line, a
+        duplicated key, a missing, null or empty required field, a wrong type, a NUL or a lone
+        surrogate; broken CSV; fewer than ``min_records`` records.
     """
     fields = [*required, *optional]
     if not set(list_fields) <= set(fields):

@@ -20,8 +20,8 @@ from data_pipelines.squad import (
     split_articles,
     split_seen_paragraphs,
 )
-from embedding_core import storage
 from embedding_core.errors import DataError
+from embedding_core.storage import storage
 
 PAIR_FIELDS = (("question", "query"), ("passage", "positive"))
 """A pairs line's fields, each with the sentence-transformers-style name also accepted."""

@@ -21,7 +21,7 @@ import numpy as np
 from data_pipelines import shards
 from data_pipelines.errors import DataError
 from data_pipelines.table import TokenTable
-from embedding_core import storage
+from embedding_core.storage import storage
 
 RowSource = Callable[[np.ndarray], TokenTable]
 """``source rows [r] int64 -> TokenTable`` of those rows, in that order."""
@@ -59,7 +59,7 @@ class CorpusSource:
 def _deterministic_examples():
     """tensorflow-datasets serialises each ``tf.train.Example`` with its feature map in an
     arbitrary order; the same input must give the same shard bytes, or a run's data
-    fingerprint (``embedding_core.data_fingerprint``) sees a rebuilt corpus as changed."""
+    fingerprint (``embedding_core.training.data_fingerprint``) sees a rebuilt corpus as changed."""
     from tensorflow_datasets.core import example_serializer
 
     cls = example_serializer.ExampleSerializer
@@ -95,7 +95,7 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
     import tensorflow_datasets as tfds
 
     from data_pipelines.tfds_builders import TokenizedCorpus
-    from embedding_core import files
+    from embedding_core.storage import files
 
     n, num_fields = int(source.num_rows), len(source.fields)
     if num_shards < 1 or n < num_shards:

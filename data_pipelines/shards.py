@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from data_pipelines.errors import DataError
-from embedding_core import storage
+from embedding_core.storage import storage
 
 MANIFEST = "manifest.json"
 FORMAT = "embedding_jax/sharded-corpus"

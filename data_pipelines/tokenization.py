@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from embedding_core import storage
+from embedding_core.storage import storage
 
 _PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")
 

@@ -4,7 +4,7 @@
     import docent_jax
     from docent_jax.configs import dual_cpu
     docent_jax.train(dual_cpu.get_config(), "workdirs/docent")
-    ranker = docent_jax.load("workdirs/docent")     # an embedding_core.inference.Encoder
+    ranker = docent_jax.load("workdirs/docent")     # an embedding_core.serving.inference.Encoder
     g = ranker.entity_embeddings()                  # [num_entities, dim] float32
     q = ranker.encode(["Who won Super Bowl 50?"])   # [1, dim] float32, f(q)
 """
@@ -27,7 +27,7 @@ def load(workdir, **kwargs):
 
 
 def config_fields():
-    """The run config's field names (``embedding_core.workdirs`` tells workdirs apart)."""
+    """The run config's field names (``embedding_core.serving.workdirs`` tells workdirs apart)."""
     from docent_jax.configs.default import FIELDS
 
     return list(FIELDS)

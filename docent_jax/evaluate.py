@@ -1,6 +1,6 @@
 """DocEnt's zero-shot entity ranking (sec. 3.3; ``docs/docent.md``): MAP, MRR, recall@k
 (share of a query's relevant entities in the top k) and binary-gain NDCG@k, all from one rank
-per relevant entity (``embedding_core.metrics.ranks_of_relevant``), queries in blocks.
+per relevant entity (``embedding_core.evaluation.metrics.ranks_of_relevant``), queries in blocks.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from embedding_core import metrics, multihost
-from embedding_core.inference import l2_normalize
+from embedding_core.distributed import multihost
+from embedding_core.evaluation import metrics
+from embedding_core.serving.inference import l2_normalize
 
 RECALL_KS = (1, 5, 10)
 NDCG_K = 10

@@ -30,19 +30,16 @@ from docent_jax.model import (
     full_scores,
     init_fn,
 )
-from embedding_core import (
-    configs,
-    hf_export,
-    multihost,
-    parallel,
-    storage,
-    table_ranking,
-    training,
-)
-from embedding_core.encoders import EncoderConfig
-from embedding_core.inference import Encoder, check_texts, encode_in_batches, l2_normalize
-from embedding_core.pretrained import workdir_model_dir
-from embedding_core.serving import HFFolder, SavesFolder, View
+from embedding_core import configs
+from embedding_core.distributed import multihost, parallel
+from embedding_core.losses import table_ranking
+from embedding_core.models.encoders import EncoderConfig
+from embedding_core.models.pretrained import workdir_model_dir
+from embedding_core.serving import hf_export
+from embedding_core.serving.inference import Encoder, check_texts, encode_in_batches, l2_normalize
+from embedding_core.serving.serving import HFFolder, SavesFolder, View
+from embedding_core.storage import storage
+from embedding_core.training import training
 
 PROG = "docent-jax"
 REQUIRED_FIELDS = ("model", "pooling", "projection_dim", "max_length", "table_multiple")
@@ -279,7 +276,7 @@ class EntityRanker(SavesFolder, Encoder):
         blocks = [b for _, _, b in self.iter_entity_blocks()]
         return np.concatenate(blocks, axis=0)
 
-    # -- serving (embedding_core.serving) ---------------------------------------------------
+    # -- serving (embedding_core.serving.serving) -------------------------------------------
 
     def export_meta(self) -> dict:
         meta = {"encoder": self.config.model, "config": self.config.to_dict()}
@@ -345,7 +342,8 @@ def _check_fits(workdir, model, config, device_bytes: int | None) -> None:
             f"{storage.display(workdir)}: the entity table ({model.num_rows} x {model.dim} "
             f"float32, {table / 2**30:.3g} GiB) is larger than one device "
             f"({int(device_bytes) / 2**30:.3g} GiB) and mesh=None puts it whole on each; "
-            "split it: load(workdir, mesh=embedding_core.parallel.make_mesh(-1, M)) with M "
+            "split it: load(workdir, mesh=embedding_core.distributed.parallel.make_mesh(-1, M)) "
+            "with M "
             f"dividing table_multiple={config.table_multiple} (docent-jax: "
             "--config.mesh_model=M)")
 

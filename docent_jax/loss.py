@@ -27,20 +27,20 @@ from docent_jax.masking import (
     maskable_word_pieces,
 )
 from docent_jax.model import DocEntDual, DocEntFull, DocEntHybrid, word_table
-from embedding_core.contrastive import (
+from embedding_core.losses.contrastive import (
     ContrastiveLoss,
     GradAccumulation,
     gather_keys,
     map_rows,
     per_example,
 )
-from embedding_core.losses import cosine_similarity_matrix, info_nce
-from embedding_core.table_update import TABLE_STATS, FusedTableUpdate, softmax_table_stats
-from embedding_core.task import LossFn
-from embedding_core.vocab_softmax import (
+from embedding_core.losses.losses import cosine_similarity_matrix, info_nce
+from embedding_core.losses.table_update import TABLE_STATS, FusedTableUpdate, softmax_table_stats
+from embedding_core.losses.vocab_softmax import (
     vocab_parallel_logsumexp,
     vocab_parallel_softmax_cross_entropy,
 )
+from embedding_core.training.task import LossFn
 
 
 def in_batch_entity_loss(

@@ -9,8 +9,8 @@ from absl import flags
 
 from data_pipelines import preprocess
 from docent_jax.configs import DATA_PATHS, FIELDS
-from embedding_core import storage
 from embedding_core.commands import Command, Program, define_flags, main
+from embedding_core.storage import storage
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
 define_flags(DEFAULT_CONFIG)

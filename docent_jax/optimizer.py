@@ -9,7 +9,7 @@ import ml_collections
 import optax
 
 from docent_jax.model import ENTITY_PARAMS, MLM_HEAD_PARAMS
-from embedding_core.run import default_optimizer
+from embedding_core.training.run import default_optimizer
 
 
 def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:

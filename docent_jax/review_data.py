@@ -15,7 +15,7 @@ import ml_collections
 
 from docent_jax.corpora import amazon, reddit, reviews2movielens
 from docent_jax.corpus import EntityData
-from embedding_core import storage
+from embedding_core.storage import storage
 
 # (path, size, mtime): a file as the cache sees it; mtime in ns locally, in s on gs://.
 FileKey = tuple[str, int, int]

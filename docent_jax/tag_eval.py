@@ -4,7 +4,8 @@
 Label = ``count > threshold``. Over movies with a positive: P@K over movies with >= K
 positives; NDCG@K with gain = count and gain = ``ln(1 + count)`` (every tag's gain),
 discount ``log2(rank + 1)``; MAP = label-ranking AP. AUC over all cells. Ties are
-pessimistic (``embedding_core.metrics``); where the notebook divides by ``1e-8`` we give NaN.
+pessimistic (``embedding_core.evaluation.metrics``); where the notebook divides by ``1e-8``
+we give NaN.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 import optax
 
 from docent_jax.corpora.movielens import HumanCVFold
-from embedding_core import metrics
-from embedding_core.inference import l2_normalize
+from embedding_core.evaluation import metrics
+from embedding_core.serving.inference import l2_normalize
 
 DEFAULT_KS: tuple[int, ...] = tuple(range(1, 21))  # the notebook's MAX_K = 20
 

@@ -1,5 +1,5 @@
 """``train(config, workdir)``: DocEnt-Dual, -Full or -Hybrid (``config.variant``) as a
-``Task`` for ``embedding_core.run``."""
+``Task`` for ``embedding_core.training.run``."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from docent_jax.evaluate import eval_subset
 from docent_jax.loss import fused_table_update, grad_accumulation, make_loss_fn, masking_config
 from docent_jax.model import PRETRAINED_PATH, build_model, init_fn
 from docent_jax.optimizer import head_warmup_steps, make_optimizer
-from embedding_core import configs, contrastive, training
-from embedding_core.pretrained import encoder_run_files, load_pretrained
-from embedding_core.run import run
-from embedding_core.task import Task
+from embedding_core import configs
+from embedding_core.losses import contrastive
+from embedding_core.models.pretrained import encoder_run_files, load_pretrained
+from embedding_core.training import training
+from embedding_core.training.run import run
+from embedding_core.training.task import Task
 
 TASK_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
 
@@ -90,8 +92,8 @@ def _ranker(model, params, tokenizer, config, entity_ids, step):
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           *, stop_after: int | None = None) -> training.TrainState:
-    """Trains (or resumes) into ``workdir`` (``embedding_core.run.run``): ``run_config.json``,
-    ``encoder/``, ``entity_ids.txt``, TensorBoard events, checkpoints.
+    """Trains (or resumes) into ``workdir`` (``embedding_core.training.run.run``):
+    ``run_config.json``, ``encoder/``, ``entity_ids.txt``, TensorBoard events, checkpoints.
 
     Raises:
       ValueError: a bad config (before compiling). FileNotFoundError: a missing model or

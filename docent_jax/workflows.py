@@ -9,8 +9,10 @@ import time
 from etils import epath
 
 from docent_jax.model import NAMES
-from embedding_core import multihost, serving, storage
-from embedding_core.files import write_json
+from embedding_core.distributed import multihost
+from embedding_core.serving import serving
+from embedding_core.storage import storage
+from embedding_core.storage.files import write_json
 
 DEMO_PRESETS = ("dual", "full", "hybrid")
 
@@ -82,7 +84,7 @@ def _mesh(mesh_model: int):
         raise ValueError(f"mesh_model must be a positive integer, got {mesh_model!r}")
     if mesh_model == 1:
         return None
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     return parallel.make_mesh(-1, int(mesh_model))
 
@@ -182,8 +184,8 @@ def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | Non
 def paired_intervals(details: dict, models: list[str], reference: str,
                      metric: str = "MAP") -> dict[str, str]:
     """``{model: "+d [lo, hi]"}``: paired-bootstrap 95% intervals of ``metric``, model minus
-    ``reference``, in percentage points (``embedding_core.stats``)."""
-    from embedding_core.stats import format_interval, paired_bootstrap
+    ``reference``, in percentage points (``embedding_core.evaluation.stats``)."""
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap
 
     return {name: format_interval(paired_bootstrap(details[name][metric],
                                                    details[reference][metric]))

@@ -15,7 +15,7 @@ import numpy as np
 from data_pipelines import inli, sentence_files, sharded_corpus, shards, snli
 from data_pipelines.table import TokenTable
 from dualcse_jax import tables
-from embedding_core.task import BatchField
+from embedding_core.training.task import BatchField
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 GROUPED_INPUTS = tuple(tuple(f"{name}_{g}" for g in (0, 1)) for name in INPUTS)
@@ -170,7 +170,7 @@ def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSou
       FileNotFoundError: no model or data file. DataError: malformed training data.
     """
     from data_pipelines.tokenization import load_tokenizer
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     model_dir = resolve_model_dir(config.model)
     tokenizer_json, pad_id = sharded_corpus.tokenizer_files(model_dir)

@@ -19,8 +19,9 @@ from data_pipelines.tokenization import tokenize
 from dualcse_jax import data
 from dualcse_jax.configs import RTE_SCORE_RULES
 from dualcse_jax.inference import Embedder
-from embedding_core import metrics, multihost
-from embedding_core.metrics import best_threshold_accuracy
+from embedding_core.distributed import multihost
+from embedding_core.evaluation import metrics
+from embedding_core.evaluation.metrics import best_threshold_accuracy
 
 CLASSES = ("explicit", "implied", "neutral", "contradiction")
 _FIELDS = {"explicit": "explicit_entailment", "implied": "implied_entailment",
@@ -242,7 +243,8 @@ def class_items(test_sims: Mapping[str, np.ndarray], cls: str, rule: str
 
 def threshold_free(test_sims: Mapping[str, np.ndarray], rule: str) -> dict[str, dict]:
     """``{"auc": {class: v}, "ap": {class: v}}`` in [0, 1], classes and ``all``, of
-    :func:`class_items` (``embedding_core.metrics``); ``{}`` for ``pair`` (no one score)."""
+    :func:`class_items` (``embedding_core.evaluation.metrics``); ``{}`` for ``pair`` (no one
+    score)."""
     if rule == "pair":
         return {}
     out: dict[str, dict] = {"auc": {}, "ap": {}}

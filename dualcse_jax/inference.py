@@ -13,11 +13,14 @@ import numpy as np
 from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
 from dualcse_jax.configs import default
 from dualcse_jax.model import KINDS, DualEncoder, build_model, init_fn
-from embedding_core import configs, multihost, parallel, storage, training
-from embedding_core.encoders import EncoderConfig
-from embedding_core.inference import Encoder, encode_in_batches, token_batch_builder
-from embedding_core.pretrained import workdir_model_dir
-from embedding_core.serving import HFFolder, SavesFolder, View
+from embedding_core import configs
+from embedding_core.distributed import multihost, parallel
+from embedding_core.models.encoders import EncoderConfig
+from embedding_core.models.pretrained import workdir_model_dir
+from embedding_core.serving.inference import Encoder, encode_in_batches, token_batch_builder
+from embedding_core.serving.serving import HFFolder, SavesFolder, View
+from embedding_core.storage import storage
+from embedding_core.training import training
 
 PROG = "dualcse-jax"
 REQUIRED_FIELDS = ("model", "architecture", "pooling", "max_length", "dtype")
@@ -97,7 +100,7 @@ class Embedder(SavesFolder, Encoder):
     def hf_folders(self) -> list[HFFolder]:
         """Cross: ``explicit/`` and ``implicit/``, one encoder, the indicator word in each
         tokenizer; bi: its two towers; simcse (r = u): one folder, the output itself."""
-        from embedding_core import hf_export
+        from embedding_core.serving import hf_export
 
         config, arch = self.config, self.config.architecture
         folders = []

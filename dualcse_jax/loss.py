@@ -1,5 +1,5 @@
 """The DualCSE 5-term loss and the supervised SimCSE loss on the global batch, from
-``embedding_core.losses.info_nce`` (``docs/dualcse.md``)."""
+``embedding_core.losses.losses.info_nce`` (``docs/dualcse.md``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from dualcse_jax.tables import sentence_slot
-from embedding_core.contrastive import gather_keys, map_rows
-from embedding_core.losses import info_nce
+from embedding_core.losses.contrastive import gather_keys, map_rows
+from embedding_core.losses.losses import info_nce
 
 # Sentence slots on the model's sentence axis (tables.SENTENCES).
 PREMISE, EXPLICIT, IMPLIED, CONTRADICTION = (

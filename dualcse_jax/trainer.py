@@ -1,4 +1,5 @@
-"""``train(config, workdir)``: DualCSE / SimCSE as a ``Task`` for ``embedding_core.run``."""
+"""``train(config, workdir)``: DualCSE / SimCSE as a ``Task`` for
+``embedding_core.training.run``."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from dualcse_jax.configs import default
 from dualcse_jax.evaluate import rte_evaluator
 from dualcse_jax.loss import dualcse_loss, simcse_loss
 from dualcse_jax.model import DualEncoder, build_model, init_fn, pretrained_paths, sentence_text_ids
-from embedding_core import contrastive, training
-from embedding_core.contrastive import ContrastiveLoss, per_example
-from embedding_core.pretrained import encoder_run_files, load_pretrained
-from embedding_core.run import run
-from embedding_core.task import Task
+from embedding_core.losses import contrastive
+from embedding_core.losses.contrastive import ContrastiveLoss, per_example
+from embedding_core.models.pretrained import encoder_run_files, load_pretrained
+from embedding_core.training import training
+from embedding_core.training.run import run
+from embedding_core.training.task import Task
 
 
 def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> ContrastiveLoss:
@@ -107,7 +109,7 @@ def _encoder_of(model, tokenizer, config):
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           *, stop_after: int | None = None) -> training.TrainState:
-    """Trains (or resumes) into ``workdir`` (``embedding_core.run.run``: config checked and
+    """Trains (or resumes) into ``workdir`` (``embedding_core.training.run.run``: config checked and
     nothing written before the data loads).
 
     Raises:

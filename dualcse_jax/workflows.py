@@ -8,8 +8,11 @@ from collections.abc import Sequence
 
 from etils import epath
 
-from embedding_core import metric_log, multihost, serving, storage
-from embedding_core.files import write_json, write_lines
+from embedding_core.distributed import multihost
+from embedding_core.serving import serving
+from embedding_core.storage import storage
+from embedding_core.storage.files import write_json, write_lines
+from embedding_core.training import metric_log
 
 
 def train(config, workdir: str | os.PathLike, *, stop_after: int | None = None):
@@ -126,7 +129,8 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str, *,
                    step: int | None = None, normalize: bool | None = None,
                    chunk: int = 4096) -> epath.Path:
     """r and u of ``input_path``'s lines into ``output/explicit`` and ``output/implicit``
-    (``embedding_core.serving.export``; ``normalize=None``: the run's ``config.normalize``)."""
+    (``embedding_core.serving.serving.export``; ``normalize=None``: the run's
+    ``config.normalize``)."""
     from dualcse_jax.inference import load
 
     return serving.export(lambda: load(workdir, step=step), output, input_path=input_path,
@@ -136,7 +140,7 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str, *,
 def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                       step: int | None = None) -> epath.Path:
     """The run as sentence-transformers folders (``Embedder.hf_folders``,
-    ``embedding_core.serving.export_hf``)."""
+    ``embedding_core.serving.serving.export_hf``)."""
     from dualcse_jax.inference import load
 
     return serving.export_hf(lambda: load(workdir, step=step), output, workdir=workdir)

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from absl import app, flags, logging
 
-from embedding_core import storage
 from embedding_core.errors import StorageError
+from embedding_core.storage import storage
 
 _NOISY = ("orbax", "xla_bridge", "jax/_src", "gcsfs")
 
@@ -26,7 +26,7 @@ def enable_compilation_cache() -> None:
     """
     import jax
 
-    from embedding_core.storage import cache_dir
+    from embedding_core.storage.storage import cache_dir
 
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax_compile"))
@@ -107,7 +107,7 @@ def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None
     ``--help`` prints ``module``'s docstring and its flags, the shared ones included
     (console scripts run a generated ``__main__``, so both are adopted from the CLI module).
     """
-    from embedding_core.run_control import EXIT_CODES_HELP
+    from embedding_core.training.run_control import EXIT_CODES_HELP
 
     # Every CLI's help ends with the exit codes of train, written once in the core.
     if module.__doc__ and EXIT_CODES_HELP not in module.__doc__:
@@ -138,7 +138,7 @@ def user_errors(prog: str, command: str) -> Iterator[None]:
     (``EMBEDDING_JAX_DEBUG=1``: with their traceback). A stopped run is one line with its
     exit code: diverged or workdir in use 1, SIGTERM 75 (resume me), Ctrl-C 130.
     """
-    from embedding_core import run_control
+    from embedding_core.training import run_control
 
     try:
         yield

@@ -15,8 +15,9 @@ from typing import Any
 
 from absl import flags
 
-from embedding_core import cli, storage
+from embedding_core import cli
 from embedding_core.fields import Fields
+from embedding_core.storage import storage
 
 FLAGS = flags.FLAGS
 
@@ -106,7 +107,7 @@ class Program:
         return self.evaluate(inv)
 
     def _export(self, inv: Invocation) -> None:
-        from embedding_core import serving
+        from embedding_core.serving import serving
 
         output = FLAGS.output or os.path.join(str(inv.workdir), "export")
         serving.export(lambda: self.load(inv), output, input_path=FLAGS.input,
@@ -114,7 +115,7 @@ class Program:
                        text_name=self.text_name)
 
     def _export_hf(self, inv: Invocation) -> None:
-        from embedding_core import serving
+        from embedding_core.serving import serving
 
         if not FLAGS.output:
             raise ValueError("export-hf needs --output=DIR (a new or empty folder)")
@@ -187,9 +188,9 @@ EVAL_FLAGS = {"ir": "a BEIR folder or JSON Lines of query/positive/negatives",
 def evaluate_files(program_load: Callable[[Invocation], Any], inv: Invocation) -> dict:
     """``evaluate --ir/--sts/--pairs/--triplets``: those evaluators on the workdir's model,
     printed and written to ``--output`` (default ``WORKDIR/eval/evaluators.json``)."""
-    from embedding_core import multihost
+    from embedding_core.distributed import multihost
     from embedding_core.evaluation import run
-    from embedding_core.files import write_json
+    from embedding_core.storage.files import write_json
 
     built = run.build_flags(f"{kind}:{path}" for kind in EVAL_FLAGS
                             for path in FLAGS[kind].value)  # before the model loads
@@ -246,7 +247,7 @@ def main(program: Program, module) -> None:
             if command.name != "config":
                 storage.check_endpoint(_paths_given(FLAGS))
             if command.shared_work:
-                from embedding_core import parallel
+                from embedding_core.distributed import parallel
 
                 config = FLAGS.config  # jax.distributed must start before any device use
                 parallel.maybe_initialize_distributed(

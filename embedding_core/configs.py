@@ -10,18 +10,18 @@ import re
 from collections.abc import Callable, Iterable
 
 import ml_collections
-from etils import epath
 
-from embedding_core import parallel, storage
-from embedding_core.encoders import REMAT_POLICIES
+from embedding_core.distributed import parallel
 from embedding_core.fields import Field, Fields
-from embedding_core.files import read_json_object
+from embedding_core.models.encoders import REMAT_POLICIES
+from embedding_core.serving.workdirs import (  # noqa: F401 (configs.CONFIG_FILE, as before)
+    CONFIG_FILE,
+    LEGACY_CONFIG_FILE,
+    config_path,
+)
+from embedding_core.storage import storage
+from embedding_core.storage.files import read_json_object
 
-CONFIG_FILE = "run_config.json"
-"""The run's own config in a workdir; never ``config.json``, the name Hugging Face tools
-take for a model's config (``docs/architecture.md``, "What a workdir holds")."""
-LEGACY_CONFIG_FILE = "config.json"
-"""Where workdirs written before ``run_config.json`` keep their run config."""
 LR_DECAYS = ("linear", "cosine", "constant")
 DEFAULT_AXIS_RULES = tuple((name, axis or "") for name, axis in parallel.LOGICAL_AXIS_RULES)
 """``parallel.LOGICAL_AXIS_RULES`` as the config stores them (``""`` = replicated)."""
@@ -201,24 +201,6 @@ def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> 
     return max(1, math.ceil(float(config.num_epochs) * int(steps_per_epoch)))
 
 
-def config_path(workdir: str | os.PathLike) -> epath.Path:
-    """The file holding ``workdir``'s run config, local or ``gs://``.
-
-    ``run_config.json`` when present; else an older workdir's ``config.json`` unless it is
-    a Hugging Face model config (has ``model_type``); else the ``run_config.json`` path.
-    """
-    workdir = storage.as_path(workdir)
-    path = workdir / CONFIG_FILE
-    legacy = workdir / LEGACY_CONFIG_FILE
-    if path.is_file() or not legacy.is_file():
-        return path
-    try:
-        raw = json.loads(legacy.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return legacy
-    return path if isinstance(raw, dict) and "model_type" in raw else legacy
-
-
 def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
                  fields: Fields | None = None) -> None:
     """Refuses to train into a workdir whose saved config describes another run.
@@ -255,7 +237,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
 def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
     """Writes ``workdir/run_config.json`` atomically (an older ``config.json`` stays; this
     file takes precedence: :func:`config_path`)."""
-    from embedding_core.files import write_json
+    from embedding_core.storage.files import write_json
 
     write_json(storage.as_path(workdir) / CONFIG_FILE, config.to_dict())
 

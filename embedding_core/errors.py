@@ -1,9 +1,11 @@
 """The one exception type for bad input data (it names the file, the line and the field),
-and the storage errors whose message is the whole report."""
+the storage errors whose message is the whole report, and the one check of the texts given
+to ``encode``."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 
 class DataError(ValueError):
@@ -51,3 +53,21 @@ class StorageError(OSError):
 class MissingPathError(StorageError, FileNotFoundError):
     """A config field names a file or folder that does not exist:
     ``config.FIELD: PATH does not exist``."""
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """The texts as a list, checked the same way for every model.
+
+    Raises:
+      TypeError: a single string instead of a list, or a non-string item.
+      ValueError: an empty or whitespace-only text (its index is given).
+    """
+    if isinstance(texts, (str, bytes)):
+        raise TypeError("encode takes a list of texts, not a single string: encode([text])")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i} is a {type(text).__name__}, not a str")
+        if not text.strip():
+            raise ValueError(f"text {i} is empty or whitespace only: {text!r}")
+    return texts

@@ -24,9 +24,9 @@ class Field:
       min, max: inclusive bounds; ``above``, ``below``: exclusive bounds.
       resumable: a resumed run may change it (how long, how often, evaluation only).
       pretrained: it names a pretrained model (folder, ``gs://``, installed package or hub
-        id); a run records a hub id pinned to its commit (``embedding_core.hub.pin``).
+        id); a run records a hub id pinned to its commit (``embedding_core.models.hub.pin``).
       data: it names training data (files or folders, comma-separated); a resume refuses
-        them changed (``embedding_core.data_fingerprint``).
+        them changed (``embedding_core.training.data_fingerprint``).
     """
 
     default: Any

@@ -1,4 +1,4 @@
-"""The ``embedding-jax`` console script: ``encode`` (``embedding_core.bulk_encode``) and
+"""The ``embedding-jax`` console script: ``encode`` (``embedding_core.serving.bulk_encode``) and
 ``evaluate`` (``embedding_core.evaluation.cli``)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def check_storage(command: str, argv: Sequence[str]) -> int:
     uris = _gs_values(argv)
     if not uris:
         return 0
-    from embedding_core import storage
+    from embedding_core.storage import storage
 
     try:
         storage.check_endpoint(uris)
@@ -45,7 +45,7 @@ def main(argv: Sequence[str]) -> int:
         print(USAGE, end="")
         return 0
     if argv[:1] == ["encode"]:
-        from embedding_core import bulk_encode
+        from embedding_core.serving import bulk_encode
 
         return check_storage("encode", argv[1:]) or bulk_encode.main(argv[1:])
     if argv[:1] == ["evaluate"]:

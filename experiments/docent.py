@@ -101,7 +101,7 @@ for the paper's BoS-BERT."""
 def comparisons(results: dict, num_samples: int) -> str:
     """One line per paper comparison: the paper's tag-MAP difference and ours (ranking MAP,
     paired bootstrap over queries of the seed-averaged per-query AP) with its verdict."""
-    from embedding_core.stats import format_interval, paired_bootstrap
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap
 
     lines = ["| comparison | paper (tag MAP) | here (ranking MAP) [95% CI] | sign |",
              "|---|---|---|---|"]

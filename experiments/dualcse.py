@@ -117,7 +117,7 @@ def _view(results: Mapping, rule: str, systems: Sequence[str]) -> dict:
 
 def comparisons(results: Mapping, rule: str, num_samples: int) -> str:
     """The paper's signs against ours: one line per comparison with the paired interval."""
-    from embedding_core.stats import format_interval, paired_bootstrap
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap
 
     lines = ["| comparison | paper | here [95% CI] | sign |", "|---|---|---|---|"]
     for system, ref, metric in COMPARISONS:

@@ -128,8 +128,8 @@ def rte_sets():
 
 
 def save_thresholds(workdir: Path, thresholds: dict) -> None:
-    from embedding_core import storage
-    from embedding_core.files import write_json
+    from embedding_core.storage import storage
+    from embedding_core.storage.files import write_json
 
     write_json(storage.as_path(workdir) / "eval" / "rte_thresholds.json",
                {rule: list(t) for rule, t in thresholds.items()})

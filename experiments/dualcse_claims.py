@@ -40,8 +40,8 @@ def budgets(grid_results: Mapping, curve_results: Mapping) -> list[tuple[str, di
 
 def _measures(runs, ref, metric: str, num_samples: int) -> dict:
     """``{measure name: interval}``: accuracy under every rule, AUC under one-score rules."""
-    from embedding_core import metrics
-    from embedding_core.stats import paired_bootstrap, paired_bootstrap_statistic
+    from embedding_core.evaluation import metrics
+    from embedding_core.evaluation.stats import paired_bootstrap, paired_bootstrap_statistic
 
     a, b = grid.seed_mean(runs), grid.seed_mean(ref)
     out = {rule: paired_bootstrap(a[f"{rule}/{metric}"], b[f"{rule}/{metric}"],
@@ -71,7 +71,7 @@ def summary(signs: Mapping[str, str]) -> str:
 def claims_table(grid_results: Mapping, curve_results: Mapping, num_samples: int) -> str:
     """One row per (comparison, budget) with both systems trained: intervals per measure
     (percentage points) and the signs in words; ``""`` when no comparison can be made."""
-    from embedding_core.stats import format_interval
+    from embedding_core.evaluation.stats import format_interval
 
     measures = [*RULES, *(f"AUC {r}" for r in dc.ONE_SCORE_RULES)]
     head = ["comparison (paper Δ)", "budget", "seeds", *measures, "against the paper's sign"]

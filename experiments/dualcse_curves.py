@@ -12,8 +12,8 @@ rules with one score (``max``, ``explicit``, ``implicit``; ``pair`` has two thre
 single score): an entailed class (explicit, implied) against every not-entailed pair; a
 not-entailed class (neutral, contradiction) as negatives against every entailed pair;
 ``all``: entailed against not entailed. ROC-AUC and average precision
-(``embedding_core.metrics``), intervals by class-stratified paired bootstrap
-(``embedding_core.stats.paired_bootstrap_statistic``).
+(``embedding_core.evaluation.metrics``), intervals by class-stratified paired bootstrap
+(``embedding_core.evaluation.stats.paired_bootstrap_statistic``).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def _reference(row: str) -> str:
 def accuracy_table(results: Mapping, rule: str, num_samples: int) -> str:
     """Rows x steps: mean RTE average accuracy (%) over seeds, its sd, and the paired
     interval against SimCSE(INLI) on the same schedule at the same step."""
-    from embedding_core.stats import format_interval, paired_bootstrap
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap
 
     steps = [0] + sorted({s for runs in results.values() for s in _steps(runs[0][1])})
     head = ["row", "seeds", *(f"step {s}" for s in steps)]
@@ -215,8 +215,8 @@ def auc_table(results: Mapping, rule: str, num_samples: int) -> str:
     and the intervals of implied and all AUC against SimCSE at the same step. A row
     without steps (the baseline, the 200-step grid's rows) is one line, step "—"; rows
     without raw cosines are left out."""
-    from embedding_core import metrics
-    from embedding_core.stats import format_interval, paired_bootstrap_statistic
+    from embedding_core.evaluation import metrics
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap_statistic
 
     classes = (*CLASSES, "all")
     head = ["row", "step", *(f"AUC {c}" for c in classes), "AP implied", "AP all",
@@ -249,8 +249,8 @@ def auc_table(results: Mapping, rule: str, num_samples: int) -> str:
 
 
 def _gap(results: Mapping, row: str, step: int, rule: str, num_samples: int, auc: bool):
-    from embedding_core import metrics
-    from embedding_core.stats import paired_bootstrap, paired_bootstrap_statistic
+    from embedding_core.evaluation import metrics
+    from embedding_core.evaluation.stats import paired_bootstrap, paired_bootstrap_statistic
 
     a, b = _at(results[row], step), _at(results[_reference(row)], step)
     if auc:
@@ -299,7 +299,7 @@ def verdict(results: Mapping, num_samples: int) -> str:
     """The budget explanation tested: DualCSE-Cross − SimCSE(INLI) at each scored step of
     each schedule, under every rule (average accuracy) and threshold-free (AUC of all pairs,
     ``max`` and ``implicit`` scores), with the resulting signs in words."""
-    from embedding_core.stats import format_interval
+    from embedding_core.evaluation.stats import format_interval
 
     lines = []
     for _, row, ref, steps in _cross_curves(results):
@@ -330,7 +330,7 @@ def budget_paragraph(results: Mapping, num_samples: int) -> str:
     ``max`` score), how far it moved and toward whom, its sign at the last step under every rule and
     both AUCs (``max``, ``implicit``); then whether Cross's gap narrowed on every schedule
     and closed on the longest. ``""`` without a Cross curve."""
-    from embedding_core.stats import format_interval
+    from embedding_core.evaluation.stats import format_interval
 
     sentences, moves, longest = [], [], None
     for curve, row, ref, steps in _cross_curves(results, ("cross", "bi", "cross-nointra")):

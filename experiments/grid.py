@@ -6,7 +6,7 @@ whose ``scores.npz`` (its per-item test scores) already exists, so a grid can be
 any time and resumed by running the same command again; an unfinished run resumes from its
 own checkpoints (the training CLI/API does that). :func:`results_table` turns the per-item
 scores into a Markdown table with paired-bootstrap 95% intervals
-(:func:`embedding_core.stats.paired_bootstrap`: the same resampled test items for both
+(:func:`embedding_core.evaluation.stats.paired_bootstrap`: the same resampled test items for both
 systems) and :func:`write_results` writes ``experiments/results/<paper>.md`` with the raw
 per-item scores beside it as ``<paper>.npz``, ending with each cell's commit and finish time
 (``cell.json``, written beside ``scores.npz``), since a table may gather cells from several
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from embedding_core import storage
-from embedding_core.files import write_bytes_atomic, write_text_atomic
-from embedding_core.stats import format_interval, paired_bootstrap
+from embedding_core.evaluation.stats import format_interval, paired_bootstrap
+from embedding_core.storage import storage
+from embedding_core.storage.files import write_bytes_atomic, write_text_atomic
 
 Scores = dict[str, np.ndarray]
 """``{metric: [n_items] float64}`` per-item test scores of one run (e.g. 0/1 correctness,

@@ -247,7 +247,7 @@ def grid_specs(preset: str, steps: int = 0) -> list[grid.RunSpec]:
 
 def idf_table(results: Mapping[str, list], num_samples: int) -> str:
     """recall@1 of each source and ensemble with IDF, without, and the paired difference."""
-    from embedding_core.stats import format_interval, paired_bootstrap
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap
 
     pairs = [(SOURCE_NAMES[n], source_label(n, "idf"), source_label(n, "unit"))
              for n in SOURCES]
@@ -268,7 +268,7 @@ def idf_table(results: Mapping[str, list], num_samples: int) -> str:
 def tower_table(results: Mapping[str, list], num_samples: int) -> str:
     """The paper's comparison: each tower's recall@1 against its own base (the ensemble it
     was trained on), in points with the paired interval and relative to the base."""
-    from embedding_core.stats import format_interval, paired_bootstrap
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap
 
     lines = ["| tower | base | seeds | base recall@1 | tower recall@1 | tower − base [95% CI] "
              "| relative to base |", "|---|---|---|---|---|---|---|"]

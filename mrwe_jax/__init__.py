@@ -24,7 +24,7 @@ def load(workdir, **kwargs):
 
 
 def config_fields():
-    """The run config's field names (``embedding_core.workdirs`` tells workdirs apart)."""
+    """The run config's field names (``embedding_core.serving.workdirs`` tells workdirs apart)."""
     from mrwe_jax.configs.default import FIELDS
 
     return list(FIELDS)

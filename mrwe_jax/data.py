@@ -13,7 +13,7 @@ import numpy as np
 
 from data_pipelines.pk_sampler import pk_sample_batches
 from data_pipelines.retrieval_corpus import RetrievalCorpus, load_corpus
-from embedding_core.task import BatchField
+from embedding_core.training.task import BatchField
 from mrwe_jax.features import cache as word_features
 from mrwe_jax.features.cache import FeatureSet, SourceSpec, normalized_weights
 from mrwe_jax.features.sources import IdfTable, WordSource, tokenize_words
@@ -34,7 +34,7 @@ BATCH = {
              "q_features": BatchField("float", ("questions", "features")),
              "p_features": BatchField("float", ("paragraphs", "features"))},
 }
-"""The training batch of each tower (``embedding_core.task.BatchField``)."""
+"""The training batch of each tower (``embedding_core.training.task.BatchField``)."""
 
 # Most padded word slots (rows x width) per call of the mixture or the tower: without a
 # budget one long text costs batch_size times its own size. 64 texts of 512 words fit.

@@ -1,6 +1,6 @@
 """Recall@k of the right paragraph for each test question over a pool of paragraphs, the
 comparison table and t-SNE (``docs/mrwe.md``, "Evaluation"). Ranks are pessimistic
-(``embedding_core.metrics.ranks_of_targets``: every paragraph scoring at least as high
+(``embedding_core.evaluation.metrics.ranks_of_targets``: every paragraph scoring at least as high
 counts ahead); pools: ``"all"`` (every paragraph, the default) or ``"test"``.
 """
 
@@ -15,9 +15,10 @@ import numpy as np
 from etils import epath
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
-from embedding_core import multihost, storage
-from embedding_core.files import write_bytes_atomic
-from embedding_core.metrics import ranks_of_targets, recall_at_k_from_ranks
+from embedding_core.distributed import multihost
+from embedding_core.evaluation.metrics import ranks_of_targets, recall_at_k_from_ranks
+from embedding_core.storage import storage
+from embedding_core.storage.files import write_bytes_atomic
 from mrwe_jax import baselines, data
 from mrwe_jax.data import pool_indices
 from mrwe_jax.features.cache import FeatureSet, resolve_source_weights

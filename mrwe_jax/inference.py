@@ -1,4 +1,4 @@
-"""``load(workdir)``: a trained ConvRR / FCRR run as an ``embedding_core.inference.Encoder``
+"""``load(workdir)``: a trained ConvRR / FCRR run as an ``embedding_core.serving.inference.Encoder``
 whose ``encode(texts, side="question"|"paragraph")`` embeds new texts as the run's were
 (its sources, ``idf.json``, ``features.json``, then the tower; ``docs/mrwe.md``); its
 views ``questions`` and ``paragraphs`` are the corpus's rows for export."""
@@ -16,10 +16,13 @@ import ml_collections
 import numpy as np
 
 from data_pipelines.squad import squad_dev_path
-from embedding_core import configs, multihost, parallel, storage, training
-from embedding_core.files import read_json_object, write_json
-from embedding_core.inference import Encoder, encode_in_batches
-from embedding_core.serving import SavesFolder, View
+from embedding_core import configs
+from embedding_core.distributed import multihost, parallel
+from embedding_core.serving.inference import Encoder, encode_in_batches
+from embedding_core.serving.serving import SavesFolder, View
+from embedding_core.storage import storage
+from embedding_core.storage.files import read_json_object, write_json
+from embedding_core.training import training
 from mrwe_jax import data
 from mrwe_jax.configs import default
 from mrwe_jax.features import cache as word_features
@@ -247,7 +250,8 @@ class Retriever(SavesFolder, Encoder):
     def write_tower_files(self, stage) -> None:
         """``tower.safetensors`` (the Flax params), ``run_config.json``, ``features.json``,
         ``idf.json``, ``export_info.json``, ``README.md``: :func:`load_tower_export`."""
-        from embedding_core import hf_export, param_files
+        from embedding_core.models import param_files
+        from embedding_core.serving import hf_export
 
         config = self.config
         param_files.save_param_tree(stage / TOWER_FILE, self.params,
@@ -301,7 +305,7 @@ def load_tower_export(folder: str | os.PathLike) -> Retriever:
     import flax.linen as nn
     from flax import traverse_util
 
-    from embedding_core.param_files import load_param_tree
+    from embedding_core.models.param_files import load_param_tree
 
     config = read_config(folder)
     features = FeatureSet.from_recipe(read_recipe(folder), read_idf(folder, config))

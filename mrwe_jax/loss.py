@@ -1,7 +1,7 @@
 """The batch-hard triplet loss of questions against paragraphs (``docs/mrwe.md``).
 
 Questions are anchors, paragraphs candidates, labelled by paragraph index; negatives are
-the other paragraphs of the *global* batch (``embedding_core.triplet``).
+the other paragraphs of the *global* batch (``embedding_core.losses.triplet``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from embedding_core.triplet import batch_hard_triplet_loss
+from embedding_core.losses.triplet import batch_hard_triplet_loss
 from mrwe_jax.features.cache import FeatureSet
 from mrwe_jax.model import SiameseRetriever, side_inputs
 

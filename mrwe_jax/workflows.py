@@ -11,8 +11,10 @@ import ml_collections
 from etils import epath
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
-from embedding_core import multihost, serving, storage
-from embedding_core.files import write_json
+from embedding_core.distributed import multihost
+from embedding_core.serving import serving
+from embedding_core.storage import storage
+from embedding_core.storage.files import write_json
 from mrwe_jax import data, evaluate, inference, trainer
 from mrwe_jax.features.cache import FeatureSet, parse_list
 from mrwe_jax.inference import TOWER_FILE, load_tower_export  # noqa: F401 (export-hf's)
@@ -113,7 +115,7 @@ def export_tower_workdir(workdir: str | os.PathLike, output: str | os.PathLike, 
     Raises:
       FileExistsError: ``output`` is a file or a non-empty folder.
     """
-    from embedding_core import hf_export
+    from embedding_core.serving import hf_export
 
     with hf_export.staged_output(output) as stage:
         inference.load(workdir, step=step).write_tower_files(stage)

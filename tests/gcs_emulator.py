@@ -1,3 +1,3 @@
-"""The tests' GCS emulator: the shipped one (``embedding_core/gcs_emulator.py``)."""
+"""The tests' GCS emulator: the shipped one (``embedding_core/storage/gcs_emulator.py``)."""
 
-from embedding_core.gcs_emulator import BUCKET, GcsEmulator  # noqa: F401
+from embedding_core.storage.gcs_emulator import BUCKET, GcsEmulator  # noqa: F401

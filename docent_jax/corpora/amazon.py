@@ -21,7 +21,7 @@ from typing import IO
 from data_pipelines.errors import DataError
 from data_pipelines.text import count_words, remove_entity_name, split_sentences
 from docent_jax.corpora import PathLike, decode_utf8
-from embedding_core import files, storage
+from embedding_core.storage import files, storage
 
 MIN_WORDS = 5  # DocEnt: reviews under 5 words are dropped (sec. 4.4)
 MIN_REVIEWS = 5  # DocEnt: movies with under 5 reviews are dropped (sec. 4.4)
@@ -170,7 +170,8 @@ class EntityVocab:
         return self._keys[entity_id]
 
     def save(self, path: PathLike) -> None:
-        """Writes the keys, one per line, atomically (``embedding_core.files.write_lines``)."""
+        """Writes the keys, one per line, atomically
+        (``embedding_core.storage.files.write_lines``)."""
         files.write_lines(path, self._keys)
 
     @classmethod

@@ -17,7 +17,7 @@ from data_pipelines.csv_reader import LINE_KEY, read_csv_records
 from data_pipelines.errors import DataError
 from data_pipelines.paths import data_dir
 from docent_jax.corpora import PathLike, csv_int
-from embedding_core import storage
+from embedding_core.storage import storage
 
 HUMAN_CV_SEED = 31415  # the authors' np.random.seed of the human cross-validation
 HUMAN_CV_FOLDS = 3

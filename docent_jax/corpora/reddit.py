@@ -19,7 +19,7 @@ from typing import Any
 from data_pipelines.errors import DataError
 from docent_jax.corpora import PathLike, decode_utf8
 from docent_jax.corpora.amazon import EntityVocab
-from embedding_core import storage
+from embedding_core.storage import storage
 
 QUERY_FIELDS = ("query_original", "query_full", "query_title")
 

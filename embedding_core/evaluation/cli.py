@@ -45,10 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("embedding-jax evaluate: error: give at least one of --ir, --sts, --pairs, "
               "--triplets", file=sys.stderr)
         return 2
-    from embedding_core import storage
     from embedding_core.evaluation import run
-    from embedding_core.files import write_json
-    from embedding_core.st_models import load_encoder
+    from embedding_core.serving.st_models import load_encoder
+    from embedding_core.storage import storage
+    from embedding_core.storage.files import write_json
 
     if args.batch_size < 1:
         print("embedding-jax evaluate: error: --batch_size must be >= 1", file=sys.stderr)

@@ -14,8 +14,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from embedding_core import storage
 from embedding_core.errors import DataError
+from embedding_core.storage import storage
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 

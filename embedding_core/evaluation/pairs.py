@@ -5,7 +5,7 @@
 
 Each is called as ``evaluator(encoder) -> dict[str, float]``; ``encoder`` is anything with
 ``SentenceTransformer.encode``'s ``encode(texts, batch_size=, show_progress_bar=,
-convert_to_numpy=True)`` returning float32 ``[n, d]`` (``embedding_core.inference.Encoder``
+convert_to_numpy=True)`` returning float32 ``[n, d]`` (``embedding_core.serving.inference.Encoder``
 or a ``SentenceTransformer``). Files: ``from_file`` (``embedding_core.evaluation.pair_files``).
 """
 

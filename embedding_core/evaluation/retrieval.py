@@ -7,8 +7,9 @@ precision, recall, MRR, NDCG and MAP at the given cutoffs under sentence-transfo
 (BEIR qrels scores): NDCG gains are the grades, as BEIR's pytrec_eval; every other metric
 counts grade >= 1 as relevant. On binary relevance the numbers are sentence-transformers'.
 
-Ties never favour the model (:mod:`embedding_core.metrics`' rule): at equal score the documents
-of lower grade (not relevant first) rank first, then the lower corpus index (input order).
+Ties never favour the model (:mod:`embedding_core.evaluation.metrics`' rule): at equal score
+the documents of lower grade (not relevant first) rank first, then the lower corpus index
+(input order).
 The ranking is a total order, so neither ``corpus_chunk_size`` nor the number of processes
 changes it. sentence-transformers 6.3 breaks ties by the ascending corpus *id* string instead
 (earlier versions left them to ``torch.topk``), so exactly tied scores may give other numbers.
@@ -25,9 +26,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from embedding_core import multihost
+from embedding_core.distributed import multihost
 from embedding_core.errors import DataError
-from embedding_core.storage import as_path
+from embedding_core.storage.storage import as_path
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 Relevant = Mapping[str, set[str] | Mapping[str, int]]

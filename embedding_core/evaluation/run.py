@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from embedding_core import storage
+from embedding_core.storage import storage
 
 KINDS = ("ir", "sts", "pairs", "triplets")
 WHAT = {"ir": "retrieval", "sts": "similarity", "pairs": "pair classification",

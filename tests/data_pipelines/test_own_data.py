@@ -218,8 +218,8 @@ def test_a_folder_given_as_a_data_file_is_one_line_naming_it(tmp_path):
 
 def test_gs_uris_read_like_local_files(gcs_emulator):
     from data_pipelines import squad
-    from embedding_core import storage
-    from embedding_core.storage import absolute_data_paths
+    from embedding_core.storage import storage
+    from embedding_core.storage.storage import absolute_data_paths
 
     bucket = "gs://test-bucket/own_data"
     for name in ("my_pairs.csv", "my_simcse.jsonl", "my_docs.jsonl", "my_queries.jsonl",

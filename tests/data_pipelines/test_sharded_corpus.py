@@ -249,7 +249,7 @@ def test_docent_preprocess_and_train_task_stream_the_shards(tmp_path, tiny_bert_
     from docent_jax import data as docent_data
     from docent_jax import trainer
     from docent_jax.configs import default
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     words = ["river", "castle", "music", "engine", "forest"]
     tiny = docent_data.EntityData(

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from docent_jax.loss import full_vocab_entity_loss, in_batch_entity_loss
-from embedding_core import parallel
+from embedding_core.distributed import parallel
 
 R2 = math.sqrt(2.0)
 

@@ -17,9 +17,10 @@ from docent_jax import data as docent_data
 from docent_jax import loss as docent_loss
 from docent_jax import masking as masking_lib
 from docent_jax import model as model_lib
-from embedding_core import parallel, training
-from embedding_core.encoders import EncoderConfig, TransformerEncoder
-from embedding_core.pretrained import load_pretrained
+from embedding_core.distributed import parallel
+from embedding_core.models.encoders import EncoderConfig, TransformerEncoder
+from embedding_core.models.pretrained import load_pretrained
+from embedding_core.training import training
 
 SEQ_LEN = 30  # sentence tokens incl. [CLS]/[SEP]; Full inputs are 2 longer
 

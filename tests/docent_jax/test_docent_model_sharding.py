@@ -16,7 +16,8 @@ import pytest
 from docent_jax import data as docent_data
 from docent_jax import trainer
 from docent_jax.configs import default
-from embedding_core import parallel, training
+from embedding_core.distributed import parallel
+from embedding_core.training import training
 
 SENTENCES = [(e % 6, f"sentence {k} about thing {e % 6}")
              for k, e in enumerate([0, 1, 2, 3, 4, 5, 0, 0])]

@@ -10,7 +10,7 @@ import pytest
 
 from docent_jax.configs import VARIANTS, validate_config
 from docent_jax.model import build_model, init_fn
-from embedding_core.encoders import EncoderConfig
+from embedding_core.models.encoders import EncoderConfig
 
 BERT_BASE = EncoderConfig(model_type="bert", vocab_size=30522, hidden_size=768, num_layers=12,
                           num_heads=12, intermediate_size=3072, max_position_embeddings=512,
@@ -58,7 +58,7 @@ def test_non_finite_or_negative_settings_are_refused(field, value):
 
 def test_max_length_beyond_the_models_positions_is_refused(tiny_bert_dir):
     from docent_jax import trainer
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     config = importlib.import_module("docent_jax.configs.dual_cpu").get_config()
     config.model, config.max_length = str(tiny_bert_dir), 100_000
@@ -68,7 +68,7 @@ def test_max_length_beyond_the_models_positions_is_refused(tiny_bert_dir):
 
 def test_train_saves_data_paths_absolute(tmp_path, monkeypatch):
     from docent_jax import main
-    from embedding_core import storage
+    from embedding_core.storage import storage
 
     monkeypatch.chdir(tmp_path)
     config = importlib.import_module("docent_jax.configs.default").get_config()

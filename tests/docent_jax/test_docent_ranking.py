@@ -9,8 +9,8 @@ import sklearn.metrics
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from docent_jax import baselines, evaluate
-from embedding_core import metrics
-from embedding_core.stats import paired_bootstrap
+from embedding_core.evaluation import metrics
+from embedding_core.evaluation.stats import paired_bootstrap
 
 SCORES = np.array([[0.9, 0.1, 0.5, 0.3],
                    [0.2, 0.8, 0.4, 0.6],

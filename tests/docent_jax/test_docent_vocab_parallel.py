@@ -16,7 +16,8 @@ import numpy as np
 import optax
 import pytest
 
-from embedding_core import losses, parallel, vocab_softmax
+from embedding_core.distributed import parallel
+from embedding_core.losses import losses, vocab_softmax
 
 REPO = Path(__file__).resolve().parents[2]
 B, V, D = 16, 64, 8

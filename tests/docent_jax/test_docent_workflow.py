@@ -17,10 +17,10 @@ from docent_jax import load, trainer, workflows
 from docent_jax.configs import default
 from docent_jax.inference import EntityRanker
 from docent_jax.model import DocEntDual
-from embedding_core import export as export_lib
-from embedding_core import export_reader, serving
-from embedding_core.encoders import EncoderConfig
-from embedding_core.inference import Encoder
+from embedding_core.models.encoders import EncoderConfig
+from embedding_core.serving import export as export_lib
+from embedding_core.serving import export_reader, serving
+from embedding_core.serving.inference import Encoder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -300,7 +300,7 @@ def test_mlm_variants_load_score_and_export(trained_mlm, tmp_path, monkeypatch):
 def test_load_needs_no_base_model(trained, monkeypatch):
     """``load`` takes the encoder's config and tokenizer from the workdir's ``encoder/``
     copy: with the base model unfindable, the same query vectors and scores."""
-    from embedding_core import pretrained
+    from embedding_core.models import pretrained
 
     workdir, _ = trained
     assert (workdir / pretrained.ENCODER_DIR / "tokenizer.json").is_file()
@@ -319,7 +319,7 @@ def test_load_needs_no_base_model(trained, monkeypatch):
 def test_load_refuses_a_table_larger_than_a_device_and_ranks_in_row_blocks(trained):
     """mesh=None with a table over ``device_bytes``: one line naming the fix; with a mesh
     the table is split and loads. Ranking 3 rows at a time gives the whole shard's ranks."""
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     workdir, params = trained
     table_bytes = params["entity_embeddings"].size * 4  # 128 x 32 float32
@@ -327,7 +327,7 @@ def test_load_refuses_a_table_larger_than_a_device_and_ranks_in_row_blocks(train
         load(workdir, device_bytes=table_bytes - 1)
     message = str(err.value)
     assert "\n" not in message and "is larger than one device" in message
-    assert "mesh=embedding_core.parallel.make_mesh(-1, M)" in message
+    assert "mesh=embedding_core.distributed.parallel.make_mesh(-1, M)" in message
     whole = load(workdir, device_bytes=table_bytes)
     split = load(workdir, mesh=parallel.make_mesh(-1, 2), device_bytes=table_bytes - 1)
     assert whole.row_block == default.get_config().rank_row_block

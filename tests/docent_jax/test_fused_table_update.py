@@ -28,8 +28,10 @@ from docent_jax.loss import make_loss_fn
 from docent_jax.model import build_model, init_fn
 from docent_jax.optimizer import make_optimizer
 from docent_jax.trainer import fused_table_update
-from embedding_core import configs, parallel, training
-from embedding_core.encoders import EncoderConfig
+from embedding_core import configs
+from embedding_core.distributed import parallel
+from embedding_core.models.encoders import EncoderConfig
+from embedding_core.training import training
 
 REPO = Path(__file__).resolve().parents[2]
 B, L, ENTITIES, ROWS, BLOCK, CLIP = 16, 8, 45, 64, 3, 0.05

@@ -13,9 +13,10 @@ from docent_jax import evaluate, load, trainer, workflows
 from docent_jax.configs import default
 from docent_jax.inference import EntityRanker
 from docent_jax.model import DocEntFull
-from embedding_core import export as export_lib
-from embedding_core import export_reader, parallel
-from embedding_core.encoders import EncoderConfig
+from embedding_core.distributed import parallel
+from embedding_core.models.encoders import EncoderConfig
+from embedding_core.serving import export as export_lib
+from embedding_core.serving import export_reader
 
 WORDS = ["river", "castle", "music", "engine", "forest"]
 ENTITIES = [f"Entity_{w}" for w in WORDS]

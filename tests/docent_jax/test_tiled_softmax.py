@@ -20,7 +20,8 @@ import pytest
 
 from docent_jax.configs import default, dual_paper, full_paper, validate_config
 from docent_jax.loss import union_cross_entropy
-from embedding_core import parallel, vocab_softmax
+from embedding_core.distributed import parallel
+from embedding_core.losses import vocab_softmax
 
 REPO = Path(__file__).resolve().parents[2]
 B, ROWS, D, CLASSES, BLOCK = 16, 64, 8, 45, 3

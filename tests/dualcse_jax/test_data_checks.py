@@ -35,7 +35,7 @@ def test_bad_eval_file_stops_the_run_before_the_model_loads(tmp_path, field):
 
 
 def test_loss_chunk_size_must_divide_the_per_device_batch_before_the_model_loads(tmp_path):
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     config = default.get_config()
     config.batch_size, config.loss_chunk_size = 16, 3  # 2 rows per device on 8

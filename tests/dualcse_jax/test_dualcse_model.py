@@ -13,7 +13,7 @@ from dualcse_jax.configs import default
 from dualcse_jax.data import model_inputs
 from dualcse_jax.model import Pooler, build_model, init_fn
 from dualcse_jax.tables import length_groups
-from embedding_core.pretrained import load_pretrained
+from embedding_core.models.pretrained import load_pretrained
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_cls_mlp_head_is_trained_and_used(tmp_path, tiny_bert_dir):
     """SimCSE's cls_mlp head: its weights move in training, and encode goes through them."""
     from dualcse_jax.inference import load
     from dualcse_jax.trainer import train
-    from embedding_core.pretrained import load_pretrained as lp
+    from embedding_core.models.pretrained import load_pretrained as lp
 
     config = default.get_config()
     config.update(model=str(tiny_bert_dir), architecture="simcse", pooling="cls_mlp",
@@ -86,7 +86,7 @@ def test_cls_mlp_head_is_trained_and_used(tmp_path, tiny_bert_dir):
     got = model.encode(texts, kind="explicit")
     # Used: encode = tanh(W h_cls + b) of the trained head, by hand from the [CLS] state.
     from data_pipelines.tokenization import tokenize
-    from embedding_core.encoders import TransformerEncoder
+    from embedding_core.models.encoders import TransformerEncoder
 
     tok = tokenize(model.tokenizer, texts, config.max_length)
     width = int(tok.lengths.max())

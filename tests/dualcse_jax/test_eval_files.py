@@ -18,7 +18,7 @@ from eval_data import write_eval_files  # noqa: E402
 def test_eval_files_are_logged_and_select_metric_keeps_the_best_step(tmp_path, tiny_bert_dir):
     from dualcse_jax import load, workflows
     from dualcse_jax.configs import default
-    from embedding_core import checkpoints
+    from embedding_core.training import checkpoints
 
     files = write_eval_files(tmp_path / "data", rows=8)
     config = default.get_config()

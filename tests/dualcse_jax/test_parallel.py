@@ -22,8 +22,9 @@ from dualcse_jax import tables as dualcse_data
 from dualcse_jax.configs import default
 from dualcse_jax.model import build_model, init_fn, pretrained_paths
 from dualcse_jax.trainer import make_loss_fn
-from embedding_core import parallel, training
-from embedding_core.pretrained import load_pretrained
+from embedding_core.distributed import parallel
+from embedding_core.models.pretrained import load_pretrained
+from embedding_core.training import training
 
 HERE = Path(__file__).parent
 
@@ -136,7 +137,7 @@ def test_two_processes_match_single_process(tmp_path, tiny_bert_dir, dualcse_tin
             continue
         np.testing.assert_allclose(multi[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
     # Training did move the weights (so equality is not equality of initialisations).
-    from embedding_core.pretrained import load_pretrained as lp
+    from embedding_core.models.pretrained import load_pretrained as lp
 
     word = lp(str(tiny_bert_dir)).params["embeddings"]["word_embeddings"]["embedding"]
     key = [k for k in single if "word_embeddings" in k][0]

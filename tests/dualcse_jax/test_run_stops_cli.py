@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 
-from embedding_core import run_lock
+from embedding_core.training import run_lock
 
 # The diverging command on the tiny encoder; lr 1e30 (not 1e3) because the tiny
 # model's LayerNorms keep a 1e3 run finite: step 1 is finite, step 2 is not.

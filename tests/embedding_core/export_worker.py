@@ -27,7 +27,7 @@ class Synthetic:
     def __init__(self, rows: int, dim: int = 8, block: int = 4):
         import ml_collections
 
-        from embedding_core.serving import View
+        from embedding_core.serving.serving import View
 
         self.rows, self.dim, self.block = rows, dim, block
         self.config = ml_collections.ConfigDict({"rows": rows})
@@ -56,7 +56,7 @@ class Synthetic:
 
 
 def run(spec: dict) -> dict:
-    from embedding_core import serving
+    from embedding_core.serving import serving
 
     model = Synthetic(spec["rows"])
     for _ in range(2):  # the second export replaces the first's parts
@@ -72,7 +72,7 @@ def run(spec: dict) -> dict:
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as f:
         spec = json.load(f)
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     parallel.maybe_initialize_distributed(spec["coordinator"], spec["num_processes"],
                                           spec["process_id"])

@@ -13,7 +13,7 @@ DELAYED = "first step delayed by"
 
 def main() -> None:
     from dualcse_jax import main as cli
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     delay = float(os.environ.get(DELAY_ENV, "0"))
     if delay > 0:

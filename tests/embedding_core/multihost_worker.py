@@ -19,7 +19,8 @@ import sys
 def recorded(written: list[str]):
     """Every result file and export view this process writes is appended to ``written``;
     restored on exit."""
-    from embedding_core import export, files
+    from embedding_core.serving import export
+    from embedding_core.storage import files
 
     saved = (files.write_bytes_atomic, export.EmbeddingWriter.__enter__)
     plain_write, plain_enter = saved
@@ -44,7 +45,7 @@ def run(spec: dict) -> dict:
     """Evaluates and exports both workdirs of ``spec``; see the module docstring."""
     from docent_jax import workflows as docent_workflows
     from dualcse_jax import workflows as dualcse_workflows
-    from embedding_core import inference
+    from embedding_core.serving import inference
 
     written: list[str] = []
     rows = {}
@@ -75,7 +76,7 @@ def gather_checks() -> dict:
     import jax
     import numpy as np
 
-    from embedding_core import multihost
+    from embedding_core.distributed import multihost
 
     out = multihost.split_map(lambda a, b: {"x": np.arange(a, b) / 3.0,
                                             "n": np.arange(a, b, dtype=np.int64) << 40}, 7)
@@ -106,7 +107,7 @@ def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as f:
         spec = json.load(f)
     _generous_distributed_timeouts()
-    from embedding_core import parallel
+    from embedding_core.distributed import parallel
 
     parallel.maybe_initialize_distributed(spec["coordinator"], spec["num_processes"],
                                           spec["process_id"])

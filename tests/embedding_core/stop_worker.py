@@ -1,7 +1,7 @@
 """A tiny linear-regression run under the CLI's error handling, for the signal tests.
 
 ``python stop_worker.py WORKDIR NUM_STEPS SLOW_FROM``: trains ``y = x @ [1, 2, 3, 4]`` with
-``embedding_core.run.run`` inside ``cli.user_errors`` (so the exit code is the CLI's). When
+``embedding_core.training.run.run`` inside ``cli.user_errors`` (so the exit code is the CLI's). When
 the loop asks for the batch of step ``SLOW_FROM`` or later it prints ``READY <step>`` once
 on stdout and waits there until the file ``WORKDIR.go`` exists (then takes 0.05 s per
 batch); a negative ``SLOW_FROM`` prints ``READY load`` while the task loads its data
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from embedding_core import configs
-from embedding_core.task import Task
+from embedding_core.training.task import Task
 
 DIM, ROWS, BATCH = 4, 64, 8
 
@@ -113,7 +113,7 @@ def make_task(slow_from: int | None = None, on_slow=None, go: Path | None = None
 
 if __name__ == "__main__":
     from embedding_core.cli import user_errors
-    from embedding_core.run import run
+    from embedding_core.training.run import run
 
     workdir, num_steps, slow_from = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     with user_errors("stop-worker", "train"):

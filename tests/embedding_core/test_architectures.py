@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from embedding_core import hf_export
-from embedding_core.pretrained import load_pretrained, resolve_model_dir
-from embedding_core.st_models import load_encoder
+from embedding_core.models.pretrained import load_pretrained, resolve_model_dir
+from embedding_core.serving import hf_export
+from embedding_core.serving.st_models import load_encoder
 
 SMALL = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=37, max_position_embeddings=64)

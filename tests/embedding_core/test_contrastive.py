@@ -13,9 +13,12 @@ import optax
 import pytest
 
 from dualcse_jax import tables as dualcse_data
-from embedding_core import configs, contrastive, parallel, training
-from embedding_core.encoders import EncoderConfig
-from embedding_core.run import run
+from embedding_core import configs
+from embedding_core.distributed import parallel
+from embedding_core.losses import contrastive
+from embedding_core.models.encoders import EncoderConfig
+from embedding_core.training import training
+from embedding_core.training.run import run
 
 TINY = EncoderConfig(model_type="bert", vocab_size=64, hidden_size=16, num_layers=1,
                      num_heads=2, intermediate_size=32, max_position_embeddings=32,

@@ -10,9 +10,10 @@ import os
 import ml_collections
 import pytest
 
-from embedding_core import configs, data_fingerprint
+from embedding_core import configs
 from embedding_core.fields import Field
-from embedding_core.run import run
+from embedding_core.training import data_fingerprint
+from embedding_core.training.run import run
 from tests.embedding_core.test_run import _config, _make_task
 
 FIELDS = configs.declare(batch_size=Field(8), train_file=Field("", data=True),
@@ -205,7 +206,7 @@ def test_a_damaged_fingerprint_is_one_line_with_the_way_out(tmp_path):
 
 
 def test_a_symlinked_data_file_keeps_its_name_and_is_checked_by_content(tmp_path, monkeypatch):
-    from embedding_core.storage import absolute_data_paths
+    from embedding_core.storage.storage import absolute_data_paths
 
     (tmp_path / "v1.csv").write_text("a\n")
     (tmp_path / "v2.csv").write_text("a\n")

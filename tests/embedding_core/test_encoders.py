@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import BertModel, RobertaConfig, RobertaModel
 
-from embedding_core import encoders, pretrained
+from embedding_core.models import encoders, packages, pretrained
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 INLI_TEST = REPO / "data" / "inli" / "test.csv"
@@ -302,7 +302,7 @@ def test_a_damaged_model_folder_is_one_line_naming_the_file(tiny_bert_dir, tmp_p
     safetensors exception and traceback), the tokenizer checked before the weights load."""
     import shutil
 
-    from embedding_core.st_models import load_encoder
+    from embedding_core.serving.st_models import load_encoder
 
     def folder(name, drop=(), **files):
         out = tmp_path / name
@@ -344,7 +344,7 @@ def test_offline_hub_id_names_what_works_here(tmp_path, monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert pretrained.installed_model_packages() == [MINILM]
+    assert packages.installed_model_packages() == [MINILM]
     with pytest.raises(FileNotFoundError) as err:
         pretrained.resolve_model_dir("sentence-transformers/all-MiniLM-L6-v2")
     message = str(err.value)

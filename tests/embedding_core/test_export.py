@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from embedding_core.export import EmbeddingWriter, export_embeddings
-from embedding_core.export_reader import load_arrays
+from embedding_core.serving.export import EmbeddingWriter, export_embeddings
+from embedding_core.serving.export_reader import load_arrays
 
 IDS = ["a", "b b", "ünï", "d\tx", "e", "f", "g", "h", "i", "j"]
 
@@ -184,8 +184,8 @@ def test_streaming_export_memory_stays_far_below_array_size(tmp_path):
 
 
 def test_views_are_readable_by_others_and_load_back(tmp_path):
-    from embedding_core.export import export_view
-    from embedding_core.export_reader import load_export, load_view
+    from embedding_core.serving.export import export_view
+    from embedding_core.serving.export_reader import load_export, load_view
 
     old = os.umask(0o022)
     try:
@@ -220,8 +220,8 @@ def _view_meta(step):
 
 
 def test_an_interrupted_export_is_refused_and_stale_views_are_ignored(tmp_path):
-    from embedding_core.export import ExportFolder
-    from embedding_core.export_reader import load_export
+    from embedding_core.serving.export import ExportFolder
+    from embedding_core.serving.export_reader import load_export
 
     vecs = np.ones((2, 3), np.float32)
     with ExportFolder(tmp_path) as folder:
@@ -245,8 +245,8 @@ def test_an_interrupted_export_is_refused_and_stale_views_are_ignored(tmp_path):
 
 def test_a_first_export_killed_half_way_is_refused_and_a_failure_before_any_view_is_harmless(
         tmp_path):
-    from embedding_core.export import ExportFolder
-    from embedding_core.export_reader import load_export
+    from embedding_core.serving.export import ExportFolder
+    from embedding_core.serving.export_reader import load_export
 
     vecs = np.ones((2, 3), np.float32)
     with pytest.raises(RuntimeError), ExportFolder(tmp_path / "new") as folder:
@@ -262,7 +262,7 @@ def test_a_first_export_killed_half_way_is_refused_and_a_failure_before_any_view
 
 
 def test_a_file_in_the_way_of_an_export_is_one_line(tmp_path):
-    from embedding_core.export import ExportFolder
+    from embedding_core.serving.export import ExportFolder
 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(FileExistsError, match=r"^--output .*afile/sub: .*afile exists and is "

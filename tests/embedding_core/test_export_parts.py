@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedding_core.export_reader import load_export, load_view
+from embedding_core.serving.export_reader import load_export, load_view
 
 HERE = Path(__file__).parent
 ROWS = 11  # odd: the parts hold 6 and 5 rows
@@ -102,7 +102,7 @@ def test_a_bad_row_in_one_part_stops_both_and_leaves_no_view(exports):
 
 def test_one_process_over_parts_replaces_them(exports):
     root, worker, _, _, _ = exports
-    from embedding_core import serving
+    from embedding_core.serving import serving
 
     target = root / "multi" / "ok"
     serving.export(lambda: worker.Synthetic(ROWS), target, input_path=root / "in.txt")

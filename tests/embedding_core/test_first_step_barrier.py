@@ -1,6 +1,6 @@
 """Two training processes on one coordinator, the second reaching its first step 45 s after
 the first (``first_step_worker.py``): gloo gives a collective 30 s, so the first step's
-collectives must not start before every process is there (``embedding_core/loop.py`` waits
+collectives must not start before every process is there (``embedding_core/training/loop.py`` waits
 at a coordination-service barrier after compiling the step)."""
 
 import json

@@ -17,7 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from embedding_core import metric_log, storage
+from embedding_core.storage import storage
+from embedding_core.training import metric_log
 
 BUCKET = "gs://test-bucket"
 DERIVED = (storage.TENSORSTORE_URL_ENV, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "EPATH_USE_TF",
@@ -155,13 +156,15 @@ def test_gcsfs_retry_logs_lose_their_tracebacks_only():
     except OSError:
         exc = sys.exc_info()
     records = [logging.LogRecord(name, logging.ERROR, "f.py", 1, "out of retries", (), exc)
-               for name in ("gcsfs.retry", "embedding_core.training")]
+               for name in ("gcsfs.retry", "embedding_core.training.training")]
     assert all(cli._drop_storage_traceback(r) for r in records)  # every line is kept
     assert records[0].exc_info is None and records[1].exc_info is exc
 
 
 def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path, monkeypatch):
-    from embedding_core import checkpoints, cli, configs, files, training
+    from embedding_core import cli, configs
+    from embedding_core.storage import files
+    from embedding_core.training import checkpoints, training
 
     files.write_json(f"{BUCKET}/files/a.json", {"x": [1, 2]})
     assert files.read_json_object(f"{BUCKET}/files/a.json") == {"x": [1, 2]}
@@ -213,8 +216,8 @@ def test_files_configs_and_copies_on_gs(gcs_emulator, tmp_path, monkeypatch):
 
 
 def test_export_to_gs_round_trips_and_a_failed_export_leaves_nothing(gcs_emulator):
-    from embedding_core.export import ExportFolder
-    from embedding_core.export_reader import load_export
+    from embedding_core.serving.export import ExportFolder
+    from embedding_core.serving.export_reader import load_export
 
     vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
     ids = ["a", "b", "c"]
@@ -233,7 +236,7 @@ def test_export_to_gs_round_trips_and_a_failed_export_leaves_nothing(gcs_emulato
 def test_model_folder_on_gs_loads_like_the_local_one(gcs_emulator, tiny_bert_dir, tmp_path,
                                                      monkeypatch):
     from data_pipelines.tokenization import load_tokenizer
-    from embedding_core.pretrained import load_pretrained
+    from embedding_core.models.pretrained import load_pretrained
 
     monkeypatch.setenv("EMBEDDING_JAX_CACHE", str(tmp_path / "cache"))
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
@@ -259,8 +262,8 @@ def test_dualcse_on_gs_killed_resumed_exported(gcs_emulator, dualcse_tiny_run, t
     gs:// and read it back with load_export."""
     from dualcse_jax import load, workflows
     from dualcse_jax.configs import DATA_FILES, default
-    from embedding_core.export_reader import load_export
-    from embedding_core.storage import absolute_data_paths
+    from embedding_core.serving.export_reader import load_export
+    from embedding_core.storage.storage import absolute_data_paths
 
     assert dualcse_tiny_run.overrides["num_train_steps"] == 3
     # Checkpoints at every step (kept): where the run saves does not change its parameters.
@@ -303,7 +306,7 @@ def test_docent_on_gs_killed_resumed_exported(gcs_emulator, docent_tiny_run, tmp
     run, tests/shared_runs.py, trained on a local copy of them, is the reference)."""
     from docent_jax import load, trainer, workflows
     from docent_jax.configs import default
-    from embedding_core.export_reader import load_export
+    from embedding_core.serving.export_reader import load_export
     from tests.shared_runs import DOCENT_DOCS, DOCENT_WORDS
 
     storage.as_path(f"{BUCKET}/docs.jsonl").write_text(DOCENT_DOCS)
@@ -382,7 +385,8 @@ def test_an_unreachable_emulator_is_one_line_within_the_stated_bound(monkeypatch
     assert str(err.value) == (
         f"gs://b/run: nothing answers at http://localhost:{port} (STORAGE_EMULATOR_HOST) "
         "within 0.5 s (Connection refused); start an emulator there (python -m "
-        f"embedding_core.gcs_emulator --port={port}), or unset STORAGE_EMULATOR_HOST to use "
+        f"embedding_core.storage.gcs_emulator --port={port}), or unset STORAGE_EMULATOR_HOST "
+        "to use "
         "Google Cloud Storage")
     storage.check_endpoint(["/local/only"])  # no gs:// path: nothing to reach
 
@@ -406,7 +410,7 @@ def test_google_storage_without_credentials_is_one_line(monkeypatch, tmp_path):
     assert str(err.value) == (
         "gs://b/run: no Google Cloud credentials; run `gcloud auth application-default "
         "login` or set GOOGLE_APPLICATION_CREDENTIALS=KEY.json (for a local emulator "
-        "instead: python -m embedding_core.gcs_emulator, then "
+        "instead: python -m embedding_core.storage.gcs_emulator, then "
         "STORAGE_EMULATOR_HOST=localhost:PORT)")
 
 
@@ -426,7 +430,7 @@ def test_google_storage_out_of_reach_is_one_line_within_the_stated_bound(monkeyp
             r"^gs://b/run: cannot reach storage.invalid:443 within 0.5 s \(.+\); check the "
             r"network \(\$EMBEDDING_JAX_GCS_TIMEOUT sets the wait\), or set "
             r"STORAGE_EMULATOR_HOST=localhost:PORT for a local emulator \(python -m "
-            r"embedding_core.gcs_emulator\)$")):
+            r"embedding_core.storage.gcs_emulator\)$")):
         storage.check_endpoint(["gs://b/run"])
 
 
@@ -461,10 +465,10 @@ def test_the_stock_emulator_is_refused_and_the_shipped_one_accepted(monkeypatch)
         f"dualcse-jax train: error: gs://b/run: the GCS emulator at http://localhost:{port} "
         "(STORAGE_EMULATOR_HOST) sends no object generation (x-goog-generation) with a "
         "download, which orbax's checkpoint writer needs (the stock gcp-storage-emulator "
-        "does not keep them); serve gs:// with python -m embedding_core.gcs_emulator "
+        "does not keep them); serve gs:// with python -m embedding_core.storage.gcs_emulator "
         f"--port={port} instead"]
 
-    shipped, banner = _start([sys.executable, "-m", "embedding_core.gcs_emulator",
+    shipped, banner = _start([sys.executable, "-m", "embedding_core.storage.gcs_emulator",
                               f"--port={port}", "--bucket=b", "--bucket=c"],
                              ready="STORAGE_EMULATOR_HOST=")
     try:
@@ -478,7 +482,7 @@ def test_the_stock_emulator_is_refused_and_the_shipped_one_accepted(monkeypatch)
         with pytest.raises(storage.StorageUnavailableError, match=(
                 f"gs://nob/run: the GCS emulator at http://localhost:{port} "
                 r"\(STORAGE_EMULATOR_HOST\) has no bucket 'nob'; start it with python -m "
-                f"embedding_core.gcs_emulator --port={port} --bucket=nob$")):
+                f"embedding_core.storage.gcs_emulator --port={port} --bucket=nob$")):
             storage.check_endpoint(["gs://nob/run"])
     finally:
         shipped.send_signal(signal.SIGTERM)
@@ -538,7 +542,7 @@ def no_credentials(monkeypatch, tmp_path):
 
 def test_eval_files_over_gs_get_the_start_check(no_credentials, tmp_path):
     from embedding_core import commands, configs
-    from embedding_core.run import run
+    from embedding_core.training.run import run
     from tests.embedding_core.test_run import _config, _make_task
 
     config = _config(eval_every=6, eval_files="sts:gs://b/dev.csv")
@@ -574,9 +578,9 @@ def test_embedding_jax_encode_and_evaluate_get_the_start_check(no_credentials, c
 def test_a_bucket_is_not_a_data_file(gcs_emulator):
     import ml_collections
 
-    from embedding_core import data_fingerprint
     from embedding_core.evaluation import run as evaluation
-    from embedding_core.run import _eval_files
+    from embedding_core.training import data_fingerprint
+    from embedding_core.training.run import _eval_files
     from tests.embedding_core.test_run import _config
 
     storage.write_bytes(f"{BUCKET}/x.csv", b"a,b\n")  # a bucket with a file is still one

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedding_core.glove import MATRIX_FILE, VOCAB_FILE, GloveVectors
+from embedding_core.models.glove import MATRIX_FILE, VOCAB_FILE, GloveVectors
 
 
 def _write(folder, matrix, words, columns=("word",)):

@@ -20,8 +20,9 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from data_pipelines.tokenization import load_tokenizer, tokenize
-from embedding_core import hf_export, pretrained
-from embedding_core.encoders import EncoderConfig
+from embedding_core.models import pretrained
+from embedding_core.models.encoders import EncoderConfig
+from embedding_core.serving import hf_export
 from tests import shared_runs
 from tests.gcs_emulator import BUCKET
 
@@ -115,8 +116,8 @@ def test_roberta_folder_equals_our_encoder(tmp_path):
     import torch
     from transformers import RobertaConfig, RobertaModel
 
-    from embedding_core.encoders import TransformerEncoder
-    from embedding_core.inference import masked_mean
+    from embedding_core.models.encoders import TransformerEncoder
+    from embedding_core.serving.inference import masked_mean
 
     torch.manual_seed(0)
     RobertaModel(RobertaConfig(vocab_size=8, hidden_size=16, num_hidden_layers=1,
@@ -199,7 +200,7 @@ def _st(folder):
 
 def test_cross_views_equal_encode(cross):
     from dualcse_jax import load
-    from embedding_core.st_models import load_encoder
+    from embedding_core.serving.st_models import load_encoder
 
     workdir, out = cross
     assert sorted(p.name for p in out.iterdir()) == ["explicit", "implicit"]
@@ -242,7 +243,7 @@ def test_bi_views_equal_encode(bi):
 
 def test_docent_queries_and_entities(docent):
     from docent_jax import load
-    from embedding_core.export_reader import load_view
+    from embedding_core.serving.export_reader import load_view
 
     workdir, out = docent
     ranker = load(workdir)
@@ -326,7 +327,7 @@ def test_failure_leaves_no_output_and_no_staging(tmp_path):
 
 
 def test_gs_output_uploaded_whole(gcs_emulator, monkeypatch):
-    from embedding_core import storage
+    from embedding_core.storage import storage
 
     out = f"gs://{BUCKET}/hf_export/out"
     with hf_export.staged_output(out) as stage:
@@ -372,7 +373,7 @@ def test_cli_export_hf_is_wired_and_refuses_a_used_output_in_one_line(tmp_path):
 def test_load_encoder_takes_our_workdirs_and_save_writes_export_hf(cross, docent, tmp_path):
     import embedding_core
     from dualcse_jax import load
-    from embedding_core import workdirs
+    from embedding_core.serving import workdirs
 
     workdir, out = cross
     model = embedding_core.load_encoder(str(workdir))
@@ -391,7 +392,7 @@ def test_load_encoder_takes_our_workdirs_and_save_writes_export_hf(cross, docent
 
 def test_method_of_tells_the_methods_apart_by_their_config_fields(tmp_path):
     from docent_jax.configs import default as docent_default
-    from embedding_core import workdirs
+    from embedding_core.serving import workdirs
     from mrwe_jax.configs import default as mrwe_default
 
     for name, config in (("mrwe", mrwe_default.get_config()),

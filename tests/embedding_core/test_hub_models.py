@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from embedding_core import hub
-from embedding_core.pretrained import resolve_model_dir
+from embedding_core.models import hub
+from embedding_core.models.pretrained import resolve_model_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hub_server import HubServer, Repo  # noqa: E402
@@ -100,7 +100,7 @@ def test_parse_and_pin_without_the_network(tmp_path):
 
 def _download(home: Path, url: str, name: str, *, no_torch: bool = False):
     code = ("import sys\n" + ("sys.modules['torch'] = None\n" if no_torch else "") +
-            "from embedding_core import hub\n"
+            "from embedding_core.models import hub\n"
             f"m = hub.download({name!r})\nprint(m.folder)\n")
     env = {**os.environ, "HF_HOME": str(home), "HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0",
            "EMBEDDING_JAX_CACHE": str(home / "ours"), "PYTHONPATH": str(REPO)}
@@ -126,7 +126,7 @@ def test_a_pytorch_only_checkpoint_is_converted_or_explained(tmp_path):
         assert last.startswith("FileNotFoundError: org/torch-only@") and (
             "has only pytorch_model.bin weights (read as safetensors only): install torch to "
             "convert them on load, or convert once with `python -m "
-            "embedding_core.convert_weights ") in last
+            "embedding_core.models.convert_weights ") in last
 
         done = _download(tmp_path / "b", server.url, "org/torch-only")
         assert done.returncode == 0, done.stderr[-3000:]

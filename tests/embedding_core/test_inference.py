@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedding_core.inference import (
+from embedding_core.serving.inference import (
     Encoder,
     bucket_width,
     check_texts,
@@ -132,7 +132,7 @@ def test_batch_size_is_checked_and_never_pads_past_the_texts():
 
 def test_text_line_files_drop_a_bom_and_refuse_a_bare_carriage_return(tmp_path):
     from data_pipelines.errors import DataError
-    from embedding_core.text_lines import read_text_lines
+    from embedding_core.storage.text_lines import read_text_lines
 
     path = tmp_path / "in.txt"
     path.write_bytes("\ufeffone\r\ntwo\n".encode())

@@ -1,5 +1,6 @@
 """Logical-axis rules in the config, fitted to the mesh; ranking and reading a row-sharded
-table on device (embedding_core.parallel, configs, table_ranking, parallel.iter_row_blocks)."""
+table on device (embedding_core.distributed.parallel, configs, table_ranking,
+parallel.iter_row_blocks)."""
 
 import logging
 
@@ -11,8 +12,11 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedding_core import configs, metrics, parallel, table_ranking
-from embedding_core.parallel import iter_row_blocks
+from embedding_core import configs
+from embedding_core.distributed import parallel
+from embedding_core.distributed.parallel import iter_row_blocks
+from embedding_core.evaluation import metrics
+from embedding_core.losses import table_ranking
 
 
 def _mesh(data, model):

@@ -1,4 +1,4 @@
-"""embedding_core.metric_log: TensorBoard scalars, metrics.jsonl and the training plot
+"""embedding_core.training.metric_log: TensorBoard scalars, metrics.jsonl and the training plot
 (docs/architecture.md, "What a workdir holds")."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from embedding_core import metric_log
+from embedding_core.training import metric_log
 
 
 def scalars(workdir) -> dict[str, list[tuple[int, float]]]:
@@ -90,8 +90,8 @@ def test_a_run_logs_loss_and_evaluation_as_scalars_and_draws_its_plot(tmp_path):
     import jax.numpy as jnp
 
     from embedding_core import configs
-    from embedding_core.run import run
-    from embedding_core.task import Task
+    from embedding_core.training.run import run
+    from embedding_core.training.task import Task
 
     x = np.linspace(-1, 1, 16, dtype=np.float32)[:, None]
     y = 3 * x[:, 0]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import sklearn.metrics
 
-from embedding_core import metrics
+from embedding_core.evaluation import metrics
 
 # ----------------------------------------------------------------------- recall@k, MRR
 

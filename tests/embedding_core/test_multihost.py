@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from embedding_core import multihost
+from embedding_core.distributed import multihost
 
 HERE = Path(__file__).parent
 
@@ -118,7 +118,7 @@ def _spec(root: Path, name: str, nproc: int, pid: int, port: int) -> dict:
 
 
 def _same_export(multi: Path, single: Path) -> None:
-    from embedding_core.export_reader import load_export
+    from embedding_core.serving.export_reader import load_export
 
     a, b = load_export(multi), load_export(single)
     assert sorted(a) == sorted(b)

@@ -10,7 +10,7 @@ import pytest
 from dualcse_jax.configs import default
 from dualcse_jax.model import build_model, init_fn
 from dualcse_jax.trainer import make_loss_fn
-from embedding_core.encoders import REMAT_POLICIES, EncoderConfig
+from embedding_core.models.encoders import REMAT_POLICIES, EncoderConfig
 
 TINY = EncoderConfig(model_type="bert", vocab_size=64, hidden_size=32, num_layers=2,
                      num_heads=4, intermediate_size=64, max_position_embeddings=32,

@@ -9,9 +9,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from embedding_core import checkpoints, configs, parallel, training
-from embedding_core.run import run
-from embedding_core.task import Task
+from embedding_core import configs
+from embedding_core.distributed import parallel
+from embedding_core.training import checkpoints, training
+from embedding_core.training.run import run
+from embedding_core.training.task import Task
 
 DIM, ROWS = 4, 64
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from embedding_core import run_lock
-from embedding_core.run import run
-from embedding_core.run_control import WorkdirInUseError
+from embedding_core.training import run_lock
+from embedding_core.training.run import run
+from embedding_core.training.run_control import WorkdirInUseError
 
 _spec = importlib.util.spec_from_file_location(
     "stop_worker", Path(__file__).with_name("stop_worker.py"))

@@ -15,8 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from embedding_core import parallel, run_control, training
-from embedding_core.run import run
+from embedding_core.distributed import parallel
+from embedding_core.training import run_control, training
+from embedding_core.training.run import run
 
 WORKER = Path(__file__).with_name("stop_worker.py")
 # A hang guard only: what a test checks never depends on how fast the machine is (the

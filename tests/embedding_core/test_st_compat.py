@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from embedding_core import st_compat
-from embedding_core.inference import Encoder
+from embedding_core.serving import st_compat
+from embedding_core.serving.inference import Encoder
 
 
 @pytest.mark.parametrize("precision", st_compat.PRECISIONS)

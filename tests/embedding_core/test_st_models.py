@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedding_core.pretrained import resolve_model_dir
-from embedding_core.st_models import load_encoder
+from embedding_core.models.pretrained import resolve_model_dir
+from embedding_core.serving.st_models import load_encoder
 
 SENTENCES = ["A man is playing a guitar.", "query: Who won Super Bowl 50?",
              "The quick brown fox jumps over the lazy dog near the riverbank today.", "Hi"]

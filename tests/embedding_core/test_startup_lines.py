@@ -1,7 +1,7 @@
 """What training prints before its first step: a new user saw nothing for 16 s, then the
 run's summary, then nothing until the first step's compile ended. Now a line names the
 model and data before they load, and one says the step compiles, before the first step's
-metrics; the compile ahead of the step is the step's own (``embedding_core/loop.py``)."""
+metrics; the compile ahead of the step is the step's own (``embedding_core/training/loop.py``)."""
 
 import logging
 

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from embedding_core import stats
-from embedding_core.stats import BootstrapInterval, format_interval, paired_bootstrap
+from embedding_core.evaluation import stats
+from embedding_core.evaluation.stats import BootstrapInterval, format_interval, paired_bootstrap
 
 
 def test_identical_systems_give_zero_interval():
@@ -143,7 +143,7 @@ def test_bad_inputs_are_rejected():
 def test_bootstrap_of_auc_difference():
     from sklearn.metrics import roc_auc_score
 
-    from embedding_core import metrics
+    from embedding_core.evaluation import metrics
 
     rng = np.random.default_rng(3)
     y = rng.random(300) < 0.4
@@ -166,7 +166,7 @@ def test_bootstrap_of_auc_difference():
 def test_bootstrap_statistic_over_seeds_is_the_mean_of_seed_statistics():
     from sklearn.metrics import average_precision_score
 
-    from embedding_core import metrics
+    from embedding_core.evaluation import metrics
 
     rng = np.random.default_rng(4)
     y = rng.random(120) < 0.5
@@ -181,7 +181,7 @@ def test_bootstrap_statistic_over_seeds_is_the_mean_of_seed_statistics():
 
 
 def test_bootstrap_statistic_is_chunk_independent_to_the_bit_and_checks_labels():
-    from embedding_core import metrics
+    from embedding_core.evaluation import metrics
 
     rng = np.random.default_rng(3)
     y = rng.random(40) < 0.5

@@ -8,7 +8,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedding_core import parallel, table_ranking
+from embedding_core.distributed import parallel
+from embedding_core.losses import table_ranking
 
 
 def _score(q, w, row_args, consts):

@@ -18,12 +18,14 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedding_core import parallel, training, vocab_softmax
-from embedding_core.table_update import (
+from embedding_core.distributed import parallel
+from embedding_core.losses import vocab_softmax
+from embedding_core.losses.table_update import (
     TABLE_STATS,
     FusedTableUpdate,
     softmax_table_stats,
 )
+from embedding_core.training import training
 
 B, ROWS, D, CLASSES, BLOCK, CLIP = 16, 64, 8, 45, 3, 0.5
 

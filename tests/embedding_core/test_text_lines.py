@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from data_pipelines.errors import DataError
-from embedding_core.text_lines import read_text_lines
+from embedding_core.storage.text_lines import read_text_lines
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from embedding_core.triplet import batch_hard_triplet_loss, pairwise_distances
+from embedding_core.losses.triplet import batch_hard_triplet_loss, pairwise_distances
 
 
 def _dist(a: np.ndarray, b: np.ndarray, distance: str) -> float:

@@ -111,7 +111,7 @@ def test_verdict_names_every_step_and_the_sign():
 def test_budget_paragraph_words_the_numbers():
     results = _fake_curve_results()
     text = dc.budget_paragraph(results, num_samples=200)
-    from embedding_core.stats import format_interval
+    from embedding_core.evaluation.stats import format_interval
     first = dc._gap(results, dc.CURVES[1].row, 100, "max", 200, False)
     assert f"went from {format_interval(first)} at step 100" in text
     assert "DualCSE-Cross 2 seed(s), SimCSE 2" in text
@@ -155,7 +155,7 @@ def test_claims_summary_words_hand_made_signs():
 
 
 def test_claims_table_rows_are_the_paired_intervals():
-    from embedding_core.stats import format_interval, paired_bootstrap
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap
     from experiments import dualcse_claims as claims
     from experiments.dualcse_cells import CROSS, SIMCSE
 

@@ -108,8 +108,8 @@ def test_steps_must_be_positive():
 
 
 def test_grid_rows_with_raw_cosines_get_the_auc_table():
-    from embedding_core import metrics
-    from embedding_core.stats import format_interval, paired_bootstrap_statistic
+    from embedding_core.evaluation import metrics
+    from embedding_core.evaluation.stats import format_interval, paired_bootstrap_statistic
     from experiments import dualcse_curves as dc
 
     args = argparse.Namespace(preset="cpu", steps=None, num_samples=300)

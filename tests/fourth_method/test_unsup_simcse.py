@@ -66,7 +66,7 @@ def test_evaluate_export_and_export_hf_agree_with_the_loaded_encoder(run):
     done = _cli("export", f"--workdir={workdir}", f"--input={out / 'sentences.txt'}",
                 f"--output={out / 'export'}")
     assert done.returncode == 0, done.stderr[-3000:]
-    from embedding_core.export import load_export
+    from embedding_core.serving.export import load_export
 
     views = load_export(out / "export")
     vectors, ids, meta = views["sentence"]

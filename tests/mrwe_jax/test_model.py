@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from embedding_core.inference import masked_mean
-from embedding_core.losses import l2_normalize
+from embedding_core.losses.losses import l2_normalize
+from embedding_core.serving.inference import masked_mean
 from mrwe_jax.model import FCRR, ConvRR, SiameseRetriever, TextBatch
 
 DIM, WORDS, BATCH = 6, 5, 3

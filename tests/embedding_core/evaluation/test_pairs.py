@@ -86,7 +86,7 @@ def ours(files):
 def st_model():
     from sentence_transformers import SentenceTransformer
 
-    from embedding_core.pretrained import resolve_model_dir
+    from embedding_core.models.pretrained import resolve_model_dir
 
     return SentenceTransformer(str(resolve_model_dir(MODEL)), device="cpu")
 
@@ -140,7 +140,7 @@ def test_same_model_gives_sentence_transformers_numbers(kind, ours, st_model, st
 
 @pytest.fixture(scope="module")
 def our_encoder():
-    from embedding_core.st_models import load_encoder
+    from embedding_core.serving.st_models import load_encoder
 
     return load_encoder(MODEL)
 
@@ -329,7 +329,7 @@ def test_empty_file(tmp_path, text):
 
 
 def test_files_on_gs_read_like_local_ones(gcs_emulator, files):
-    from embedding_core import storage
+    from embedding_core.storage import storage
 
     uri = "gs://test-bucket/evaluation/pairs.jsonl"
     storage.as_path(uri).write_bytes(files["pairs"][1].read_bytes())

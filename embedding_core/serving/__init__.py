@@ -1,0 +1,1 @@
+"""Using a trained encoder: loading, encoding, exports and the sentence-transformers formats."""

@@ -1,0 +1,150 @@
+"""Reading exports written by ``embedding_core.serving.export``: array folders, views, manifests."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from embedding_core.storage import storage
+
+META_FILENAME = "meta.json"
+MANIFEST_FILENAME = "export.json"
+VIEW_ARRAY = "embeddings"
+
+
+def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
+                ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+    """``(arrays, ids, meta)`` of an array folder: ``{name: [num_rows, dim]}``, the
+    ``num_rows`` ids (``ids[i]`` names row i) and ``meta.json`` (``mmap_mode``: not for
+    ``gs://``). A folder written as parts (``meta.json`` lists ``parts``): each part read
+    so (memory-mapped with ``mmap_mode``), concatenated in order.
+
+    Raises:
+      FileNotFoundError: ``meta.json`` or a listed file is missing.
+      ValueError: a file disagrees with ``meta.json`` (shape, dtype, number of ids).
+    """
+    out_dir = storage.as_path(out_dir)
+    meta_path = out_dir / META_FILENAME
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path}: no {META_FILENAME}; not an export directory")
+    try:
+        meta = json.loads(meta_path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{meta_path}: not valid JSON ({err})") from None
+    try:
+        num_rows = int(meta["num_rows"])
+        spec = meta["arrays"]
+        ids_file = meta["ids_file"]
+    except KeyError as e:
+        raise ValueError(f"{meta_path}: missing field {e}") from e
+    if "parts" in meta:
+        return _load_parts(out_dir, meta, mmap_mode)
+    arrays = {}
+    for name, info in spec.items():
+        path = out_dir / info["file"]
+        arr = _load_npy(path, mmap_mode)
+        if list(arr.shape) != list(info["shape"]) or arr.dtype.name != info["dtype"]:
+            raise ValueError(
+                f"{path}: shape {list(arr.shape)} dtype {arr.dtype.name} disagrees with "
+                f"{meta_path} field 'arrays.{name}' ({info['shape']}, {info['dtype']})")
+        arrays[name] = arr
+    ids_path = out_dir / ids_file
+    try:
+        text = ids_path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{ids_path}: not UTF-8 ({err.reason})") from None
+    if text and not text.endswith("\n"):
+        raise ValueError(f"{ids_path}: last line has no newline; the file is truncated")
+    ids = text.split("\n")[:-1]
+    if len(ids) != num_rows:
+        raise ValueError(
+            f"{ids_path}: {len(ids)} ids, but {meta_path} field 'num_rows' is {num_rows}")
+    return arrays, ids, meta
+
+
+def _load_parts(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None
+                ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+    where = out_dir / META_FILENAME
+    pieces: dict[str, list[np.ndarray]] = {name: [] for name in meta["arrays"]}
+    ids: list[str] = []
+    for part in meta["parts"]:
+        arrays, part_ids, part_meta = load_arrays(out_dir / part["folder"], mmap_mode)
+        if "parts" in part_meta or len(part_ids) != part["num_rows"] or \
+                sorted(arrays) != sorted(pieces):
+            raise ValueError(f"{out_dir / part['folder']}: its rows or arrays disagree with "
+                             f"{where} field 'parts'")
+        for name, arr in arrays.items():
+            pieces[name].append(arr)
+        ids.extend(part_ids)
+    out = {name: np.concatenate(p) for name, p in pieces.items()}
+    for name, arr in out.items():
+        info = meta["arrays"][name]
+        if list(arr.shape) != list(info["shape"]) or arr.dtype.name != info["dtype"]:
+            raise ValueError(f"{out_dir}: parts of shape {list(arr.shape)} dtype "
+                             f"{arr.dtype.name} disagree with {where} field 'arrays.{name}'")
+    if len(ids) != int(meta["num_rows"]):
+        raise ValueError(f"{out_dir}: {len(ids)} ids in the parts, but {where} field "
+                         f"'num_rows' is {meta['num_rows']}")
+    return out, ids, meta
+
+
+def _load_npy(path: epath.Path, mmap_mode: str | None) -> np.ndarray:
+    if storage.is_remote(path):
+        return np.load(io.BytesIO(path.read_bytes()), allow_pickle=False)
+    return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+
+
+def load_view(out_dir: str | os.PathLike, mmap_mode: str | None = None
+              ) -> tuple[np.ndarray, list[str], dict[str, Any]]:
+    """``(embeddings [N, dim] float32, ids, meta)`` of one view folder."""
+    arrays, ids, meta = load_arrays(out_dir, mmap_mode)
+    if VIEW_ARRAY not in arrays:
+        raise ValueError(f"{out_dir}: not a view folder (arrays {sorted(arrays)}, expected "
+                         f"{VIEW_ARRAY!r})")
+    return arrays[VIEW_ARRAY], ids, meta
+
+
+def load_export(out_dir: str | os.PathLike, mmap_mode: str | None = None
+                ) -> dict[str, tuple[np.ndarray, list[str], dict[str, Any]]]:
+    """``{view name: (embeddings, ids, meta)}`` of an export folder (or of one view folder,
+    under its own name): the views ``export.json`` lists, each with its export id;
+    without a manifest, every sub-folder holding a ``meta.json``.
+
+    Raises:
+      FileNotFoundError: no ``meta.json`` and no view folders, or a listed view missing.
+      ValueError: an unfinished export, a view from another export (re-run it), or files
+        that disagree with their ``meta.json``.
+    """
+    out_dir = storage.as_path(out_dir)
+    if (out_dir / META_FILENAME).is_file():
+        return {out_dir.name: load_view(out_dir, mmap_mode)}
+    manifest_path = out_dir / MANIFEST_FILENAME
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            export_id, names = manifest["export_id"], list(manifest["views"])
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{manifest_path}: not an export manifest ({err})") from None
+        if not manifest.get("complete", True):
+            raise ValueError(f"{out_dir}: the export into this folder did not finish (it was "
+                             "interrupted or failed); run the export again")
+        views = {}
+        for name in names:
+            views[name] = load_view(out_dir / name, mmap_mode)
+            if views[name][2].get("export_id") != export_id:
+                raise ValueError(
+                    f"{out_dir / name} belongs to another export than {manifest_path} (an "
+                    "export into this folder was interrupted); run the export again")
+        return views
+    views = sorted(p for p in out_dir.iterdir() if (p / META_FILENAME).is_file()) \
+        if out_dir.is_dir() else []
+    if not views:
+        what = "does not exist" if not out_dir.exists() else \
+            "holds no export (no meta.json and no view folders holding one)"
+        raise FileNotFoundError(f"{out_dir} {what}")
+    return {p.name: load_view(p, mmap_mode) for p in views}

@@ -1,0 +1,90 @@
+"""Atomic file writes, locally (temporary file, ``os.replace``, mode ``0666`` minus the
+umask) and on ``gs://`` (one upload is all-or-nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from embedding_core.storage import storage
+
+
+def default_file_mode() -> int:
+    """``0o666`` minus the process umask (what ``open(path, "w")`` creates)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def make_readable(path: str | os.PathLike) -> None:
+    """Gives ``path`` the default file mode (undoes ``tempfile.mkstemp``'s 0600)."""
+    os.chmod(path, default_file_mode())
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path`` (local or ``gs://``) atomically, creating the parent."""
+    path = storage.as_path(path)
+    if storage.is_remote(path):
+        storage.write_bytes(path, data)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` (UTF-8, line ends as given) to ``path`` atomically."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Writes ``obj`` as indented, key-sorted JSON to ``path`` atomically.
+
+    Raises:
+      TypeError: ``obj`` is not JSON-serialisable (nothing is written).
+    """
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
+    """One string a line (each followed by ``\\n``), atomically.
+
+    Raises:
+      ValueError: a line that contains a line break (it would shift every later line).
+    """
+    out = []
+    for i, line in enumerate(lines):
+        if "\n" in line or "\r" in line:
+            raise ValueError(f"{path}: line {i + 1} would contain a line break: {line!r}")
+        out.append(line + "\n")
+    write_text_atomic(path, "".join(out))
+
+
+def read_json_object(path: str | os.PathLike, missing_hint: str = "") -> dict[str, Any]:
+    """A JSON file (local or ``gs://``) that must hold an object.
+
+    Raises:
+      FileNotFoundError: no such file (``missing_hint`` is appended to the message).
+      ValueError: not UTF-8 JSON, or not an object (the file is named).
+    """
+    path = storage.as_path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found{': ' + missing_hint if missing_hint else ''}")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
