@@ -16,6 +16,7 @@ from typing import Any
 from absl import flags
 
 from embedding_core import cli
+from embedding_core.evaluation import run as evaluation
 from embedding_core.fields import Fields
 from embedding_core.storage import storage
 
@@ -102,7 +103,7 @@ class Program:
         print(f"checkpoints and TensorBoard events in {inv.workdir}")
 
     def _evaluate(self, inv: Invocation) -> Any:
-        if any(FLAGS[kind].value for kind in EVAL_FLAGS):
+        if any(FLAGS[kind].value for kind in evaluation.KINDS):
             return evaluate_files(self.load, inv)
         return self.evaluate(inv)
 
@@ -171,41 +172,30 @@ def define_flags(default_config: str) -> None:
     flags.DEFINE_string("output", None, "export (default WORKDIR/export), export-hf: the "
                         "output folder.")
     flags.DEFINE_bool("normalize", None, "export: unit-length rows (default: the model's).")
-    for kind, what in EVAL_FLAGS.items():
+    for kind, what in evaluation.FLAG_HELP.items():
         flags.DEFINE_multi_string(kind, [], f"evaluate: {what} (may repeat); with any of "
                                   "--ir/--sts/--pairs/--triplets, evaluate runs only these "
                                   "(docs/evaluation.md)")
+    flags.DEFINE_string("ir_split", "test", "evaluate --ir=BEIR_DIR: the qrels split")
     flags.DEFINE_string("view", None, "evaluate --ir/--sts/...: the view to score "
                         "(default: the model's own)")
-
-
-EVAL_FLAGS = {"ir": "a BEIR folder or JSON Lines of query/positive/negatives",
-              "sts": "sentence1, sentence2, score (CSV or JSON Lines)",
-              "pairs": "sentence1, sentence2, label 0/1 (CSV or JSON Lines)",
-              "triplets": "anchor, positive, negative (CSV or JSON Lines)"}
+    flags.DEFINE_integer("batch_size", evaluation.DEFAULT_BATCH_SIZE, "evaluate "
+                         "--ir/--sts/...: texts per encoder call", lower_bound=1)
 
 
 def evaluate_files(program_load: Callable[[Invocation], Any], inv: Invocation) -> dict:
     """``evaluate --ir/--sts/--pairs/--triplets``: those evaluators on the workdir's model,
     printed and written to ``--output`` (default ``WORKDIR/eval/evaluators.json``)."""
     from embedding_core.distributed import multihost
-    from embedding_core.evaluation import run
-    from embedding_core.storage.files import write_json
 
-    built = run.build_flags(f"{kind}:{path}" for kind in EVAL_FLAGS
-                            for path in FLAGS[kind].value)  # before the model loads
-    model = program_load(inv)
-    results = run.evaluate(run.view_of(model, FLAGS.view), (), evaluators=built)
-    output = FLAGS.output or os.path.join(str(inv.workdir), "eval", "evaluators.json")
-    if multihost.is_primary():
-        print(f"{model.name} (step {model.step})" + (f", view {FLAGS.view}" if FLAGS.view
-                                                     else ""))
-        print(run.format_results(results))
-        write_json(storage.as_path(output), run.finite_or_none(
-            {"workdir": storage.display(inv.workdir), "step": model.step, "view": FLAGS.view,
-             "results": results}))
-        print(f"wrote {storage.display(output)}")
-    return results
+    specs = evaluation.parse({kind: FLAGS[kind].value for kind in evaluation.KINDS},
+                             batch_size=FLAGS.batch_size, split=FLAGS.ir_split)
+    return evaluation.run_specs(
+        specs, lambda: program_load(inv), view=FLAGS.view,
+        output=FLAGS.output or os.path.join(str(inv.workdir), "eval", "evaluators.json"),
+        about=lambda model: (f"{model.name} (step {model.step})", {
+            "workdir": storage.display(inv.workdir), "step": model.step}),
+        primary=multihost.is_primary())
 
 
 def overrides() -> dict[str, Any]:
@@ -218,12 +208,11 @@ def _paths_given(given) -> list[str]:
     """The paths of a command line, the workdir first, then --output, --input, the
     evaluation files (flags and ``config.eval_files``, without ``KIND:``) and the config's
     other text fields (comma-separated ones split)."""
-    from embedding_core import configs
-
     values = [given.workdir, given.output, given.input]
-    values += [path for kind in EVAL_FLAGS for path in given[kind].value]
+    values += [path for kind in evaluation.KINDS for path in given[kind].value]
     paths = [part.strip() for v in values if v for part in str(v).split(",")]
-    paths += [spec.partition(":")[2] for spec in configs.eval_specs(given.config)]
+    paths += [spec.partition(":")[2].strip()
+              for spec in evaluation.split_field(given.config.get("eval_files", ""))]
     return paths + [part.strip() for k, v in given.config.items()
                     if isinstance(v, str) and k != "eval_files" for part in v.split(",")]
 

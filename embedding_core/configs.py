@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Callable, Iterable
 
 import ml_collections
 
 from embedding_core.distributed import parallel
+from embedding_core.evaluation.run import DEFAULT_BATCH_SIZE
 from embedding_core.fields import Field, Fields
 from embedding_core.models.encoders import REMAT_POLICIES
 from embedding_core.serving.workdirs import (  # noqa: F401 (configs.CONFIG_FILE, as before)
@@ -53,8 +53,8 @@ BASE = Fields(dict(
     keep_checkpoints=Field(3, "checkpoints kept", min=1, resumable=True),
     eval_every=Field(0, ">0: the model's evaluation every N steps and at the end", min=0,
                      resumable=True),
-    eval_batch_size=Field(64, "texts per encoder call at evaluation and export", min=1,
-                          resumable=True),
+    eval_batch_size=Field(DEFAULT_BATCH_SIZE, "texts per encoder call at evaluation and "
+                          "export", min=1, resumable=True),
     eval_files=Field("", "comma-separated KIND:PATH files (ir, sts, pairs, triplets) scored "
                      "every eval_every steps with sentence-transformers' metrics "
                      "(docs/evaluation.md); a comma inside a path is written \\,",
@@ -157,10 +157,9 @@ def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = Non
         raise ValueError("config.mesh_data must be >= 1 or -1 (the rest), got 0")
     _check_axis_rules(config.get("logical_axis_rules") or ())
     if config.get("eval_files") or config.get("select_metric"):
-        from embedding_core.evaluation.run import parse_spec
+        from embedding_core.evaluation.run import parse
 
-        for spec in eval_specs(config):
-            parse_spec(spec)
+        parse(str(config.get("eval_files", "")))
         if int(config.eval_every) <= 0:
             raise ValueError("config.eval_files and config.select_metric need "
                              "config.eval_every > 0")
@@ -169,13 +168,6 @@ def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = Non
     if chunk > 0 and accum > 1:
         raise ValueError(f"config.contrastive_chunk_size={chunk} and config.grad_accum_steps="
                          f"{accum}: set one of them (chunking already bounds the memory)")
-
-
-def eval_specs(config: ml_collections.ConfigDict) -> list[str]:
-    """``config.eval_files`` as a list of ``KIND:PATH`` specs: split at commas, except
-    ``\\,``, which is a comma inside a path (``sts:data/a\\,b.csv``)."""
-    parts = re.split(r"(?<!\\),", str(config.get("eval_files", "")))
-    return [p.strip().replace("\\,", ",") for p in parts if p.strip()]
 
 
 def validator(fields: Fields, extra: Callable[[ml_collections.ConfigDict], None] | None = None

@@ -1,16 +1,14 @@
-"""Evaluators named on a command line or in a config, run on any encoder.
-
-A spec is ``KIND:PATH`` (``ir:``, ``sts:``, ``pairs:``, ``triplets:``; local or ``gs://``);
-``ir`` takes a BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) or a
-JSON Lines file of ``{"query", "positive", ["negatives"]}``. Results keep
-sentence-transformers' metric names (``docs/evaluation.md``).
-"""
+"""Evaluation files named in ``config.eval_files`` or by the ``--ir/--sts/--pairs/--triplets``
+flags of both CLIs: one :class:`Spec` each, parsed by :func:`parse`, run on any encoder
+(``docs/evaluation.md``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from embedding_core.storage import storage
@@ -18,69 +16,94 @@ from embedding_core.storage import storage
 KINDS = ("ir", "sts", "pairs", "triplets")
 WHAT = {"ir": "retrieval", "sts": "similarity", "pairs": "pair classification",
         "triplets": "triplets"}
+FLAG_HELP = {"ir": "a BEIR folder or JSON Lines of query/positive/negatives",
+             "sts": "sentence1, sentence2, score (CSV or JSON Lines)",
+             "pairs": "sentence1, sentence2, label 0/1 (CSV or JSON Lines)",
+             "triplets": "anchor, positive, negative (CSV or JSON Lines)"}
+DEFAULT_BATCH_SIZE = 32  # sentence-transformers' evaluators'; also config.eval_batch_size's
+FIELD = "config.eval_files"
 
 
-def parse_spec(spec: str) -> tuple[str, str]:
-    """``"ir:gs://b/beir"`` -> ``("ir", "gs://b/beir")``.
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One evaluation file. ``label``: its results' key; ``source``: where it was given
+    (``config.eval_files:`` or ``--KIND``), the start of its errors."""
+
+    kind: str
+    file: str
+    label: str
+    batch_size: int = DEFAULT_BATCH_SIZE
+    split: str = "test"  # the BEIR qrels split of an ir folder
+    source: str = ""
+
+
+def split_field(text: str) -> list[str]:
+    """``config.eval_files`` as ``KIND:PATH`` strings: split at commas, except ``\\,``,
+    which is a comma inside a path (``sts:data/a\\,b.csv``)."""
+    parts = re.split(r"(?<!\\),", str(text or ""))
+    return [p.strip().replace("\\,", ",") for p in parts if p.strip()]
+
+
+def parse(given: str | Mapping[str, Sequence[str]], *, batch_size: int = DEFAULT_BATCH_SIZE,
+          split: str = "test") -> list[Spec]:
+    """``config.eval_files`` (a string of ``KIND:PATH``, :func:`split_field`) or the CLIs'
+    ``--KIND`` flags (``{kind: [path, ...]}``) as specs, labelled (:func:`_labels`).
 
     Raises:
-      ValueError: no ``KIND:`` prefix, or an unknown kind (the spec named).
+      ValueError: no ``KIND:``, an unknown kind or no path (the spec named).
     """
-    kind, sep, path = str(spec).partition(":")
-    kind, path = kind.strip(), path.strip()  # "sts: a.csv" is a.csv
-    if not sep or kind not in KINDS or not path:
-        raise ValueError(f"evaluation {spec!r}: write KIND:PATH with KIND one of {KINDS} "
-                         "(ir:BEIR_DIR_OR_JSONL, sts:FILE, pairs:FILE, triplets:FILE)")
-    return kind, path
+    field = isinstance(given, str)
+    pairs = []
+    for spec in split_field(given) if field else [f"{kind}:{path}" for kind in KINDS
+                                                  for path in given.get(kind, ())]:
+        kind, sep, path = spec.partition(":")
+        kind, path = kind.strip(), path.strip()  # "sts: a.csv" is a.csv
+        if not sep or kind not in KINDS or not path:
+            raise ValueError(f"{FIELD}: " * field + f"evaluation {spec!r}: write KIND:PATH with "
+                             f"KIND one of {KINDS} (ir:BEIR_DIR_OR_JSONL, sts:FILE, pairs:FILE, "
+                             "triplets:FILE)" + "; a comma inside a path is written \\," * field)
+        pairs.append((kind, path))
+    return [Spec(kind, path, label, batch_size, split, f"{FIELD}:" if field else f"--{kind}")
+            for (kind, path), label in zip(pairs, _labels(pairs), strict=True)]
 
 
-def build(kind: str, path: str, *, batch_size: int = 32, ir_split: str = "test") -> Any:
-    """The evaluator of one spec, its file read now (so bad input fails before any work).
-
-    Raises:
-      FileNotFoundError: ``PATH does not exist`` (the caller names the flag or field).
-      ValueError: a bare ``gs://`` bucket; a folder for a kind that reads one file.
-      DataError: a bad row (file, line, field).
-    """
-    from embedding_core.evaluation import pairs, retrieval
-
-    storage.check_not_bucket(path)
-    where = storage.as_path(path)
-    if not where.exists():
-        raise FileNotFoundError(f"{storage.display(path)} does not exist")
-    if kind == "ir":
-        if where.is_dir():
-            return retrieval.InformationRetrievalEvaluator.from_beir(
-                path, split=ir_split, batch_size=batch_size)
-        return retrieval.InformationRetrievalEvaluator.from_jsonl(path, batch_size=batch_size)
-    if where.is_dir():
-        raise ValueError(f"{storage.display(path)} is a folder; {kind} reads one CSV or JSON "
-                         "Lines file")
-    cls = {"sts": pairs.EmbeddingSimilarityEvaluator,
-           "pairs": pairs.BinaryClassificationEvaluator, "triplets": pairs.TripletEvaluator}[kind]
-    return cls.from_file(path, batch_size=batch_size)
-
-
-def build_flags(specs: Iterable[str], **kwargs: Any) -> list[tuple[str, str, Any]]:
-    """``(kind, path, evaluator)`` of command-line specs (:func:`build`'s ``kwargs``), bad
-    files first, before any model loads.
+def build(spec: Spec) -> Any:
+    """The evaluator of ``spec``, its file read now (so bad input fails before any work).
 
     Raises:
-      FileNotFoundError, ValueError: ``--KIND PATH ...`` (the flag and the path named).
-      DataError: a bad row (file, line, field).
+      FileNotFoundError, ValueError: ``SOURCE PATH does not exist``, a bare ``gs://``
+        bucket, a folder for a kind that reads one file; DataError: a bad row.
     """
     from embedding_core.errors import DataError
+    from embedding_core.evaluation import pairs, retrieval
 
-    out = []
-    for kind, path in map(parse_spec, specs):
-        try:
-            out.append((kind, path, build(kind, path, **kwargs)))
-        except DataError:
-            raise
-        except (FileNotFoundError, ValueError) as e:
-            wrap = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
-            raise wrap(f"--{kind} {e}") from None
-    return out
+    kind, path, options = spec.kind, spec.file, {"batch_size": spec.batch_size}
+    try:
+        storage.check_not_bucket(path)
+        where = storage.as_path(path)
+        if not where.exists():
+            raise FileNotFoundError(f"{storage.display(path)} does not exist")
+        if kind == "ir":
+            if where.is_dir():
+                return retrieval.InformationRetrievalEvaluator.from_beir(
+                    path, split=spec.split, **options)
+            return retrieval.InformationRetrievalEvaluator.from_jsonl(path, **options)
+        if where.is_dir():
+            raise ValueError(f"{storage.display(path)} is a folder; {kind} reads one CSV or "
+                             "JSON Lines file")
+        return {"sts": pairs.EmbeddingSimilarityEvaluator,
+                "pairs": pairs.BinaryClassificationEvaluator,
+                "triplets": pairs.TripletEvaluator}[kind].from_file(path, **options)
+    except DataError:
+        raise
+    except (FileNotFoundError, ValueError) as e:
+        wrap = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
+        raise wrap(f"{spec.source} {e}".lstrip()) from None
+
+
+def build_all(specs: Iterable[Spec]) -> list[tuple[Spec, Any]]:
+    """``(spec, evaluator)`` of every spec (:func:`build`), before any model loads."""
+    return [(spec, build(spec)) for spec in specs]
 
 
 class ViewOf:
@@ -115,25 +138,46 @@ def view_of(encoder: Any, view: str | None) -> Any:
     return ViewOf(encoder, views[view].encode_kwargs)
 
 
-def evaluate(encoder: Any, specs: Iterable[str], *, batch_size: int = 32,
-             ir_split: str = "test", evaluators: Sequence[tuple[str, str, Any]] | None = None
-             ) -> dict[str, dict[str, Any]]:
-    """Runs every spec on ``encoder``; ``{label: {"kind", "file", "primary_metric",
-    "metrics": {name: float}}}`` with ``label`` the kind, or ``kind:file stem`` when a kind
-    comes twice, and for retrieval ``"dropped_queries"`` (queries without a relevant
-    document, not scored). ``evaluators``: already built ``(kind, path, evaluator)``
-    (training)."""
-    if evaluators is None:
-        evaluators = [(kind, path, build(kind, path, batch_size=batch_size, ir_split=ir_split))
-                      for kind, path in map(parse_spec, specs)]
-    labels = _labels([(kind, path) for kind, path, _ in evaluators])
+def evaluate(encoder: Any, built: Iterable[tuple[Spec, Any]]) -> dict[str, dict[str, Any]]:
+    """Scores ``encoder`` with every built spec (:func:`build_all`): ``{label: {"kind",
+    "file", "primary_metric", "metrics": {name: float}}}``, for retrieval with
+    ``"dropped_queries"`` (queries without a relevant document, not scored)."""
     results = {}
-    for label, (kind, path, evaluator) in zip(labels, evaluators, strict=True):
+    for spec, evaluator in built:
         metrics = {k: float(v) for k, v in evaluator(encoder).items()}
-        results[label] = {"kind": kind, "file": storage.display(path),
-                          "primary_metric": evaluator.primary_metric, "metrics": metrics}
+        results[spec.label] = {"kind": spec.kind, "file": storage.display(spec.file),
+                               "primary_metric": evaluator.primary_metric, "metrics": metrics}
         if hasattr(evaluator, "dropped_queries"):
-            results[label]["dropped_queries"] = int(evaluator.dropped_queries)
+            results[spec.label]["dropped_queries"] = int(evaluator.dropped_queries)
+    return results
+
+
+def run_specs(specs: Sequence[Spec], load: Callable[[], Any], *, view: str | None = None,
+              output: str | None = None, about: Callable[[Any], tuple[str, dict]],
+              primary: bool = True) -> dict[str, dict[str, Any]]:
+    """Both CLIs' ``evaluate --ir/...``: every file read, ``load()``, its ``view`` scored;
+    with ``primary``, ``about(model) = (name, record)``'s name and the results printed and
+    ``{**record, "view", "results"}`` written to ``output`` (JSON).
+
+    Raises:
+      IsADirectoryError: ``output`` is a folder (before any work: a result that cannot be
+        written is lost); whatever :func:`build` and ``load`` raise.
+    """
+    from embedding_core.storage.files import write_json
+
+    if output and storage.as_path(output).is_dir():
+        raise IsADirectoryError(f"--output {output} is a folder; name a file")
+    built = build_all(specs)
+    model = load()
+    results = evaluate(view_of(model, view), built)
+    if primary:
+        name, record = about(model)
+        print(name + (f", view {view}" if view else ""))
+        print(format_results(results))
+        if output:
+            write_json(storage.as_path(output), finite_or_none(
+                {**record, "view": view, "results": results}))
+            print(f"wrote {storage.display(output)}")
     return results
 
 

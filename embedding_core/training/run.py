@@ -188,34 +188,22 @@ def _check_target(workdir, num_steps: int) -> None:
 
 
 def _eval_files(config: ml_collections.ConfigDict) -> list:
-    """``config.eval_files`` read into evaluators ``(kind, path, evaluator)``.
+    """``config.eval_files`` read into ``(spec, evaluator)`` (``evaluation.run.build_all``).
 
     Raises:
       FileNotFoundError, ValueError: a bad spec, a missing file or a bucket
         (``config.eval_files: ...``); DataError: a bad row (file, line, field).
       storage.StorageUnavailableError: ``gs://`` that cannot be reached (the URI named).
     """
-    if int(config.eval_every) <= 0 or not configs.eval_specs(config):
+    if int(config.eval_every) <= 0 or not config.get("eval_files"):
         return []
-    from embedding_core.errors import DataError
     from embedding_core.evaluation import run as evaluation
 
-    try:
-        specs = [evaluation.parse_spec(s) for s in configs.eval_specs(config)]
-    except ValueError as e:
-        raise ValueError(f"config.eval_files: {e}; a comma inside a path is written \\,"
-                         ) from None
+    specs = evaluation.parse(str(config.eval_files), batch_size=int(config.eval_batch_size))
     # The trainers' start check: without it a gs:// URI with no credentials retries for a
     # minute, then fails without naming the URI.
-    storage.check_endpoint([path for _, path in specs])
-    try:
-        return [(kind, path, evaluation.build(kind, path, batch_size=int(config.eval_batch_size)))
-                for kind, path in specs]
-    except DataError:
-        raise
-    except (FileNotFoundError, ValueError) as e:  # the field, as for other data files
-        wrap = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
-        raise wrap(f"config.eval_files: {e}") from None
+    storage.check_endpoint([spec.file for spec in specs])
+    return evaluation.build_all(specs)
 
 
 def _eval_fn(task: Task, config: ml_collections.ConfigDict, built: list):
@@ -242,7 +230,7 @@ def _eval_fn(task: Task, config: ml_collections.ConfigDict, built: list):
             views = encoder if isinstance(encoder, Mapping) else {"": encoder}
             out = {}
             for view, one in views.items():  # a two-view model: "VIEW/LABEL/NAME"
-                flat = evaluation.flat_metrics(evaluation.evaluate(one, (), evaluators=built))
+                flat = evaluation.flat_metrics(evaluation.evaluate(one, built))
                 out.update({f"{view}/{k}" if view else k: v for k, v in flat.items()})
             return out
 

@@ -555,7 +555,7 @@ def test_eval_files_over_gs_get_the_start_check(no_credentials, tmp_path):
         workdir, output, input = "/w", None, None
         config = configs.base()
 
-    given = Given({kind: type("Flag", (), {"value": []}) for kind in commands.EVAL_FLAGS})
+    given = Given({kind: type("Flag", (), {"value": []}) for kind in commands.evaluation.KINDS})
     given.config.eval_files = r"sts:gs://b/dev.csv, ir:/data/beir\,v2, pairs:p.csv"
     paths = commands._paths_given(given)
     assert paths[:4] == ["/w", "gs://b/dev.csv", "/data/beir,v2", "p.csv"]
@@ -596,4 +596,4 @@ def test_a_bucket_is_not_a_data_file(gcs_emulator):
                        "file; "):
         _eval_files(_config(eval_every=6, eval_files=f"ir:{BUCKET}/"))
     with pytest.raises(ValueError, match=rf"^--sts {BUCKET} is a bucket, not a file; "):
-        evaluation.build_flags([f"sts:{BUCKET}"])
+        evaluation.build_all(evaluation.parse({"sts": [BUCKET]}))

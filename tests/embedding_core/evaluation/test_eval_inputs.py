@@ -85,8 +85,8 @@ def test_config_eval_files_name_the_field_and_take_an_escaped_comma(tmp_path, ca
     sts = tmp_path / "dev,v2.csv"
     sts.write_text("sentence1,sentence2,score\na,b,1\nc,d,2\ne,f,3\n")
     built = _eval_files(_config(eval_every=6, eval_files=rf"sts:{tmp_path}/dev\,v2.csv"))
-    assert [(kind, path) for kind, path, _ in built] == [("sts", str(sts))]
-    assert len(built[0][2].sentences1) == 3
+    assert [(spec.kind, spec.file) for spec, _ in built] == [("sts", str(sts))]
+    assert len(built[0][1].sentences1) == 3
     # Unescaped, the comma splits the path into two specs: the second has no KIND.
     with pytest.raises(ValueError, match=r"^config.eval_files: evaluation 'v2.csv': write "
                        r"KIND:PATH .*; a comma inside a path is written \\,$"):
@@ -107,8 +107,8 @@ def test_a_folder_for_a_one_file_kind_and_a_space_after_the_kind(tmp_path, capsy
     sts = tmp_path / "dev.csv"
     sts.write_text("sentence1,sentence2,score\na,b,1\nc,d,2\ne,f,3\n")
     built = _eval_files(_config(eval_every=6, eval_files=f"sts: {sts}"))
-    assert [(kind, path) for kind, path, _ in built] == [("sts", str(sts))]
-    assert run.parse_spec(f" pairs : {sts} ") == ("pairs", str(sts))
+    assert [(spec.kind, spec.file) for spec, _ in built] == [("sts", str(sts))]
+    assert [(s.kind, s.file) for s in run.parse(f" pairs : {sts} ")] == [("pairs", str(sts))]
     for kind in ("sts", "pairs", "triplets"):
         with pytest.raises(ValueError) as err:
             _eval_files(_config(eval_every=6, eval_files=f"{kind}:{tmp_path}"))
