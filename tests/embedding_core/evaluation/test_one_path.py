@@ -22,7 +22,7 @@ def test_eval_files_package_evaluate_and_embedding_jax_evaluate_agree(tmp_path, 
     from dualcse_jax import workflows
     from dualcse_jax.configs import default
     from embedding_core.evaluation import cli
-    from embedding_core.metric_log import read_metrics
+    from embedding_core.training.metric_log import read_metrics
 
     files = write_eval_files(tmp_path / "data", rows=8)
     flags = [f"--{kind}={files[kind]}" for kind in KINDS]
