@@ -58,11 +58,13 @@ test-notebook: install-test
 test-pod: install-test
 	$(BIN)/python -m pytest -q -m pod_command tests/test_pod_command.py
 
-# Multi-process runs that wait on purpose (a process 45 s late to its first step).
-# Multi-process runs, the pod line among them: a barrier before the first step makes a
-# loaded machine safe for them (README "Pods and Colab").
+# The slow tier: several processes (the shared two-process run, the README's pod line,
+# runs that wait on purpose past gloo's 30 s), command lines as child processes, the
+# notebook in a kernel, the GCS emulator and the hub server end to end. A barrier before
+# the first step makes a loaded machine safe for them (README "Pods and Colab").
 test-slow: install-test
-	$(BIN)/python -m pytest -q -m "slow_multiprocess or pod_command" tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+		-m "(slow or slow_multiprocess or pod_command) and not (notebook_install or bench_run or tpu_compile)" tests
 
 # libtpu (the TPU compiler), the version the installed jax's [tpu] extra pins, beside the
 # venv and not in it: JAX finds it only where TPU_LIBRARY_PATH names it

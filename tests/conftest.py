@@ -109,3 +109,13 @@ def gcs_emulator():
         finally:
             emulator.stop()
     storage.configure()
+
+
+@pytest.fixture(params=["in_process", pytest.param("subprocess", marks=pytest.mark.slow)])
+def cli(request):
+    """``cli(MODULE, *args, env=None)``: a command line's exit status and output
+    (``tests/in_process.py``), run in this process and, in the slow tier, as
+    ``python -m MODULE`` in a child process."""
+    from tests import in_process
+
+    return in_process.run_cli if request.param == "in_process" else in_process.run_subprocess

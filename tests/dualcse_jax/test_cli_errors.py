@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,9 +12,10 @@ from dualcse_jax.configs import default
 from dualcse_jax.inference import read_config
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "dualcse_jax.main", *args],
-                          capture_output=True, text=True, timeout=1800)
+@pytest.fixture
+def _cli(cli):
+    """``dualcse-jax ARGS`` in this process and, in the slow tier, as a child process."""
+    return lambda *args: cli("dualcse_jax.main", *args)
 
 
 @pytest.mark.parametrize("args,expect", [
@@ -27,7 +26,7 @@ def _cli(*args):
      "config has no field 'temperatur' (did you mean 'temperature'?)"),
     (["train", "--config=/no/such/config.py"], "--config=/no/such/config.py: no such file"),
 ])
-def test_train_settings(tmp_path, args, expect):
+def test_train_settings(tmp_path, args, expect, _cli):
     workdir = tmp_path / "w"
     proc = _cli(*args, f"--workdir={workdir}")
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -36,7 +35,7 @@ def test_train_settings(tmp_path, args, expect):
     assert not workdir.exists()
 
 
-def test_workdir_that_is_a_file(tmp_path):
+def test_workdir_that_is_a_file(tmp_path, _cli):
     taken = tmp_path / "taken"
     taken.write_text("keep me")
     proc = _cli("train", f"--workdir={taken}")
@@ -45,7 +44,7 @@ def test_workdir_that_is_a_file(tmp_path):
     assert taken.read_text() == "keep me"
 
 
-def test_export_input_folder_and_output_file(tmp_path):
+def test_export_input_folder_and_output_file(tmp_path, _cli):
     out_file = tmp_path / "taken"
     out_file.write_text("keep me")
     proc = _cli("export", f"--workdir={tmp_path}", f"--input={tmp_path}",
@@ -96,7 +95,7 @@ def test_train_set_smaller_than_a_batch_writes_nothing(tmp_path, tiny_bert_dir):
     assert not (tmp_path / "w").exists()
 
 
-def test_usage_and_help():
+def test_usage_and_help(_cli):
     proc = _cli()
     assert proc.returncode == 1
     assert "{train|evaluate|export|export-hf|demo|preprocess|config} --workdir=DIR" in \
@@ -112,7 +111,7 @@ def test_usage_and_help():
     assert "export-hf writes the trained encoder as Hugging Face" in proc.stdout
 
 
-def test_config_command_lists_fields_with_values_and_comments():
+def test_config_command_lists_fields_with_values_and_comments(_cli):
     proc = _cli("config", "--config=dualcse_jax/configs/cross_cpu.py", "--config.batch_size=32")
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
