@@ -5,12 +5,8 @@ SQuAD-format file; SimCSE rows without a hard negative get in-batch negatives on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
@@ -18,24 +14,23 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "data"
 
 
-@pytest.mark.slow
-def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir, capsys):
+def test_dualcse_cli_trains_on_my_pairs_csv(tmp_path, tiny_bert_dir, capsys, cli,
+                                            monkeypatch):
     workdir = tmp_path / "run"
+    monkeypatch.chdir(REPO)
     # Relative paths from the repository root: the saved config must hold absolute ones.
-    proc = subprocess.run(
-        [sys.executable, "-m", "dualcse_jax.main", "train",
-         "--config=dualcse_jax/configs/cross_cpu.py",
-         "--config.train_file=examples/data/my_pairs.csv",
-         "--config.val_file=examples/data/my_pairs.csv",
-         f"--config.model={tiny_bert_dir}", "--config.num_train_steps=2",
-         "--config.batch_size=8", "--config.max_length=32", "--config.log_every=1",
-         "--config.eval_every=2", "--config.eval_examples=8", f"--workdir={workdir}"],
-        capture_output=True, text=True, timeout=1800, cwd=REPO,
-        # One device (the tests' 8 fake ones cost compile time and add nothing here) and the
-        # tests' persistent compile cache.
-        env={**os.environ, "EMBEDDING_JAX_CACHE": str(tmp_path / "cache"), "XLA_FLAGS": "",
-             "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir or "",
-             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"})
+    proc = cli(
+        "dualcse_jax.main", "train",
+        "--config=dualcse_jax/configs/cross_cpu.py",
+        "--config.train_file=examples/data/my_pairs.csv",
+        "--config.val_file=examples/data/my_pairs.csv",
+        f"--config.model={tiny_bert_dir}", "--config.num_train_steps=2",
+        "--config.batch_size=8", "--config.max_length=32", "--config.log_every=1",
+        "--config.eval_every=2", "--config.eval_examples=8", f"--workdir={workdir}",
+        # A child process: one device (the tests' 8 fake ones cost compile time and add
+        # nothing here).
+        env={"EMBEDDING_JAX_CACHE": str(tmp_path / "cache"), "XLA_FLAGS": "",
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "on 16 examples" in proc.stderr  # the file's 16 rows
     # Console metric lines, RTE on the val_file during training, TensorBoard event files.

@@ -3,11 +3,9 @@ workdir in use is refused (docs/architecture.md, "Stopping a run")."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import jax
 import numpy as np
+import pytest
 
 from embedding_core.training import run_lock
 
@@ -21,13 +19,14 @@ DIVERGING = ["--config=dualcse_jax/configs/cross_cpu.py", "--config.log_every=3"
              "--config.max_train_examples=64", "--config.eval_every=0"]
 
 
-def _train(*args):
-    return subprocess.run([sys.executable, "-m", "dualcse_jax.main", "train", *args],
-                          capture_output=True, text=True, timeout=1800)
+@pytest.fixture
+def _train(cli):
+    """``dualcse-jax train ARGS`` in this process and, in the slow tier, as a child."""
+    return lambda *args: cli("dualcse_jax.main", "train", *args)
 
 
 def test_a_diverging_run_ends_with_one_line_and_keeps_a_finite_checkpoint(
-        tmp_path, tiny_bert_dir):
+        tmp_path, tiny_bert_dir, _train):
     from dualcse_jax.inference import load
 
     workdir = tmp_path / "w"
@@ -46,7 +45,7 @@ def test_a_diverging_run_ends_with_one_line_and_keeps_a_finite_checkpoint(
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in leaves)
 
 
-def test_a_workdir_in_use_is_refused_with_one_line(tmp_path, tiny_bert_dir):
+def test_a_workdir_in_use_is_refused_with_one_line(tmp_path, tiny_bert_dir, _train):
     workdir = tmp_path / "busy"
     # This test process holds the lock: a live run on this machine.
     with run_lock.WorkdirLock(workdir) as lock:
