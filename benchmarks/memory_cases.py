@@ -211,7 +211,8 @@ def dualcse_step_case(config, encoder, seq_len: int, mesh_data: int, mesh_model:
     mesh = parallel.make_mesh(mesh_data, mesh_model, devices=devices)
     global_batch = int(config.batch_size)
     parallel.check_global_batch(global_batch, mesh)
-    contrastive.check_config(config, mesh)
+    split = contrastive.StepSplit.from_config(config)
+    split.check(global_batch, mesh)
     model = build_model(config, encoder)
     init = init_fn(model)
     tx, schedule = training.make_optimizer(learning_rate=5e-5, total_steps=1000)
@@ -228,8 +229,8 @@ def dualcse_step_case(config, encoder, seq_len: int, mesh_data: int, mesh_model:
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                          abstract, shardings)
     loss_fn = make_loss_fn(model, config)
-    grad = contrastive.step_value_and_grad("DualCSE", loss_fn, None, config, mesh,
-                                           shardings.params)
+    split.check_task("DualCSE", loss_fn, None)
+    grad = split.value_and_grad(loss_fn, None, mesh, shardings.params)
     step = training.make_train_step(loss_fn, shardings, mesh, schedule=schedule, rules=rules,
                                     value_and_grad=grad)
     rows = NamedSharding(mesh, P("data"))

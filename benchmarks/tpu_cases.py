@@ -67,13 +67,14 @@ def _batch(spec, sizes: dict, mesh: Mesh) -> dict:
 
 
 def _compile_step(name: str, config, mesh: Mesh, init_params, loss_fn, batch: dict, *,
-                  optimizer=None, accumulation=None, fused_table=None, heads: int = 12):
+                  optimizer=None, accumulation=None, table_update=None, heads: int = 12):
     """``embedding_core.training.run._train``'s step, compiled on abstract state and batch."""
     abstract_params = jax.eval_shape(init_params, jax.random.key(0))
     rules = parallel.fit_rules(configs.axis_rules(config), mesh, abstract_params,
                                {"heads": heads})
     parallel.check_global_batch(int(config.batch_size), mesh)
-    contrastive.check_config(config, mesh)
+    split = contrastive.StepSplit.from_config(config)
+    split.check(int(config.batch_size), mesh)
     if optimizer is None:
         from embedding_core.training.run import default_optimizer as optimizer
     tx, schedule = optimizer(config, 1000)
@@ -86,10 +87,10 @@ def _compile_step(name: str, config, mesh: Mesh, init_params, loss_fn, batch: di
                                    first_nonfinite_step=jnp.full((), -1, jnp.int32))
 
     state = _abstract(jax.eval_shape(init_state, jax.random.key(0)), shardings)
-    grad = contrastive.step_value_and_grad(name, loss_fn, accumulation, config, mesh,
-                                           shardings.params)
+    split.check_task(name, loss_fn, accumulation)
+    grad = split.value_and_grad(loss_fn, accumulation, mesh, shardings.params)
     step = training.make_train_step(loss_fn, shardings, mesh, schedule=schedule, rules=rules,
-                                    value_and_grad=grad, fused_table=fused_table)
+                                    value_and_grad=grad, table_update=table_update)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P()))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         return step.jitted.lower(state, batch, key).compile()
@@ -138,7 +139,7 @@ def docent_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh:
         f"DocEnt-{variant}", config, mesh, init_fn(model),
         loss.make_loss_fn(model, config, mesh, masking), batch, optimizer=make_optimizer,
         accumulation=loss.grad_accumulation(config),
-        fused_table=loss.fused_table_update(config, num_entities), heads=encoder.num_heads)
+        table_update=loss.fused_table_update(config, num_entities), heads=encoder.num_heads)
     return compiled, int(config.batch_size)
 
 

@@ -114,9 +114,9 @@ def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
     table and a enter :func:`entity_softmax_loss` directly. With dropout, sentence i uses
     the key ``fold_in(step key, i)`` (``contrastive.per_example``).
     """
-    block_size = int(config.get("vocab_block_size", 0))
-    row_chunk = int(config.get("loss_chunk_size", 0))
-    fused_table = bool(config.get("fused_table_update", False))
+    block_size = int(config.vocab_block_size)
+    row_chunk = int(config.loss_chunk_size)
+    fused_table = bool(config.fused_table_update)
 
     def embed(params, batch, rows, rng):
         def apply(inputs, key):
@@ -324,7 +324,7 @@ def make_loss_fn(model: DocEntDual | DocEntFull | DocEntHybrid,
                  masking: MaskingConfig | None = None) -> LossFn:
     """``config.variant``'s ``loss_fn(params, batch, rng)`` on the global batch (``masking``
     required for Full and Hybrid)."""
-    variant = config.get("variant", "dual")
+    variant = config.variant
     if variant == "dual":
         return make_dual_loss_fn(model, config, mesh)
     if masking is None:
@@ -333,7 +333,7 @@ def make_loss_fn(model: DocEntDual | DocEntFull | DocEntHybrid,
         options = dict(entity_loss_weight=float(config.entity_loss_weight),
                        single_cross_entropy=bool(config.single_cross_entropy),
                        dropout=bool(config.dropout),
-                       vocab_block_size=int(config.get("vocab_block_size", 0)))
+                       vocab_block_size=int(config.vocab_block_size))
 
         def loss_fn(params, batch, rng):
             return full_loss(model, params, batch, rng, masking, mesh, **options)
@@ -341,7 +341,7 @@ def make_loss_fn(model: DocEntDual | DocEntFull | DocEntHybrid,
         options = dict(softmax=config.softmax, mlm_weight=float(config.mlm_loss_weight),
                        clean_dual=config.hybrid_dual_input == "clean",
                        dropout=bool(config.dropout),
-                       vocab_block_size=int(config.get("vocab_block_size", 0)))
+                       vocab_block_size=int(config.vocab_block_size))
 
         def loss_fn(params, batch, rng):
             return hybrid_loss(model, params, batch, rng, masking, mesh, **options)
@@ -353,7 +353,7 @@ def grad_accumulation(config: ml_collections.ConfigDict) -> GradAccumulation | N
     """DocEnt-Full's micro-batches (``grad_accum_steps``) weighted by their masked word pieces
     (with ``single_cross_entropy``, words and entities): the exact means (``docs/docent.md``).
     Dual chunks instead (``contrastive_chunk_size``); Hybrid does neither."""
-    if config.get("variant", "dual") != "full":
+    if config.variant != "full":
         return None
     counts = ("masked_words", "masked_entities")  # logged as the step's totals
     if bool(config.single_cross_entropy):
@@ -364,7 +364,7 @@ def grad_accumulation(config: ml_collections.ConfigDict) -> GradAccumulation | N
 def fused_table_update(config: ml_collections.ConfigDict,
                        num_entities: int) -> FusedTableUpdate | None:
     """Dual's blockwise table update when ``config.fused_table_update`` (cosine logits)."""
-    if not config.get("fused_table_update", False):
+    if not config.fused_table_update:
         return None
     return FusedTableUpdate(("entity_embeddings",), num_entities, int(config.vocab_block_size),
                             cosine=True, grad_clip_norm=float(config.grad_clip_norm) or None)

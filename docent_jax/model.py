@@ -307,11 +307,10 @@ def build_model(config, encoder_config: EncoderConfig, num_entities: int
     for an unknown variant)."""
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "hash"),
-                                            dtype=config.dtype,
-                                            remat=config.get("remat", "none"))
+    encoder_config = encoder_config.replace(dropout_impl=config.dropout_impl,
+                                            dtype=config.dtype, remat=config.remat)
     rows = table_rows(num_entities, config.table_multiple)
-    variant = config.get("variant", "dual")
+    variant = config.variant
     if variant == "full":
         return DocEntFull(encoder_config, num_entities=num_entities, num_rows=rows)
     dual = dict(num_entities=num_entities, num_rows=rows, projection_dim=config.projection_dim,

@@ -20,7 +20,6 @@ from docent_jax.loss import fused_table_update, grad_accumulation, make_loss_fn,
 from docent_jax.model import PRETRAINED_PATH, build_model, init_fn
 from docent_jax.optimizer import head_warmup_steps, make_optimizer
 from embedding_core import configs
-from embedding_core.losses import contrastive
 from embedding_core.models.pretrained import encoder_run_files, load_pretrained
 from embedding_core.training import training
 from embedding_core.training.run import run
@@ -37,9 +36,6 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
     if int(config.max_length) > limit:
         raise ValueError(f"config.max_length={config.max_length} exceeds the {limit} positions "
                          f"of {config.model}; pass --config.max_length={limit} or less")
-    if int(config.get("loss_chunk_size", 0)):
-        contrastive.check_split("loss_chunk_size", int(config.loss_chunk_size),
-                                int(config.batch_size), mesh, chunk=True)
     data, table = docent_data.training_data(config, pretrained.model_dir)
     model = build_model(config, pretrained.config, data.num_entities)
     tokenizer, batch, variant = load_tokenizer(pretrained.model_dir), int(config.batch_size), \
@@ -77,7 +73,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
         run_files={ENTITY_IDS_FILE: lambda path: keep_entity_ids(path, data.entity_ids),
                    **encoder_run_files(pretrained.model_dir)},
         make_optimizer=make_optimizer, grad_accumulation=grad_accumulation(config),
-        fused_table=fused_table_update(config, data.num_entities),
+        table_update=fused_table_update(config, data.num_entities),
         summary=f"{data.num_entities} entities; {data.description}",
         logical_axis_sizes={"heads": pretrained.config.num_heads},
         batch_spec=docent_data.batch_spec(variant, warmup))

@@ -143,8 +143,8 @@ def build_model(config, encoder_config: EncoderConfig) -> DualEncoder:
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
                                                 attention_dropout_rate=0.0)
-    encoder_config = encoder_config.replace(dropout_impl=config.get("dropout_impl", "hash"),
-                                            remat=config.get("remat", "none"))
+    encoder_config = encoder_config.replace(dropout_impl=config.dropout_impl,
+                                            remat=config.remat)
     return DualEncoder(encoder_config.replace(dtype=config.dtype), config.architecture,
                        config.pooling)
 

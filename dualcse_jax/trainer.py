@@ -15,7 +15,6 @@ from dualcse_jax.configs import default
 from dualcse_jax.evaluate import rte_evaluator
 from dualcse_jax.loss import dualcse_loss, simcse_loss
 from dualcse_jax.model import DualEncoder, build_model, init_fn, pretrained_paths, sentence_text_ids
-from embedding_core.losses import contrastive
 from embedding_core.losses.contrastive import ContrastiveLoss, per_example
 from embedding_core.models.pretrained import encoder_run_files, load_pretrained
 from embedding_core.training import training
@@ -29,7 +28,7 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> Contr
     ``contrastive_chunk_size`` can chunk the encoder; ``loss_chunk_size`` chunks the loss's
     query rows. With dropout, row i is encoded with ``fold_in(step key, i)``."""
     simcse = config.architecture == "simcse"
-    row_chunk = int(config.get("loss_chunk_size", 0))
+    row_chunk = int(config.loss_chunk_size)
 
     def embed(params, batch, rows, rng):
         def apply(inputs, key):
@@ -56,16 +55,13 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
     them stops the run before training).
 
     Raises:
-      ValueError: fewer training examples than one batch; a ``loss_chunk_size`` that does
-        not divide the per-device batch. FileNotFoundError: no model or RTE file.
+      ValueError: fewer training examples than one batch. FileNotFoundError: no model or
+        RTE file.
       DataError: malformed training data or RTE file (file, line, field).
     """
     val = data.val_examples(config) if data.has_own_file(config, "val_file") else None
     if data.has_own_file(config, "test_file"):
         data.test_examples(config)
-    if mesh is not None and config.get("loss_chunk_size", 0):
-        contrastive.check_split("loss_chunk_size", int(config.loss_chunk_size),
-                                int(config.batch_size), mesh, chunk=True)
     pretrained = load_pretrained(config.model)
     tokenizer = load_tokenizer(pretrained.model_dir)
     table = data.train_rows(config, tokenizer, pretrained.model_dir)
@@ -83,7 +79,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
         # With eval_files and no val_file of its own, the files replace RTE on INLI val.
         evaluate=rte_evaluator(model, tokenizer, config, val) if config.eval_every > 0
-        and (val is not None or not config.get("eval_files")) else None,
+        and (val is not None or not config.eval_files) else None,
         encoder_of=_encoder_of(model, tokenizer, config),
         run_files=encoder_run_files(pretrained.model_dir),
         summary=f"data: {data.train_source(config)}, pooling {config.pooling}",

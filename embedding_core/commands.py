@@ -240,9 +240,8 @@ def main(program: Program, module) -> None:
 
                 config = FLAGS.config  # jax.distributed must start before any device use
                 parallel.maybe_initialize_distributed(
-                    config.get("coordinator_address") or None,
-                    config.get("num_processes") or None,
-                    config.process_id if config.get("process_id", -1) >= 0 else None)
+                    config.coordinator_address or None, config.num_processes or None,
+                    config.process_id if config.process_id >= 0 else None)
             command.run(Invocation(program.prog, command.name, FLAGS.workdir, FLAGS.step,
                                    FLAGS.config, overrides(), FLAGS))
 

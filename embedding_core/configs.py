@@ -13,6 +13,7 @@ import ml_collections
 from embedding_core.distributed import parallel
 from embedding_core.evaluation.run import DEFAULT_BATCH_SIZE
 from embedding_core.fields import Field, Fields
+from embedding_core.losses.contrastive import StepSplit
 from embedding_core.models.encoders import REMAT_POLICIES
 from embedding_core.serving.workdirs import (  # noqa: F401 (configs.CONFIG_FILE, as before)
     CONFIG_FILE,
@@ -83,6 +84,11 @@ REMAT = Field("none", "per-layer rematerialisation of the trained transformer: n
               "gradients, less memory, more compute (docs/performance.md)",
               choices=REMAT_POLICIES, resumable=True)
 """The ``remat`` field of the packages that train a transformer encoder."""
+LOSS_CHUNK_SIZE = Field(
+    0, "loss: query rows per data device scored at a time (same loss, less memory; divides "
+    "the per-device batch); 0 = all at once", min=0, resumable=True)
+"""The ``loss_chunk_size`` field of the packages whose loss scores its query rows in chunks
+(``contrastive.map_rows``); ``contrastive.StepSplit`` fits it to the mesh."""
 
 
 def declare(**fields: Field | object) -> Fields:
@@ -155,7 +161,7 @@ def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = Non
         raise ValueError("config.num_epochs must be positive when num_train_steps is 0")
     if config.mesh_data == 0:
         raise ValueError("config.mesh_data must be >= 1 or -1 (the rest), got 0")
-    _check_axis_rules(config.get("logical_axis_rules") or ())
+    _check_axis_rules(config.logical_axis_rules or ())
     if config.get("eval_files") or config.get("select_metric"):
         from embedding_core.evaluation.run import parse
 
@@ -163,11 +169,7 @@ def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = Non
         if int(config.eval_every) <= 0:
             raise ValueError("config.eval_files and config.select_metric need "
                              "config.eval_every > 0")
-    chunk = int(config.get("contrastive_chunk_size", 0))
-    accum = int(config.get("grad_accum_steps", 1))
-    if chunk > 0 and accum > 1:
-        raise ValueError(f"config.contrastive_chunk_size={chunk} and config.grad_accum_steps="
-                         f"{accum}: set one of them (chunking already bounds the memory)")
+    StepSplit.from_config(config)  # contrastive_chunk_size xor grad_accum_steps
 
 
 def validator(fields: Fields, extra: Callable[[ml_collections.ConfigDict], None] | None = None

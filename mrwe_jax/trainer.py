@@ -39,7 +39,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
             f"config.paragraphs_per_batch={P} must be divisible by the data-parallel size "
             f"{data_size} and the process count {jax.process_count()} (mesh "
             f"{dict(mesh.shape)}); choose a multiple of {data_size}")
-    steps = int(config.get("grad_accum_steps", 1))
+    steps = int(config.grad_accum_steps)
     if steps > 1:  # micro-batch j: each device's j-th block of paragraphs and questions
         check_split("grad_accum_steps", steps, P, mesh, chunk=False, what="paragraphs_per_batch")
     if corpus is None or features is None:

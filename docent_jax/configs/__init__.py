@@ -32,17 +32,17 @@ def cross_field_checks(config: ml_collections.ConfigDict) -> None:
     if full and config.projection_dim:
         raise ValueError("config.projection_dim must be 0 for variant 'full' (its entity rows "
                          "live in the encoder's input vocabulary, at hidden width)")
-    if str(config.get("train_shards", "") or "").strip():
+    if str(config.train_shards or "").strip():
         for name in DATA_FILES:
-            if str(config.get(name, "") or "").strip():
+            if str(config[name] or "").strip():
                 raise ValueError(f"config.{name} and config.train_shards both set: the shards "
                                  "hold the entities, sentences and queries preprocess read; "
                                  f"set {name} at preprocess, not at training")
-    if str(config.get("train_file", "") or "").strip() and config.train_data == "amazon":
+    if str(config.train_file or "").strip() and config.train_data == "amazon":
         raise ValueError("config.train_file replaces train_data, but train_data='amazon' "
                          "names the Amazon reviews (amazon_paths): set one of the two")
-    block = config.get("vocab_block_size", 0)
-    if config.get("fused_table_update", False) and (
+    block = config.vocab_block_size
+    if config.fused_table_update and (
             config.variant != "dual" or config.softmax != "full_vocab" or not block):
         raise ValueError(
             "config.fused_table_update=True updates the entity table block by block inside "

@@ -57,9 +57,7 @@ FIELDS = configs.declare(
     fused_table_update=Field(
         False, "Dual, full_vocab, vocab_block_size > 0: the table's AdamW step runs block by "
         "block (no [rows/mesh_model, dim] gradient); same result", resumable=True),
-    loss_chunk_size=Field(
-        0, "in-batch softmax: sentences scored per data device at a time ([chunk, batch] "
-        "scores live); memory only; 0 = all at once", min=0, resumable=True),
+    loss_chunk_size=configs.LOSS_CHUNK_SIZE,  # the in-batch softmax's sentences
     # Masked LM (Full, Hybrid): BERT's 80/10/10 rule for word pieces.
     word_mask_rate=Field(0.15, "expected share of a sentence's word pieces predicted",
                          min=0, max=1),

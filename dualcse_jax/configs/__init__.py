@@ -22,8 +22,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       ValueError: naming the fields.
     """
     # train_file replaces train_data, so a preset's train_data=snli does not bind it.
-    own_file = str(config.get("train_file", "") or "").strip()
-    if own_file and str(config.get("train_shards", "") or "").strip():
+    own_file = str(config.train_file or "").strip()
+    if own_file and str(config.train_shards or "").strip():
         raise ValueError("config.train_file and config.train_shards both set: the shards "
                          "hold the training rows (preprocess already read the train file); "
                          "set one of the two")

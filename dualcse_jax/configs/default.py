@@ -49,9 +49,7 @@ FIELDS = configs.declare(
     temperature=Field(0.05, "InfoNCE temperature tau", above=0),
     use_contradiction=Field(True, "ablation: contradiction negatives and term 5"),
     use_intra=Field(True, "ablation: intra-sentence relations"),
-    loss_chunk_size=Field(0, "loss: query rows per data device scored at a time (same loss, "
-                          "less memory; divides the per-device batch); 0 = all at once",
-                          min=0, resumable=True),
+    loss_chunk_size=configs.LOSS_CHUNK_SIZE,
     # Optimisation (the rest: BASE).
     batch_size=Field(64, "global batch, premises (64 cross / 32 bi in the paper)", min=1),
     learning_rate=5e-5,  # 5e-5 cross / 3e-5 bi in the paper

@@ -304,55 +304,66 @@ def _keep(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
 
 
-def check_config(config: Any, mesh: Mesh) -> None:
-    """Raises ValueError (:func:`check_split`) when ``contrastive_chunk_size`` or
-    ``grad_accum_steps`` does not split ``batch_size`` on ``mesh`` (skipped without it)."""
-    if "batch_size" not in config:
-        return
-    rows = int(config.batch_size)
-    chunk = int(config.get("contrastive_chunk_size", 0))
-    steps = int(config.get("grad_accum_steps", 1))
-    if chunk > 0:
-        check_split("contrastive_chunk_size", chunk, rows, mesh, chunk=True)
-    if steps > 1:
-        check_split("grad_accum_steps", steps, rows, mesh, chunk=False)
+@dataclasses.dataclass(frozen=True)
+class StepSplit:
+    """How a train step splits each device's rows, read from the config once
+    (:meth:`from_config`): ``chunk_size`` rows per GradCache chunk
+    (``contrastive_chunk_size``, 0 = off), ``accum_steps`` micro-batches
+    (``grad_accum_steps``) and ``loss_chunk`` query rows the loss scores at a time
+    (``loss_chunk_size``, where the method declares it; 0 = all)."""
 
+    chunk_size: int = 0
+    accum_steps: int = 1
+    loss_chunk: int = 0
 
-def check_task(name: str, loss_fn: Any, accumulation: GradAccumulation | None, config: Any) -> None:
-    """Refuses ``contrastive_chunk_size`` for a loss that is no :class:`ContrastiveLoss`
-    and ``grad_accum_steps`` for a task without ``accumulation``.
+    @classmethod
+    def from_config(cls, config: Any) -> StepSplit:
+        """Raises ValueError: both chunking and accumulation set."""
+        split = cls(int(config.contrastive_chunk_size), int(config.grad_accum_steps),
+                    int(config.get("loss_chunk_size", 0)))
+        if split.chunk_size > 0 and split.accum_steps > 1:
+            raise ValueError(f"config.contrastive_chunk_size={split.chunk_size} and "
+                             f"config.grad_accum_steps={split.accum_steps}: set one of them "
+                             "(chunking already bounds the memory)")
+        return split
 
-    Raises:
-      ValueError: naming the field, the task and what to set instead.
-    """
-    chunk = int(config.get("contrastive_chunk_size", 0))
-    steps = int(config.get("grad_accum_steps", 1))
-    if chunk > 0 and not isinstance(loss_fn, ContrastiveLoss):
-        raise ValueError(f"config.contrastive_chunk_size={chunk}: {name}'s loss is not split "
-                         "at its embeddings (a contrastive.ContrastiveLoss: DualCSE, SimCSE, "
-                         "DocEnt-Dual), so it cannot be chunked; set it to 0"
-                         + (" (grad_accum_steps bounds its memory)" if accumulation else ""))
-    if steps > 1 and accumulation is None:
-        hint = ("its in-batch loss would lose negatives: use contrastive_chunk_size instead"
-                if isinstance(loss_fn, ContrastiveLoss) else "set it to 1")
-        raise ValueError(f"config.grad_accum_steps={steps}: {name} does not accumulate "
-                         f"gradients; {hint}")
+    def check(self, rows: int, mesh: Mesh) -> None:
+        """Raises ValueError (:func:`check_split`) when a split does not divide each
+        device's share of ``rows`` (``batch_size``) on ``mesh``."""
+        if self.chunk_size > 0:
+            check_split("contrastive_chunk_size", self.chunk_size, rows, mesh, chunk=True)
+        if self.accum_steps > 1:
+            check_split("grad_accum_steps", self.accum_steps, rows, mesh, chunk=False)
+        if self.loss_chunk > 0:
+            check_split("loss_chunk_size", self.loss_chunk, rows, mesh, chunk=True)
 
+    def check_task(self, name: str, loss_fn: Any, accumulation: GradAccumulation | None
+                   ) -> None:
+        """Refuses ``contrastive_chunk_size`` for a loss that is no :class:`ContrastiveLoss`
+        and ``grad_accum_steps`` for a task without ``accumulation``.
 
-def step_value_and_grad(name: str, loss_fn: Any, accumulation: GradAccumulation | None, config: Any,
-                        mesh: Mesh, param_shardings: Any = None) -> ValueAndGradFn | None:
-    """The gradient a task's train step uses under ``config``: chunked
-    (``contrastive_chunk_size > 0``), accumulated (``grad_accum_steps > 1``) or ``None``
-    (the plain one).
+        Raises:
+          ValueError: naming the field, the task and what to set instead.
+        """
+        if self.chunk_size > 0 and not isinstance(loss_fn, ContrastiveLoss):
+            raise ValueError(
+                f"config.contrastive_chunk_size={self.chunk_size}: {name}'s loss is not split "
+                "at its embeddings (a contrastive.ContrastiveLoss: DualCSE, SimCSE, "
+                "DocEnt-Dual), so it cannot be chunked; set it to 0"
+                + (" (grad_accum_steps bounds its memory)" if accumulation else ""))
+        if self.accum_steps > 1 and accumulation is None:
+            hint = ("its in-batch loss would lose negatives: use contrastive_chunk_size instead"
+                    if isinstance(loss_fn, ContrastiveLoss) else "set it to 1")
+            raise ValueError(f"config.grad_accum_steps={self.accum_steps}: {name} does not "
+                             f"accumulate gradients; {hint}")
 
-    Raises:
-      ValueError: the task's loss cannot be chunked or accumulated (:func:`check_task`).
-    """
-    check_task(name, loss_fn, accumulation, config)
-    chunk = int(config.get("contrastive_chunk_size", 0))
-    steps = int(config.get("grad_accum_steps", 1))
-    if chunk > 0:
-        return chunked_value_and_grad(loss_fn, chunk, mesh, param_shardings)
-    if steps > 1:
-        return accumulated_value_and_grad(loss_fn, steps, mesh, accumulation, param_shardings)
-    return None
+    def value_and_grad(self, loss_fn: Any, accumulation: GradAccumulation | None,
+                       mesh: Mesh, param_shardings: Any = None) -> ValueAndGradFn | None:
+        """The gradient of a task's step (checked by :meth:`check_task`): chunked, accumulated
+        or ``None`` (the plain one)."""
+        if self.chunk_size > 0:
+            return chunked_value_and_grad(loss_fn, self.chunk_size, mesh, param_shardings)
+        if self.accum_steps > 1:
+            return accumulated_value_and_grad(loss_fn, self.accum_steps, mesh, accumulation,
+                                              param_shardings)
+        return None

@@ -59,7 +59,7 @@ class LoopSettings:
                    checkpoint_every=int(config.checkpoint_every),
                    keep_checkpoints=int(config.keep_checkpoints),
                    eval_every=int(config.eval_every), stop_after=stop_after,
-                   select_metric=str(config.get("select_metric", "")))
+                   select_metric=str(config.select_metric))
 
     def position(self, next_step: int) -> dict:
         """The data position saved with the checkpoint of ``next_step``."""

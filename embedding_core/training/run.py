@@ -64,7 +64,7 @@ def run(
     """
     # SIGTERM / Ctrl-C from here on exit 75 / 130. Multi-process is decided from the config:
     # asking JAX would start its backend too early.
-    distributed = bool(config.get("coordinator_address")
+    distributed = bool(config.coordinator_address
                        or os.environ.get("JAX_COORDINATOR_ADDRESS")
                        or jax.distributed.is_initialized())
     with run_control.StopSignals(multiprocess=distributed, immediate=True) as stops:
@@ -81,9 +81,10 @@ def run(
         if distributed and jax.process_count() == 1:
             stops.multiprocess = False
             stops.install()
+        split = contrastive.StepSplit.from_config(config)
         if "batch_size" in config:
             parallel.check_global_batch(int(config.batch_size), mesh)
-            contrastive.check_config(config, mesh)
+            split.check(int(config.batch_size), mesh)
         # A workdir in use is refused before the data loads; the lock itself is taken only
         # after it (nothing is written before the task has loaded its data).
         run_lock.on_process_zero(run_lock.WorkdirLock(workdir).check_free)
@@ -93,7 +94,7 @@ def run(
         if task.num_examples < 1 or task.steps_per_epoch < 1:
             raise ValueError(f"{task.name}: no training examples ({task.num_examples}) or no "
                              "full batch of them; check the data and the batch size")
-        contrastive.check_task(task.name, task.loss_fn, task.grad_accumulation, config)
+        split.check_task(task.name, task.loss_fn, task.grad_accumulation)
         num_steps = configs.num_train_steps(config, task.steps_per_epoch)
         _check_target(workdir, num_steps)
         if data_changes:  # after the target check: an error comes alone, not after this
@@ -102,8 +103,8 @@ def run(
         # Files are written from here on: a signal now ends the loop before its first step.
         stops.defer()
         with run_lock.hold(workdir) as lock:
-            return _train(task, config, workdir, mesh, num_steps, stops=stops, lock=lock,
-                          stop_after=stop_after, eval_files=eval_files,
+            return _train(task, config, workdir, mesh, num_steps, split, stops=stops,
+                          lock=lock, stop_after=stop_after, eval_files=eval_files,
                           fingerprint=fingerprint)
 
 
@@ -167,7 +168,7 @@ def _check_data(config: ml_collections.ConfigDict, workdir, fields
                      "this time and is recorded now", workdir, data_fingerprint.FILE)
     now = data_fingerprint.fingerprint(config, names, known=saved)
     changed = data_fingerprint.changes(saved, now) if saved is not None else []
-    if changed and not config.get("resume_changed_data", False):
+    if changed and not config.resume_changed_data:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         raise data_fingerprint.DataChangedError(
             f"{changed[0]}{more} since the run in {workdir} last started: resuming at step "
@@ -241,7 +242,7 @@ def _eval_fn(task: Task, config: ml_collections.ConfigDict, built: list):
 
 
 def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
-           num_steps: int, *, stops: run_control.StopSignals,
+           num_steps: int, split: contrastive.StepSplit, *, stops: run_control.StopSignals,
            lock: run_lock.WorkdirLock | None, stop_after: int | None, eval_files: list,
            fingerprint: dict) -> training.TrainState:
     logging.info("training %s for %d steps on %d examples (%d steps per epoch), global "
@@ -264,11 +265,11 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
     init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
     state, shardings = training.create_sharded_state(
         task.init_params, tx, mesh, init_rng, rules=rules, pretrained=task.pretrained)
-    value_and_grad = contrastive.step_value_and_grad(
-        task.name, task.loss_fn, task.grad_accumulation, config, mesh, shardings.params)
+    value_and_grad = split.value_and_grad(task.loss_fn, task.grad_accumulation, mesh,
+                                          shardings.params)
     step_fn = training.make_train_step(task.loss_fn, shardings, mesh, schedule=schedule,
                                        rules=rules, value_and_grad=value_and_grad,
-                                       fused_table=task.fused_table)
+                                       table_update=task.table_update)
     eval_fn = _eval_fn(task, config, eval_files)
 
     def compile_step(state, batch, rng):

@@ -100,6 +100,8 @@ class Task:
       run_files: ``{file name: writer(path)}`` kept beside the config (process 0).
       grad_accumulation: ``None`` refuses ``config.grad_accum_steps``.
       logical_axis_sizes: axis counts shapes do not show (``{"heads": 12}``).
+      table_update: a softmax table the step updates block by block, its gradient stopped
+        in the loss (``table_update.FusedTableUpdate``; ``None``: the plain step).
       encoder_of: ``(params, step) -> inference.Encoder`` on the training params, or
         ``{view: encoder}`` (metrics ``VIEW/LABEL/NAME``), for ``config.eval_files``
         (``None``: the model takes no such files).
@@ -119,6 +121,6 @@ class Task:
     summary: str = ""
     grad_accumulation: GradAccumulation | None = None
     logical_axis_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    fused_table: FusedTableUpdate | None = None
+    table_update: FusedTableUpdate | None = None
     batch_spec: BatchSpec | None = None
     encoder_of: Callable[[Any, int], Any] | None = None

@@ -20,7 +20,7 @@ from flax.training import train_state
 from jax.sharding import Mesh
 
 from embedding_core.distributed import parallel
-from embedding_core.losses import table_update
+from embedding_core.losses.table_update import TABLE_STATS, FusedTableUpdate
 from embedding_core.storage import storage
 from embedding_core.training import checkpoints
 
@@ -194,41 +194,42 @@ def make_train_step(loss_fn: LossFn, state_shardings: Any, mesh: Mesh, *,
                     schedule: optax.Schedule | None = None,
                     rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
                     value_and_grad: Callable | None = None,
-                    fused_table: table_update.FusedTableUpdate | None = None
+                    table_update: FusedTableUpdate | None = None
                     ) -> Callable[[TrainState, Mapping[str, jax.Array], jax.Array],
                                   tuple[TrainState, dict]]:
     """The pure train step, jitted with shardings and a donated state.
 
     Gradients of the global mean loss; dropout key ``fold_in(rng, state.step)``;
     ``value_and_grad`` replaces ``jax.value_and_grad(loss_fn, has_aux=True)``;
-    ``fused_table`` updates a softmax table from ``metrics[table_update.TABLE_STATS]``.
+    ``table_update`` updates a softmax table from ``metrics[TABLE_STATS]``.
     Returns ``step(state, batch, rng) -> (state, metrics)`` (replicated scalars, with
     ``loss``, ``grad_norm`` and ``learning_rate``).
 
     Raises:
-      ValueError: ``fused_table``'s table is not split by rows over ``model``; (at trace
-        time) table statistics without ``fused_table``, or none with it.
+      ValueError: ``table_update``'s table is not split by rows over ``model``; (at trace
+        time) table statistics without ``table_update``, or none with it.
     """
     grad_fn = value_and_grad or jax.value_and_grad(loss_fn, has_aux=True)
-    if fused_table is not None:
-        fused_table.check_sharding(state_shardings.params)
+    if table_update is not None:
+        table_update.check_sharding(state_shardings.params)
 
     def step(state: TrainState, batch, rng):
         key = jax.random.fold_in(rng, state.step)
         (loss, metrics), grads = grad_fn(state.params, batch, key)
         metrics = dict(metrics)
-        stats = metrics.pop(table_update.TABLE_STATS, None)
-        if (stats is None) != (fused_table is None):
+        stats = metrics.pop(TABLE_STATS, None)
+        if (stats is None) != (table_update is None):
             raise ValueError("the loss returned softmax table statistics (its table's "
                              "gradient stopped) but the step has no fused table update"
-                             if fused_table is None else "the fused table update needs the "
-                             f"loss's {table_update.TABLE_STATS!r} metrics entry")
+                             if table_update is None else "the fused table update needs the "
+                             f"loss's {TABLE_STATS!r} metrics entry")
         metrics["loss"] = loss
-        if fused_table is None:
+        if table_update is None:
             metrics["grad_norm"] = optax.tree.norm(grads)
             new_state = state.apply_gradients(grads=grads)
         else:
-            new_state, metrics["grad_norm"] = fused_table.apply_gradients(state, grads, stats, mesh)
+            new_state, metrics["grad_norm"] = table_update.apply_gradients(state, grads, stats,
+                                                                            mesh)
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
         flag = state.first_nonfinite_step

@@ -50,7 +50,7 @@ FIELDS = configs.declare(
     kernels=Field(0, "ConvRR kernels; 0 = d'' (the paper)", min=0),
     fcrr_hidden=Field(1024, "FCRR hidden width", min=1),
     scale=Field(0.05, "sf, the residual scale (authors' logged run: 0.05)"),
-    dropout_rate=Field(0.0, "FCRR dropout, in [0, 1)", min=0),
+    dropout_rate=Field(0.0, "FCRR dropout, in [0, 1)", min=0, below=1),
     # Loss: batch-hard triplet (hardest positive and negative in the batch).
     margin=Field(1.0, "triplet margin (authors' logged run)", min=0),
     soft_margin=Field(False, "softplus instead of the hinge"),
@@ -84,10 +84,8 @@ def get_config() -> ml_collections.ConfigDict:
 
 def cross_field_checks(config: ml_collections.ConfigDict) -> None:
     """The rules no single declaration holds (ValueError naming the field)."""
-    if config.get("train_file") and config.squad_path:
+    if config.train_file and config.squad_path:
         raise ValueError("config.train_file and config.squad_path name two corpora: set one")
-    if not config.dropout_rate < 1.0:
-        raise ValueError(f"config.dropout_rate must be in [0, 1), got {config.dropout_rate}")
     if config.dropout_rate and config.tower != "fcrr":
         raise ValueError("config.dropout_rate applies to FCRR only (ConvRR has no dropout)")
     try:

@@ -70,7 +70,7 @@ def _train(batch, data, model_size, fused):
                                                      rules=rules)
     step = training.make_train_step(make_loss_fn(model, config, mesh), shardings, mesh,
                                     schedule=schedule, rules=rules,
-                                    fused_table=fused_table_update(config, ENTITIES))
+                                    table_update=fused_table_update(config, ENTITIES))
     metrics = []
     for _ in range(2):
         state, m = step(state, parallel.host_to_global(batch, mesh), jax.random.key(2))

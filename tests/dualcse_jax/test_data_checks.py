@@ -35,11 +35,10 @@ def test_bad_eval_file_stops_the_run_before_the_model_loads(tmp_path, field):
 
 
 def test_loss_chunk_size_must_divide_the_per_device_batch_before_the_model_loads(tmp_path):
-    from embedding_core.distributed import parallel
-
     config = default.get_config()
     config.batch_size, config.loss_chunk_size = 16, 3  # 2 rows per device on 8
     config.model = str(tmp_path / "no-model")  # never reached
     with pytest.raises(ValueError, match=r"config.loss_chunk_size=3 \(rows per device in each "
                                          r"chunk\) does not divide the per-device batch 2"):
-        trainer.build_task(config, parallel.make_mesh(8, 1))
+        trainer.train(config, tmp_path / "w")  # the core's check (contrastive.StepSplit)
+    assert not (tmp_path / "w").exists()

@@ -212,12 +212,12 @@ def test_losses_that_cannot_be_chunked_or_accumulated_are_refused():
     with pytest.raises(ValueError, match=r"contrastive_chunk_size=2: MLM's loss is not split "
                                          r"at its embeddings .* cannot be chunked; set it to "
                                          r"0 \(grad_accum_steps bounds its memory\)"):
-        contrastive.check_task("MLM", lambda p, b, r: (0.0, {}),
-                               contrastive.GradAccumulation(), c)
+        contrastive.StepSplit.from_config(c).check_task(
+            "MLM", lambda p, b, r: (0.0, {}), contrastive.GradAccumulation())
     c.contrastive_chunk_size, c.grad_accum_steps = 0, 2
     spec = contrastive.ContrastiveLoss(lambda p, b, rows, r: b, lambda p, e, b, r: (0.0, {}))
     with pytest.raises(ValueError, match="would lose negatives: use contrastive_chunk_size"):
-        contrastive.check_task("DualCSE", spec, None, c)
+        contrastive.StepSplit.from_config(c).check_task("DualCSE", spec, None)
 
 
 def _token_loss(params, batch, rng):
