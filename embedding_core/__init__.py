@@ -1,18 +1,81 @@
-"""Shared machinery of the three models (see docs/architecture.md).
+"""The core's public surface: what a method package imports (``docs/architecture.md``, "The
+public surface"); the subpackages behind it may change.
 
-Importing the package wires storage first (:func:`embedding_core.storage.storage.configure`), so a
-``gs://`` path and ``STORAGE_EMULATOR_HOST`` work the same for library users and the CLIs.
+A method declares its fields (``Field``, ``configs.declare``), builds a ``Task`` (``BatchField``
+contract, ``ContrastiveLoss`` or plain loss) that ``run`` trains, loads its trained model as
+an ``Encoder`` with ``View`` / ``HFFolder`` exports, and names its CLI in a
+``commands.Program``. ``multihost`` and ``parallel`` are the device and process modules.
+Every name loads its module on first use, so ``import embedding_core`` loads no JAX.
+
+Importing the package wires storage first (``storage.configure``), so a ``gs://`` path and
+``STORAGE_EMULATOR_HOST`` work the same for library users and the CLIs.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from embedding_core.storage import storage as _storage
 
 _storage.configure()
 
+_MODULES = {
+    "configs": "embedding_core.configs",  # declare, validator, read_config, axis_rules
+    "commands": "embedding_core.commands",  # Program, Command, define_flags, main
+    "multihost": "embedding_core.distributed.multihost",
+    "parallel": "embedding_core.distributed.parallel",
+    "metrics": "embedding_core.evaluation.metrics",
+}
+_NAMES = {
+    # Declaring and training a method.
+    "Field": "embedding_core.fields",
+    "unknown_field_message": "embedding_core.fields",
+    "Task": "embedding_core.training.task",
+    "BatchField": "embedding_core.training.task",
+    "run": "embedding_core.training.run",
+    "restore_params": "embedding_core.training.training",
+    "ContrastiveLoss": "embedding_core.losses.contrastive",
+    "GradAccumulation": "embedding_core.losses.contrastive",
+    "per_example": "embedding_core.losses.contrastive",
+    "info_nce": "embedding_core.losses.losses",
+    # The encoder and its pretrained weights.
+    "EncoderConfig": "embedding_core.models.encoders",
+    "TransformerEncoder": "embedding_core.models.encoders",
+    "load_pretrained": "embedding_core.models.pretrained",
+    "encoder_run_files": "embedding_core.models.pretrained",
+    "workdir_model_dir": "embedding_core.models.pretrained",
+    # The trained model: encoding and exports.
+    "Encoder": "embedding_core.serving.inference",
+    "encode_in_batches": "embedding_core.serving.inference",
+    "masked_mean": "embedding_core.serving.inference",
+    "token_batch_builder": "embedding_core.serving.inference",
+    "l2_normalize": "embedding_core.serving.inference",
+    "View": "embedding_core.serving.serving",
+    "HFFolder": "embedding_core.serving.serving",
+    "SavesFolder": "embedding_core.serving.serving",
+    "SentenceHead": "embedding_core.serving.hf_export",
+    "load_export": "embedding_core.serving.export",
+    "load_encoder": "embedding_core.serving.st_models",
+    # Files, local or gs://.
+    "as_path": "embedding_core.storage.storage",
+    "write_json": "embedding_core.storage.files",
+    "read_text_lines": "embedding_core.storage.text_lines",
+    "DataError": "embedding_core.errors",
+}
+__all__ = sorted([*_MODULES, *_NAMES])
 
-def load_encoder(name_or_path, *, truncate_dim=None):
-    """A pretrained encoder (folder, ``gs://``, installed package or hub id) as an
-    ``inference.Encoder`` with ``SentenceTransformer.encode``'s arguments;
-    ``truncate_dim``: ``encode``'s default (``embedding_core.serving.st_models.load_encoder``)."""
-    from embedding_core.serving.st_models import load_encoder as _load
 
-    return _load(name_or_path, truncate_dim=truncate_dim)
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    else:
+        raise AttributeError(f"module 'embedding_core' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
