@@ -87,12 +87,16 @@ def _fit_chunk(config, mesh) -> str:
     return "; ".join(notes)
 
 
-def build(preset: str, slice_name: str, *, tiny: bool, batch: int | None = None):
-    """``(compiled, examples, mesh, chip, note)`` of one case."""
+def build(preset: str, slice_name: str, *, tiny: bool, batch: int | None = None,
+          layers: int | None = None):
+    """``(compiled, examples, mesh, chip, note)`` of one case; ``layers`` overrides the
+    encoder's depth (``--slope-layers``)."""
     import tpu_cases
 
     devices, chip = tpu_compile.topology(slice_name)
-    encoder = tpu_cases.encoder_config(tpu_cases.TINY_BERT if tiny else tpu_cases.BERT_BASE)
+    shape = tpu_cases.TINY_BERT if tiny else tpu_cases.BERT_BASE
+    encoder = tpu_cases.encoder_config({**shape, **({"num_hidden_layers": layers}
+                                                     if layers else {})})
     if preset == "encode":
         mesh = tpu_compile.mesh_of(devices)
         per = ENCODE_BATCH_PER_CHIP * (mesh.size // chip.cores)
@@ -132,24 +136,26 @@ def _code_hash() -> str:
 CODE = ("embedding_core", "data_pipelines", "dualcse_jax", "docent_jax", "mrwe_jax")
 
 
-def fingerprint(preset: str, slice_name: str, tiny: bool, batch: int | None) -> str:
+def fingerprint(preset: str, slice_name: str, tiny: bool, batch: int | None,
+                layers: int | None = None) -> str:
     """What a kept result depends on: config, slice, jax and libtpu versions, the code."""
     config = "" if preset in ("encode", "ranking") else \
         _config(PRESETS[preset][1], tiny).to_json(sort_keys=True)
     text = json.dumps([preset, slice_name, tiny, batch, config, jax.__version__,
-                       tpu_compile.libtpu_version(), _CODE])
+                       tpu_compile.libtpu_version(), _CODE] + ([layers] if layers else []))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def run_case(name: str, preset: str, slice_name: str, kept: dict, *, tiny: bool,
-             batch: int | None = None) -> dict:
-    key = fingerprint(preset, slice_name, tiny, batch)
+             batch: int | None = None, layers: int | None = None) -> dict:
+    key = fingerprint(preset, slice_name, tiny, batch, layers)
     if kept.get(name, {}).get("fingerprint") == key and "error" not in kept[name]:
         print(f"{name}: kept from an earlier run with the same inputs", flush=True)
         return kept[name]
     started = time.perf_counter()
     try:
-        compiled, examples, mesh, chip, note = build(preset, slice_name, tiny=tiny, batch=batch)
+        compiled, examples, mesh, chip, note = build(preset, slice_name, tiny=tiny, batch=batch,
+                                                     layers=layers)
         out = tpu_compile.analyse(compiled, mesh, chip, examples)
     except Exception as e:  # a case libtpu refuses is a finding, not the end of the plan
         out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
@@ -187,6 +193,52 @@ def _need(r: dict, base: dict, cores: int) -> float | None:
     if not m:
         return None
     return float(m[1]) * 1024 ** " KMGT".index(m[2]) * cores + base["arg_bytes"]
+
+
+def predicted_largest(preset: str, slice_name: str, kept: dict, results: dict, *,
+                      tiny: bool, save, layers: int, probe: int = 64) -> dict:
+    """The largest batch predicted without compiling the full model more than once: HBM's
+    growth per example, measured on a ``layers``-deep encoder at the preset's batch and
+    ``probe`` times it, added to the full model's HBM at the preset's batch (the named
+    case, kept from an earlier run if there is one: its fingerprint is printed). Under
+    GradCache chunks what grows with the batch (stored embeddings, their gradients, the
+    gathered keys, score rows, the batch itself) does not depend on depth."""
+    _, module = PRESETS[preset]
+    config = _config(module, tiny)
+    base = int(config.batch_size)
+    devices, chip = tpu_compile.topology(slice_name)
+    cap = FIT * chip.hbm_bytes
+    unit = len(devices) * max(int(config.get("contrastive_chunk_size", 0) or 1), 1)
+    named = f"{preset}@{slice_name}"
+    full = results.get(named) or kept.get(named)
+    if not full or "error" in full:
+        full = results[named] = run_case(named, preset, slice_name, kept, tiny=tiny)
+        save()
+        if "error" in full:
+            return {"error": full["error"]}
+    far = max(unit, base * probe // unit * unit)
+    points = {}
+    for batch in (base, far):
+        name = f"{preset}@{slice_name}#batch={batch}#layers={layers}"
+        results[name] = run_case(name, preset, slice_name, kept, tiny=tiny, batch=batch,
+                                 layers=layers)
+        save()
+        points[batch] = results[name]
+    if "error" in points[base]:
+        return {"error": points[base]["error"]}
+    need = _need(points[far], points[base], chip.cores)
+    if need is None:
+        return {"error": points[far]["error"]}
+    slope = (need - points[base]["hbm_bytes"]) / (far - base)
+    if slope <= 0:
+        return {"largest_batch": None, "note": "HBM does not grow with the batch"}
+    largest = int((cap - full["hbm_bytes"]) / slope + base) // unit * unit
+    return {"largest_batch": largest if largest >= base else None,
+            "hbm_bytes_per_example": slope, "base_hbm_bytes": full["hbm_bytes"],
+            "base_fingerprint": full.get("fingerprint"),
+            "note": f"predicted: full model at batch {base} + {slope / 1024:.1f} KiB a "
+                    f"global example ({layers}-layer compiles at {base} and {far}); "
+                    "not compiled at that batch"}
 
 
 def largest_batch(preset: str, slice_name: str, kept: dict, results: dict, *, tiny: bool,
@@ -255,6 +307,10 @@ def main(argv: list[str] | None = None) -> dict:
                              "smaller and one larger")
     parser.add_argument("--largest", action="store_true",
                         help="search the largest global batch per preset and generation")
+    parser.add_argument("--slope-layers", type=int, default=None,
+                        help="--largest without compiling the full model at large batches: "
+                             "HBM's growth per example from encoders this deep, added to "
+                             "the named case (kept from an earlier run where there is one)")
     parser.add_argument("--tiny", action="store_true",
                         help="the tests' tiny BERT at 16 tokens (minutes, not hours)")
     parser.add_argument("--results", default=None,
@@ -291,14 +347,21 @@ def main(argv: list[str] | None = None) -> dict:
         for slice_name in slices:
             for preset in wanted:
                 name = f"{preset}@{slice_name}"
+                if args.slope_layers and name in kept:
+                    continue  # predicted_largest takes the kept case as it stands
                 results[name] = run_case(name, preset, slice_name, kept, tiny=args.tiny)
                 save()
         if args.largest:
             for preset in (p for p in wanted if PRESETS.get(p, ("",))[0] in ("dualcse",
                                                                            "docent")):
                 name = f"{preset}@{SLICES[gen][1]}#largest"
-                results[name] = largest_batch(preset, SLICES[gen][1], kept, results,
-                                              tiny=args.tiny, save=save)
+                if args.slope_layers:
+                    results[name] = predicted_largest(preset, SLICES[gen][1], kept, results,
+                                                      tiny=args.tiny, save=save,
+                                                      layers=args.slope_layers)
+                else:
+                    results[name] = largest_batch(preset, SLICES[gen][1], kept, results,
+                                                  tiny=args.tiny, save=save)
                 print(f"{name}: {results[name]}", flush=True)
                 save()
     summary = {k: {f: v.get(f) for f in ("device_kind", "chips", "hbm_bytes",
