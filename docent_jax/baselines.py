@@ -17,16 +17,16 @@ import numpy as np
 
 from data_pipelines.tokenization import load_tokenizer, tokenize
 from docent_jax import evaluate
-from embedding_core.distributed import multihost
-from embedding_core.models.encoders import TransformerEncoder
-from embedding_core.models.glove import GloveVectors
-from embedding_core.models.pretrained import load_pretrained
-from embedding_core.serving.inference import (
+from embedding_core import (
     Encoder,
+    TransformerEncoder,
     encode_in_batches,
+    load_pretrained,
     masked_mean,
+    multihost,
     token_batch_builder,
 )
+from embedding_core.models.glove import GloveVectors
 
 WORD = re.compile(r"\w+")
 

@@ -29,8 +29,8 @@ from docent_jax.corpus import (
     with_queries_file,
 )
 from docent_jax.masking import ENTITY_POSITION
+from embedding_core import BatchField
 from embedding_core.storage import storage
-from embedding_core.training.task import BatchField
 
 FIELD = "sentence"
 TOKENS = ("input_ids", "attention_mask", "token_type_ids")

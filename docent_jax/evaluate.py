@@ -9,9 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from embedding_core.distributed import multihost
-from embedding_core.evaluation import metrics
-from embedding_core.serving.inference import l2_normalize
+from embedding_core import l2_normalize, metrics, multihost
 
 RECALL_KS = (1, 5, 10)
 NDCG_K = 10

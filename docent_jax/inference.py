@@ -30,14 +30,19 @@ from docent_jax.model import (
     full_scores,
     init_fn,
 )
-from embedding_core import configs
-from embedding_core.distributed import multihost, parallel
+from embedding_core import (
+    EncoderConfig,
+    HFFolder,
+    SavesFolder,
+    View,
+    configs,
+    multihost,
+    parallel,
+    workdir_model_dir,
+)
 from embedding_core.losses import table_ranking
-from embedding_core.models.encoders import EncoderConfig
-from embedding_core.models.pretrained import workdir_model_dir
 from embedding_core.serving import hf_export
 from embedding_core.serving.inference import Encoder, check_texts, encode_in_batches, l2_normalize
-from embedding_core.serving.serving import HFFolder, SavesFolder, View
 from embedding_core.storage import storage
 from embedding_core.training import training
 

@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from docent_jax.configs import POOLINGS
+from embedding_core import EncoderConfig, TransformerEncoder, masked_mean
 from embedding_core.losses.losses import cosine_similarity_matrix
-from embedding_core.models.encoders import EncoderConfig, TransformerEncoder
-from embedding_core.serving.inference import masked_mean
 
 PRETRAINED_PATH = ("transformer",)  # the pretrained BERT's place in every params tree
 ENTITY_PARAMS = ("entity_embeddings", "entity_bias", "log_scale")  # entity_learning_rate

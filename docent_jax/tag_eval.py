@@ -19,8 +19,7 @@ import numpy as np
 import optax
 
 from docent_jax.corpora.movielens import HumanCVFold
-from embedding_core.evaluation import metrics
-from embedding_core.serving.inference import l2_normalize
+from embedding_core import l2_normalize, metrics
 
 DEFAULT_KS: tuple[int, ...] = tuple(range(1, 21))  # the notebook's MAX_K = 20
 

@@ -21,9 +21,8 @@ from docent_jax import tag_eval
 from docent_jax.corpora import movielens
 from docent_jax.review_data import entity_movielens_ids
 from docent_jax.tag_finetune import FinetuneSettings, TagScorer, finetune_closed, finetune_open
-from embedding_core.distributed import multihost
+from embedding_core import multihost, write_json
 from embedding_core.storage import storage
-from embedding_core.storage.files import write_json
 
 MODEL_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
 PAPER_HELDOUT_MOVIES = 1000

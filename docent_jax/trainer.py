@@ -19,11 +19,8 @@ from docent_jax.evaluate import eval_subset
 from docent_jax.loss import fused_table_update, grad_accumulation, make_loss_fn, masking_config
 from docent_jax.model import PRETRAINED_PATH, build_model, init_fn
 from docent_jax.optimizer import head_warmup_steps, make_optimizer
-from embedding_core import configs
-from embedding_core.models.pretrained import encoder_run_files, load_pretrained
+from embedding_core import Task, configs, encoder_run_files, load_pretrained, run
 from embedding_core.training import training
-from embedding_core.training.run import run
-from embedding_core.training.task import Task
 
 TASK_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hybrid"}
 

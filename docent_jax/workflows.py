@@ -9,10 +9,9 @@ import time
 from etils import epath
 
 from docent_jax.model import NAMES
-from embedding_core.distributed import multihost
+from embedding_core import multihost, write_json
 from embedding_core.serving import serving
 from embedding_core.storage import storage
-from embedding_core.storage.files import write_json
 
 DEMO_PRESETS = ("dual", "full", "hybrid")
 
@@ -84,7 +83,7 @@ def _mesh(mesh_model: int):
         raise ValueError(f"mesh_model must be a positive integer, got {mesh_model!r}")
     if mesh_model == 1:
         return None
-    from embedding_core.distributed import parallel
+    from embedding_core import parallel
 
     return parallel.make_mesh(-1, int(mesh_model))
 

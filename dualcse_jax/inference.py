@@ -13,12 +13,19 @@ import numpy as np
 from data_pipelines.tokenization import load_tokenizer, require_text_tokens, tokenize
 from dualcse_jax.configs import default
 from dualcse_jax.model import KINDS, DualEncoder, build_model, init_fn
-from embedding_core import configs
-from embedding_core.distributed import multihost, parallel
-from embedding_core.models.encoders import EncoderConfig
-from embedding_core.models.pretrained import workdir_model_dir
-from embedding_core.serving.inference import Encoder, encode_in_batches, token_batch_builder
-from embedding_core.serving.serving import HFFolder, SavesFolder, View
+from embedding_core import (
+    Encoder,
+    EncoderConfig,
+    HFFolder,
+    SavesFolder,
+    View,
+    configs,
+    encode_in_batches,
+    multihost,
+    parallel,
+    token_batch_builder,
+    workdir_model_dir,
+)
 from embedding_core.storage import storage
 from embedding_core.training import training
 

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from dualcse_jax.tables import sentence_slot
+from embedding_core import info_nce
 from embedding_core.losses.contrastive import gather_keys, map_rows
-from embedding_core.losses.losses import info_nce
 
 # Sentence slots on the model's sentence axis (tables.SENTENCES).
 PREMISE, EXPLICIT, IMPLIED, CONTRADICTION = (

@@ -13,8 +13,7 @@ import jax.numpy as jnp
 
 from dualcse_jax import tables
 from dualcse_jax.configs import ARCHITECTURES, POOLINGS
-from embedding_core.models.encoders import EncoderConfig, TransformerEncoder
-from embedding_core.serving.inference import masked_mean
+from embedding_core import EncoderConfig, TransformerEncoder, masked_mean
 
 KINDS = tables.INDICATORS  # ("explicit", "implicit"): r and u
 

@@ -15,11 +15,15 @@ from dualcse_jax.configs import default
 from dualcse_jax.evaluate import rte_evaluator
 from dualcse_jax.loss import dualcse_loss, simcse_loss
 from dualcse_jax.model import DualEncoder, build_model, init_fn, pretrained_paths, sentence_text_ids
-from embedding_core.losses.contrastive import ContrastiveLoss, per_example
-from embedding_core.models.pretrained import encoder_run_files, load_pretrained
+from embedding_core import (
+    ContrastiveLoss,
+    Task,
+    encoder_run_files,
+    load_pretrained,
+    per_example,
+    run,
+)
 from embedding_core.training import training
-from embedding_core.training.run import run
-from embedding_core.training.task import Task
 
 
 def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> ContrastiveLoss:

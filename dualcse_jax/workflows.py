@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from etils import epath
 
-from embedding_core.distributed import multihost
+from embedding_core import multihost
 from embedding_core.serving import serving
 from embedding_core.storage import storage
 from embedding_core.storage.files import write_json, write_lines

@@ -13,7 +13,7 @@ import numpy as np
 
 from data_pipelines.pk_sampler import pk_sample_batches
 from data_pipelines.retrieval_corpus import RetrievalCorpus, load_corpus
-from embedding_core.training.task import BatchField
+from embedding_core import BatchField
 from mrwe_jax.features import cache as word_features
 from mrwe_jax.features.cache import FeatureSet, SourceSpec, normalized_weights
 from mrwe_jax.features.sources import IdfTable, WordSource, tokenize_words

@@ -15,7 +15,7 @@ import numpy as np
 from etils import epath
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
-from embedding_core.distributed import multihost
+from embedding_core import multihost
 from embedding_core.evaluation.metrics import ranks_of_targets, recall_at_k_from_ranks
 from embedding_core.storage import storage
 from embedding_core.storage.files import write_bytes_atomic

@@ -16,10 +16,15 @@ import ml_collections
 import numpy as np
 
 from data_pipelines.squad import squad_dev_path
-from embedding_core import configs
-from embedding_core.distributed import multihost, parallel
-from embedding_core.serving.inference import Encoder, encode_in_batches
-from embedding_core.serving.serving import SavesFolder, View
+from embedding_core import (
+    Encoder,
+    SavesFolder,
+    View,
+    configs,
+    encode_in_batches,
+    multihost,
+    parallel,
+)
 from embedding_core.storage import storage
 from embedding_core.storage.files import read_json_object, write_json
 from embedding_core.training import training

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from embedding_core import masked_mean
 from embedding_core.losses.losses import l2_normalize
-from embedding_core.serving.inference import masked_mean
 from mrwe_jax.features.cache import FeatureSet, normalized_weights
 
 AGGREGATES = ("sum", "average", "concatenate")

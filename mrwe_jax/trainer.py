@@ -9,10 +9,8 @@ import ml_collections
 from jax.sharding import Mesh
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
+from embedding_core import Task, run, write_json
 from embedding_core.losses.contrastive import GradAccumulation, check_split
-from embedding_core.storage.files import write_json
-from embedding_core.training.run import run
-from embedding_core.training.task import Task
 from embedding_core.training.training import TrainState
 from mrwe_jax import data, evaluate
 from mrwe_jax.configs.default import validate_config

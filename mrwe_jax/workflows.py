@@ -11,10 +11,9 @@ import ml_collections
 from etils import epath
 
 from data_pipelines.retrieval_corpus import RetrievalCorpus
-from embedding_core.distributed import multihost
+from embedding_core import multihost, write_json
 from embedding_core.serving import serving
 from embedding_core.storage import storage
-from embedding_core.storage.files import write_json
 from mrwe_jax import data, evaluate, inference, trainer
 from mrwe_jax.features.cache import FeatureSet, parse_list
 from mrwe_jax.inference import TOWER_FILE, load_tower_export  # noqa: F401 (export-hf's)

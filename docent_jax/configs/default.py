@@ -2,8 +2,7 @@
 optimizer and mesh fields come from ``embedding_core.configs.BASE``. The paper gives no
 optimiser settings: ours are marked as such in ``docs/docent.md``."""
 
-from embedding_core import configs
-from embedding_core.fields import Field
+from embedding_core import Field, configs
 
 VARIANTS = ("dual", "full", "hybrid")
 SOFTMAXES = ("in_batch", "full_vocab")

@@ -8,8 +8,7 @@ from dualcse_jax.configs import (
     TRAIN_DATA,
     validate_config,
 )
-from embedding_core import configs
-from embedding_core.fields import Field
+from embedding_core import Field, configs
 
 FIELDS = configs.declare(
     # Model.

@@ -5,8 +5,7 @@ are comma-separated strings; a batch is P paragraphs and P x K questions."""
 import ml_collections
 
 from data_pipelines.retrieval_corpus import SPLITS
-from embedding_core import configs
-from embedding_core.fields import Field
+from embedding_core import Field, configs
 
 TOWERS = ("convrr", "fcrr")
 AGGREGATES = ("sum", "average", "concatenate")

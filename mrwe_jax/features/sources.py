@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from embedding_core import encode_in_batches
 from embedding_core.models.glove import GloveVectors
-from embedding_core.serving.inference import encode_in_batches
 
 # Unicode word characters, one or more; punctuation and spaces separate words and are
 # dropped ("don't" gives "don", "t", both GloVe entries).
@@ -265,7 +265,7 @@ class ContextualSource:
         import jax.numpy as jnp
 
         from data_pipelines.tokenization import load_tokenizer, pad_token_id
-        from embedding_core.models.pretrained import load_pretrained
+        from embedding_core import load_pretrained
 
         pretrained = load_pretrained(name_or_path, dtype=dtype, dropout=False)
         config = pretrained.config
