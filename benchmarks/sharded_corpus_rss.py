@@ -6,7 +6,7 @@ most, lengths uniform in [8, max_length], row i's tokens a function of i) and on
 (``data_pipelines.sharded_corpus.write_corpus``, as ``preprocess`` does). Then, each in a
 fresh Python process, one full epoch of global batches of ``--batch`` rows is read:
 
-* ``stream``: ``sharded_corpus.make_batches`` from the shard files (host 0 of
+* ``stream``: ``pipeline.make_batches`` from the shard files (host 0 of
   ``--processes``: it opens only its shards and yields its slice of every batch);
 * ``in_memory``: the token table built in RAM (what every host holds today) and
   ``pipeline.make_batches`` over it.
@@ -72,7 +72,7 @@ def _read_epoch(args) -> dict:
     if args.measure == "stream":
         manifest = shards.read_manifest(args.corpus)
         steps = sharded_corpus.epoch_steps(manifest, args.batch)
-        batches = sharded_corpus.make_batches(manifest, num_steps=steps, **kw)
+        batches = pipeline.make_batches(manifest, num_steps=steps, **kw)
     else:
         table = _table(np.arange(args.rows), args.max_length)
         steps = pipeline.steps_per_epoch(table.num_examples, args.batch)

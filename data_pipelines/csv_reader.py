@@ -1,6 +1,5 @@
-"""The one strict CSV reader behind every CSV format: RFC 4180 as Python's ``csv`` or pandas
-writes it. Faults raise ``DataError`` with the file, the 1-based physical line and the column.
-"""
+"""The one strict CSV reader behind every CSV format: RFC 4180 as Python's ``csv`` or pandas writes
+it. Faults raise ``DataError`` with the file, the 1-based physical line and the column."""
 
 from __future__ import annotations
 
@@ -62,8 +61,8 @@ def _column(header: list[str] | None, index: int) -> str:
 
 
 def _field_index_of_quote_error(record_text: str) -> int:
-    """0-based index of the field where a record's quoting goes wrong, replaying the default
-    dialect after ``csv`` reported an error."""
+    """0-based index of the field where a record's quoting goes wrong, replaying the default dialect
+    after ``csv`` reported an error."""
     field, i, n = 0, 0, len(record_text)
     at_start, in_quotes = True, False
     while i < n:
@@ -91,17 +90,10 @@ def _field_index_of_quote_error(record_text: str) -> int:
 def read_csv_records(path: str | os.PathLike[str], required_columns: Sequence[str], *,
                      allow_empty: Sequence[str] = (), min_records: int = 1
                      ) -> list[dict[str, str | int]]:
-    """Reads a CSV file with a header row (local or ``gs://``; UTF-8, BOM dropped).
-
-    ``required_columns``: in the header, with non-blank values (but ``allow_empty``).
-    Returns one dict per record in file order: every header column -> its string,
-    ``"_line"`` (:data:`LINE_KEY`) -> the record's first physical line.
-
-    Raises:
-      FileNotFoundError: no such file.
-      DataError: invalid UTF-8, a NUL, no header, a duplicated or missing column, broken quoting
-        (line and field), a wrong field count, an empty required value, too few records.
-    """
+    """One dict per record of a CSV file with a header (UTF-8, BOM dropped): header column ->
+    string, ``"_line"`` -> first physical line. ``required_columns``: present, non-blank (but
+    ``allow_empty``). FileNotFoundError; DataError: invalid UTF-8, a NUL, no header, a duplicated
+    or missing column, broken quoting, a wrong field count, an empty value, too few records."""
     path = epath.Path(path)  # a local path or a gs:// URI
     text = _decode(path, path.read_bytes())
     # newline="" keeps line breaks inside quoted fields as they are (the csv module's rule)

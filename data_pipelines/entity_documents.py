@@ -1,7 +1,6 @@
 """A user's own DocEnt data (docs/data.md, "Your own data"), read by
-:func:`~data_pipelines.records.read_records`: documents ``{"entity", "text"}`` (JSON Lines
-or CSV; entity vocabulary = the distinct ids sorted) and queries ``{"query", "entities"}``.
-"""
+:func:`~data_pipelines.records.read_records`: documents ``{"entity", "text"}`` (JSON Lines or CSV;
+entity vocabulary = the distinct ids sorted) and queries ``{"query", "entities"}``."""
 
 from __future__ import annotations
 
@@ -25,12 +24,8 @@ class EntityDocument:
 
 
 def read_entity_documents(path: str | os.PathLike[str]) -> list[EntityDocument]:
-    """Reads ``{"entity", "text"}`` records.
-
-    Raises:
-      FileNotFoundError: no such file.
-      DataError: see ``read_records``; an entity id holding a line break.
-    """
+    """Reads ``{"entity", "text"}`` records. Raises FileNotFoundError: no such file. DataError: see
+    ``read_records``; an entity id holding a line break."""
     docs = []
     for r in read_records(path, ("entity", "text")):
         if "\n" in r["entity"] or "\r" in r["entity"]:
@@ -43,8 +38,8 @@ def entity_sentences(
     documents: Sequence[EntityDocument],
     sentence_splitter: Callable[[str], list[str]] = split_sentences,
 ) -> tuple[list[str], list[tuple[int, str]]]:
-    """``(entity ids sorted, (entity index, sentence) pairs in file order)``, documents
-    split by ``sentence_splitter`` (default pySBD)."""
+    """``(entity ids sorted, (entity index, sentence) pairs in file order)``, documents split by
+    ``sentence_splitter`` (default pySBD)."""
     entity_ids = sorted({d.entity for d in documents})
     index = {e: i for i, e in enumerate(entity_ids)}
     sentences = [(index[d.entity], s) for d in documents for s in sentence_splitter(d.text)]
@@ -54,14 +49,8 @@ def entity_sentences(
 def read_entity_queries(
     path: str | os.PathLike[str], entity_index: Mapping[str, int]
 ) -> list[tuple[str, tuple[int, ...]]]:
-    """Reads ``{"query", "entities"}`` JSON Lines against ``entity_index`` (id -> row).
-
-    Returns ``(query, relevant entity indices)`` in file order (repeated ids count once).
-
-    Raises:
-      FileNotFoundError: no such file.
-      DataError: see ``read_records``; an unknown entity id (line and ``entities[i]``).
-    """
+    """``(query, relevant entity indices)`` of ``{"query", "entities"}`` JSON Lines, ids via
+    ``entity_index``; FileNotFoundError; DataError as ``read_records``, an unknown id."""
     queries = []
     for r in read_records(path, ("query", "entities"), list_fields=("entities",),
                           formats=("jsonl",)):

@@ -1,10 +1,5 @@
-"""tf.data input pipeline: deterministic, resumable, per-host slices of global batches.
-
-Step s is batch ``b = s % steps_per_epoch`` of epoch ``e = s // steps_per_epoch``: rows
-``perm[b*B:(b+1)*B]`` of ``default_rng([seed, e]).permutation(n)`` (the epoch's remainder is
-dropped). Every host pads the global batch alike and keeps its contiguous slice. With
-``shards`` the order and padding are :mod:`data_pipelines.shards`' (docs/data.md).
-"""
+"""tf.data input pipeline: deterministic, resumable, per-host slices of global batches, from a table
+in memory or a sharded corpus (docs/data.md, "In-memory batches", "Sharded corpora")."""
 
 from __future__ import annotations
 
@@ -21,11 +16,7 @@ __all__ = ["TokenTable", "make_batches", "steps_per_epoch", "text_identity_ids"]
 
 
 def steps_per_epoch(n: int, global_batch_size: int) -> int:
-    """Full global batches in one pass over n examples (the remainder is dropped).
-
-    Raises:
-      ValueError: ``global_batch_size`` < 1 or > n.
-    """
+    """Full global batches in one pass over n examples; ValueError: B < 1 or B > n."""
     if global_batch_size < 1:
         raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
     if global_batch_size > n:
@@ -100,7 +91,7 @@ class _StepBatcher:
 
 
 def make_batches(
-    table: TokenTable,
+    source: TokenTable | shard_layout.Manifest,
     *,
     global_batch_size: int,
     seed: int,
@@ -114,56 +105,69 @@ def make_batches(
     length_groups: Sequence[Sequence[int]] | None = None,
     shards: Sequence[np.ndarray] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Yields this host's slice of each global batch, from ``start_step`` on.
+    """This host's slice of each global batch from ``start_step`` on (``num_steps`` None: no
+    end), from a table in memory or streamed from a sharded corpus's own shards.
 
     Args:
-      global_batch_size: B, examples per step over all hosts.
-      num_steps: None = no end.
-      process_index, process_count: host p of P gets rows ``[p*B/P, (p+1)*B/P)``.
+      global_batch_size: B over all hosts (a corpus: a multiple of its S shards); host p of P
+        gets rows ``[p*B/P, (p+1)*B/P)`` (a corpus: ``S % P == 0``).
       pad_multiple: a step pads to its global batch's longest sequence rounded up to this
-        (capped at ``max_len``); ``fixed_length`` pads to exactly that instead.
-      length_groups: a partition of the fields padded separately; group g is yielded as
-        ``input_ids_g``, ``attention_mask_g``, ``token_type_ids_g`` [B/P, F_g, L_g].
-      shards: table rows of each shard (``Manifest.members()``).
+        (a corpus: the corpus's longest); ``fixed_length``: exactly that instead.
+      length_groups: a partition of the fields padded apart, yielded as ``*_g``.
+      shards: a table's rows of each shard (``Manifest.members()``): the corpus order.
 
     Yields:
-      ``input_ids``, ``attention_mask`` (1 on real tokens), ``token_type_ids`` [B/P, F, L]
-      int32, ``text_ids`` [B/P, F] int32 and ``step`` (int64).
+      ``input_ids``, ``attention_mask``, ``token_type_ids`` [B/P, F, L] int32 (``*_g``
+      [B/P, F_g, L_g] with ``length_groups``), ``text_ids`` [B/P, F] int32, ``step`` int64.
 
     Raises:
-      ValueError: B not divisible by P or larger than the table, a bad process_index,
-        length_groups, start_step, num_steps, pad_multiple or fixed_length; shards that do not
-        partition the rows or cannot fill B/S rows each.
+      ValueError: inconsistent B, P, S, rows, steps, pad_multiple, fixed_length or
+        length_groups. DataError: a shard file missing or damaged (named in one line).
     """
-    n = table.num_examples
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must lie in [0, {process_count})")
     if global_batch_size % process_count:
         raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
                          f"process_count={process_count}")
-    if shards is None:
-        steps_per_epoch(n, global_batch_size)  # raises on B > n
-    elif not np.array_equal(np.sort(np.concatenate([np.asarray(s) for s in shards])), np.arange(n)):
-        raise ValueError(f"shards must partition the table's {n} rows")
-    check_steps(start_step, num_steps, pad_multiple, fixed_length,
-                int(table.lengths.max(initial=0)), table.max_len,
-                "the longest sequence of the table")
-    num_fields = len(table.field_names)
-    groups = field_groups(num_fields, length_groups)
-    batcher = _StepBatcher(table, global_batch_size=global_batch_size, seed=seed,
-                           process_index=process_index, process_count=process_count,
-                           pad_multiple=pad_multiple, fixed_length=fixed_length,
-                           groups=groups, shards=shards)
-    return step_batches(batcher, groups=groups, lengths=[fixed_length] * len(groups),
-                        local_batch=global_batch_size // process_count, num_fields=num_fields,
+    streamed = isinstance(source, shard_layout.Manifest)
+    if streamed:
+        owned = shard_layout.host_shards(source.num_shards, process_index, process_count)
+        order = source.order(global_batch_size, seed)
+        fields, longest, max_len = source.fields, max(source.longest), source.max_length
+        what = "the corpus's longest sequence"
+    else:
+        n = source.num_examples
+        if shards is None:
+            steps_per_epoch(n, global_batch_size)  # raises on B > n
+        elif not np.array_equal(np.sort(np.concatenate([np.asarray(s) for s in shards])),
+                                np.arange(n)):
+            raise ValueError(f"shards must partition the table's {n} rows")
+        fields, max_len = source.field_names, source.max_len
+        longest, what = int(source.lengths.max(initial=0)), "the longest sequence of the table"
+    check_steps(start_step, num_steps, pad_multiple, fixed_length, longest, max_len, what)
+    groups = field_groups(len(fields), length_groups)
+    lengths = [fixed_length] * len(groups)
+    if streamed:
+        from data_pipelines.sharded_corpus import StreamBatcher
+
+        if fixed_length is None:
+            lengths = shard_layout.group_lengths(source.longest, groups, pad_multiple, max_len)
+        batcher = StreamBatcher(source, order, owned, groups, lengths)
+    else:
+        batcher = _StepBatcher(source, global_batch_size=global_batch_size, seed=seed,
+                               process_index=process_index, process_count=process_count,
+                               pad_multiple=pad_multiple, fixed_length=fixed_length,
+                               groups=groups, shards=shards)
+    return step_batches(batcher, groups=groups, lengths=lengths,
+                        local_batch=global_batch_size // process_count, num_fields=len(fields),
                         grouped=length_groups is not None, start_step=start_step,
                         num_steps=num_steps, prefetch=prefetch)
 
 
 def check_steps(start_step: int, num_steps: int | None, pad_multiple: int,
                 fixed_length: int | None, longest: int, max_len: int, what: str) -> None:
-    """Raises ValueError for a negative start_step or num_steps, pad_multiple < 1, or a
-    fixed_length outside [longest, max_len]."""
+    """ValueError for a negative start_step or num_steps, pad_multiple < 1, or a fixed_length
+    outside [longest, max_len]."""
     if start_step < 0 or (num_steps is not None and num_steps < 0):
         raise ValueError(f"start_step={start_step} and num_steps={num_steps} must be >= 0")
     if pad_multiple < 1:
@@ -174,11 +178,8 @@ def check_steps(start_step: int, num_steps: int | None, pad_multiple: int,
 
 
 def field_groups(num_fields: int, length_groups: Sequence[Sequence[int]] | None) -> list[list[int]]:
-    """The length groups as lists of field indices (default: one group of all).
-
-    Raises:
-      ValueError: not a partition of ``0..num_fields-1`` into non-empty groups.
-    """
+    """The length groups as lists of field indices (default: one group of all); ValueError: not a
+    partition of ``0..num_fields-1`` into non-empty groups."""
     groups = [list(range(num_fields))] if length_groups is None else [list(g) for g in
                                                                         length_groups]
     if sorted(i for g in groups for i in g) != list(range(num_fields)) or not all(groups):
@@ -192,17 +193,11 @@ def step_batches(
     local_batch: int, num_fields: int, grouped: bool, start_step: int,
     num_steps: int | None, prefetch: int,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """The tf.data loop of the in-memory and the streamed paths.
-
-    ``batcher(step)`` returns per group ``input_ids``, ``attention_mask``, ``token_type_ids``
-    int32 [local_batch, F_g, L_g], then ``text_ids`` [local_batch, F]; ``lengths[g]`` fixes L_g
-    (None: varies). An exception of ``batcher`` is re-raised as itself, not TensorFlow's wrapper.
-    """
+    """The tf.data loop: ``batcher(step)`` gives per group ``input_ids``, ``attention_mask``,
+    ``token_type_ids`` [local_batch, F_g, L_g] int32, then ``text_ids``; ``lengths[g]`` fixes L_g
+    (None: varies). The batcher's exception is re-raised as itself."""
     names = ("input_ids", "attention_mask", "token_type_ids")
-
-    # tf.data wraps an exception of the batcher in a many-line TensorFlow error; keep the
-    # original (e.g. a DataError naming a damaged shard) and raise it instead.
-    failures: list[Exception] = []
+    failures: list[Exception] = []  # not tf.data's many-line wrapper: the batcher's own error
 
     def guarded(step: np.int64) -> tuple[np.ndarray, ...]:
         try:

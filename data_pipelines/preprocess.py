@@ -1,13 +1,11 @@
-"""``preprocess``: tokenise a training corpus once into shard files (docs/data.md, "Sharded
-corpora"). The package supplies ``config -> sharded_corpus.CorpusSource``::
-
-    dualcse-jax preprocess --config=CONFIG.py --output=DIR --num_shards=8
-"""
+"""``PROG preprocess``: tokenise a training corpus once into shard files (docs/data.md, "Sharded
+corpora"); the package supplies ``config -> sharded_corpus.CorpusSource``."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from importlib import import_module
 
 import ml_collections
 
@@ -26,6 +24,21 @@ def define_flags() -> None:
         "the number of training hosts (each host reads num_shards / hosts of them).")
 
 
+def command(data_module: str, help_text: str, data_paths: Sequence[str] = ()):
+    """The CLI's ``preprocess`` (``embedding_core.commands.Command``): writes
+    ``data_module.corpus_source(config)``, the ``data_paths`` fields made absolute first."""
+    from embedding_core.commands import Command
+    from embedding_core.storage import storage
+
+    def run(inv):
+        config = storage.absolute_data_paths(inv.config, data_paths) if data_paths else inv.config
+        return run_preprocess(inv.prog, import_module(data_module).corpus_source, config,
+                              inv.flags.output, inv.flags.num_shards)
+
+    return Command(COMMAND, run, f"--config=CONFIG.py --output=DIR "
+                   f"[--num_shards={DEFAULT_NUM_SHARDS}]", help_text, needs_workdir=False)
+
+
 def run_preprocess(
     prog: str,
     make_source: Callable[[ml_collections.ConfigDict], object],
@@ -35,13 +48,9 @@ def run_preprocess(
     *,
     chunk_rows: int = CHUNK_ROWS,
 ):
-    """Writes ``make_source(config)`` into ``output`` (a new or empty folder, local or
-    ``gs://``), prints a summary and returns the ``shards.Manifest``.
-
-    Raises:
-      ValueError: no ``output``, a bad ``num_shards``, or bad data (file, line, field).
-      FileExistsError: ``output`` is not a new or empty folder.
-    """
+    """Writes ``make_source(config)`` into ``output`` (a new or empty folder, local or ``gs://``),
+    prints a summary and returns the ``shards.Manifest``. ValueError: no ``output``, a bad
+    ``num_shards`` or bad data; FileExistsError: ``output`` not empty."""
     from data_pipelines.sharded_corpus import write_corpus
 
     if not output:

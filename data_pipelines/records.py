@@ -1,8 +1,5 @@
-"""Records with named fields from a user's CSV or JSON Lines file (local or ``gs://``),
-checked strictly; the rules are in docs/data.md, "Your own data". CSV goes through
-:func:`~data_pipelines.csv_reader.read_csv_records`. Faults raise ``DataError`` (file,
-line, field).
-"""
+"""Records with named fields from a user's CSV or JSON Lines file, checked strictly
+(``docs/data.md``, "Your own data"); faults raise ``DataError`` (file, line, field)."""
 
 from __future__ import annotations
 
@@ -139,24 +136,12 @@ def read_records(path: str | os.PathLike[str], required: Sequence[str],
                  optional: Sequence[str] = (), *, list_fields: Sequence[str] = (),
                  file_format: str = "auto", formats: Sequence[str] = FORMATS,
                  min_records: int = 1) -> list[dict[str, Any]]:
-    """Reads a CSV or JSON Lines file into one dict per record.
-
-    Args:
-      required, optional: fields a record must / may have (absent, null or empty -> None).
-      list_fields: fields holding a JSON array of non-empty strings (JSON Lines only).
-      file_format: ``"csv"``, ``"jsonl"`` or ``"auto"`` (:func:`detect_format`).
-
-    Returns:
-      Dicts in file order: field -> ``str`` / ``list[str]`` / None, and ``"_line"`` -> 1-based
-      line where the record starts.
-
-    Raises:
-      FileNotFoundError: no such file.
-      ValueError: a list field not among the fields, or an unknown format name.
-      DataError: a folder; a format not allowed; invalid UTF-8 or JSON, a non-object line, a
-        duplicated key, a missing, null or empty required field, a wrong type, a NUL or a lone
-        surrogate; broken CSV; fewer than ``min_records`` records.
-    """
+    """One dict per record (field -> ``str`` / ``list[str]`` / None, ``"_line"`` -> first line);
+    ``required`` / ``optional`` fields (absent, null, empty: None), ``list_fields`` (JSON arrays of
+    strings), ``file_format`` ``"csv"`` | ``"jsonl"`` | ``"auto"``. FileNotFoundError; ValueError:
+    a bad list field or format name; DataError: a folder, a format not allowed, invalid UTF-8 or
+    JSON, a non-object, a duplicated key, a missing or empty required field, a wrong type, a NUL,
+    a lone surrogate, broken CSV, under ``min_records`` records."""
     fields = [*required, *optional]
     if not set(list_fields) <= set(fields):
         raise ValueError(f"list_fields {sorted(set(list_fields) - set(fields))} are not "

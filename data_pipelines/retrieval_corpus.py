@@ -1,7 +1,6 @@
-"""SQuAD as a retrieval task: paragraphs (the knowledge base) and questions, split for
-testing by article (default) or with the authors' seen-paragraph split (``docs/mrwe.md``);
-or a JSON Lines file of (question, passage) pairs, each distinct passage its own article.
-"""
+"""SQuAD as a retrieval task: paragraphs (the knowledge base) and questions, split for testing by
+article (default) or with the authors' seen-paragraph split (``docs/mrwe.md``); or a JSON Lines file
+of (question, passage) pairs, each distinct passage its own article."""
 
 from __future__ import annotations
 
@@ -31,16 +30,10 @@ SPLITS = ("articles", "seen_paragraphs")
 
 @dataclasses.dataclass(frozen=True)
 class RetrievalCorpus:
-    """SQuAD as retrieval: every question has exactly one relevant paragraph.
-
-    Attributes:
-      paragraph_ids, paragraph_texts: ``[n_p]`` (ids ``"{title}#{index}"``), file order.
-      paragraph_article, question_paragraph: ``[n_p]`` / ``[n_q]`` int64 indices.
-      question_ids, question_texts: ``[n_q]``, file order.
-      train_questions, test_questions: ``[n_q]`` bool, disjoint.
-      train_paragraphs: ``[n_p]`` bool, paragraphs that may appear in training batches.
-      test_pool: ``[n_p]`` bool, the test retrieval pool (test articles, or all paragraphs).
-    """
+    """SQuAD as retrieval, one relevant paragraph per question: ``paragraph_ids``
+    (``"{title}#{index}"``), ``paragraph_texts``, ``paragraph_article`` ``[n_p]``; ``question_ids``,
+    ``question_texts``, ``question_paragraph`` ``[n_q]``; bool masks ``train_questions``,
+    ``test_questions`` (disjoint), ``train_paragraphs``, ``test_pool`` (the test pool)."""
 
     paragraph_ids: list[str]
     paragraph_texts: list[str]
@@ -66,13 +59,10 @@ class RetrievalCorpus:
 
 
 def read_pairs(path: str | os.PathLike[str]) -> list[SquadArticle]:
-    """A JSON Lines file of ``{"question", "passage"}`` (or ``{"query", "positive"}``) as
-    articles: each distinct passage one article of one paragraph (``p<k>``, first-seen
-    order) holding its questions (ids ``line<n>``).
-
-    Raises:
-      FileNotFoundError: no such file. DataError: a bad line (file, line, field); no pair.
-    """
+    """A JSON Lines file of ``{"question", "passage"}`` (or ``{"query", "positive"}``) as articles:
+    each distinct passage one article of one paragraph (``p<k>``, first-seen order) holding its
+    questions (ids ``line<n>``). Raises FileNotFoundError: no such file. DataError: a bad line
+    (file, line, field); no pair."""
     where = storage.as_path(path)
     if not where.is_file():
         raise FileNotFoundError(f"train_file {storage.display(path)} does not exist")
@@ -103,17 +93,9 @@ def read_pairs(path: str | os.PathLike[str]) -> list[SquadArticle]:
 def load_corpus(path: str | os.PathLike[str] | None = None, *, split: str = "articles",
                 test_fraction: float = 0.2, seed: int = 0, skip_invalid: bool = False,
                 pairs_path: str | os.PathLike[str] | None = None) -> RetrievalCorpus:
-    """Reads a SQuAD v1.1 file (default the shipped dev set), or the pairs of
-    ``pairs_path`` (:func:`read_pairs`), and splits its questions.
-
-    ``split``: ``"articles"`` (:func:`~data_pipelines.squad.split_articles`) or
-    ``"seen_paragraphs"`` (:func:`~data_pipelines.squad.split_seen_paragraphs`).
-
-    Raises:
-      DataError: a malformed record (unless skippable and skipped).
-      ValueError: unknown ``split``; no train or no test question.
-      FileNotFoundError: no such file.
-    """
+    """A SQuAD v1.1 file (default shipped dev) or ``pairs_path``, questions split by ``"articles"``
+    or ``"seen_paragraphs"``. DataError; ValueError: unknown split, no train or test question;
+    FileNotFoundError."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if pairs_path:

@@ -1,9 +1,6 @@
-"""Token tables too large for one host: written once into shards, streamed per host.
-
-:func:`write_corpus` writes ArrayRecord shards (also a TFDS dataset; ``manifest.json``
-last); :func:`make_batches` streams a host's share of each global batch from its own shards,
-in the order of :mod:`data_pipelines.shards` (``docs/data.md``, "Sharded corpora").
-"""
+"""Token tables too large for one host: :func:`write_corpus` writes them once into ArrayRecord
+shards (``manifest.json`` last), ``pipeline.make_batches`` streams each host's own
+(``docs/data.md``, "Sharded corpora")."""
 
 from __future__ import annotations
 
@@ -31,16 +28,9 @@ _READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # ArrayRecord's ran
 
 @dataclasses.dataclass
 class CorpusSource:
-    """What ``preprocess`` writes: a token table built a chunk at a time.
-
-    Attributes:
-      fields, max_length, num_rows: F field names, the tokenised width, n rows.
-      rows: builds the rows it is given (any subset, any order; row i the same in any chunk).
-      tokenizer_json, tokenizer, pad_id: the tokenizer.json bytes, its origin, its pad id.
-      files: ``{role: (file name, bytes)}`` extra package files (e.g. entity ids).
-      source: the config fields that shaped the rows (kept in the manifest).
-      description: one line for the TFDS dataset info.
-    """
+    """What ``preprocess`` writes, built a chunk at a time: ``rows`` builds any subset in any order;
+    ``files``: ``{role: (file name, bytes)}`` extras; ``source``: the config fields that shaped the
+    rows (in the manifest); ``description``: the TFDS info line."""
 
     fields: tuple[str, ...]
     max_length: int
@@ -54,12 +44,10 @@ class CorpusSource:
     description: str = "tokenised training rows"
 
 
-
 @contextlib.contextmanager
 def _deterministic_examples():
-    """tensorflow-datasets serialises each ``tf.train.Example`` with its feature map in an
-    arbitrary order; the same input must give the same shard bytes, or a run's data
-    fingerprint (``embedding_core.training.data_fingerprint``) sees a rebuilt corpus as changed."""
+    """TFDS serialises a ``tf.train.Example``'s features in any order: made deterministic, so a
+    rebuilt corpus keeps its data fingerprint."""
     from tensorflow_datasets.core import example_serializer
 
     cls = example_serializer.ExampleSerializer
@@ -74,6 +62,7 @@ def _deterministic_examples():
     finally:
         cls.serialize_example = original
 
+
 def _check_output(output) -> None:
     if output.exists() and (not output.is_dir() or any(True for _ in output.iterdir())):
         raise FileExistsError(f"{os.fspath(output)} exists and is not an empty folder; "
@@ -82,16 +71,10 @@ def _check_output(output) -> None:
 
 def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards: int,
                  chunk_rows: int = 4096, assignment_seed: int = 0) -> shards.Manifest:
-    """Tokenises ``source`` once into ``num_shards`` ArrayRecord shards under ``output``.
-
-    Rows go to shards by ``default_rng(assignment_seed).permutation(n)``, tokenised
-    ``chunk_rows`` at a time; ``manifest.json`` last; on error nothing is left in ``output``.
-
-    Raises:
-      ValueError: ``num_shards`` not in [1, n], ``chunk_rows`` < 1, or a chunk that does not
-        match ``source`` (fields, width, row count).
-      FileExistsError: ``output`` is a file or a non-empty folder.
-    """
+    """Tokenises ``source`` into ``num_shards`` shards under ``output`` (rows by
+    ``default_rng(assignment_seed).permutation(n)``, ``chunk_rows`` at a time); on error nothing is
+    left. ValueError: ``num_shards`` not in [1, n], ``chunk_rows`` < 1, a chunk unlike ``source``;
+    FileExistsError: ``output`` a file or a non-empty folder."""
     import tensorflow_datasets as tfds
 
     from data_pipelines.tfds_builders import TokenizedCorpus
@@ -170,8 +153,7 @@ def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards:
             source=dict(source.source))
         files.write_json(out / shards.MANIFEST, manifest.to_json())
         return manifest
-    except BaseException:
-        # No manifest was written, so the folder is no corpus; leave it as it was found.
+    except BaseException:  # no manifest: leave the folder as it was found
         for path in placed:
             try:
                 path.unlink()
@@ -194,11 +176,7 @@ def table_rows(table: TokenTable) -> RowSource:
 
 
 def tokenizer_files(model_dir: str | os.PathLike) -> tuple[bytes, int]:
-    """``(tokenizer.json bytes, pad id)`` of a model folder.
-
-    Raises:
-      FileNotFoundError: no tokenizer.json there.
-    """
+    """``(tokenizer.json bytes, pad id)`` of a model folder; FileNotFoundError."""
     from data_pipelines.tokenization import load_tokenizer, pad_token_id, tokenizer_json_path
 
     return tokenizer_json_path(model_dir).read_bytes(), pad_token_id(load_tokenizer(model_dir))
@@ -207,13 +185,8 @@ def tokenizer_files(model_dir: str | os.PathLike) -> tuple[bytes, int]:
 def open_corpus(folder: str | os.PathLike, *, fields: Sequence[str], max_length: int,
                 model_dir: str | os.PathLike, what: str = "--config.train_shards"
                 ) -> shards.Manifest:
-    """The manifest of a corpus, checked against the run's fields, width and tokenizer
-    (``model_dir``'s tokenizer.json); ``what`` names the folder in messages.
-
-    Raises:
-      FileNotFoundError: no corpus there.
-      ValueError: a malformed manifest or one written for other settings (file and field named).
-    """
+    """A corpus's manifest checked against the run's fields, width and tokenizer; ``what`` names the
+    folder. FileNotFoundError; ValueError (file and field named)."""
     manifest = shards.read_manifest(folder)
     tokenizer_json, _ = tokenizer_files(model_dir)
     manifest.check(fields=fields, max_length=max_length,
@@ -230,22 +203,11 @@ def epoch_steps(source: TokenTable | shards.Manifest, global_batch_size: int) ->
     return steps_per_epoch(source.num_examples, global_batch_size)
 
 
-def batches_of(source: TokenTable | shards.Manifest, **kwargs: Any
-               ) -> Iterator[dict[str, np.ndarray]]:
-    """``pipeline.make_batches`` for a table, :func:`make_batches` for a manifest."""
-    if isinstance(source, shards.Manifest):
-        return make_batches(source, **kwargs)
-    from data_pipelines.pipeline import make_batches as table_batches
-
-    return table_batches(source, **kwargs)
-
-
 # ----------------------------------------------------------------------------- reading
 
 
 class _ShardReader:
-    """Random access to one shard file (a local copy for ``gs://``); a missing or damaged
-    file raises a one-line :class:`DataError` naming it."""
+    """Random access to one shard file; missing or damaged: a one-line :class:`DataError`."""
 
     def __init__(self, path: str, expected_rows: int) -> None:
         from array_record.python.array_record_module import ArrayRecordReader
@@ -277,7 +239,7 @@ class _ShardReader:
             raise self._damaged(err) from None
 
 
-class _StreamBatcher:
+class StreamBatcher:
     """This host's slice of step s, read from its shards (thread-safe)."""
 
     def __init__(self, manifest: shards.Manifest, order: shards.ShardOrder,
@@ -326,63 +288,8 @@ class _StreamBatcher:
 
 def source_rows(manifest: shards.Manifest, step: int, *, global_batch_size: int, seed: int
                 ) -> np.ndarray:
-    """[B] int64 source-table rows of the global batch of ``step`` (from the manifest
-    alone)."""
+    """[B] int64 source-table rows of the global batch of ``step`` (from the manifest alone)."""
     order = manifest.order(global_batch_size, seed)
     members = manifest.members()
     return np.concatenate([members[k][order.positions(step, k)]
                            for k in range(manifest.num_shards)])
-
-
-def make_batches(
-    manifest: shards.Manifest,
-    *,
-    global_batch_size: int,
-    seed: int,
-    start_step: int = 0,
-    num_steps: int | None = None,
-    process_index: int = 0,
-    process_count: int = 1,
-    pad_multiple: int = 16,
-    fixed_length: int | None = None,
-    prefetch: int = 2,
-    length_groups: Sequence[Sequence[int]] | None = None,
-) -> Iterator[dict[str, np.ndarray]]:
-    """Streams this host's slice of each global batch from ``start_step`` on; arguments
-    and yielded dicts as ``pipeline.make_batches``, order and padding as
-    :mod:`data_pipelines.shards`.
-
-    Args:
-      global_batch_size: B, a multiple of the number of shards S.
-      process_index, process_count: host p of P (``S % P == 0``).
-      fixed_length: pad every group to exactly this length instead of ``pad_multiple``.
-
-    Yields:
-      ``input_ids``, ``attention_mask``, ``token_type_ids`` [B/P, F, L] int32 (``*_g``
-      [B/P, F_g, L_g] with ``length_groups``), ``text_ids`` [B/P, F] int32, ``step`` int64.
-
-    Raises:
-      ValueError: inconsistent B, S, P, steps, pad_multiple, fixed_length or length_groups.
-      DataError: a shard file missing or damaged (named in one line).
-    """
-    # Imported here: the pipeline module loads TensorFlow (and hides the accelerators from it).
-    from data_pipelines.pipeline import check_steps, field_groups, step_batches
-
-    owned = shards.host_shards(manifest.num_shards, process_index, process_count)
-    if global_batch_size % process_count:
-        raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
-                         f"process_count={process_count}")
-    order = manifest.order(global_batch_size, seed)
-    check_steps(start_step, num_steps, pad_multiple, fixed_length, max(manifest.longest),
-                manifest.max_length, "the corpus's longest sequence")
-    num_fields = len(manifest.fields)
-    groups = field_groups(num_fields, length_groups)
-    if fixed_length is not None:
-        lengths = [int(fixed_length)] * len(groups)
-    else:
-        lengths = shards.group_lengths(manifest.longest, groups, pad_multiple, manifest.max_length)
-    batcher = _StreamBatcher(manifest, order, owned, groups, lengths)
-    return step_batches(batcher, groups=groups, lengths=lengths,
-                        local_batch=global_batch_size // process_count, num_fields=num_fields,
-                        grouped=length_groups is not None, start_step=start_step,
-                        num_steps=num_steps, prefetch=prefetch)

@@ -1,13 +1,11 @@
-"""A tokenised corpus in shard files: its manifest and order contract (no TensorFlow),
-shared by ``sharded_corpus`` and ``pipeline.make_batches(shards=...)`` (docs/data.md,
-"Sharded corpora"):
+"""A tokenised corpus in shard files: its manifest and order contract (no TensorFlow), shared by
+``sharded_corpus`` and ``pipeline.make_batches(shards=...)`` (docs/data.md, "Sharded corpora"):
 
 * Rows: ``a = default_rng(assignment_seed).permutation(n)`` cut into S contiguous runs.
 * Order: with ``m = B // S``, step s of ``steps_per_epoch = min_k n_k // m`` takes shard
   k's positions ``[b*m, (b+1)*m)`` of ``default_rng([seed, e, k]).permutation(n_k)``.
 * Hosts: host p of P owns shards ``[p*S/P, (p+1)*S/P)`` = rows ``[p*B/P, (p+1)*B/P)``.
-* Padding: group g pads to ``min(round_up(max longest[f in g], pad_multiple), max_length)``.
-"""
+* Padding: group g pads to ``min(round_up(max longest[f in g], pad_multiple), max_length)``."""
 
 from __future__ import annotations
 
@@ -41,11 +39,8 @@ def group_lengths(longest: Sequence[int], groups: Sequence[Sequence[int]], pad_m
 
 
 def host_shards(num_shards: int, process_index: int, process_count: int) -> range:
-    """The shards host ``process_index`` of ``process_count`` reads.
-
-    Raises:
-      ValueError: ``process_index`` out of range, or shards not divisible by processes.
-    """
+    """The shards host ``process_index`` of ``process_count`` reads. Raises ValueError:
+    ``process_index`` out of range, or shards not divisible by processes."""
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must lie in [0, {process_count})")
     if num_shards % process_count:
@@ -58,11 +53,8 @@ def host_shards(num_shards: int, process_index: int, process_count: int) -> rang
 
 @dataclasses.dataclass(frozen=True)
 class ShardOrder:
-    """The global batches of a sharded corpus (module docstring, "Order").
-
-    Raises:
-      ValueError: B not a positive multiple of S, or a shard with fewer than B/S rows.
-    """
+    """The global batches of a sharded corpus (module docstring, "Order"). Raises ValueError: B not
+    a positive multiple of S, or a shard with fewer than B/S rows."""
 
     shard_rows: tuple[int, ...]
     global_batch_size: int
@@ -91,8 +83,8 @@ class ShardOrder:
         return min(self.shard_rows) // self.per_shard
 
     def positions(self, step: int, shard: int, cache: dict | None = None) -> np.ndarray:
-        """[m] int64 record indices of ``shard`` in ``step``'s batch; ``cache`` (a caller's
-        dict) keeps each shard's permutation for the current epoch."""
+        """[m] int64 record indices of ``shard`` in ``step``'s batch; ``cache`` (a caller's dict)
+        keeps each shard's permutation for the current epoch."""
         epoch, b = divmod(int(step), self.steps_per_epoch)
         key = (epoch, shard)
         perm = None if cache is None else cache.get(key)
@@ -109,11 +101,8 @@ class ShardOrder:
 
 def shard_members(num_rows: int, shard_rows: Sequence[int], assignment_seed: int
                   ) -> list[np.ndarray]:
-    """Source rows of each shard, in record order (module docstring, "Rows").
-
-    Raises:
-      ValueError: the shard sizes do not add up to ``num_rows``.
-    """
+    """Source rows of each shard, in record order (module docstring, "Rows"). Raises ValueError: the
+    shard sizes do not add up to ``num_rows``."""
     if sum(int(n) for n in shard_rows) != int(num_rows) or min(shard_rows) < 0:
         raise ValueError(f"shard sizes {list(shard_rows)} do not add up to {num_rows} rows")
     assignment = np.random.default_rng(int(assignment_seed)).permutation(int(num_rows))
@@ -129,8 +118,8 @@ def file_sha256(data: bytes) -> str:
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     """``manifest.json`` of a sharded corpus folder (written last). ``folder`` is not stored;
-    ``longest`` is the longest sequence per field; ``shards`` is ``(file name, rows)`` per
-    shard; ``files`` maps roles to extra files; ``source`` holds the producing config fields."""
+    ``longest`` is the longest sequence per field; ``shards`` is ``(file name, rows)`` per shard;
+    ``files`` maps roles to extra files; ``source`` holds the producing config fields."""
 
     folder: str
     fields: tuple[str, ...]
@@ -168,11 +157,8 @@ class Manifest:
         return _join(self.folder, self.shards[k][0])
 
     def file_path(self, role: str) -> str:
-        """Path of the extra file registered under ``role``.
-
-        Raises:
-          ValueError: the manifest has no such file.
-        """
+        """Path of the extra file registered under ``role``. Raises ValueError: the manifest has no
+        such file."""
         if role not in self.files:
             raise ValueError(f"{self.path}: field 'files': no {role!r} file (has "
                              f"{sorted(self.files)}); preprocess again with this version")
@@ -183,11 +169,8 @@ class Manifest:
         return shard_members(self.num_rows, self.shard_rows, self.assignment_seed)
 
     def order(self, global_batch_size: int, seed: int) -> ShardOrder:
-        """The :class:`ShardOrder` for a batch size and seed.
-
-        Raises:
-          ValueError: see :class:`ShardOrder` (the folder is named).
-        """
+        """The :class:`ShardOrder` for a batch size and seed. Raises ValueError: see
+        :class:`ShardOrder` (the folder is named)."""
         try:
             return ShardOrder(self.shard_rows, int(global_batch_size), int(seed))
         except ValueError as err:
@@ -206,11 +189,8 @@ class Manifest:
 
     def check(self, *, fields: Sequence[str], max_length: int, tokenizer_sha256: str,
               what: str) -> None:
-        """Refuses a corpus made for other fields, width or tokenizer than the run's.
-
-        Raises:
-          ValueError: ``"<manifest>: field '<name>': ..."`` naming both values and ``what``.
-        """
+        """Refuses a corpus made for other fields, width or tokenizer than the run's. Raises
+        ValueError: ``"<manifest>: field '<name>': ..."`` naming both values and ``what``."""
         want = {"fields": list(fields), "max_length": int(max_length),
                 "tokenizer_sha256": tokenizer_sha256}
         have = {"fields": list(self.fields), "max_length": self.max_length,
@@ -232,11 +212,8 @@ def _bad(path: str, field: str, reason: str) -> ValueError:
 
 
 def manifest_from_json(folder: str, obj: Mapping[str, Any]) -> Manifest:
-    """A checked :class:`Manifest` from the parsed ``manifest.json``.
-
-    Raises:
-      DataError: another format or version, a missing or mistyped field, inconsistent counts.
-    """
+    """A checked :class:`Manifest` from the parsed ``manifest.json``. Raises DataError: another
+    format or version, a missing or mistyped field, inconsistent counts."""
     path = _join(folder, MANIFEST)
     if obj.get("format") != FORMAT:
         raise _bad(path, "format", f"{obj.get('format')!r} is not {FORMAT!r}; is {folder} a "
@@ -274,11 +251,8 @@ def manifest_from_json(folder: str, obj: Mapping[str, Any]) -> Manifest:
 
 
 def read_manifest(folder: str | os.PathLike) -> Manifest:
-    """Opens the manifest of a corpus folder (local or ``gs://``).
-
-    Raises:
-      FileNotFoundError: no folder, or no ``manifest.json`` (an unfinished ``preprocess``).
-      DataError: a malformed manifest.
+    """Opens the manifest of a corpus folder (local or ``gs://``). Raises FileNotFoundError: no
+    folder, or no ``manifest.json`` (an unfinished ``preprocess``). DataError: a malformed manifest.
     """
     root = storage.as_path(folder)
     path = root / MANIFEST

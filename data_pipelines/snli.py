@@ -1,7 +1,6 @@
-"""SNLI triplets ``sent0, sent1, hard_neg`` (premise, entailment, contradiction; SNLI 1.0,
-CC BY-SA 4.0), shipped reduced as ``data/snli/snli_train_triplets.csv``; SimCSE's
-``nli_for_simcse.csv`` reads the same.
-"""
+"""SNLI triplets ``sent0, sent1, hard_neg`` (premise, entailment, contradiction; SNLI 1.0, CC BY-SA
+4.0), shipped reduced as ``data/snli/snli_train_triplets.csv``; SimCSE's ``nli_for_simcse.csv``
+reads the same."""
 
 from __future__ import annotations
 
@@ -26,21 +25,14 @@ class Triplet:
 
 
 def read_snli_triplets(path: str | os.PathLike[str]) -> list[Triplet]:
-    """Reads a ``sent0, sent1, hard_neg`` CSV file.
-
-    Raises:
-      DataError: see :func:`~data_pipelines.csv_reader.read_csv_records`.
-    """
+    """Reads a ``sent0, sent1, hard_neg`` CSV file. Raises DataError: see
+    :func:`~data_pipelines.csv_reader.read_csv_records`."""
     return [Triplet(*(r[k] for k in TRIPLET_COLUMNS), line=r[LINE_KEY])
             for r in read_csv_records(path, TRIPLET_COLUMNS)]
 
 
 def snli_triplets_path() -> Path:
-    """The shipped triplets file.
-
-    Raises:
-      FileNotFoundError: the file is missing.
-    """
+    """The shipped triplets file. Raises FileNotFoundError: the file is missing."""
     path = data_dir() / "snli" / "snli_train_triplets.csv"
     if not path.is_file():
         raise FileNotFoundError(f"SNLI triplets file {path} is missing")

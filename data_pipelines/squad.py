@@ -1,8 +1,5 @@
-"""SQuAD v1.1 reader, article/question splits and the Wikipedia entity corpus.
-
-Format: ``{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question"}]}]}]}``
-(Rajpurkar et al. 2016; CC BY-SA 4.0). The dev set ships as ``data/squad/dev-v1.1.json.zip``.
-"""
+"""SQuAD v1.1 reader (``{"data": [{"title", "paragraphs": [{"context", "qas"}]}]}``, CC BY-SA 4.0),
+article/question splits and the Wikipedia entity corpus."""
 
 from __future__ import annotations
 
@@ -65,8 +62,8 @@ class SquadSkips:
 
 @dataclasses.dataclass(frozen=True)
 class EntityCorpus:
-    """Entities (names, ids) with ``(entity index, sentence)`` documents and
-    ``(query, answer entity index)`` queries."""
+    """Entities (names, ids) with ``(entity index, sentence)`` documents and ``(query, answer entity
+    index)`` queries."""
 
     entity_names: list[str]
     entity_ids: list[str]
@@ -75,11 +72,7 @@ class EntityCorpus:
 
 
 def squad_dev_path() -> Path:
-    """The shipped dev set.
-
-    Raises:
-      FileNotFoundError: the data folder or the file is missing.
-    """
+    """The shipped dev set. Raises FileNotFoundError: the data folder or the file is missing."""
     path = data_dir() / SQUAD_DEV_ZIP
     if not path.is_file():
         raise FileNotFoundError(f"SQuAD dev file {path} is missing")
@@ -129,18 +122,10 @@ def _get(obj: Any, key: str, kind: type, where: str, record: str) -> Any:
 
 def read_squad(path: str | os.PathLike[str] | None = None, *, skip_invalid: bool = False
                ) -> tuple[list[SquadArticle], SquadSkips]:
-    """Reads a SQuAD v1.1 file strictly: plain JSON or a zip of one ``.json``, local or
-    ``gs://``; default the shipped dev set.
-
-    ``skip_invalid``: drop and count (:class:`SquadSkips`) empty contexts, paragraphs
-    without questions and empty questions. Returns ``(articles in file order, skips)``.
-
-    Raises:
-      DataError: invalid UTF-8 or JSON; a missing or mistyped field, a NUL or a lone surrogate
-        (the field names the record, e.g. ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2]
-        (id '5733...').question``); a duplicated question id; an empty value unless skipped.
-      FileNotFoundError: no such file.
-    """
+    """``(articles, skips)`` of a SQuAD v1.1 file, JSON or a zip of one (default shipped dev);
+    ``skip_invalid`` drops and counts empty contexts and questions. DataError: invalid UTF-8 or
+    JSON, a bad field (named, e.g. ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2]
+    (id '5733...').question``), a duplicated id; FileNotFoundError."""
     path = epath.Path(path) if path is not None else epath.Path(squad_dev_path())
     root, where = _load_json(path)
     data = _get(root, "data", list, where, "")
@@ -200,14 +185,9 @@ def _test_mask(n: int, test_fraction: float, seed: int) -> np.ndarray:
 
 def split_articles(articles: Sequence[SquadArticle], test_fraction: float, seed: int
                    ) -> tuple[list[SquadArticle], list[SquadArticle]]:
-    """Article-level train/test split (the project's protocol, ``docs/mrwe.md``):
-    ``round(test_fraction * n)`` articles chosen by ``default_rng(seed).permutation`` go to test.
-
-    Returns ``(train_articles, test_articles)``, each in input order.
-
-    Raises:
-      ValueError: ``test_fraction`` outside (0, 1).
-    """
+    """``(train_articles, test_articles)``: ``round(test_fraction * n)`` articles of
+    ``default_rng(seed).permutation`` to test (``docs/mrwe.md``); ValueError: fraction not in
+    (0, 1)."""
     mask = _test_mask(len(articles), test_fraction, seed)
     return ([a for a, t in zip(articles, mask, strict=True) if not t],
             [a for a, t in zip(articles, mask, strict=True) if t])
@@ -215,13 +195,8 @@ def split_articles(articles: Sequence[SquadArticle], test_fraction: float, seed:
 
 def split_seen_paragraphs(articles: Sequence[SquadArticle], test_fraction: float, seed: int
                           ) -> tuple[list[SquadArticle], list[SquadArticle]]:
-    """The authors' split (``docs/mrwe.md``; reproduction only, it leaks): questions,
-    chosen by ``default_rng(seed).permutation`` in file order, go to test; every paragraph is
-    on both sides with that side's questions (possibly none).
-
-    Raises:
-      ValueError: ``test_fraction`` outside (0, 1).
-    """
+    """The authors' leaking split (``docs/mrwe.md``): questions to test by
+    ``default_rng(seed).permutation``; ValueError: fraction not in (0, 1)."""
     n_questions = sum(len(p.questions) for a in articles for p in a.paragraphs)
     mask = iter(_test_mask(n_questions, test_fraction, seed))
     train: list[SquadArticle] = []
@@ -241,14 +216,9 @@ def split_seen_paragraphs(articles: Sequence[SquadArticle], test_fraction: float
 def wikipedia_entity_corpus(articles: Sequence[SquadArticle],
                             sentence_splitter: Callable[[str], list[str]] = split_sentences
                             ) -> EntityCorpus:
-    """One entity per article (id = title, name = title with spaces): its documents are
-    its paragraphs' sentences with the title (and a comma qualifier's head, "Fresno,_California"
-    -> "Fresno") removed by :func:`~data_pipelines.text.remove_entity_name`, empty ones dropped;
-    its queries are its questions (``docs/docent.md``).
-
-    Raises:
-      ValueError: two articles share a title.
-    """
+    """One entity per article: its paragraphs' sentences with the title removed
+    (:func:`~data_pipelines.text.remove_entity_name`), its questions as queries; ValueError: a
+    repeated title."""
     entity_ids = [a.title for a in articles]
     if len(set(entity_ids)) != len(entity_ids):
         raise ValueError("article titles must be unique to serve as entity ids")

@@ -12,17 +12,9 @@ from data_pipelines.tokenization import TokenizedTexts
 
 @dataclasses.dataclass
 class TokenTable:
-    """n examples of F token sequences ("fields").
-
-    Attributes:
-      input_ids, token_type_ids: [n, F, max_len] int32, right-padded with the pad id.
-      lengths: [n, F] int32 real tokens (mask = ``arange(max_len) < lengths``).
-      text_ids: [n, F] int32; equal normalised text, equal id (a loss can refuse a duplicate).
-      field_names: F names, in the order of the F axis.
-
-    Raises:
-      ValueError: inconsistent shapes, lengths outside [0, max_len], or not F names.
-    """
+    """n examples of F token sequences: ``input_ids``, ``token_type_ids`` [n, F, max_len] int32
+    (right-padded), ``lengths`` [n, F] int32, ``text_ids`` [n, F] int32 (equal text, equal id),
+    F ``field_names``. ValueError: inconsistent shapes or lengths, not F names."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
@@ -62,11 +54,7 @@ class TokenTable:
         return int(self.input_ids.shape[2])
 
     def take(self, n: int) -> TokenTable:
-        """The first ``n`` examples.
-
-        Raises:
-          ValueError: ``n`` not in [1, num_examples].
-        """
+        """The first ``n`` examples. Raises ValueError: ``n`` not in [1, num_examples]."""
         if not 1 <= n <= self.num_examples:
             raise ValueError(f"take({n}) from a table of {self.num_examples} examples")
         return dataclasses.replace(
@@ -88,12 +76,9 @@ def text_identity_ids(texts: Sequence[str]) -> np.ndarray:
 
 def stack_fields(fields: Mapping[str, TokenizedTexts], text_ids: Mapping[str, np.ndarray]
                  ) -> TokenTable:
-    """A :class:`TokenTable` from ``{field: TokenizedTexts [n, max_len]}`` (mapping order = F
-    axis) and ``{field: [n] text ids}``.
-
-    Raises:
-      ValueError: fields differ in n or width, or a field has no text ids.
-    """
+    """A :class:`TokenTable` from ``{field: TokenizedTexts [n, max_len]}`` (mapping order = F axis)
+    and ``{field: [n] text ids}``. Raises ValueError: fields differ in n or width, or a field has no
+    text ids."""
     names = tuple(fields)
     missing = [name for name in names if name not in text_ids]
     if missing:

@@ -1,6 +1,5 @@
-"""Sentence splitting, entity-name removal and word counts for entity corpora (DocEnt,
-Zemlyanskiy et al. 2021, sec. 4.4; ``docs/docent.md``).
-"""
+"""Sentence splitting, entity-name removal and word counts for entity corpora (DocEnt, Zemlyanskiy
+et al. 2021, sec. 4.4; ``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -53,12 +52,8 @@ def _segmenter() -> pysbd.Segmenter:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Splits English text into stripped, non-empty sentences with pySBD (``clean=False``).
-
-    Texts over 2,000 characters go one window at a time (pySBD is superlinear): a window's
-    sentences but its last are kept and the next window starts at that last one; a window
-    that is one sentence is cut at its last line break, else whitespace, else hard.
-    """
+    """Stripped, non-empty pySBD sentences (``clean=False``); texts over 2,000 characters go a
+    window at a time (``docs/data.md``)."""
     if not text.strip():
         return []
     segmenter = _segmenter()
@@ -81,10 +76,10 @@ def split_sentences(text: str) -> list[str]:
 
 
 def entity_name_variants(name: str) -> list[str]:
-    """The forms :func:`remove_entity_name` removes, distinct, longest first: the name, the
-    name without each trailing parenthesised part ("Toy Story (1995)" -> "Toy Story"), and
-    MovieLens moved articles put back ("Matrix, The" -> "The Matrix", "Matrix");
-    underscores count as spaces."""
+    """The forms :func:`remove_entity_name` removes, distinct, longest first: the name, the name
+    without each trailing parenthesised part ("Toy Story (1995)" -> "Toy Story"), and MovieLens
+    moved articles put back ("Matrix, The" -> "The Matrix", "Matrix"); underscores count as spaces.
+    """
     variants: list[str] = []
     current = " ".join(name.replace("_", " ").split())
     while current:
@@ -111,8 +106,8 @@ def _name_pattern(name: str) -> re.Pattern[str] | None:
 
 
 def remove_entity_name(sentence: str, name: str) -> str:
-    """Removes every whole-phrase, case-insensitive occurrence of any
-    :func:`entity_name_variants` form ("Toy Storyline" is kept), then collapses whitespace."""
+    """Removes every whole-phrase, case-insensitive occurrence of any :func:`entity_name_variants`
+    form ("Toy Storyline" is kept), then collapses whitespace."""
     pattern = _name_pattern(name)
     if pattern is not None:
         sentence = pattern.sub(" ", sentence)

@@ -1,17 +1,6 @@
-"""TensorFlow for tf.data and TFDS, imported here only: a missing install is one line.
-
-TensorFlow is not a base dependency, so that an existing ``tensorflow`` (Colab) is used
-instead of a second one; the ``cpu``/``tpu``/``cuda12``/``cuda13`` extras add
-``tensorflow-cpu`` (README, "Install"). It never sees a GPU: that memory is JAX's.
-
-Two TensorFlow distributions side by side (an extra installed beside an existing
-``tensorflow``) are one warning line with the command that keeps one. TensorFlow's start-up
-notices (oneDNN, CPU instructions, absl's pre-init line) are not printed;
-``TF_CPP_MIN_LOG_LEVEL=0`` shows them.
-
-Raises:
-  ModuleNotFoundError: no ``tensorflow`` module, with the install command.
-"""
+"""TensorFlow for tf.data and TFDS, imported here only, GPUs hidden and start-up notices muted
+(``docs/install.md``, "TensorFlow and the extras"). ModuleNotFoundError: none installed, with
+the install command; two distributions: one warning line."""
 
 from __future__ import annotations
 
@@ -52,8 +41,8 @@ def installed(path: Sequence[str] | None = None) -> list[tuple[str, str]]:
 
 
 def duplicate_warning(found: Sequence[tuple[str, str]]) -> str | None:
-    """One line naming the TensorFlows of ``found`` (:func:`installed`) and the commands
-    that keep one, or None for at most one."""
+    """One line naming the TensorFlows of ``found`` (:func:`installed`) and the commands that keep
+    one, or None for at most one."""
     if len(found) < 2:
         return None
     keep_name, keep_version = next(((n, v) for n, v in found if n == "tensorflow"), found[0])
@@ -67,8 +56,8 @@ def duplicate_warning(found: Sequence[tuple[str, str]]) -> str | None:
 
 @contextlib.contextmanager
 def _without_notices() -> Iterator[None]:
-    """Sends file descriptor 2 (C++ logs) to a temporary file while TensorFlow loads, then
-    writes its lines back to stderr, TensorFlow's start-up notices left out."""
+    """Sends file descriptor 2 (C++ logs) to a temporary file while TensorFlow loads, then writes
+    its lines back to stderr, TensorFlow's start-up notices left out."""
     if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
         yield
         return

@@ -1,10 +1,5 @@
-"""TensorFlow Datasets builders of the shipped ``inli`` and ``snli_triplets`` (registered on
-import; read from :func:`~data_pipelines.paths.data_dir`, nothing downloaded, file order
-kept) and of token tables in shards (:class:`TokenizedCorpus`)::
-
-    import data_pipelines.tfds_builders  # noqa: F401
-    test = tfds.load("inli", split="test")
-"""
+"""TFDS builders of the shipped ``inli`` and ``snli_triplets`` (registered on import, read from
+:func:`~data_pipelines.paths.data_dir`) and of sharded token tables (:class:`TokenizedCorpus`)."""
 
 from __future__ import annotations
 
@@ -96,9 +91,9 @@ class SnliTriplets(_ShippedDataBuilder):
 
 
 def tokenized_corpus_features() -> tfds.features.FeaturesDict:
-    """One token-table row of a :class:`TokenizedCorpus` shard: ``row`` int64, ``lengths``
-    [F] int32, ``input_ids`` / ``token_type_ids`` int32 bytes (the real tokens of fields
-    0..F-1 concatenated), ``text_ids`` [F] int32."""
+    """One token-table row of a :class:`TokenizedCorpus` shard: ``row`` int64, ``lengths`` [F]
+    int32, ``input_ids`` / ``token_type_ids`` int32 bytes (the real tokens of fields 0..F-1
+    concatenated), ``text_ids`` [F] int32."""
     tokens = {"shape": (None,), "dtype": np.int32, "encoding": tfds.features.Encoding.BYTES}
     return tfds.features.FeaturesDict({
         "row": tfds.features.Scalar(np.int64),
@@ -110,9 +105,9 @@ def tokenized_corpus_features() -> tfds.features.FeaturesDict:
 
 
 class TokenizedCorpus(_ShippedDataBuilder, skip_registration=True):
-    """A token table as ArrayRecord shards (one ``train`` split, in ``examples()`` order;
-    not registered). ``examples() -> (key, record)`` in :func:`tokenized_corpus_features`
-    layout; ``description``: one line."""
+    """A token table as ArrayRecord shards (one ``train`` split, in ``examples()`` order; not
+    registered). ``examples() -> (key, record)`` in :func:`tokenized_corpus_features` layout;
+    ``description``: one line."""
 
     name = "tokenized_corpus"
     VERSION = tfds.core.Version("1.0.0")

@@ -1,6 +1,5 @@
 """Tokenisation with Hugging Face ``tokenizers`` and an on-disk cache of the token arrays
-(``cache_dir()/tokens/<sha256>.npz``), so no tokenisation happens in the training loop.
-"""
+(``cache_dir()/tokens/<sha256>.npz``), so no tokenisation happens in the training loop."""
 
 from __future__ import annotations
 
@@ -22,9 +21,9 @@ _PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")
 
 @dataclasses.dataclass
 class TokenizedTexts:
-    """Token arrays of n texts: ``input_ids`` [n, max_length] int32 (padded with the pad
-    id), ``lengths`` [n] int32 real tokens (special tokens included), ``token_type_ids``
-    [n, max_length] int32 segment ids (0 on padding)."""
+    """Token arrays of n texts: ``input_ids`` [n, max_length] int32 (padded with the pad id),
+    ``lengths`` [n] int32 real tokens (special tokens included), ``token_type_ids`` [n, max_length]
+    int32 segment ids (0 on padding)."""
 
     input_ids: np.ndarray
     lengths: np.ndarray
@@ -32,12 +31,9 @@ class TokenizedTexts:
 
 
 def tokenizer_json_path(model_dir: str | os.PathLike[str]) -> Path:
-    """``model_dir/tokenizer.json`` (or ``model_dir`` if it is that file); ``gs://`` is
-    copied to the local cache first.
-
-    Raises:
-      FileNotFoundError: no tokenizer.json there (nothing is downloaded).
-    """
+    """``model_dir/tokenizer.json`` (or ``model_dir`` if it is that file); ``gs://`` is copied to
+    the local cache first. Raises FileNotFoundError: no tokenizer.json there (nothing is
+    downloaded)."""
     if storage.is_remote(model_dir):
         model_dir = storage.local_copy(model_dir)
     path = Path(model_dir)
@@ -53,11 +49,8 @@ def tokenizer_json_path(model_dir: str | os.PathLike[str]) -> Path:
 
 def load_tokenizer(model_dir: str | os.PathLike[str]) -> Tokenizer:
     """Loads ``model_dir/tokenizer.json`` with padding and truncation off (MiniLM's pads and
-    truncates to 128; :func:`tokenize` sets its own).
-
-    Raises:
-      FileNotFoundError: see :func:`tokenizer_json_path`.
-    """
+    truncates to 128; :func:`tokenize` sets its own). Raises FileNotFoundError: see
+    :func:`tokenizer_json_path`."""
     tokenizer = Tokenizer.from_file(str(tokenizer_json_path(model_dir)))
     tokenizer.no_padding()
     tokenizer.no_truncation()
@@ -77,12 +70,9 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
 
 def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequence[str],
                         pair: str | None = None) -> None:
-    """Refuses texts that tokenise to the template alone (zero-width, control or unknown
-    characters would all embed as the same ``[CLS] [SEP]``).
-
-    Raises:
-      ValueError: naming the first such text's index.
-    """
+    """Refuses texts that tokenise to the template alone (zero-width, control or unknown characters
+    would all embed as the same ``[CLS] [SEP]``). Raises ValueError: naming the first such text's
+    index."""
     fixed = tokenizer.num_special_tokens_to_add(pair is not None)
     if pair is not None:
         fixed += len(tokenizer.encode(pair, add_special_tokens=False).ids)
@@ -95,15 +85,8 @@ def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequen
 
 def tokenize(tokenizer: Tokenizer, texts: Sequence[str], max_length: int,
              pair: str | None = None) -> TokenizedTexts:
-    """Tokenises texts with the tokenizer's template, truncating the text only.
-
-    ``pair=None``: ``[CLS] s [SEP]`` (BERT) / ``<s> s </s>`` (RoBERTa); with a pair:
-    ``[CLS] s [SEP] explicit [SEP]`` / ``<s> s </s></s> explicit </s>`` (pair always kept).
-    Returns :class:`TokenizedTexts` of width ``max_length`` (special tokens included).
-
-    Raises:
-      ValueError: ``max_length`` leaves no room for a token of the text.
-    """
+    """:class:`TokenizedTexts` of width ``max_length``: ``[CLS] s [SEP]`` (``pair``: ``[CLS] s [SEP]
+    pair [SEP]``; RoBERTa alike), only the text truncated; ValueError: no room for a text token."""
     if max_length < 1:
         raise ValueError(f"max_length must be positive, got {max_length}")
     texts = list(texts)
@@ -153,8 +136,8 @@ def _cache_key(tokenizer_bytes: bytes, texts: Sequence[str], max_length: int,
 def token_cache_path(tokenizer_path_or_dir: str | os.PathLike[str], texts: Sequence[str],
                      max_length: int, pair: str | None = None, *, cache_key_extra: str = ""
                      ) -> Path:
-    """``cache_dir()/tokens/<sha256 of (tokenizer.json, max_length, pair, extra, texts)>.npz``,
-    the entry :func:`tokenize_cached` uses."""
+    """``cache_dir()/tokens/<sha256 of (tokenizer.json, max_length, pair, extra, texts)>.npz``, the
+    entry :func:`tokenize_cached` uses."""
     tokenizer_bytes = tokenizer_json_path(tokenizer_path_or_dir).read_bytes()
     key = _cache_key(tokenizer_bytes, texts, max_length, pair, cache_key_extra)
     return storage.cache_dir() / "tokens" / f"{key}.npz"
@@ -183,14 +166,8 @@ def _save_npz_atomic(path: Path, tokens: TokenizedTexts) -> None:
 def tokenize_cached(tokenizer_path_or_dir: str | os.PathLike[str], texts: Sequence[str],
                     max_length: int, pair: str | None = None, *, cache_key_extra: str = ""
                     ) -> TokenizedTexts:
-    """:func:`tokenize` through the on-disk cache (:func:`token_cache_path`): entries are
-    written to a temporary file and renamed; an unreadable entry is re-created.
-
-    ``cache_key_extra``: anything else for the key (e.g. a version).
-
-    Raises:
-      FileNotFoundError: no tokenizer.json. ValueError: as :func:`tokenize`.
-    """
+    """:func:`tokenize` through the on-disk cache (atomic; unreadable entries re-created);
+    ``cache_key_extra`` joins the key. FileNotFoundError, ValueError as :func:`tokenize`."""
     texts = list(texts)
     path = token_cache_path(tokenizer_path_or_dir, texts, max_length, pair,
                             cache_key_extra=cache_key_extra)

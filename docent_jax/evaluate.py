@@ -1,7 +1,5 @@
-"""DocEnt's zero-shot entity ranking (sec. 3.3; ``docs/docent.md``): MAP, MRR, recall@k
-(share of a query's relevant entities in the top k) and binary-gain NDCG@k, all from one rank
-per relevant entity (``embedding_core.evaluation.metrics.ranks_of_relevant``), queries in blocks.
-"""
+"""DocEnt's zero-shot entity ranking (sec. 3.3; ``docs/docent.md``): MAP, MRR, recall@k, NDCG@k
+from one rank per relevant entity (``metrics.ranks_of_relevant``)."""
 
 from __future__ import annotations
 
@@ -91,19 +89,10 @@ def _summary(per_query: PerQuery, num_queries: int) -> Summary:
 def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
                     ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
                     per_query: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """Ranking metrics of ``[n_queries, n_entities]`` scores (higher = more relevant).
-
-    Ties as ``metrics.ranks_of_relevant``: scores ``[1, 1, 0]`` with entities 0 and 1
-    relevant give MRR 1, recall@1 0.5, MAP 1; with only entity 1 relevant, MRR 0.5.
-
-    ``relevant``: per query, its relevant entity indices (at least one); ``ks``,
-    ``ndcg_k``: positive cut-offs. Returns ``{"MAP", "MRR", "recall@k"..., "NDCG@k",
-    "num_queries"}`` (means in [0, 1]); ``per_query``: also ``{metric: [n_queries] float64}``.
-
-    Raises:
-      ValueError: a query without relevant entity, an index out of range, a shape mismatch,
-        NaN scores, a non-positive cut-off.
-    """
+    """MAP, MRR, recall@k, NDCG@k and ``num_queries`` of ``[n_queries, n_entities]`` scores
+    (ties: ``metrics.ranks_of_relevant``); ``per_query``: also ``{metric: [n_queries]}``.
+    ValueError: a query without relevant entity, an index out of range, a shape mismatch, NaN
+    scores, a non-positive cut-off."""
     values = _per_query_metrics(scores, relevant, ks, ndcg_k)
     summary = _summary(values, len(relevant))
     return (summary, values) if per_query else summary
@@ -114,11 +103,8 @@ def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
                     ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
                     per_query: bool = False,
                     split: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """:func:`ranking_metrics` over blocks of ``block_size`` queries.
-
-    ``score_block``: ``(start, stop) -> [stop - start, n_entities]`` scores; ``split``:
-    each process scores a slice (``multihost.split_map``, a collective).
-    """
+    """:func:`ranking_metrics` over blocks of queries; ``score_block(start, stop)`` -> scores;
+    ``split``: each process a slice (a collective)."""
     if not relevant:
         raise ValueError("no queries to evaluate")
     if isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1:
@@ -143,16 +129,8 @@ def evaluate_ranks(rank_block: Callable[[int, int], tuple[np.ndarray, np.ndarray
                    block_size: int = 1024, ks: Sequence[int] = RECALL_KS,
                    ndcg_k: int = NDCG_K, per_query: bool = False,
                    split: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """:func:`evaluate_scores` from the relevant entities' ranks alone (computed where the
-    table lies: ``EntityRanker.relevant_ranks``): no score matrix on the host.
-
-    ``rank_block``: ``(start, stop) -> (query, rank)`` as ``metrics.ranks_of_relevant``
-    (query indices relative to ``start``).
-
-    Raises:
-      ValueError: no queries, a query without relevant entity or one out of range, a bad
-        cut-off or block size.
-    """
+    """:func:`evaluate_scores` from ranks alone (``rank_block(start, stop) -> (query, rank)``,
+    no score matrix); ValueError as :func:`ranking_metrics`, or no queries, a bad block size."""
     if not relevant:
         raise ValueError("no queries to evaluate")
     if isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1:
@@ -182,8 +160,8 @@ def evaluate_ranks(rank_block: Callable[[int, int], tuple[np.ndarray, np.ndarray
 
 
 def eval_subset(queries: Sequence, limit: int) -> list:
-    """Items ``floor(i * n / limit)``, ``i < limit``, of ``queries`` (all when ``limit`` is 0
-    or larger): held-out queries come grouped by article, a prefix would see a few."""
+    """Items ``floor(i * n / limit)`` of ``queries`` (all when ``limit`` is 0 or larger): spread
+    over the articles, not a prefix."""
     n = len(queries)
     return list(queries) if limit <= 0 or limit >= n else [queries[i * n // limit]
                                                            for i in range(limit)]
@@ -197,8 +175,7 @@ def cosine_scores(queries: np.ndarray, entities: np.ndarray) -> np.ndarray:
 def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
                         relevant: Sequence[Sequence[int]],
                         **kwargs) -> Summary | tuple[Summary, PerQuery]:
-    """Ranking by cosine of ``[n_q, d]`` queries and ``[n_e, d]`` entities (``kwargs``:
-    :func:`evaluate_scores`'s)."""
+    """Ranking by cosine of ``[n_q, d]`` queries and ``[n_e, d]`` entities."""
     if len(query_vectors) != len(relevant):
         raise ValueError(f"{len(query_vectors)} query vectors for {len(relevant)} queries")
     kwargs.setdefault("split", True)  # numpy on this process: each may take a slice
@@ -208,10 +185,8 @@ def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
 
 def evaluate_ranker(ranker, queries: Sequence[tuple[str, Sequence[int]]],
                     progress: bool = False, **kwargs) -> dict[str, float]:
-    """Ranking metrics of an ``inference.EntityRanker`` (any variant) on ``(text,
-    relevant)`` queries, ranked on the devices holding the table (``relevant_ranks``); with
-    several processes and process-local params each ranks a slice. ``kwargs``:
-    :func:`evaluate_ranks`'s."""
+    """Ranking metrics of an ``EntityRanker`` on ``(text, relevant)`` queries, ranked where the
+    table lies; with process-local params each process ranks a slice."""
     texts = [q for q, _ in queries]
     relevant = [r for _, r in queries]
     kwargs.setdefault("split", multihost.is_local(ranker.params))

@@ -1,8 +1,4 @@
-"""A trained DocEnt model, any variant: ``load(workdir)`` -> :class:`EntityRanker`
-(``docs/docent.md``), whose ``encode(texts)`` gives raw float32 query vectors (Dual, Hybrid:
-``f(q)``; Full: the MLM head's output at the ``[MASK]`` of ``[CLS] [MASK] [SEP] q [SEP]``).
-Scores: ``a * cos(f(q), g(e))`` (Dual, Hybrid) or ``t . g(e) + b_e`` (Full).
-"""
+"""A trained DocEnt model, any variant: ``load(workdir)`` -> :class:`EntityRanker`."""
 
 from __future__ import annotations
 
@@ -60,9 +56,7 @@ def _full_table_scores(queries, rows, row_args, consts):
 
 
 class EntityRanker(SavesFolder, Encoder):
-    """A trained DocEnt model: ``variant``, ``entity_ids`` (row i = entity i), ``step``
-    (None for in-memory params), ``config``, ``model``, ``params``, ``tokenizer``;
-    ``workdir`` when loaded. ``block_rows``: table rows per exported block."""
+    """A trained DocEnt model (row i = ``entity_ids[i]``; ``step`` None in memory)."""
 
     default_normalize = False
     block_rows = 8192
@@ -131,12 +125,8 @@ class EntityRanker(SavesFolder, Encoder):
         return out
 
     def query_inputs(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """``input_ids``, ``attention_mask``, ``token_type_ids`` ``[n, L]`` int32: ``[CLS]
-        text [SEP]`` (Full: ``[CLS] [MASK] [SEP] text [SEP]``).
-
-        Raises:
-          ValueError: an empty or non-string text, or one with no token the vocabulary knows.
-        """
+        """``[n, L]`` int32 inputs ``[CLS] text [SEP]`` (Full: ``[CLS] [MASK] [SEP] text [SEP]``);
+        ValueError: an empty, non-string or unknown-token text."""
         texts = check_texts(texts)
         tok = tokenize(self.tokenizer, texts, sentence_length(self.config))
         require_text_tokens(self.tokenizer, tok, texts, None)
@@ -195,12 +185,8 @@ class EntityRanker(SavesFolder, Encoder):
 
     def top_k(self, texts: Sequence[str], k: int = 10, *, batch_size: int | None = None,
               show_progress_bar: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """The ``min(k, num_entities)`` best entities per query, as sorting :meth:`score`'s
-        rows (ties: lower index first): ``(entities [n, k] int64, scores [n, k] float32)``.
-
-        Raises:
-          ValueError: ``k < 1``, empty texts (see ``encode``).
-        """
+        """``(entities [n, k] int64, scores [n, k] float32)``, :meth:`score`'s best (ties: lower
+        index); ValueError: ``k < 1``, empty texts."""
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         k = min(int(k), self.num_entities)
@@ -222,14 +208,8 @@ class EntityRanker(SavesFolder, Encoder):
     def relevant_ranks(self, texts: Sequence[str], relevant: Sequence[Sequence[int]], *,
                        batch_size: int | None = None, show_progress_bar: bool = False
                        ) -> tuple[np.ndarray, np.ndarray]:
-        """The ranks of ``metrics.ranks_of_relevant`` on :meth:`score`'s matrix, computed
-        shard by shard (at least one relevant entity per query; repeats count once):
-        ``(query, rank)``, ``[n_pairs]`` int64 sorted by query then rank.
-
-        Raises:
-          ValueError: lengths differ, a query without relevant entity or with one out of
-            ``[0, num_entities)``; empty texts (see ``encode``).
-        """
+        """``metrics.ranks_of_relevant`` of :meth:`score` shard by shard, ``[n_pairs]`` int64;
+        ValueError: lengths differ, a bad relevant list, empty texts."""
         if len(relevant) != len(texts):
             raise ValueError(f"{len(relevant)} relevance lists for {len(texts)} queries")
         lists = []
@@ -267,8 +247,7 @@ class EntityRanker(SavesFolder, Encoder):
 
     def iter_entity_blocks(self, block_rows: int = 8192
                            ) -> Iterator[tuple[int, list[str], np.ndarray]]:
-        """``(start, ids, vectors [rows, dim] float32)`` blocks of the entity table, shard by
-        shard, each cut on its device (``parallel.iter_row_blocks``); no padding rows."""
+        """``(start, ids, vectors [rows, dim] float32)`` table blocks, cut on their devices."""
         if block_rows < 1:
             raise ValueError(f"block_rows must be positive, got {block_rows}")
         for start, block in parallel.iter_row_blocks(self.params["entity_embeddings"],
@@ -293,12 +272,8 @@ class EntityRanker(SavesFolder, Encoder):
                                    for _, ids, v in self.iter_entity_blocks(self.block_rows))
 
     def hf_folders(self) -> list[HFFolder]:
-        """Dual, Hybrid: ``f`` as one sentence-transformers folder (projection as a Dense
-        module); ``export_info.json`` holds the scale a (score = a * cos, same ranking).
-
-        Raises:
-          ValueError: Full (its query vector is no pooled sentence encoder).
-        """
+        """Dual, Hybrid: ``f`` as one sentence-transformers folder (scale a in
+        ``export_info.json``); ValueError for Full."""
         if self.variant == "full":
             raise ValueError(
                 f"{self.workdir or self.name} is a DocEnt-Full run: its query vector is the "
@@ -330,8 +305,7 @@ class EntityRanker(SavesFolder, Encoder):
 
 
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """A workdir's saved config on today's defaults, checked (FileNotFoundError: no
-    workdir or config; ValueError: malformed or impossible, the file named)."""
+    """A workdir's saved config, checked; FileNotFoundError, ValueError (the file named)."""
     return configs.read_config(workdir, FIELDS, prog=PROG, required=REQUIRED_FIELDS,
                                validate=validate_config)
 
@@ -355,19 +329,10 @@ def _check_fits(workdir, model, config, device_bytes: int | None) -> None:
 
 def load(workdir: str | os.PathLike, *, step: int | None = None,
          mesh: Mesh | None = None, device_bytes: int | None = None) -> EntityRanker:
-    """The latest (or ``step``'s) checkpoint's params (no optimizer state).
-
-    ``mesh=None``: a whole copy per process. A ``("data", "model")`` mesh: the table (and
-    Full's bias) split by rows over ``"model"``; ranking and export then work shard by shard.
-    ``device_bytes``: one device's memory (default: the accelerator's ``bytes_limit``; CPU:
-    no limit); ``mesh=None`` is refused for a table larger than it.
-
-    Raises:
-      FileNotFoundError: no workdir, run config, ``entity_ids.txt`` or checkpoint, or (no
-        ``encoder/`` copy) the config's model is gone.
-      ValueError: the mesh's ``model`` size does not divide the table's rows, or
-        ``mesh=None`` with a table larger than one device (one line, with the fix).
-    """
+    """The latest (or ``step``'s) checkpoint's params: ``mesh=None`` a whole copy per process
+    (refused for a table over ``device_bytes``), else the table split by rows over ``"model"``.
+    FileNotFoundError: no workdir, config, ``entity_ids.txt``, checkpoint or model; ValueError:
+    ``model`` not dividing the rows, or the table too large (one line, with the fix)."""
     config = read_config(workdir)
     entity_ids = read_entity_ids(storage.as_path(workdir) / ENTITY_IDS_FILE)
     # The encoder's shape and tokenizer: the workdir's copy, or the base model for older

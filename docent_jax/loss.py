@@ -1,12 +1,6 @@
-"""DocEnt's objectives, one function per equation (``docs/docent.md``).
-
-Dual maximises ``log P(e | s)``, ``P(e | s) = exp(a cos(g(e), f(s))) / sum_e' exp(a cos(g(e'),
-f(s)))`` (sec. 3.1, after RELIC), the denominator over ``config.softmax``: ``in_batch`` (the
-batch's entities; another sentence of the same entity is no negative) or ``full_vocab`` (the
-whole table, vocabulary-parallel over ``"model"``). Full: ``L_MLM + lambda * L_E`` over the
-union vocabulary; Hybrid: Dual's term + entity-conditioned MLM. Masks are drawn inside the
-loss from the step key (``docent_jax.masking``): the same on a resume and on any mesh.
-"""
+"""DocEnt's objectives, one function per equation (``docs/docent.md``): Dual's ``-log P(e | s)``
+over ``config.softmax``'s denominator, Full's ``L_MLM + lambda * L_E``, Hybrid's dual term +
+MLM; masks are drawn in the loss from the step key (the same on a resume and any mesh)."""
 
 from __future__ import annotations
 
@@ -51,11 +45,8 @@ def in_batch_entity_loss(
 
         l_i = -a cos(f_i, g(e_i)) + log sum_{j : j == i or e_j != e_i} exp(a cos(f_i, g(e_j)))
 
-    ``sentences``, ``entities``: ``[b, dim]`` float ``f(s_i)``, ``g(e_i)``; ``entity_ids``
-    ``[b]`` int32; ``row_chunk`` > 0: ``[row_chunk, b]`` scores per data device at a time
-    (``config.loss_chunk_size``). Returns ``(batch mean, {"scale", "distinct_entities"})``,
-    float32.
-    """
+    ``sentences``, ``entities`` ``[b, dim]``, ``entity_ids`` ``[b]`` int32; ``row_chunk``: rows per
+    data device at a time. Returns ``(mean, {"scale", "distinct_entities"})``, float32."""
     b = sentences.shape[0]
     entities, entity_ids_keys = gather_keys((entities, entity_ids), b, row_chunk)
 
@@ -85,12 +76,8 @@ def full_vocab_entity_loss(
 
         l_i = -a cos(f_i, g(e_i)) + log sum_{e < num_entities} exp(a cos(f_i, g(e)))
 
-    ``sentences`` ``[b, dim]`` (b divisible by data); ``table`` ``[rows, dim]`` (rows by
-    model; from ``num_entities`` on padding); ``entity_ids`` ``[b]`` int32; ``block_size``:
-    tiling (0 = untiled); ``fused_table``: no gradient to ``table``, its statistics (weight
-    ``1 / b``) under ``metrics[TABLE_STATS]``. Returns ``(batch mean, {"scale", ...})``,
-    float32.
-    """
+    ``sentences`` ``[b, dim]``, ``table`` ``[rows, dim]``, ``entity_ids`` ``[b]`` int32;
+    ``fused_table``: no table gradient, its statistics under ``metrics[TABLE_STATS]``."""
     metrics = {"scale": jnp.asarray(scale, jnp.float32)}
     if not fused_table:
         per = vocab_parallel_softmax_cross_entropy(sentences, table, entity_ids, mesh, scale,
@@ -109,11 +96,8 @@ def full_vocab_entity_loss(
 
 def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
                       mesh: Mesh) -> ContrastiveLoss:
-    """Dual's loss on the global batch (``data.BATCH["dual"]``), split at ``f(s)``
-    (``ContrastiveLoss``: ``contrastive_chunk_size`` chunks the encoder, GradCache); the
-    table and a enter :func:`entity_softmax_loss` directly. With dropout, sentence i uses
-    the key ``fold_in(step key, i)`` (``contrastive.per_example``).
-    """
+    """Dual's loss on the global batch split at ``f(s)`` (``ContrastiveLoss``); sentence i's
+    dropout key: ``fold_in(step key, i)``."""
     block_size = int(config.vocab_block_size)
     row_chunk = int(config.loss_chunk_size)
     fused_table = bool(config.fused_table_update)
@@ -144,9 +128,7 @@ def entity_softmax_loss(softmax: str, sentences: jax.Array, table: jax.Array,
                         entity_ids: jax.Array, scale: jax.Array | float, mesh: Mesh,
                         num_entities: int, block_size: int = 0, row_chunk: int = 0,
                         fused_table: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``-log P(e | s)`` with ``softmax``'s denominator (:func:`in_batch_entity_loss` with
-    ``row_chunk``, :func:`full_vocab_entity_loss` with ``block_size``, ``fused_table``):
-    Dual and Hybrid's dual term alike."""
+    """``-log P(e | s)`` with ``softmax``'s denominator: Dual's and Hybrid's dual term."""
     if softmax == "full_vocab":
         return full_vocab_entity_loss(sentences, table, entity_ids, scale, mesh, num_entities,
                                       block_size, fused_table)
@@ -186,15 +168,9 @@ def union_cross_entropy(
     num_entities: int,
     block_size: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
-    """Cross-entropy over the union ``[word pieces; entities]``: ``z_v = t . E_v + b_v``,
-    ``log Z = logaddexp(log Z_words, log Z_entities)``; the word part dense, the entity part
-    ``vocab_parallel_logsumexp`` over ``"model"`` (never ``[n, num_entities]`` on a device).
-
-    ``t`` ``[n, hidden]`` (n divisible by data); ``labels`` ``[n]`` int32 union ids (entity
-    e = ``vocab + e``); word table/bias ``[vocab, hidden]``/``[vocab]``; entity table/bias
-    ``[rows, hidden]``/``[rows]`` (from ``num_entities`` on padding). Returns ``(ce,
-    correct)``, ``[n]`` float32 (correct: the label's logit is the largest, ties count).
-    """
+    """Cross-entropy over ``[word pieces; entities]``, ``z_v = t . E_v + b_v``, ``log Z =
+    logaddexp(log Z_words, log Z_entities)`` (entities vocabulary-parallel): ``t`` ``[n, hidden]``,
+    ``labels`` ``[n]`` union ids -> ``(ce, correct)`` ``[n]`` float32."""
     t = t.astype(jnp.float32)
     vocab = word_table.shape[0]
     words = jnp.einsum("nh,vh->nv", t, word_table.astype(jnp.float32),
@@ -224,14 +200,10 @@ def full_loss(
     dropout: bool = False,
     vocab_block_size: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """DocEnt-Full's ``L_MLM + lambda * L_E`` (sec. 3): the mean cross-entropies of the
-    masked word pieces and entity tokens over the union (:func:`union_cross_entropy`);
-    ``single_cross_entropy``: ``(sum_words + lambda * sum_entities) / (n_words +
-    n_entities)`` (the released TF1 code in effect). lambda is 0 in the head warm-up.
-
-    ``batch``: ``data.BATCH["full"]``. Returns ``(loss, {mlm_loss, entity_loss,
-    mlm_accuracy, entity_accuracy, masked_words, masked_entities})``, float32.
-    """
+    """DocEnt-Full's ``L_MLM + lambda * L_E`` (sec. 3) over the union vocabulary;
+    ``single_cross_entropy``: ``(sum_words + lambda * sum_entities) / (n_words + n_entities)``
+    (the released TF1 code); lambda 0 in the head warm-up. Returns ``(loss, {mlm_loss,
+    entity_loss, mlm_accuracy, entity_accuracy, masked_words, masked_entities})``, float32."""
     mask_rng, entity_rng, dropout_rng = jax.random.split(rng, 3)
     ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
                                                          "token_type_ids"))
@@ -279,14 +251,8 @@ def hybrid_loss(
     dropout: bool = False,
     vocab_block_size: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """DocEnt-Hybrid's ``L_dual + mlm_weight * L_MLM``: ``L_dual`` is
-    :func:`entity_softmax_loss` (weight 0 in the head warm-up), ``L_MLM`` the masked word
-    pieces' mean cross-entropy from ``[f(s_-J)_t ; g(e)]``. ``clean_dual``: ``f(s)`` from a
-    second pass on the unmasked sentence (else the masked pass; the paper does not say).
-
-    ``batch``: ``data.BATCH["hybrid"]``. Returns ``(loss, {dual_loss, dual_accuracy (own
-    entity beats the batch's others), mlm_loss, mlm_accuracy, masked_words, scale})``, float32.
-    """
+    """DocEnt-Hybrid's ``L_dual + mlm_weight * L_MLM`` (``L_dual`` 0 in the warm-up; ``clean_dual``:
+    ``f(s)`` unmasked) -> ``(loss, metrics)`` float32."""
     mask_rng, dropout_rng = jax.random.split(rng)
     ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
                                                          "token_type_ids"))
@@ -322,8 +288,8 @@ def masking_config(config: ml_collections.ConfigDict, tokenizer) -> MaskingConfi
 def make_loss_fn(model: DocEntDual | DocEntFull | DocEntHybrid,
                  config: ml_collections.ConfigDict, mesh: Mesh,
                  masking: MaskingConfig | None = None) -> LossFn:
-    """``config.variant``'s ``loss_fn(params, batch, rng)`` on the global batch (``masking``
-    required for Full and Hybrid)."""
+    """``config.variant``'s ``loss_fn(params, batch, rng)``; ValueError: Full, Hybrid
+    without ``masking``."""
     variant = config.variant
     if variant == "dual":
         return make_dual_loss_fn(model, config, mesh)
@@ -350,9 +316,7 @@ def make_loss_fn(model: DocEntDual | DocEntFull | DocEntHybrid,
 
 
 def grad_accumulation(config: ml_collections.ConfigDict) -> GradAccumulation | None:
-    """DocEnt-Full's micro-batches (``grad_accum_steps``) weighted by their masked word pieces
-    (with ``single_cross_entropy``, words and entities): the exact means (``docs/docent.md``).
-    Dual chunks instead (``contrastive_chunk_size``); Hybrid does neither."""
+    """Full's micro-batches weighted by masked tokens: exact means (``docs/docent.md``)."""
     if config.variant != "full":
         return None
     counts = ("masked_words", "masked_entities")  # logged as the step's totals

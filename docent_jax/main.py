@@ -9,8 +9,7 @@ from absl import flags
 
 from data_pipelines import preprocess
 from docent_jax.configs import DATA_PATHS, FIELDS
-from embedding_core.commands import Command, Program, define_flags, main
-from embedding_core.storage import storage
+from embedding_core.commands import Program, define_flags, main
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
 define_flags(DEFAULT_CONFIG)
@@ -53,14 +52,6 @@ def demo(inv):
                     inv.flags.num_train_steps)
 
 
-def run_preprocess(inv):
-    from docent_jax.data import corpus_source
-
-    preprocess.run_preprocess(PROGRAM.prog, corpus_source,
-                              storage.absolute_data_paths(inv.config, DATA_PATHS),
-                              inv.flags.output, inv.flags.num_shards)
-
-
 PROGRAM = Program(
     prog="docent-jax", summary="train, evaluate and export DocEnt entity embeddings (Dual, Full, "
     "Hybrid; docs/docent.md)",
@@ -88,12 +79,10 @@ PROGRAM = Program(
                 "(finished runs skipped), evaluates and exports each; one table with "
                 "paired-bootstrap intervals and timings. --config: one run into DIR.",
     },
-    extra=[Command("preprocess", run_preprocess,
-                   "--config=CONFIG.py --output=DIR [--num_shards=8]",
-                   "tokenises CONFIG.py's training sentences once into --num_shards shards "
-                   "under --output (with entity_ids.txt, entities.json); train with "
-                   "--config.train_shards=DIR (docs/data.md, \"Sharded corpora\").",
-                   needs_workdir=False)])
+    extra=[preprocess.command("docent_jax.data", "tokenises CONFIG.py's training sentences once "
+                              "into --num_shards shards under --output (with entity_ids.txt, "
+                              "entities.json); train with --config.train_shards=DIR "
+                              "(docs/data.md, \"Sharded corpora\").", DATA_PATHS)])
 
 
 def run() -> None:

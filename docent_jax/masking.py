@@ -1,6 +1,5 @@
-"""BERT-style masking of DocEnt-Full and -Hybrid batches inside the jitted loss, drawn from
-the step key over the global array: the same masks on a resume and on any mesh
-(``docs/docent.md``)."""
+"""BERT-style masking of DocEnt-Full and -Hybrid batches inside the jitted loss, drawn from the step
+key over the global array: the same masks on a resume and on any mesh (``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -16,15 +15,9 @@ ENTITY_POSITION = 1
 
 @dataclasses.dataclass(frozen=True)
 class MaskingConfig:
-    """How word pieces and entity tokens are masked.
-
-    Attributes:
-      word_vocab_size: ids at or above it are entities.
-      special_token_ids: ids never masked (``[CLS]``, ``[SEP]``, ``[PAD]``, ``[MASK]``).
-      word_mask_rate: expected share of the maskable word pieces predicted (BERT 0.15).
-      entity_mask_rate: P(an example's entity token becomes ``[MASK]`` and is predicted).
-      mask_prob, random_prob: BERT's 80/10/10 rule for the selected word pieces.
-    """
+    """How word pieces and entity tokens are masked: ids from ``word_vocab_size`` on are
+    entities; ``special_token_ids`` never masked; rates as ``docs/docent.md``; ``mask_prob``,
+    ``random_prob``: BERT's 80/10/10."""
 
     mask_token_id: int
     word_vocab_size: int
@@ -52,11 +45,8 @@ class MaskingConfig:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, **fields: Any) -> MaskingConfig:
-        """From a BERT ``tokenizers.Tokenizer``; ``fields`` set the rates and limits.
-
-        Raises:
-          ValueError: the tokenizer has no ``[MASK]`` token.
-        """
+        """From a BERT ``tokenizers.Tokenizer``; ``fields`` set the rates and limits. Raises
+        ValueError: the tokenizer has no ``[MASK]`` token."""
         mask = tokenizer.token_to_id("[MASK]")
         if mask is None:
             raise ValueError("the tokenizer has no [MASK] token; DocEnt's MLM needs a BERT "
@@ -69,9 +59,9 @@ class MaskingConfig:
 
 
 class MaskedTokens(NamedTuple):
-    """Word-piece masking of a batch: ``input_ids`` ``[batch, seq_len]`` int32 after the
-    80/10/10 replacement; ``positions``, ``labels`` (original ids) ``[batch, P]`` int32;
-    ``weights`` ``[batch, P]`` float32 (0: an unused slot, its position arbitrary)."""
+    """Word-piece masking of a batch: ``input_ids`` ``[batch, seq_len]`` int32 after the 80/10/10
+    replacement; ``positions``, ``labels`` (original ids) ``[batch, P]`` int32; ``weights``
+    ``[batch, P]`` float32 (0: an unused slot, its position arbitrary)."""
 
     input_ids: jax.Array
     positions: jax.Array
@@ -91,11 +81,8 @@ def maskable_word_pieces(input_ids: jax.Array, attention_mask: jax.Array,
 
 def mask_word_pieces(rng: jax.Array, input_ids: jax.Array, maskable: jax.Array,
                      masking: MaskingConfig) -> MaskedTokens:
-    """BERT masked-LM corruption (Devlin et al. 2019, sec. 3.1, appendix A.1) of
-    ``[batch, seq_len]`` ids where ``maskable``: per sequence of ``n`` maskable tokens,
-    ``k = min(floor(n * rate + u), P, n)``, ``u ~ U[0, 1)`` (``E[k] = n * rate`` unless the
-    cap binds; BERT rounds), positions uniform without replacement, each ``[MASK]``
-    (``mask_prob``), a random word piece (``random_prob``) or kept. Returns
+    """BERT masked-LM corruption (Devlin et al. 2019, A.1) of ``maskable`` ids: ``k = min(floor(n *
+    rate + u), P, n)``, ``u ~ U[0, 1)``, positions uniform, each ``[MASK]``, random or kept;
     :class:`MaskedTokens` with ``P = min(max_predictions, seq_len)`` slots."""
     input_ids, maskable = jnp.asarray(input_ids), jnp.asarray(maskable)
     batch, seq_len = input_ids.shape
@@ -126,10 +113,8 @@ def mask_word_pieces(rng: jax.Array, input_ids: jax.Array, maskable: jax.Array,
 
 def mask_entity_tokens(rng: jax.Array, input_ids: jax.Array,
                        masking: MaskingConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The entity token (position :data:`ENTITY_POSITION`) of ``[batch, seq_len]`` Full
-    inputs becomes ``[MASK]`` with probability ``entity_mask_rate`` (no 80/10/10: our
-    reading). Returns ``(ids, labels [batch] int32 union ids, weights [batch] float32)``;
-    a row without an entity token (padding) is never masked."""
+    """The entity token becomes ``[MASK]`` with ``entity_mask_rate`` (no 80/10/10): ``(ids,
+    labels [batch] int32, weights [batch] float32)``; rows without one never masked."""
     input_ids = jnp.asarray(input_ids)
     labels = input_ids[:, ENTITY_POSITION]
     draw = jax.random.uniform(rng, labels.shape) < masking.entity_mask_rate

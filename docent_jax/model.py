@@ -1,14 +1,5 @@
-"""DocEnt's Flax modules (``docs/docent.md``).
-
-* Dual (sec. 3.1, RELIC by Ling et al. 2020): a table row ``g(e)`` per entity, ``f(s)`` the
-  [CLS] (or mean) state, optionally projected; ``score(e, s) = a * cos(g(e), f(s))`` with
-  ``a = exp(log_scale)`` learned from ``scale_init`` (``learn_scale``, our reading). The
-  table's rows (logical ``("entities", "embed")``) are padded to ``table_multiple``.
-* Full (sec. 3): one input token per entity, ``[CLS] <entity> [SEP] sentence [SEP]``, a tied
-  MLM head over ``[word pieces; entities]``; the entity rows are a second table with its own
-  bias (as the released TF1 patch), truncated normal std 0.02.
-* Hybrid: Dual plus an MLM head on ``[f(s_-J)_t ; g(e)]`` for every masked word piece.
-"""
+"""DocEnt's Flax modules, Dual, Full and Hybrid (``docs/docent.md``, "Dual encoder implementation",
+"Full and Hybrid implementation")."""
 
 from __future__ import annotations
 
@@ -32,14 +23,12 @@ ENTITY_INIT_STD = 0.02
 
 
 def dual_scores(queries: jax.Array, table: jax.Array, scale: jax.Array | float) -> jax.Array:
-    """``a * cos(q, g(e))`` (Dual, Hybrid): ``[n, dim]``, ``[rows, dim]`` -> ``[n, rows]``
-    float32."""
+    """``a * cos(q, g(e))``: ``[n, dim]``, ``[rows, dim]`` -> ``[n, rows]`` float32."""
     return scale * cosine_similarity_matrix(queries.astype(jnp.float32), table)
 
 
 def full_scores(t: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
-    """Full's entity logits ``t . g(e) + b_e``: ``[..., hidden]``, ``[rows, hidden]``,
-    ``[rows]`` -> ``[..., rows]`` float32."""
+    """``t . g(e) + b_e``: ``[..., hidden]``, ``[rows, hidden]``, ``[rows]`` -> ``[..., rows]``."""
     return jnp.einsum("...h,eh->...e", t.astype(jnp.float32), table.astype(jnp.float32),
                       precision=jax.lax.Precision.HIGHEST) + bias
 
@@ -52,9 +41,8 @@ def table_rows(num_entities: int, multiple: int) -> int:
 
 
 class DocEntDual(nn.Module):
-    """RELIC-style dual encoder: entity table ``g`` ``[num_rows, dim]`` (rows from
-    ``num_entities`` on are padding) and sentence encoder ``f`` (``pooling`` cls | mean, then
-    a projection to ``projection_dim`` when > 0; ``dim`` is that width or the hidden size)."""
+    """RELIC-style dual encoder: table ``g`` ``[num_rows, dim]`` (padded past ``num_entities``),
+    sentence encoder ``f`` (``pooling``, then a projection to ``projection_dim`` when > 0)."""
 
     config: EncoderConfig
     num_entities: int
@@ -128,8 +116,7 @@ class DocEntDual(nn.Module):
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  token_type_ids: jax.Array, *, deterministic: bool = True
                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """``[batch, fields, seq_len]`` int32 inputs -> ``(f [batch * fields, dim], g
-        [num_rows, dim], a)``, float32."""
+        """``[batch, fields, seq]`` int32 -> ``(f [batch * fields, dim], g [num_rows, dim], a)``."""
         b, f, seq = input_ids.shape
         flat = [x.reshape(b * f, seq) for x in (input_ids, attention_mask, token_type_ids)]
         return (self.encode_sentences(*flat, deterministic=deterministic),
@@ -146,8 +133,7 @@ def _entity_table_init() -> nn.initializers.Initializer:
 
 
 class MLMHeadTransform(nn.Module):
-    """Dense -> GELU (exact) -> LayerNorm in float32 (HF ``BertPredictionHeadTransform``):
-    ``[..., d_in]`` -> ``[..., features]``; fresh (MiniLM ships no MLM head)."""
+    """Dense -> exact GELU -> LayerNorm in float32 (``BertPredictionHeadTransform``), fresh."""
 
     features: int
     layer_norm_eps: float = 1e-12
@@ -190,13 +176,8 @@ def word_table(params: Mapping[str, Any]) -> jax.Array:
 
 
 class DocEntFull(nn.Module):
-    """BERT with one input token per entity (id ``vocab_size + e``) and a tied MLM head.
-
-    Params: ``entity_embeddings`` ``[num_rows, hidden]`` (rows from ``num_entities`` on are
-    padding), ``word_bias`` ``[vocab]``, ``entity_bias`` ``[num_rows]``. Call: ``[batch,
-    seq_len]`` int32 inputs, ``[batch, P]`` positions -> dense ``[batch, P, vocab +
-    num_entities]`` float32 logits (tests only). ValueError at init for bad row counts.
-    """
+    """BERT with one input token per entity (id ``vocab_size + e``) and a tied MLM head over
+    ``[words; entities]`` (dense logits: tests only); ValueError: bad row counts."""
 
     config: EncoderConfig
     num_entities: int
@@ -235,8 +216,7 @@ class DocEntFull(nn.Module):
 
     def predict(self, input_ids, attention_mask, token_type_ids, positions, *,
                 deterministic=True) -> jax.Array:
-        """``t = LN(gelu(h W + b))`` at ``positions``: ``[batch, P, hidden]`` float32 (token
-        v's logit is ``t . E_v + b_v``)."""
+        """``t = LN(gelu(h W + b))`` at ``positions``: ``[batch, P, hidden]`` float32."""
         hidden = self.encode(input_ids, attention_mask, token_type_ids,
                              deterministic=deterministic).last_hidden_state
         return self.mlm_transform(_gather(hidden, positions))
@@ -246,8 +226,7 @@ class DocEntFull(nn.Module):
         return full_scores(t, self.entity_embeddings, self.entity_bias)
 
     def mlm_logits(self, hidden: jax.Array) -> jax.Array:
-        """``t [E_word; E_ent]^T + [b_w; b_e]``, ``t = LN(gelu(h W + b))``: ``[..., hidden]``
-        -> ``[..., vocab + num_entities]`` float32 (after the encoder has run)."""
+        """``t [E_word; E_ent]^T + [b_w; b_e]``: ``[..., vocab + num_entities]`` float32."""
         t = self.mlm_transform(hidden)
         words = jnp.einsum("...h,vh->...v", t, self.word_table(),
                            precision=jax.lax.Precision.HIGHEST) + self.word_bias
@@ -261,13 +240,8 @@ class DocEntFull(nn.Module):
 
 
 class DocEntHybrid(DocEntDual):
-    """:class:`DocEntDual` plus an MLM head on ``[f(s_-J)_t ; g(e)]`` (``mlm_transform``
-    ``hidden + dim -> hidden``, ``word_bias``; output matrix tied to the word pieces).
-
-    Call: the masked sentence ``[batch, seq_len]`` int32, ``entity_ids`` ``[batch]``,
-    ``positions`` ``[batch, P]``; ``clean_ids`` (unmasked) gives the dual term its own pass.
-    Returns float32 ``(f(s) [batch, dim], logits [batch, P, vocab], g [num_rows, dim], a)``.
-    """
+    """:class:`DocEntDual` plus an MLM head on ``[f(s_-J)_t ; g(e)]`` -> ``(f(s), logits [batch, P,
+    vocab], g, a)`` float32; ``clean_ids``: the dual term's own pass."""
 
     def setup(self):
         super().setup()
@@ -281,8 +255,7 @@ class DocEntHybrid(DocEntDual):
         return jnp.take(self.entity_embeddings, entity_ids, axis=0).astype(jnp.float32)
 
     def mlm_logits(self, hidden: jax.Array, entity_vectors: jax.Array) -> jax.Array:
-        """``LN(gelu([h_t ; g(e)] W + b)) E_word^T + b_w``: ``[batch, P, hidden]``, ``[batch,
-        dim]`` -> ``[batch, P, vocab]`` float32 (after the encoder has run)."""
+        """``LN(gelu([h_t ; g(e)] W + b)) E_word^T + b_w``: ``[batch, P, vocab]`` float32."""
         g = jnp.broadcast_to(entity_vectors[:, None, :], hidden.shape[:-1] + (
             entity_vectors.shape[-1],))
         t = self.mlm_transform(jnp.concatenate([hidden.astype(jnp.float32), g], axis=-1))
@@ -302,8 +275,7 @@ class DocEntHybrid(DocEntDual):
 
 def build_model(config, encoder_config: EncoderConfig, num_entities: int
                 ) -> DocEntDual | DocEntFull | DocEntHybrid:
-    """``config.variant``'s model for ``num_entities`` (:func:`table_rows` rows; ValueError
-    for an unknown variant)."""
+    """``config.variant``'s model (ValueError for an unknown variant)."""
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     encoder_config = encoder_config.replace(dropout_impl=config.dropout_impl,

@@ -1,5 +1,5 @@
-"""DocEnt's optimizer: the shared AdamW, a separate learning rate for the entity side and
-the optional head-only MLM warm-up (``docs/docent.md``)."""
+"""DocEnt's optimizer: the shared AdamW, a separate learning rate for the entity side and the
+optional head-only MLM warm-up (``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from embedding_core.training.run import default_optimizer
 
 
 def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:
-    """Multiplies the updates of top-level parameters ``name`` by ``factors[name]``: after
-    AdamW at ``lr``, AdamW at ``factor * lr`` there (the update is linear in the rate),
-    stateless (no masked optimizer states to shard or checkpoint)."""
+    """Scales top-level parameter ``name``'s updates by ``factors[name]`` (AdamW is linear in
+    the rate); stateless."""
 
     def update(updates, state, params=None):
         return {key: jax.tree.map(lambda u, f=factors[key]: u * f, value) if key in factors
@@ -25,8 +24,8 @@ def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:
 
 
 def head_only_warmup(steps: int) -> optax.GradientTransformation:
-    """Zeroes every update but the MLM head's (``MLM_HEAD_PARAMS``) in the first ``steps``
-    steps; the count lives in the state (a resume freezes the same steps)."""
+    """Zeroes every update but the MLM head's (``MLM_HEAD_PARAMS``) in the first ``steps`` steps;
+    the count lives in the state (a resume freezes the same steps)."""
 
     def init(params):
         return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
@@ -50,9 +49,8 @@ def head_warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> in
 
 
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """The shared AdamW at ``learning_rate`` (the encoder); ``ENTITY_PARAMS`` at
-    ``entity_learning_rate``, the MLM head at ``mlm_head_learning_rate`` (0 = the encoder's;
-    our choice), and the head-only warm-up (:func:`head_warmup_steps`)."""
+    """AdamW at ``learning_rate``; ``ENTITY_PARAMS`` and the MLM head at their own rates (0:
+    the encoder's); the head-only warm-up."""
     tx, schedule = default_optimizer(config, total_steps)
     lr = float(config.learning_rate)
     rates = {name: float(config.entity_learning_rate) for name in ENTITY_PARAMS}

@@ -1,9 +1,5 @@
-"""DocEnt's own training data: Amazon Movies & TV reviews joined to Reviews2Movielens.
-
-``config.train_data = "amazon"``: entities are canonical ASINs, reviews pass the paper's
-filters, Reddit queries rank them (Zemlyanskiy et al., EACL 2021, sec. 4.2-4.4; the steps
-and our choices: ``docs/docent_tags.md``, "Training corpus").
-"""
+"""DocEnt's own training data, ``train_data = "amazon"``: Amazon Movies & TV reviews joined to
+Reviews2Movielens (``docs/docent_tags.md``, "Training corpus")."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ def _file_key(path: str, field: str) -> FileKey:
 
 
 def review_paths(config: ml_collections.ConfigDict) -> list[str]:
-    """The review files of ``config.amazon_paths`` (comma-separated; blanks ignored).
-    Raises ValueError, saying what to pass, when it is empty."""
+    """``config.amazon_paths``'s files (comma-separated); ValueError when empty."""
     paths = [p.strip() for p in _field(config, "amazon_paths").split(",") if p.strip()]
     if not paths:
         raise ValueError(
@@ -61,19 +56,10 @@ def mapping_path(config: ml_collections.ConfigDict) -> str:
 
 
 def load_review_data(config: ml_collections.ConfigDict) -> EntityData:
-    """The corpus of ``amazon_paths``, ``mapping_path``, ``min_review_words``, ``min_reviews``
-    and ``eval_reddit_path`` (optional), cached per process on the files' paths, sizes and
-    mtimes and the thresholds.
-
-    Returns :class:`docent_jax.corpus.EntityData` (canonical ASINs sorted; Reddit queries
-    or ``[]``).
-
-    Raises:
-      ValueError: ``amazon_paths`` or ``mapping_path`` empty, thresholds below 1, no movie
-        left after the filters, or a canonical ASIN mapped to two MovieLens ids.
-      FileNotFoundError: a named file is missing (the config field is named).
-      data_pipelines.errors.DataError: a bad line (file, line and field named).
-    """
+    """:class:`docent_jax.corpus.EntityData` of ``amazon_paths``, ``mapping_path``, the
+    thresholds and ``eval_reddit_path``, cached per process on paths, sizes and mtimes.
+    ValueError: empty paths, thresholds below 1, no movie left, an ASIN on two MovieLens ids;
+    FileNotFoundError (field named); DataError (file, line, field)."""
     paths = tuple(_file_key(p, "amazon_paths") for p in review_paths(config))
     mapping = _file_key(mapping_path(config), "mapping_path")
     reddit_file = _field(config, "eval_reddit_path")
@@ -142,15 +128,8 @@ def _reddit_queries(reddit_key: FileKey | None, vocab: amazon.EntityVocab,
 
 def entity_movielens_ids(config: ml_collections.ConfigDict,
                          entity_ids: Sequence[str]) -> list[int | None]:
-    """The MovieLens id (None if unmapped) of each entity (canonical ASIN) of a
-    ``train_data="amazon"`` run, from its ``mapping_path`` (re-read).
-
-    Raises:
-      ValueError: the run was not trained on ``train_data="amazon"``, ``mapping_path`` is
-        empty, or a canonical ASIN has two MovieLens ids.
-      FileNotFoundError: the mapping file is gone (``config.mapping_path`` named).
-      data_pipelines.errors.DataError: a bad mapping line.
-    """
+    """Each entity's MovieLens id (None: unmapped) from the run's ``mapping_path``; ValueError:
+    not ``train_data="amazon"``, no mapping, an ASIN on two ids; FileNotFoundError; DataError."""
     if config.get("train_data") != "amazon":
         raise ValueError(
             f"tag prediction needs a model trained on movies (config.train_data='amazon' with "

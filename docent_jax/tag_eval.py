@@ -1,12 +1,5 @@
-"""DocEnt's MovieLens tag-prediction metrics and the frozen-embedding baselines
-(sec. 5; the authors' ``MoviesHoldoutEval.ipynb``; ``docs/docent.md``, ``docs/docent_tags.md``).
-
-Label = ``count > threshold``. Over movies with a positive: P@K over movies with >= K
-positives; NDCG@K with gain = count and gain = ``ln(1 + count)`` (every tag's gain),
-discount ``log2(rank + 1)``; MAP = label-ranking AP. AUC over all cells. Ties are
-pessimistic (``embedding_core.evaluation.metrics``); where the notebook divides by ``1e-8``
-we give NaN.
-"""
+"""DocEnt's MovieLens tag-prediction metrics and frozen-embedding baselines (sec. 5; definitions
+in ``docs/docent.md``, "Tag prediction implementation")."""
 
 from __future__ import annotations
 
@@ -33,15 +26,8 @@ def _matrix(x, name: str) -> np.ndarray:
 
 def tag_metrics(scores, counts, threshold: int = 1,
                 ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
-    """The metrics (module docstring) of ``[n_movies, n_tags]`` float ``scores`` (higher =
-    more relevant) against int user ``counts`` (>= 0).
-
-    Returns ``map``, ``auc``, ``precision@K``, ``ndcg@K``, ``ndcg_log@K``, ``num_movies@K``,
-    ``movies_with_positive``, ``positives``; undefined is NaN.
-
-    Raises:
-      ValueError: shapes differ, negative counts or NaN scores.
-    """
+    """``map``, ``auc``, ``precision@K``, ``ndcg@K``, ``ndcg_log@K``, ``num_movies@K``, ...
+    of ``[n_movies, n_tags]`` scores vs counts (NaN: undefined); ValueError: shapes, sign, NaN."""
     s = _matrix(scores, "scores")
     c = _matrix(counts, "counts")
     if c.shape != s.shape:
@@ -73,15 +59,8 @@ def tag_metrics(scores, counts, threshold: int = 1,
 def human_baseline(folds: Sequence[HumanCVFold], *, threshold: int = 2,
                    ks: Sequence[int] = DEFAULT_KS,
                    model_scores: Mapping[str, np.ndarray] | None = None) -> dict[str, dict]:
-    """The human cross-validation (``movielens.human_cv_folds``): each fold's ``held_in``
-    counts are the labels (positive: ``> threshold``, the paper's 2), its ``others`` the
-    "human" scores; ``model_scores`` (``{name: [n_movies, n_tags]}``) are scored against the
-    same labels. Returns ``{"human": {"folds": [metrics per fold], "mean": metrics},
-    name: {...}}``, ``mean`` over the folds where defined (else NaN).
-
-    Raises:
-      ValueError: no folds, or a model's scores whose shape differs from the counts'.
-    """
+    """The human cross-validation beside ``model_scores``: ``{"human": {"folds", "mean"}, name:
+    ...}``; ValueError: no folds, a shape unlike the counts'."""
     if not folds:
         raise ValueError("human_baseline needs at least one fold")
     predictors: dict[str, Callable[[HumanCVFold], np.ndarray]] = {"human": lambda f: f.others}
@@ -107,8 +86,7 @@ def _nanmean_dicts(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class TagHead:
-    """A linear tag classifier on frozen entity embeddings: ``logits = x W + b``, ``W``
-    ``[dim, n_tags]`` and ``b`` ``[n_tags]`` float32; ``x`` L2-normalised if ``normalize``."""
+    """``logits = x W + b`` on frozen entity embeddings (``x`` L2-normalised if ``normalize``)."""
 
     kernel: np.ndarray
     bias: np.ndarray
@@ -129,9 +107,8 @@ def _prepare(embeddings, normalize: bool) -> np.ndarray:
 
 def fit_tag_head(embeddings, labels, *, steps: int = 500, learning_rate: float = 1e-2,
                  weight_decay: float = 1e-4, normalize: bool = True) -> TagHead:
-    """Logistic regression per tag on ``[n, dim]`` frozen ``embeddings`` and ``[n, n_tags]``
-    0/1 ``labels``: full-batch sigmoid BCE, optax AdamW, weights from zero (convex, no seed).
-    Raises ValueError for mismatched shapes."""
+    """Per-tag logistic regression on ``[n, dim]`` embeddings and ``[n, n_tags]`` labels:
+    full-batch BCE, AdamW from zero; ValueError: shapes."""
     x = _prepare(embeddings, normalize)
     y = np.asarray(labels, dtype=np.float32)
     if y.ndim != 2 or y.shape[0] != x.shape[0]:
@@ -167,14 +144,9 @@ def _fit(loss, params, tx, steps: int, *data):
 def closed_vocab_eval(embeddings, counts, train_rows: Sequence[int], test_rows: Sequence[int], *,
                       threshold: int = 1, train_threshold: int = 0, ks: Sequence[int] = DEFAULT_KS,
                       **fit_options) -> dict:
-    """Closed vocabulary, linear probe: :func:`fit_tag_head` (``fit_options``) on ``[n_movies,
-    dim]`` frozen ``embeddings`` of ``train_rows`` with labels ``count > train_threshold``,
-    scored on ``test_rows`` with labels ``count > threshold``. Returns ``{"metrics",
-    "scores": [n_test, n_tags] float32, "head": TagHead}``.
-
-    Raises:
-      ValueError: overlapping or out-of-range rows, mismatched shapes.
-    """
+    """Closed vocabulary probe: :func:`fit_tag_head` on ``train_rows`` (``count >
+    train_threshold``), scored on ``test_rows`` (``count > threshold``): ``{"metrics", "scores",
+    "head"}``; ValueError: overlapping or out-of-range rows, shapes."""
     x = np.asarray(embeddings)
     c = _matrix(counts, "counts")
     train, test = _rows(train_rows, len(c)), _rows(test_rows, len(c))
@@ -209,16 +181,9 @@ def open_vocab_eval(entity_embeddings, tag_texts: Sequence[str],
                     heldout_tags: Sequence[int], *, threshold: int = 1,
                     ks: Sequence[int] = DEFAULT_KS, fit_steps: int = 0,
                     learning_rate: float = 1e-2) -> dict:
-    """Open vocabulary: a movie's score for held-out tag ``j`` is ``cos(x_movie, f(tag_j))``,
-    ``f`` = ``encode_texts`` (``list[str] -> [n, dim]``, the width of ``[n_movies, dim]``
-    ``entity_embeddings``). With ``fit_steps > 0`` the other tags first fit
-    ``logit = a * cos(A x, f(tag)) + b`` (``A`` from the identity; BCE on ``count > 0``) and
-    held-out tags are scored with ``cos(A x, f(tag))``. Returns ``{"metrics", "scores":
-    [n_movies, n_heldout]}``.
-
-    Raises:
-      ValueError: mismatched shapes, bad indices, or an encoder output of the wrong shape.
-    """
+    """Open vocabulary: score ``cos(x_movie, f(tag))`` (``fit_steps > 0``: ``cos(A x, f(tag))``
+    after fitting ``a * cos(A x, f(tag)) + b`` on the other tags): ``{"metrics", "scores"}``;
+    ValueError: shapes, indices, an encoder output of the wrong shape."""
     x = _prepare(entity_embeddings, False)
     c = _matrix(counts, "counts")
     if len(tag_texts) != c.shape[1] or x.shape[0] != c.shape[0]:

@@ -1,11 +1,5 @@
-"""Fine-tuning a trained DocEnt model on MovieLens tags (*our choice*: the paper, sec. 5,
-does not say how; ``docs/docent_tags.md``, "Fine-tuning").
-
-A tag's text is a query of the model's own scorer (``ranker.query_fn``,
-``ranker.entity_scores_fn``); a head row ``h`` adds an offset and a bias:
-``logit = score_with(f(tag) + delta_h, movie) + b_h``, one row per tag (closed vocabulary)
-or one shared row (open). The model and the head train jointly with sigmoid BCE and AdamW.
-"""
+"""Fine-tuning a trained DocEnt model on MovieLens tags, ``logit = score_with(f(tag) + delta_h,
+movie) + b_h`` (*our choice*; ``docs/docent_tags.md``, "Fine-tuning")."""
 
 from __future__ import annotations
 
@@ -41,8 +35,7 @@ class FinetuneSettings:
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, *,
                     progress: bool = False) -> FinetuneSettings:
-        """The settings a DocEnt config holds. Entity parameters keep the training run's ratio
-        ``entity_learning_rate / learning_rate``; 0 means the same rate as the encoder."""
+        """The settings of a DocEnt config (entity rate: the run's ratio; 0: the encoder's)."""
         lr = float(config.tag_learning_rate)
         ratio = (float(config.entity_learning_rate) / float(config.learning_rate)
                  if float(config.entity_learning_rate) > 0 else 1.0)
@@ -55,11 +48,8 @@ class FinetuneSettings:
 
 @dataclasses.dataclass
 class FinetuneResult:
-    """One fine-tuned setting: ``scores`` ``[n_movies, n_tags]`` float32 logits of the
-    evaluation block, ``zero_shot`` the untuned model's raw scores of it, the tuned
-    ``params`` and ``head`` (``{"offset": [rows, dim], "bias": [rows]}`` float32), the mean
-    BCE over the training block with the calibrated head before and after, and the
-    ``[steps]`` float32 minibatch losses."""
+    """One setting: ``scores`` ``[n_movies, n_tags]`` float32, ``zero_shot``, tuned ``params``
+    and ``head`` (``offset [rows, dim]``, ``bias [rows]``), BCE before, after, step losses."""
 
     scores: np.ndarray
     zero_shot: np.ndarray
@@ -71,10 +61,7 @@ class FinetuneResult:
 
 
 class TagScorer:
-    """Scores tag texts against entity columns with a ranker's pure functions: one compiled
-    scorer (``[batch, L]`` tokens + ``[batch, dim]`` offsets -> ``[batch, num_rows]``
-    logits) and one training step (compiled once per label shape), shared by both settings.
-    """
+    """A ranker's pure functions compiled once: tokens + offsets -> ``[batch, num_rows]`` logits."""
 
     def __init__(self, ranker, batch_size: int):
         if batch_size < 1:
@@ -108,8 +95,7 @@ class TagScorer:
 
     def raw_scores(self, params, texts: Sequence[str], offsets: np.ndarray,
                    columns: np.ndarray) -> np.ndarray:
-        """Logits without bias, ``[n, c]`` float32, of ``n`` texts with ``[n, dim]`` float32
-        query ``offsets`` against ``[c]`` entity ``columns``."""
+        """Logits without bias ``[n, c]`` float32 of texts + ``offsets`` ``[n, dim]``."""
         inputs = self.inputs(texts)
         n, b = len(texts), self.batch_size
         offsets = np.asarray(offsets, np.float32)
@@ -139,9 +125,7 @@ def _group(path, _leaf) -> str:
 
 
 def make_optimizer(settings: FinetuneSettings) -> optax.GradientTransformation:
-    """AdamW per group of ``{"model": params, "head": head}``: ``"encoder"`` (weight decay on
-    matrices), ``"entity"`` (``ENTITY_PARAMS``), ``"head"``. Rates and decays are injected
-    hyperparameters, in the optimiser state, so one compiled step serves every setting."""
+    """AdamW per group (encoder, entity, head), injected rates: one compiled step for all."""
     adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))
     return optax.multi_transform(
         {"encoder": adamw(learning_rate=settings.learning_rate,
@@ -161,8 +145,7 @@ def _placement(params) -> jax.sharding.Sharding:
 
 
 def _pin(tree, place: jax.sharding.Sharding):
-    """Commits every leaf not already on ``place``'s devices to ``place``, so the step sees
-    the same input shardings on every call and compiles once."""
+    """Commits leaves to ``place``: the step sees one sharding and compiles once."""
 
     def put(x):
         s = getattr(x, "sharding", None)
@@ -224,15 +207,8 @@ def finetune(scorer: TagScorer, texts: Sequence[str], head_index: np.ndarray, he
              labels: np.ndarray, columns: np.ndarray, settings: FinetuneSettings,
              eval_texts: Sequence[str], eval_head_index: np.ndarray,
              eval_columns: np.ndarray, *, desc: str = "tag fine-tuning") -> FinetuneResult:
-    """Fine-tunes ``scorer.ranker`` on ``n`` training ``texts`` (``[n]`` int ``head_index``
-    into ``head_rows``; ``[n, c]`` bool ``labels`` against the ``[c]`` entity ``columns``) and
-    scores the evaluation block.
-
-    Returns :class:`FinetuneResult`, ``scores`` ``[len(eval_columns), len(eval_texts)]``.
-
-    Raises:
-      ValueError: shapes that disagree, no training text, a head index out of range.
-    """
+    """Fine-tunes ``scorer.ranker`` on ``texts`` (``head_index`` ``[n]``, ``labels`` ``[n, c]``)
+    and scores the evaluation block; ValueError: shapes, no text, a head index out of range."""
     ranker = scorer.ranker
     labels = np.asarray(labels, bool)
     head_index = np.asarray(head_index, np.int32)
@@ -291,8 +267,7 @@ def finetune(scorer: TagScorer, texts: Sequence[str], head_index: np.ndarray, he
 
 
 def _minibatches(n: int, batch: int, steps: int, seed: int) -> list[np.ndarray]:
-    """``steps`` batches of ``batch <= n`` distinct indices: consecutive slices of one seeded
-    permutation per epoch (a short tail is left out, so every batch has one shape)."""
+    """``steps`` batches of distinct indices, one seeded permutation per epoch."""
     rng = np.random.default_rng(seed)
     out: list[np.ndarray] = []
     while len(out) < steps:
@@ -304,14 +279,8 @@ def _minibatches(n: int, batch: int, steps: int, seed: int) -> list[np.ndarray]:
 def finetune_closed(scorer: TagScorer, tag_texts: Sequence[str], counts: np.ndarray,
                     entity_rows: np.ndarray, train_rows: np.ndarray, test_rows: np.ndarray, *,
                     train_threshold: int, settings: FinetuneSettings) -> FinetuneResult:
-    """Closed vocabulary: all tags x the ``train_rows`` movies train (labels ``count >
-    train_threshold``; ``[n_movies, n_tags]`` ``counts``, ``[n_movies]`` ``entity_rows``),
-    one head row per tag; ``scores`` are ``[len(test_rows), n_tags]``. Only
-    ``counts[train_rows]`` is read.
-
-    Raises:
-      ValueError: overlapping rows or shapes that disagree.
-    """
+    """Closed vocabulary: every tag on ``train_rows`` (labels ``count > train_threshold``), a head
+    row per tag; ValueError: overlapping rows or shapes."""
     counts = np.asarray(counts)
     train_rows, test_rows = np.asarray(train_rows), np.asarray(test_rows)
     check_disjoint(train_rows, test_rows, "train_rows and test_rows", "movies")
@@ -326,12 +295,7 @@ def finetune_closed(scorer: TagScorer, tag_texts: Sequence[str], counts: np.ndar
 def finetune_open(scorer: TagScorer, tag_texts: Sequence[str], counts: np.ndarray,
                   entity_rows: np.ndarray, train_tags: np.ndarray, test_tags: np.ndarray, *,
                   train_threshold: int, settings: FinetuneSettings) -> FinetuneResult:
-    """Open vocabulary: the ``train_tags`` x all movies train, one head row shared by every
-    tag; ``scores`` are ``[n_movies, len(test_tags)]``. Only ``counts[:, train_tags]`` is read.
-
-    Raises:
-      ValueError: overlapping tags or shapes that disagree.
-    """
+    """Open vocabulary: ``train_tags`` on every movie, one shared head row; ValueError: overlap."""
     counts = np.asarray(counts)
     train_tags, test_tags = np.asarray(train_tags), np.asarray(test_tags)
     check_disjoint(train_tags, test_tags, "train_tags and test_tags", "tags")

@@ -1,8 +1,4 @@
-"""DocEnt MovieLens tag prediction for a trained workdir (Zemlyanskiy et al., EACL 2021,
-sec. 5): the movie x tag matrix, the closed- and open-vocabulary splits, fine-tuning
-(``tag_finetune``), the baselines (``tag_eval``) and the report. Protocol and our choices:
-``docs/docent_tags.md``.
-"""
+"""DocEnt MovieLens tag prediction of a trained workdir (sec. 5; ``docs/docent_tags.md``)."""
 
 from __future__ import annotations
 
@@ -37,10 +33,8 @@ COSINE = "tag-text cosine (frozen)"
 
 @dataclasses.dataclass(frozen=True)
 class TagTask:
-    """The movie x tag matrix of a model's entities: ``movie_ids`` ``[n_movies]`` (MovieLens),
-    ``entity_rows`` ``[n_movies]`` int64 (rows of the model's table), ``tags`` ``[n_tags]``
-    (``tagId`` order), ``counts`` ``[n_movies, n_tags]`` int32 distinct users, every tag
-    ``applications`` of the folder (for the human CV) and a ``description``."""
+    """A model's movie x tag matrix: ``movie_ids``, ``entity_rows`` ``[n_movies]`` int64, ``tags``
+    (``tagId`` order), ``counts`` ``[n_movies, n_tags]`` int32, every tag ``applications``."""
 
     movie_ids: list[int]
     entity_rows: np.ndarray
@@ -51,8 +45,7 @@ class TagTask:
 
 
 def movielens_folder(config: ml_collections.ConfigDict) -> epath.Path:
-    """``config.tag_movielens_dir``, or the shipped ``data/movielens`` when empty.
-    Raises FileNotFoundError (naming the field) without ``tags.csv`` or ``genome-tags.csv``."""
+    """``config.tag_movielens_dir`` or the shipped ``data/movielens``; FileNotFoundError."""
     given = str(config.get("tag_movielens_dir", "") or "").strip()
     folder = storage.as_path(given) if given else storage.as_path(data_dir() / "movielens")
     for name in ("tags.csv", "genome-tags.csv"):
@@ -65,14 +58,8 @@ def movielens_folder(config: ml_collections.ConfigDict) -> epath.Path:
 
 
 def build_tag_task(config: ml_collections.ConfigDict, entity_ids: Sequence[str]) -> TagTask:
-    """The movie x tag count matrix over a model's entities; a MovieLens id shared by several
-    entities keeps the first (``docs/docent_tags.md``).
-
-    Raises:
-      ValueError: not an Amazon-trained run (see ``entity_movielens_ids``), or fewer than 2
-        movies or 2 tags with applications.
-      FileNotFoundError, DataError: a missing or bad mapping or MovieLens file.
-    """
+    """The movie x tag counts over a model's entities (a shared MovieLens id keeps the first).
+    ValueError: not an Amazon-trained run, under 2 movies or tags; FileNotFoundError, DataError."""
     ml_ids = entity_movielens_ids(config, entity_ids)
     folder = movielens_folder(config)
     applications = movielens.read_tags(folder / "tags.csv")
@@ -107,10 +94,8 @@ def build_tag_task(config: ml_collections.ConfigDict, entity_ids: Sequence[str])
 
 def heldout_split(n: int, requested: int, max_share: float, seed: Sequence[int], what: str,
                   paper: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """``(train, held, note)``: sorted int64 indices, ``held`` =
-    ``np.random.default_rng(seed).permutation(n)[:k]`` with
-    ``k = min(requested, max(1, floor(max_share * n)), n - 1)``; the note says what was held
-    out and whether it was clipped. Raises ValueError for ``n < 2``."""
+    """``(train, held, note)`` sorted int64; ``held = default_rng(seed).permutation(n)[:k]``,
+    ``k = min(requested, max(1, floor(max_share * n)), n - 1)``; ValueError for ``n < 2``."""
     if n < 2:
         raise ValueError(f"need at least 2 {what} to hold some out, got {n}")
     cap = max(1, int(math.floor(max_share * n)))
@@ -172,14 +157,7 @@ def _human(folds: list[movielens.HumanCVFold] | None, reason: str | None, rows: 
 
 def evaluate_tags(ranker, config: ml_collections.ConfigDict | None = None, *,
                   progress: bool = False, ks: Sequence[int] = tag_eval.DEFAULT_KS) -> dict:
-    """Closed- and open-vocabulary tag prediction of a loaded ``EntityRanker`` of a
-    ``train_data="amazon"`` run with ``config``'s ``tag_*`` settings: the JSON-ready dict
-    (NaN as None) of ``tags.json`` (``docs/docent_tags.md``).
-
-    Raises:
-      ValueError: not an Amazon-trained run, too few movies or tags.
-      FileNotFoundError, DataError: a missing or bad mapping or MovieLens file.
-    """
+    """``tags.json``'s dict of an Amazon-run ranker: ValueError, FileNotFoundError, DataError."""
     config = ranker.config if config is None else config
     task = build_tag_task(config, ranker.entity_ids)
     name = MODEL_NAMES.get(ranker.variant, f"DocEnt-{ranker.variant}")
@@ -294,14 +272,8 @@ def _with_overrides(config: ml_collections.ConfigDict,
 def evaluate_tags_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                           progress: bool = True,
                           overrides: Mapping[str, Any] | None = None) -> dict:
-    """:func:`evaluate_tags` of a workdir's checkpoint (``step``, default the latest) with
-    ``overrides`` of ``tag_*`` fields; prints the tables and writes ``workdir/eval/tags.json``
-    atomically, returning its dict.
-
-    Raises:
-      FileNotFoundError: not a training workdir, no checkpoint, a missing data file.
-      ValueError: not an Amazon-trained run, a bad override, too few movies or tags.
-    """
+    """:func:`evaluate_tags` of a workdir's checkpoint with ``tag_*`` ``overrides``: prints,
+    writes ``workdir/eval/tags.json``; FileNotFoundError, ValueError."""
     from docent_jax.inference import load
 
     ranker = load(workdir) if step is None else load(workdir, step=step)

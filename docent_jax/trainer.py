@@ -1,5 +1,4 @@
-"""``train(config, workdir)``: DocEnt-Dual, -Full or -Hybrid (``config.variant``) as a
-``Task`` for ``embedding_core.training.run``."""
+"""DocEnt-Dual, -Full or -Hybrid training: a ``Task`` for ``embedding_core.training.run``."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ TASK_NAMES = {"dual": "DocEnt-Dual", "full": "DocEnt-Full", "hybrid": "DocEnt-Hy
 
 
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh) -> Task:
-    """The pretrained encoder (a bad path fails before any data work), the entity rows in
-    ``config.variant``'s layout and, with ``eval_every``, held-out ranking."""
+    """The pretrained encoder (checked first), the variant's rows, held-out ranking."""
     pretrained = load_pretrained(config.model)
     limit = pretrained.config.max_position_embeddings - pretrained.config.position_offset
     if int(config.max_length) > limit:
@@ -85,11 +83,5 @@ def _ranker(model, params, tokenizer, config, entity_ids, step):
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           *, stop_after: int | None = None) -> training.TrainState:
-    """Trains (or resumes) into ``workdir`` (``embedding_core.training.run.run``):
-    ``run_config.json``, ``encoder/``, ``entity_ids.txt``, TensorBoard events, checkpoints.
-
-    Raises:
-      ValueError: a bad config (before compiling). FileNotFoundError: a missing model or
-      data path. DataError: malformed data.
-    """
+    """Trains (or resumes) into ``workdir``; ValueError (config), FileNotFoundError, DataError."""
     return run(build_task, config, workdir, validate=validate_config, stop_after=stop_after)

@@ -1,5 +1,5 @@
-"""The CLI's work as plain functions (no flags parsed): evaluate a workdir, export it (the
-core's ``serving`` over :class:`~docent_jax.inference.EntityRanker`'s views), the demo."""
+"""The CLI's work as plain functions (no flags parsed): evaluate a workdir, export it (the core's
+``serving`` over :class:`~docent_jax.inference.EntityRanker`'s views), the demo."""
 
 from __future__ import annotations
 
@@ -20,17 +20,10 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baselines: bool = True, progress: bool = True,
                      per_query: bool = False, overrides: dict | None = None,
                      mesh_model: int = 1) -> dict:
-    """Held-out ranking of a workdir's checkpoint (any variant) and the baselines: prints
-    the table, writes ``workdir/eval/ranking.json`` (``{"protocol", "rows": {model:
-    {metric: value in [0, 1]}}}``); ``mesh_model > 1`` splits the table over that many
-    devices. Returns ``{model: metrics}`` (``per_query``: ``(rows, {model: {metric:
-    [n_queries]}})``).
-
-    Raises:
-      FileNotFoundError: not a training workdir / no checkpoint / model folder gone.
-      ValueError: a non-``eval_*`` override, no ranking queries in the data, or entities
-        other than the trained ones.
-    """
+    """Held-out ranking of a checkpoint and the baselines: prints, writes
+    ``workdir/eval/ranking.json``; ``mesh_model > 1`` splits the table. Returns ``{model:
+    metrics}``. FileNotFoundError; ValueError: a non-``eval_*`` override, no queries, other
+    entities."""
     from docent_jax import data as docent_data
     from docent_jax import evaluate
     from docent_jax.inference import load
@@ -90,8 +83,8 @@ def _mesh(mesh_model: int):
 
 def loader(workdir: str | os.PathLike, *, step: int | None = None, mesh_model: int = 1,
            block_rows: int | None = None):
-    """``() -> EntityRanker`` of a workdir (for ``serving``): the table split over
-    ``mesh_model`` devices, exported in blocks of ``block_rows`` rows."""
+    """``() -> EntityRanker`` of a workdir (for ``serving``): the table split over ``mesh_model``
+    devices, exported in blocks of ``block_rows`` rows."""
 
     def load():
         from docent_jax.inference import load as load_ranker
@@ -124,8 +117,7 @@ def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
 def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | None = None,
              variants: tuple[str, ...] = DEMO_PRESETS) -> dict:
     """Trains each variant's CPU preset into ``workdir/<variant>`` (finished runs skipped),
-    evaluates and exports each, prints one table with the baselines and paired-bootstrap
-    95% intervals of MAP minus BoS-MiniLM's. ``config``: one run into ``workdir`` instead."""
+    evaluates, exports, prints one table with paired-bootstrap intervals; ``config``: one run."""
     import importlib
 
     from docent_jax import evaluate

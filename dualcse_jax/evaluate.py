@@ -1,11 +1,5 @@
-"""RTE and EIS of DualCSE and one-vector baselines, our reading of Oda et al. 2025
-(``docs/dualcse.md``, "RTE protocol", "EIS protocol").
-
-RTE: a (premise, hypothesis) pair is entailed when its score (``RTE_SCORE_RULES``; r = u
-for one-vector models) exceeds the threshold(s) tuned on val; accuracy per hypothesis class
-on test and their mean. EIS: ``implicitness(s) = 1 - cos(r_s, u_s)``; accuracy = share of
-(implicit, explicit) pairs whose implicit sentence scores higher.
-"""
+"""RTE and EIS of DualCSE and one-vector baselines (``docs/dualcse.md``, "RTE protocol", "EIS
+protocol"): score rules ``RTE_SCORE_RULES``, ``implicitness(s) = 1 - cos(r_s, u_s)``."""
 
 from __future__ import annotations
 
@@ -32,9 +26,9 @@ RULE_TEXT = {
     "implicit": "cos(u_p, r_h) > t",
     "pair": "cos(r_p, r_h) > t_r or cos(u_p, r_h) > t_u",
 }
-"""Each score rule's decision, for printed and written tables (thresholds tuned on val)."""
+"""Each score rule's decision, for tables."""
 SIMILARITIES = ("explicit", "implicit")
-"""Columns of :func:`rte_similarities`: ``cos(r_p, r_h)`` and ``cos(u_p, r_h)``."""
+"""Columns of :func:`rte_similarities`: ``cos(r_p, r_h)``, ``cos(u_p, r_h)``."""
 
 
 def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -44,15 +38,15 @@ def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def check_rule(rule: str) -> str:
-    """``rule`` if it is one of ``RTE_SCORE_RULES``, else ValueError naming the choices."""
+    """``rule`` if in ``RTE_SCORE_RULES``, else ValueError naming the choices."""
     if rule not in RTE_SCORE_RULES:
         raise ValueError(f"RTE score rule {rule!r}: use one of {', '.join(RTE_SCORE_RULES)}")
     return rule
 
 
 def parse_rules(text: str | None) -> list[str] | None:
-    """``--rte_score_rules``: ``"all"`` or rules separated by commas (ValueError for an
-    unknown one); ``None`` or blank: ``None`` (the run's own rule)."""
+    """``--rte_score_rules``: ``"all"`` or comma-separated rules (ValueError for an unknown one);
+    ``None`` or blank: ``None`` (the run's own rule)."""
     if text is None or not text.strip():
         return None
     if text.strip() == "all":
@@ -62,8 +56,8 @@ def parse_rules(text: str | None) -> list[str] | None:
 
 @dataclasses.dataclass(frozen=True)
 class RTEVectors:
-    """One RTE set encoded once: premises' r and u ``[n_premises, dim]`` float32 (one
-    array for a one-vector model), the distinct hypotheses (sorted) and their r."""
+    """One RTE set encoded once: premises' r, u ``[n_premises, dim]`` float32, the sorted distinct
+    hypotheses and their r."""
 
     premise_r: np.ndarray
     premise_u: np.ndarray
@@ -71,14 +65,14 @@ class RTEVectors:
     hypothesis_r: np.ndarray
 
     def hypothesis_rows(self, texts: Sequence[str]) -> np.ndarray:
-        """r of each of ``texts`` (each one of :attr:`hypotheses`), ``[len(texts), dim]``."""
+        """r of each of ``texts`` (from :attr:`hypotheses`), ``[len(texts), dim]``."""
         index = {h: i for i, h in enumerate(self.hypotheses)}
         return self.hypothesis_r[[index[h] for h in texts]]
 
 
 def encode_rte(embedder: Embedder, examples: Sequence[INLIExample],
                progress: bool = False) -> RTEVectors:
-    """:class:`RTEVectors` of a set; several processes each encode a slice, all get all."""
+    """:class:`RTEVectors` of a set; each process encodes a slice, all get all."""
     premises = [ex.premise for ex in examples]
     unique = sorted({getattr(ex, _FIELDS[c]) for ex in examples for c in CLASSES})
     r_p = multihost.encode(embedder, premises, kind="explicit", show_progress_bar=progress)
@@ -90,7 +84,7 @@ def encode_rte(embedder: Embedder, examples: Sequence[INLIExample],
 
 def similarities_of(vectors: RTEVectors, examples: Sequence[INLIExample]
                     ) -> dict[str, np.ndarray]:
-    """:func:`rte_similarities` from vectors already encoded by :func:`encode_rte`."""
+    """:func:`rte_similarities` from :func:`encode_rte`'s vectors."""
     out = {}
     for c in CLASSES:
         rh = vectors.hypothesis_rows([getattr(ex, _FIELDS[c]) for ex in examples])
@@ -101,30 +95,24 @@ def similarities_of(vectors: RTEVectors, examples: Sequence[INLIExample]
 
 def rte_similarities(embedder: Embedder, examples: Sequence[INLIExample],
                      progress: bool = False) -> dict[str, np.ndarray]:
-    """``{class: [n_premises, 2] float32}``: ``cos(r_p, r_h)``, ``cos(u_p, r_h)`` per
-    (premise, hypothesis) pair (hypotheses as r: terms 3-5 train r_h = u_h)."""
+    """``{class: [n_premises, 2] float32}``: ``cos(r_p, r_h)``, ``cos(u_p, r_h)`` per pair
+    (hypotheses as r)."""
     return similarities_of(encode_rte(embedder, examples, progress), examples)
 
 
-def rte_scores(embedder: Embedder, examples: Sequence[INLIExample],
-               progress: bool = False, rule: str = "max") -> dict[str, np.ndarray]:
-    """``{class: [n_premises] float32}`` scores of a one-threshold rule (ValueError for
-    ``pair``, which has two: :func:`rte_similarities`, or an unknown rule)."""
-    sims = rte_similarities(embedder, examples, progress)
-    return {c: _one_score(s, rule) for c, s in sims.items()}
-
-
-def _one_score(sims: np.ndarray, rule: str) -> np.ndarray:
+def one_score(sims: np.ndarray, rule: str) -> np.ndarray:
+    """A pair's score under a one-score rule from ``[..., 2]`` cosines (r_p·r_h, u_p·r_h);
+    ValueError for ``pair`` or an unknown rule."""
     if check_rule(rule) == "pair":
         raise ValueError("rule 'pair' has two scores per pair; use rte_similarities")
     if rule == "max":
-        return sims.max(axis=1)
-    return sims[:, SIMILARITIES.index(rule)]
+        return sims.max(axis=-1)
+    return sims[..., SIMILARITIES.index(rule)]
 
 
 def _cut(unique: np.ndarray, k: int) -> float:
-    """The threshold with ``unique[:k]`` below and ``unique[k:]`` above (``>``): -inf, +inf
-    or a midpoint strictly below ``unique[k]`` (as ``metrics.best_threshold_accuracy``)."""
+    """Threshold with ``unique[:k]`` at or below, ``unique[k:]`` above: -inf, +inf or a midpoint (as
+    ``metrics.best_threshold_accuracy``)."""
     if k == 0:
         return -np.inf
     if k == len(unique):
@@ -139,17 +127,11 @@ def _cut(unique: np.ndarray, k: int) -> float:
 
 def best_threshold_pair_accuracy(explicit, implicit, labels, *, chunk: int = 256
                                  ) -> tuple[float, float, float]:
-    """``(t_r, t_u, accuracy)`` maximising the accuracy of "positive iff ``explicit >
-    t_r`` or ``implicit > t_u``" over every distinct classification (each threshold over
-    -inf, midpoints, +inf: at least the explicit-only, implicit-only and ``max`` rules);
-    ties: smallest ``t_r``, then ``t_u``. O(n^2) in blocks of ``chunk`` candidates.
+    """``(t_r, t_u, accuracy)`` of the best "``explicit > t_r`` or ``implicit > t_u``" over
+    every distinct classification; ties: smallest ``t_r``, then ``t_u``; O(n^2) in blocks.
 
-    Args:
-      explicit, implicit: ``[n]`` float scores; labels: ``[n]`` bool (or 0/1).
-
-    Raises:
-      ValueError: empty or NaN input, shapes that differ, non-binary labels.
-    """
+    Args: ``explicit``, ``implicit`` ``[n]`` float; ``labels`` ``[n]`` bool or 0/1.
+    Raises: ValueError for empty or NaN input, differing shapes, non-binary labels."""
     s_r = np.asarray(explicit, np.float64)
     s_u = np.asarray(implicit, np.float64)
     y = np.asarray(labels)
@@ -195,55 +177,44 @@ def best_threshold_pair_accuracy(explicit, implicit, labels, *, chunk: int = 256
 def _predict(sims: np.ndarray, rule: str, thresholds: tuple[float, ...]) -> np.ndarray:
     if rule == "pair":
         return (sims[:, 0] > thresholds[0]) | (sims[:, 1] > thresholds[1])
-    return _one_score(sims, rule) > thresholds[0]
+    return one_score(sims, rule) > thresholds[0]
 
 
 def tune_rule(val_sims: Mapping[str, np.ndarray], rule: str) -> tuple[float, ...]:
-    """``(t,)`` (``(t_r, t_u)`` for ``pair``) tuned for accuracy on the pooled val pairs
-    (:func:`rte_similarities`); ValueError for an unknown rule."""
+    """``(t,)`` (``pair``: ``(t_r, t_u)``) best on the pooled val pairs; ValueError for an unknown
+    rule."""
     check_rule(rule)
     sims = np.concatenate([val_sims[c] for c in CLASSES])
     y = np.concatenate([np.full(len(val_sims[c]), ENTAILED[c]) for c in CLASSES])
     if rule == "pair":
         t_r, t_u, _ = best_threshold_pair_accuracy(sims[:, 0], sims[:, 1], y)
         return t_r, t_u
-    return (best_threshold_accuracy(_one_score(sims, rule), y)[0],)
+    return (best_threshold_accuracy(one_score(sims, rule), y)[0],)
 
 
 def rte_correct(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.ndarray],
                 rule: str) -> tuple[dict[str, np.ndarray], tuple[float, ...]]:
-    """``({class: [n_test] bool}, thresholds)``: whether each test pair is classified
-    right with :func:`tune_rule`'s val thresholds; ValueError for an unknown rule."""
+    """``({class: [n_test] bool}, thresholds)``: each test pair right under :func:`tune_rule`'s val
+    thresholds."""
     thresholds = tune_rule(val_sims, rule)
     return ({c: _predict(test_sims[c], rule, thresholds) == ENTAILED[c] for c in CLASSES},
             thresholds)
 
 
-def one_score(sims: np.ndarray, rule: str) -> np.ndarray:
-    """A pair's score under a one-score rule from ``[n, 2]`` cosines (r_p·r_h, u_p·r_h)."""
-    if rule == "max":
-        return sims.max(axis=-1)
-    return sims[..., ("explicit", "implicit").index(rule)]
-
-
 def class_items(test_sims: Mapping[str, np.ndarray], cls: str, rule: str
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Scores ``[n]`` and entailed labels ``[n]`` of one class's threshold-free comparison:
-    an entailed class against every not-entailed pair, a not-entailed class (as negatives)
-    against every entailed pair; ``cls="all"``: every pair (``docs/dualcse.md``)."""
-    if cls == "all":
-        parts = CLASSES
-    else:
-        parts = (cls,) + tuple(c for c in CLASSES if ENTAILED[c] != ENTAILED[cls])
+    """Scores and entailed labels ``[n]`` of one class against every pair of the other label;
+    ``cls="all"``: every pair (``docs/dualcse.md``)."""
+    parts = CLASSES if cls == "all" else (
+        cls, *(c for c in CLASSES if ENTAILED[c] != ENTAILED[cls]))
     scores = np.concatenate([one_score(test_sims[c], rule) for c in parts])
     labels = np.concatenate([np.full(len(test_sims[c]), ENTAILED[c]) for c in parts])
     return scores, labels
 
 
 def threshold_free(test_sims: Mapping[str, np.ndarray], rule: str) -> dict[str, dict]:
-    """``{"auc": {class: v}, "ap": {class: v}}`` in [0, 1], classes and ``all``, of
-    :func:`class_items` (``embedding_core.evaluation.metrics``); ``{}`` for ``pair`` (no one
-    score)."""
+    """``{"auc": {class: v}, "ap": {class: v}}`` of :func:`class_items` (classes and ``all``);
+    ``{}`` for ``pair``."""
     if rule == "pair":
         return {}
     out: dict[str, dict] = {"auc": {}, "ap": {}}
@@ -256,9 +227,8 @@ def threshold_free(test_sims: Mapping[str, np.ndarray], rule: str) -> dict[str, 
 
 def rte_result(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.ndarray],
                rule: str) -> dict[str, float]:
-    """``{"explicit", "implied", "neutral", "contradiction", "average"}`` accuracies in
-    [0, 1] and ``"threshold"`` (``pair``: ``"threshold_explicit"``, ``"threshold_implicit"``);
-    one-score rules add :func:`threshold_free`'s ``"auc"`` and ``"ap"``."""
+    """Accuracy per class and ``"average"``, ``"threshold"`` (``pair``: ``"threshold_explicit"``,
+    ``"threshold_implicit"``), and :func:`threshold_free`'s ``"auc"``, ``"ap"``."""
     correct, thresholds = rte_correct(val_sims, test_sims, rule)
     result = {c: float(np.mean(correct[c])) for c in CLASSES}
     result["average"] = float(np.mean([result[c] for c in CLASSES]))
@@ -272,7 +242,7 @@ def rte_result(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.nd
 def evaluate_rte_rules(embedder: Embedder, val: Sequence[INLIExample],
                        test: Sequence[INLIExample], rules: Sequence[str],
                        progress: bool = False) -> dict[str, dict[str, float]]:
-    """:func:`rte_result` of several rules from one encoding (rules checked first)."""
+    """:func:`rte_result` of several rules (checked first) from one encoding."""
     for rule in rules:
         check_rule(rule)
     val_sims = rte_similarities(embedder, val, progress)
@@ -290,8 +260,8 @@ def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[
 
 
 def rte_evaluator(model, tokenizer, config, val: list[INLIExample] | None = None):
-    """``(params, step) -> {val_rte_*}``: RTE on the first ``eval_examples`` val premises
-    (``val``, else ``data.val_examples``), threshold tuned on the same ones."""
+    """``(params, step) -> {val_rte_*}``: RTE on the first ``eval_examples`` val rows, threshold
+    tuned on them."""
     val = (data.val_examples(config) if val is None else val)[: config.eval_examples]
     embedder = Embedder(model, None, tokenizer, config)  # compiled once
 
@@ -310,16 +280,10 @@ def rte_evaluator(model, tokenizer, config, val: list[INLIExample] | None = None
 
 def label_conflicts(examples: Sequence[INLIExample],
                     key: Callable[[str], Hashable] | None = None) -> dict:
-    """Rows giving one sentence under an entailed and a non-entailed class: one of the two
-    equal-score pairs is always wrong (shipped INLI: val rows 9, 264, test row 571;
-    ``docs/dualcse.md``). Two hypotheses are one sentence when ``key`` maps them to equal
-    values: default whitespace collapsed; :func:`token_key` compares them as the model's
-    tokenizer sees them (an uncased tokenizer joins "The dog" and "the dog").
+    """Rows giving one sentence (equal under ``key``; default whitespace collapsed) under an
+    entailed and a non-entailed class (``docs/dualcse.md``).
 
-    Returns:
-      ``{"rows": n, "index": [0-based row], "line": [file line or None], "classes":
-      [[class, class], ...]}``, in file order.
-    """
+    Returns: ``{"rows": n, "index": [row], "line": [file line or None], "classes": [[c, c]]}``."""
     key = key or (lambda text: " ".join(text.split()))
     out: dict = {"rows": 0, "index": [], "line": [], "classes": []}
     for i, ex in enumerate(examples):
@@ -336,8 +300,7 @@ def label_conflicts(examples: Sequence[INLIExample],
 
 
 def token_key(embedder: Embedder) -> Callable[[str], tuple[int, ...]] | None:
-    """A :func:`label_conflicts` key: a hypothesis's token ids as ``embedder`` encodes it
-    (its tokenizer, its ``max_length`` truncation); ``None`` (compare texts) for a model
+    """A :func:`label_conflicts` key: a text's token ids as ``embedder`` encodes it; ``None``
     without a tokenizer."""
     if getattr(embedder, "tokenizer", None) is None:
         return None
@@ -349,7 +312,7 @@ def token_key(embedder: Embedder) -> Callable[[str], tuple[int, ...]] | None:
 
 
 def format_label_conflicts(conflicts: dict[str, dict]) -> str:
-    """One line per split with conflicting rows (``label_conflicts``), '' when none."""
+    """One line per split with conflicting rows, '' when none."""
     lines = []
     for split, found in conflicts.items():
         if found["rows"]:
@@ -362,16 +325,14 @@ def format_label_conflicts(conflicts: dict[str, dict]) -> str:
 
 
 def _implicitness(embedder: Embedder, r: np.ndarray, u: np.ndarray) -> np.ndarray:
-    if embedder.model.architecture == "simcse":
-        # r = u by definition: exactly 0, not the rounding noise of 1 - cos(r, r), which
-        # would rank sentences at random.
+    if embedder.model.architecture == "simcse":  # exactly 0, not 1 - cos(r, r)'s noise
         return np.zeros(len(r), np.float32)
     return (1.0 - _cos_rows(r, u)).astype(np.float32)
 
 
 def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
-    """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher = more implicit); 0 for
-    every sentence of a one-vector model (r = u)."""
+    """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher: more implicit); 0 for a
+    one-vector model."""
     r = multihost.encode(embedder, texts, kind="explicit")
     u = r if embedder.model.architecture == "simcse" else multihost.encode(
         embedder, texts, kind="implicit")
@@ -379,8 +340,7 @@ def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
 
 
 def eis_correct(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
-    """``[n]`` bool: the implicit sentence scores higher (ties fail: a one-vector model
-    gets every pair wrong); ValueError for no pairs."""
+    """``[n]`` bool: the implicit sentence scores higher (ties fail); ValueError for no pairs."""
     if not pairs:
         raise ValueError("evaluate_eis needs at least one (implicit, explicit) pair")
     imp = implicitness(embedder, [p[0] for p in pairs])
@@ -395,8 +355,7 @@ def evaluate_eis(embedder: Embedder, pairs: Sequence[tuple[str, str]]) -> float:
 
 def inli_eis_proxy_correct(embedder: Embedder, examples: Sequence[INLIExample],
                            vectors: RTEVectors) -> np.ndarray:
-    """:func:`eis_correct` of :func:`inli_eis_proxy_pairs` ``[n_premises]`` from the RTE
-    vectors (only the implied entailments' u is encoded anew)."""
+    """:func:`eis_correct` of :func:`inli_eis_proxy_pairs` from the RTE vectors ``[n_premises]``."""
     implied = [ex.implied_entailment for ex in examples]
     r_h = vectors.hypothesis_rows(implied)
     u_h = r_h if embedder.model.architecture == "simcse" else multihost.encode(
@@ -406,23 +365,20 @@ def inli_eis_proxy_correct(embedder: Embedder, examples: Sequence[INLIExample],
 
 
 def inli_eis_proxy_pairs(examples: Sequence[INLIExample]) -> list[tuple[str, str]]:
-    """A PROXY for EIS (ImpScore is not shipped): (premise, its implied entailment)
-    pairs (``docs/dualcse.md``, "EIS protocol"); reports must call it a proxy."""
+    """A PROXY for EIS: (premise, implied entailment) pairs (``docs/dualcse.md``, "EIS protocol");
+    reports must call it a proxy."""
     return [(ex.premise, ex.implied_entailment) for ex in examples]
 
 
 def impscore_pairs(rows) -> list[tuple[str, str]]:
-    """(implicit, explicit) pairs of ImpScore rows (two per row: pos_ and neg_ columns)."""
-    pairs = []
-    for row in rows:
-        pairs.append((row.pos_implicit, row.pos_explicit))
-        pairs.append((row.neg_implicit, row.neg_explicit))
-    return pairs
+    """(implicit, explicit) pairs of ImpScore rows, two per row (pos_, neg_)."""
+    return [pair for row in rows for pair in ((row.pos_implicit, row.pos_explicit),
+                                              (row.neg_implicit, row.neg_explicit))]
 
 
 def format_rte_table(rows: dict[str, dict[str, float]]) -> str:
-    """A fixed-width table, one line per model, accuracies in percent; then, for one-score
-    rules, ROC-AUC per class (threshold-free, :func:`threshold_free`) in percent."""
+    """Fixed-width table, one line per model, accuracies in percent; one-score rules add ROC-AUC per
+    class."""
     head = f"{'model':<28}" + "".join(f"{c:>14}" for c in (*CLASSES, "average"))
     lines = [head, "-" * len(head)]
     for name, r in rows.items():

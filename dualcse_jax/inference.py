@@ -1,5 +1,4 @@
-"""``load(workdir)``: DualCSE's Encoder, ``encode(texts, kind="explicit")`` -> r and
-``kind="implicit"`` -> u, float32 ``[N, dim]``; its views for export and export-hf."""
+"""``load(workdir)``: DualCSE's Encoder (``kind``: explicit r, implicit u) and its views."""
 
 from __future__ import annotations
 
@@ -34,13 +33,8 @@ REQUIRED_FIELDS = ("model", "architecture", "pooling", "max_length", "dtype")
 
 
 class Embedder(SavesFolder, Encoder):
-    """DualCSE's r and u of sentences (one vector, r = u, for simcse and the baseline).
-
-    Attributes:
-      model, params, tokenizer, config: the module, its parameters (periodic evaluation
-        swaps them), the tokenizer, the run's config.
-      step: the checkpoint step; workdir: where it was loaded from (``None``: in memory).
-    """
+    """DualCSE's r and u ``[N, dim]`` float32 (one vector, r = u, for simcse); ``params`` are
+    swapped by periodic evaluation; ``workdir`` ``None``: in memory."""
 
     views = (View("explicit", encode_kwargs={"kind": "explicit"}),
              View("implicit", encode_kwargs={"kind": "implicit"}))
@@ -87,12 +81,8 @@ class Embedder(SavesFolder, Encoder):
     def encode(self, sentences, *args, normalize: bool | None = None,
                normalize_embeddings: bool | None = None, kind: str = "explicit",
                **kwargs) -> Any:
-        """``Encoder.encode`` with ``kind`` (``"explicit"``: r, ``"implicit"``: u); without
-        ``normalize`` / ``normalize_embeddings`` rows follow the run's ``config.normalize``.
-
-        Raises:
-          TypeError, ValueError: bad texts, ``batch_size`` < 1 or an unknown ``kind``.
-        """
+        """``Encoder.encode`` with ``kind``; normalised as ``config.normalize`` unless told.
+        TypeError, ValueError: bad texts, ``batch_size`` < 1, unknown ``kind``."""
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r}: use 'explicit' (r) or 'implicit' (u)")
         chosen = normalize if normalize is not None else normalize_embeddings
@@ -105,8 +95,8 @@ class Embedder(SavesFolder, Encoder):
                 "pooling": self.config.pooling}
 
     def hf_folders(self) -> list[HFFolder]:
-        """Cross: ``explicit/`` and ``implicit/``, one encoder, the indicator word in each
-        tokenizer; bi: its two towers; simcse (r = u): one folder, the output itself."""
+        """Cross: ``explicit/``, ``implicit/`` (indicator in each tokenizer); bi: two towers;
+        simcse: one folder."""
         from embedding_core.serving import hf_export
 
         config, arch = self.config, self.config.architecture
@@ -138,27 +128,16 @@ class Embedder(SavesFolder, Encoder):
 
 
 def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """The run's saved config on today's fields (a field added since gets its default).
-
-    Raises:
-      FileNotFoundError: no workdir or run config. ValueError: not a JSON object, a field
-        the model needs missing, or an impossible setting (the file named).
-    """
+    """The saved config on today's fields; FileNotFoundError, ValueError (the file named)."""
     return configs.read_config(workdir, default.FIELDS, prog=PROG, required=REQUIRED_FIELDS,
                                validate=default.validate)
 
 
 def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
-    """The latest (or ``step``'s) checkpoint's params alone, on a data-parallel mesh of all
-    devices, a whole copy per process (``multihost.localize``).
-
-    Raises:
-      FileNotFoundError: no run config or checkpoint, or (no ``encoder/`` copy) no model.
-      ValueError: a damaged run_config.json; ``checkpoints.IncompatibleCheckpointError``.
-    """
+    """The latest (or ``step``'s) params, a whole copy per process; FileNotFoundError, ValueError,
+    ``checkpoints.IncompatibleCheckpointError``."""
     config = read_config(workdir)
-    # The encoder's shape and tokenizer: the workdir's copy, or the base model for older
-    # runs; its weights are never read (the checkpoint holds them all).
+    # Shape and tokenizer from the workdir's copy (older runs: the base model), never weights.
     model_dir = workdir_model_dir(workdir, config.model)
     model = build_model(config, EncoderConfig.from_hf_config(model_dir))
     step, params = training.restore_params(

@@ -1,5 +1,4 @@
-"""The DualCSE 5-term loss and the supervised SimCSE loss on the global batch, from
-``embedding_core.losses.losses.info_nce`` (``docs/dualcse.md``)."""
+"""DualCSE's 5-term loss and supervised SimCSE's on the global batch (``docs/dualcse.md``)."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def dualcse_loss(
     use_intra: bool = True,
     row_chunk: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """DualCSE loss (Oda et al. 2025, the loss equation of Sec. 3; ``docs/dualcse.md``).
-
-    With ``v(a, b) = exp(cos(a, b) / tau)`` and sums over the global batch j::
+    """DualCSE loss (Oda et al. 2025, Sec. 3), ``v(a, b) = exp(cos(a, b) / tau)``, j over the
+    global batch::
 
         l_i = -log v(r_i, r+_i1) / sum_j [v(r_i, r+_j1) + v(r_i, r-_j) + v(r_i, u_j)]
               -log v(u_i, r+_i2) / sum_j [v(u_i, r+_j2) + v(u_i, r-_j) + v(u_i, r_j)]
@@ -52,26 +50,12 @@ def dualcse_loss(
               -log v(r+_i2, u+_i2) / sum_j v(r+_i2, u+_j2)
               -log v(r-_i, u-_i) / sum_j v(r-_i, u-_j)
 
-    Ablations (our reading): ``use_contradiction=False`` drops the ``r-_j`` negatives of
-    terms 1-2 and term 5; ``use_intra=False`` drops ``u_j`` / ``r_j`` of terms 1-2 and
-    terms 3-5.
-
-    Args:
-      r, u: ``[batch, 4, dim]`` float vectors of (premise, explicit entailment, implied
-        entailment, contradiction).
-      text_ids: ``[batch, 4]`` int32, one id per sentence (``model.sentence_text_ids``);
-        keys equal to the positive are left out of the denominator.
-      row_chunk: > 0: query rows scored this many per data device at a time
-        (``contrastive.map_rows``; ``config.loss_chunk_size``).
-
-    Raises:
-      ValueError: ``text_ids`` is not ``[batch, 4]``; ``row_chunk`` does not divide the
-        rows per device.
-
-    Returns:
-      ``(loss, terms)``: the batch mean of ``l_i`` (float32) and each term's mean
-      (``term1`` ... ``term5``; dropped terms absent).
-    """
+    ``use_contradiction`` / ``use_intra``: ablations (``docs/dualcse.md``, "Loss implementation").
+    ``r``, ``u``: ``[batch, 4, dim]`` float (premise, explicit, implied, contradiction);
+    ``text_ids`` ``[batch, 4]`` int32 (keys equal to the positive leave the denominator);
+    ``row_chunk`` > 0: query rows per data device at a time. ValueError: ``text_ids`` not ``[batch,
+    4]``, ``row_chunk`` not dividing the rows. Returns ``(loss, terms)``: float32 batch mean and
+    each kept term's mean (``term1``...)."""
     _check_ids(r, text_ids)
     r = r.astype(jnp.float32)
     u = u.astype(jnp.float32)
@@ -117,21 +101,10 @@ def dualcse_loss(
 def simcse_loss(
     e: jax.Array, text_ids: jax.Array, *, temperature: float = 0.05, row_chunk: int = 0
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Supervised SimCSE (Gao et al. 2021, eq. 5): anchors against positives + hard negatives.
-
-    ``l_i = -log v(h_i, h+_i) / sum_j [v(h_i, h+_j) + v(h_i, h-_j)]`` over the global
-    batch. A hard negative with its own row's positive id (a row without one) is left out
-    of every sum; a sibling row's positive (equal anchor ids: SimCSE(INLI)) is left out of
-    this row's sum (``docs/dualcse.md``, "Baselines").
-
-    Args:
-      e: ``[batch, 3, dim]`` float vectors of (anchor, positive, hard negative).
-      text_ids: ``[batch, 3]`` int32 text identities.
-      row_chunk: as in :func:`dualcse_loss`.
-
-    Returns:
-      ``(loss, {})``: float32 batch mean.
-    """
+    """Supervised SimCSE (Gao et al. 2021, eq. 5) over the global batch: ``l_i = -log v(h_i, h+_i) /
+    sum_j [v(h_i, h+_j) + v(h_i, h-_j)]``; a hard negative equal to its row's positive and a sibling
+    row's positive (equal anchor ids) leave row i's sum. ``e``: ``[batch, 3, dim]`` (anchor,
+    positive, hard negative); ``text_ids`` ``[batch, 3]`` int32. Returns ``(loss, {})``, float32."""
     _check_ids(e, text_ids)
     e = e.astype(jnp.float32)
     n = e.shape[0]

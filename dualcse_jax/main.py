@@ -11,7 +11,7 @@ import dualcse_jax
 from data_pipelines import preprocess
 from dualcse_jax.configs import DATA_FILES
 from dualcse_jax.configs.default import FIELDS
-from embedding_core.commands import Command, Program, define_flags, main
+from embedding_core.commands import Program, define_flags, main
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
 define_flags(DEFAULT_CONFIG)
@@ -42,13 +42,6 @@ def _demo(inv):
                               config=inv.config if FLAGS["config"].present else None)
 
 
-def _preprocess(inv):
-    from dualcse_jax import data
-
-    return preprocess.run_preprocess(inv.prog, data.corpus_source, inv.config, FLAGS.output,
-                                     FLAGS.num_shards)
-
-
 PROGRAM = Program(
     prog="dualcse-jax", summary="train, evaluate and export DualCSE sentence embeddings "
     "(docs/dualcse.md)", fields=FIELDS, default_config=DEFAULT_CONFIG,
@@ -76,11 +69,9 @@ PROGRAM = Program(
         "demo": "the README's main job: train DualCSE-Cross from MiniLM on INLI with "
                 "configs/cross_cpu.py (or --config), evaluate next to MiniLM off the shelf, "
                 "export the INLI test premises' r and u."},
-    extra=[Command("preprocess", _preprocess, "--config=CONFIG.py --output=DIR "
-                   "[--num_shards=8]", "tokenises the training rows of CONFIG.py once into "
-                   "ArrayRecord shards under --output; train on them with "
-                   "--config.train_shards=DIR (docs/data.md, \"Sharded corpora\").",
-                   needs_workdir=False)])
+    extra=[preprocess.command("dualcse_jax.data", "tokenises the training rows of CONFIG.py "
+                              "once into ArrayRecord shards under --output; train on them with "
+                              "--config.train_shards=DIR (docs/data.md, \"Sharded corpora\").")])
 
 
 def run() -> None:

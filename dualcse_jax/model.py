@@ -1,9 +1,5 @@
-"""DualCSE encoders (cross and bi) and the one-vector SimCSE encoder (``docs/dualcse.md``).
-
-Cross: one transformer, r from ``[CLS] s [SEP] explicit [SEP]`` and u from ``... implicit
-[SEP]`` (the indicator is paired in tokenisation); bi: two transformers (r, u) on the plain
-sentence. Batch fields are looked up by name in ``dualcse_jax.tables.FIELDS``.
-"""
+"""DualCSE cross and bi encoders and the one-vector SimCSE encoder (``docs/dualcse.md``, "Model and
+pooling")."""
 
 from __future__ import annotations
 
@@ -19,9 +15,8 @@ KINDS = tables.INDICATORS  # ("explicit", "implicit"): r and u
 
 
 class Pooler(nn.Module):
-    """``hidden [batch, seq_len, hidden]``, ``mask [batch, seq_len]`` -> ``[batch, hidden]``
-    float32: ``cls`` (first token), ``cls_mlp`` (SimCSE's ``tanh(W h_cls + b)``, W fresh,
-    kept at evaluation) or ``mean`` (real tokens only)."""
+    """``hidden [b, seq, h]``, ``mask [b, seq]`` -> ``[b, h]`` float32: ``cls``, ``cls_mlp``
+    (``tanh(W h_cls + b)``) or ``mean``."""
 
     kind: str = "cls"
 
@@ -47,7 +42,7 @@ class Pooler(nn.Module):
 
 
 class SentenceEncoder(nn.Module):
-    """Transformer + pooler: ``[n, seq_len]`` int32 token ids -> ``[n, hidden]`` float32."""
+    """Transformer + pooler: ``[n, seq]`` int32 ids -> ``[n, hidden]`` float32."""
 
     config: EncoderConfig
     pooling: str = "cls"
@@ -60,10 +55,8 @@ class SentenceEncoder(nn.Module):
 
 
 class DualEncoder(nn.Module):
-    """DualCSE cross/bi encoder, or (``architecture="simcse"``) a one-vector encoder:
-    ``[batch, fields, seq_len]`` int32 inputs (``tables.FIELDS[architecture]``) -> ``(r,
-    u)``, each ``[batch, sentences, hidden]`` float32 (``tables.SENTENCES``; simcse: u is r).
-    """
+    """``[batch, fields, seq]`` int32 (``tables.FIELDS[architecture]``) -> ``(r, u)``, each
+    ``[batch, sentences, hidden]`` float32; simcse: u is r."""
 
     config: EncoderConfig
     architecture: str = "cross"
@@ -79,8 +72,7 @@ class DualEncoder(nn.Module):
             self.encoder = SentenceEncoder(self.config, self.pooling)
 
     def __call__(self, input_ids, attention_mask, token_type_ids, *, deterministic=True):
-        """Each input: one ``[batch, fields, seq_len]`` array, or a tuple of them, one per
-        group of ``tables.length_groups(architecture)``."""
+        """Each input: one array, or a tuple per ``tables.length_groups`` group."""
         if isinstance(input_ids, (tuple, list)):
             groups = tables.length_groups(self.architecture)
             if len(groups) != len(input_ids):
@@ -119,8 +111,7 @@ class DualEncoder(nn.Module):
         return sentences(e, "explicit"), sentences(e, "implicit")
 
     def encode_single(self, input_ids, attention_mask, token_type_ids, kind: str = "explicit"):
-        """``[n, seq_len]`` inputs -> ``[n, hidden]`` (bi: ``kind`` picks the encoder; cross:
-        the indicator is in the tokens)."""
+        """``[n, seq]`` inputs -> ``[n, hidden]``; bi: ``kind`` picks the encoder."""
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r}: use one of {KINDS}")
         if self.architecture == "bi":
@@ -130,15 +121,14 @@ class DualEncoder(nn.Module):
 
 
 def pretrained_paths(architecture: str) -> tuple[tuple[str, ...], ...]:
-    """Where the pretrained transformer weights go in this model's parameter tree."""
+    """Where the pretrained transformer weights go in the parameter tree."""
     if architecture == "bi":
         return (("explicit_encoder", "transformer"), ("implicit_encoder", "transformer"))
     return (("encoder", "transformer"),)
 
 
 def build_model(config, encoder_config: EncoderConfig) -> DualEncoder:
-    """The model a config describes (``architecture``, ``pooling``, ``dtype``, ``dropout``,
-    ``remat``)."""
+    """The model a config describes."""
     if not config.dropout:
         encoder_config = encoder_config.replace(hidden_dropout_rate=0.0,
                                                 attention_dropout_rate=0.0)
@@ -149,7 +139,7 @@ def build_model(config, encoder_config: EncoderConfig) -> DualEncoder:
 
 
 def init_fn(model: DualEncoder):
-    """``rng -> boxed params`` for ``model`` on dummy inputs of its architecture's fields."""
+    """``rng -> boxed params`` on dummy inputs."""
     num_fields = len(tables.FIELDS[model.architecture])
 
     def init(rng):
@@ -160,9 +150,8 @@ def init_fn(model: DualEncoder):
 
 
 def sentence_text_ids(text_ids, architecture: str):
-    """Per-sentence ids ``[batch, sentences]`` (column k names ``r[:, k]``) from per-field
-    ``[batch, fields]`` ids (a cross sentence's two fields share one); ValueError for a
-    field count that is not the architecture's."""
+    """Per-sentence ids ``[batch, sentences]`` from per-field ``[batch, fields]`` ids; ValueError
+    for the wrong field count."""
     fields = tables.FIELDS[architecture]
     if text_ids.shape[1] != len(fields):
         raise ValueError(f"{architecture} batches have {len(fields)} fields {fields}; got "
@@ -171,8 +160,7 @@ def sentence_text_ids(text_ids, architecture: str):
 
 
 def take_fields(x, cols):
-    """``x[:, cols]``: a strided slice when ``cols`` are evenly spaced (the usual case),
-    ``x`` itself when they are all columns in order."""
+    """``x[:, cols]``, as a strided slice when ``cols`` are evenly spaced."""
     cols = [int(c) for c in cols]
     if cols == list(range(x.shape[1])):
         return x

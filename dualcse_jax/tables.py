@@ -1,8 +1,5 @@
-"""DualCSE's field layout, declared once, and its token tables (DualCSE and supervised
-SimCSE): every text is tokenised once (cached when given a tokenizer path); text identities
-span all the table's sentences, so a sentence under two roles has one id everywhere (INLI
-test rows 93 and 477 repeat the explicit entailment as the implied one).
-"""
+"""DualCSE's field layout and token tables (DualCSE, supervised SimCSE): each text tokenised once;
+text ids span the table, so a sentence in two roles has one id (``docs/dualcse.md``)."""
 
 from __future__ import annotations
 
@@ -25,18 +22,18 @@ SIMCSE_SENTENCES = ("anchor", "positive", "hard_negative")
 
 
 def cross_field(sentence: str, indicator: str) -> str:
-    """The cross-encoder field of ``sentence`` read with ``indicator`` (``premise_explicit``)."""
+    """The cross field of ``sentence`` read with ``indicator`` (``premise_explicit``)."""
     return f"{sentence}_{indicator}"
 
 
 SENTENCES = {"cross": INLI_SENTENCES, "bi": INLI_SENTENCES, "simcse": SIMCSE_SENTENCES}
-"""Each architecture's sentences, in the order of the model's ``[batch, sentence]`` axis."""
+"""Each architecture's sentences, in the model's sentence-axis order."""
 FIELDS = {
     "cross": tuple(cross_field(s, i) for s in INLI_SENTENCES for i in INDICATORS),
     "bi": INLI_SENTENCES,
     "simcse": SIMCSE_SENTENCES,
 }
-"""Each architecture's table fields (the F axis): cross has one per (sentence, indicator)."""
+"""Each architecture's table fields (the F axis); cross: one per (sentence, indicator)."""
 
 
 def _check_architecture(architecture: str) -> None:
@@ -54,8 +51,7 @@ def field_index(architecture: str, name: str) -> int:
 
 
 def sentence_fields(architecture: str, indicator: str = "explicit") -> tuple[int, ...]:
-    """Field positions of each sentence, in sentence order, as read for ``indicator``
-    (cross: ``s_explicit`` / ``s_implicit``; bi and simcse: one field per sentence)."""
+    """Field positions of each sentence read for ``indicator``; ValueError if unknown."""
     if indicator not in INDICATORS:
         raise ValueError(f"indicator {indicator!r}: use one of {INDICATORS}")
     _check_architecture(architecture)
@@ -70,8 +66,7 @@ def sentence_slot(architecture: str, sentence: str) -> int:
 
 
 def length_groups(architecture: str) -> tuple[tuple[int, ...], ...]:
-    """(first sentence's fields, the rest): the long premise or anchor padded apart from
-    the short hypotheses; field positions in table order."""
+    """(first sentence's fields, the rest): long premise padded apart from short hypotheses."""
     head = sorted({sentence_fields(architecture, indicator)[0] for indicator in INDICATORS})
     rest = [i for i in range(len(FIELDS[architecture])) if i not in head]
     return tuple(head), tuple(rest)
@@ -90,16 +85,9 @@ def _split_ids(ids: np.ndarray, parts: int) -> list[np.ndarray]:
 
 def inli_table(examples: Sequence[INLIExample], tokenizer: TokenizerLike, max_length: int,
                *, encoder: str = "cross") -> TokenTable:
-    """DualCSE training table, one row per INLI premise, fields :data:`FIELDS` of
-    ``encoder`` (cross: ``[CLS] s [SEP] indicator [SEP]``, only s truncated; bi: plain s).
-
-    Returns:
-      F = 8 (cross) or 4 (bi) fields of ``max_length`` tokens; ``text_ids [n, F]`` int32 per
-      sentence (both indicator fields of a sentence share it).
-
-    Raises:
-      ValueError: unknown encoder, or max_length too small for the indicator.
-    """
+    """One row per INLI premise, fields :data:`FIELDS` of ``encoder`` (F = 8 cross, 4 bi) of
+    ``max_length`` tokens, ``text_ids [n, F]`` int32; ValueError for an unknown encoder or a
+    ``max_length`` too small for the indicator."""
     if encoder not in ("cross", "bi"):
         raise ValueError(f"encoder must be 'cross' or 'bi', got {encoder!r}")
     columns = {
@@ -122,8 +110,8 @@ def inli_table(examples: Sequence[INLIExample], tokenizer: TokenizerLike, max_le
 
 def simcse_table(anchors: Sequence[str], positives: Sequence[str], negatives: Sequence[str],
                  tokenizer: TokenizerLike, max_length: int) -> TokenTable:
-    """Supervised-SimCSE table: row i = (anchor_i, positive_i, hard negative_i), F = 3,
-    ``text_ids`` over all 3n texts; ValueError when the lists differ in length."""
+    """Rows (anchor, positive, hard negative), F = 3, ``text_ids`` over all 3n texts; ValueError
+    when the lists differ in length."""
     if not len(anchors) == len(positives) == len(negatives):
         raise ValueError(f"anchors, positives and negatives differ in length: "
                          f"{len(anchors)}, {len(positives)}, {len(negatives)}")
@@ -143,9 +131,8 @@ def simcse_table_from_snli(triplets: Sequence[Triplet], tokenizer: TokenizerLike
 
 def simcse_table_from_inli(examples: Sequence[INLIExample], tokenizer: TokenizerLike,
                            max_length: int) -> TokenTable:
-    """SimCSE(INLI): rows 2i, 2i+1 = (premise, explicit / implied entailment,
-    contradiction); the two share the anchor's text id, so a loss can mask the sibling's
-    positive (``loss.simcse_loss``)."""
+    """SimCSE(INLI): rows 2i, 2i+1 = (premise, explicit / implied, contradiction), sharing the
+    anchor's text id (``loss.simcse_loss`` masks the sibling)."""
     anchors, positives, negatives = [], [], []
     for e in examples:
         for positive in (e.explicit_entailment, e.implied_entailment):

@@ -1,5 +1,4 @@
-"""``train(config, workdir)``: DualCSE / SimCSE as a ``Task`` for
-``embedding_core.training.run``."""
+"""DualCSE / SimCSE training: a ``Task`` for ``embedding_core.training.run``."""
 
 from __future__ import annotations
 
@@ -27,12 +26,10 @@ from embedding_core.training import training
 
 
 def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> ContrastiveLoss:
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` split at the sentence vectors
-    ``(r, u)`` ``[rows, sentences, hidden]`` float32 (``(r,)`` for simcse), so that
-    ``contrastive_chunk_size`` can chunk the encoder; ``loss_chunk_size`` chunks the loss's
-    query rows. With dropout, row i is encoded with ``fold_in(step key, i)``."""
+    """``(params, batch, rng) -> (loss, metrics)`` split at ``(r, u)`` ``[rows, sentences, hidden]``
+    float32 (simcse: ``(r,)``); row i's dropout key: ``fold_in(step key, i)``."""
     simcse = config.architecture == "simcse"
-    row_chunk = int(config.loss_chunk_size)
+    row_chunk, tau = int(config.loss_chunk_size), config.temperature
 
     def embed(params, batch, rows, rng):
         def apply(inputs, key):
@@ -45,31 +42,23 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> Contr
     def loss(params, vectors, batch, rng):
         text_ids = sentence_text_ids(batch["text_ids"], config.architecture)
         if simcse:
-            return simcse_loss(vectors[0], text_ids, temperature=config.temperature,
-                               row_chunk=row_chunk)
-        return dualcse_loss(*vectors, text_ids, temperature=config.temperature,
-                            use_contradiction=config.use_contradiction,
-                            use_intra=config.use_intra, row_chunk=row_chunk)
+            return simcse_loss(vectors[0], text_ids, temperature=tau, row_chunk=row_chunk)
+        return dualcse_loss(*vectors, text_ids, temperature=tau, row_chunk=row_chunk,
+                            use_contradiction=config.use_contradiction, use_intra=config.use_intra)
 
     return ContrastiveLoss(embed, loss)
 
 
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Task:
-    """The training task of a config (the user's RTE files are read first, so a fault in
-    them stops the run before training).
-
-    Raises:
-      ValueError: fewer training examples than one batch. FileNotFoundError: no model or
-        RTE file.
-      DataError: malformed training data or RTE file (file, line, field).
-    """
+    """The task of a config; the user's RTE files are read first. ValueError: fewer rows than
+    a batch; FileNotFoundError: model, RTE file; DataError (file, line, field)."""
     val = data.val_examples(config) if data.has_own_file(config, "val_file") else None
     if data.has_own_file(config, "test_file"):
         data.test_examples(config)
     pretrained = load_pretrained(config.model)
-    tokenizer = load_tokenizer(pretrained.model_dir)
+    tokenizer, batch = load_tokenizer(pretrained.model_dir), int(config.batch_size)
     table = data.train_rows(config, tokenizer, pretrained.model_dir)
-    if table.num_examples < config.batch_size:  # before the workdir is written
+    if table.num_examples < batch:  # before the workdir is written
         raise ValueError(f"the training data ({data.train_source(config)}) has "
                          f"{table.num_examples} examples, fewer than one batch "
                          f"(batch_size={config.batch_size})")
@@ -77,9 +66,8 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
     return Task(
         name=f"DualCSE-{config.architecture}", init_params=init_fn(model),
         loss_fn=make_loss_fn(model, config), make_batches=data.batch_factory(config, table),
-        num_examples=table.num_examples,
-        steps_per_epoch=sharded_corpus.epoch_steps(table, int(config.batch_size)),
-        global_batch_size=int(config.batch_size), batch_spec=data.batch_spec(config),
+        num_examples=table.num_examples, steps_per_epoch=sharded_corpus.epoch_steps(table, batch),
+        global_batch_size=batch, batch_spec=data.batch_spec(config),
         pretrained={path: pretrained.params for path in pretrained_paths(config.architecture)},
         # With eval_files and no val_file of its own, the files replace RTE on INLI val.
         evaluate=rte_evaluator(model, tokenizer, config, val) if config.eval_every > 0
@@ -91,28 +79,21 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> T
 
 
 def _encoder_of(model, tokenizer, config):
-    """``(params, step) -> {"explicit", "implicit": encoder}`` on the training params (one
-    compiled ``Embedder``); SimCSE's one vector: the ``Embedder`` itself."""
+    """``(params, step) -> {"explicit", "implicit": encoder}`` (simcse: the ``Embedder``)."""
     from dualcse_jax.inference import KINDS, Embedder
     from embedding_core.evaluation.run import ViewOf
 
     embedder = Embedder(model, None, tokenizer, config)
+    views = {kind: ViewOf(embedder, {"kind": kind}) for kind in KINDS}
 
     def of(params, step):
         embedder.params, embedder.step = params, step
-        if config.architecture == "simcse":
-            return embedder
-        return {kind: ViewOf(embedder, {"kind": kind}) for kind in KINDS}
+        return embedder if config.architecture == "simcse" else views
 
     return of
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           *, stop_after: int | None = None) -> training.TrainState:
-    """Trains (or resumes) into ``workdir`` (``embedding_core.training.run.run``: config checked and
-    nothing written before the data loads).
-
-    Raises:
-      ValueError: a bad config (one line). FileNotFoundError: no model. DataError: bad data.
-    """
+    """Trains (or resumes) into ``workdir``; ValueError (config), FileNotFoundError, DataError."""
     return run(build_task, config, workdir, validate=default.validate, stop_after=stop_after)

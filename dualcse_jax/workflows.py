@@ -14,9 +14,11 @@ from embedding_core.storage import storage
 from embedding_core.storage.files import write_json, write_lines
 from embedding_core.training import metric_log
 
+BASE = "MiniLM off the shelf (mean)"
+
 
 def train(config, workdir: str | os.PathLike, *, stop_after: int | None = None):
-    """Trains (or resumes) into ``workdir``; see :func:`dualcse_jax.trainer.train`."""
+    """Trains (or resumes) into ``workdir`` (:func:`dualcse_jax.trainer.train`)."""
     from dualcse_jax.trainer import train as train_task
 
     state = train_task(config, workdir, stop_after=stop_after)
@@ -29,17 +31,10 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baseline: bool = False, eis_data: str | None = None,
                      progress: bool = True, overrides: dict | None = None,
                      rules: Sequence[str] | None = None) -> dict:
-    """RTE (+ EIS) of a checkpoint, printed and written to ``workdir/eval/``: ``rte.json``
-    (the first rule's accuracies, ``rule``, ``label_conflicts`` ``{"val", "test"}``, and
-    ``rules`` with several), ``eis.json``, ``rte_baseline.json`` with ``baseline``.
-
-    Args:
-      overrides: ``val_file``, ``test_file``, ``eval_rte_score_rule`` for this call only.
-      rules: RTE score rules, a table each from one encoding (``None``: the run's).
-
-    Raises:
-      ValueError: an unknown rule or override field (before the model loads).
-    """
+    """RTE (+ EIS) of a checkpoint, printed and written to ``workdir/eval/`` (``rte.json``,
+    ``eis.json``, ``rte_baseline.json``); ``overrides``: ``val_file``, ``test_file``,
+    ``eval_rte_score_rule`` for this call; ``rules``: a table each (``None``: the run's). ValueError
+    (before the model loads): an unknown rule or override field."""
     from data_pipelines import impscore
     from dualcse_jax import data, evaluate
     from dualcse_jax.baselines import baseline as make_baseline
@@ -73,9 +68,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     if baseline:
         base = make_baseline(embedder.config.model, max_length=embedder.config.max_length)
         base_rule = evaluate.evaluate_rte_rules(base, val, test, rules, progress=progress)
-    rows = {name: by_rule[rules[0]]}
-    if baseline:
-        rows["MiniLM off the shelf (mean)"] = base_rule[rules[0]]
+    rows = {name: by_rule[rules[0]], **({BASE: base_rule[rules[0]]} if baseline else {})}
     test_source = data.test_source(config)
     if embedder.config.architecture == "simcse":
         # One vector (r = u): implicitness is 0 for every sentence; no EIS to report.
@@ -90,9 +83,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                "eis_data": f"{test_source}: premise (implicit) vs its implied entailment "
                            "(explicit), a proxy"}
     out_dir = storage.as_path(workdir) / "eval"
-    # Rows that score one pair under two opposite labels: counted next to the accuracies.
-    # As the tokenizer sees them: an uncased tokenizer makes "The dog" and "the dog" one input.
-    key = evaluate.token_key(embedder)
+    key = evaluate.token_key(embedder)  # as the tokenizer sees them ("The dog" = "the dog")
     conflicts = {"val": evaluate.label_conflicts(val, key),
                  "test": evaluate.label_conflicts(test, key)}
     extra = {"rules": by_rule} if len(rules) > 1 else {}
@@ -102,14 +93,11 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
         write_json(out_dir / "eis.json", eis)
         if baseline:
             write_json(out_dir / "rte_baseline.json",
-                       dict(rows["MiniLM off the shelf (mean)"], rule=rules[0],
+                       dict(rows[BASE], rule=rules[0],
                             **({"rules": base_rule} if len(rules) > 1 else {}),
                             label_conflicts=conflicts))
-    if multihost.is_primary():  # the same tables on every process: one prints them
         for rule in rules:
-            table = {name: by_rule[rule]}
-            if baseline:
-                table["MiniLM off the shelf (mean)"] = base_rule[rule]
+            table = {name: by_rule[rule], **({BASE: base_rule[rule]} if baseline else {})}
             print(f"\nRTE accuracy (%) on {data.rte_sets_label(config)}; score rule {rule}: "
                   f"{evaluate.RULE_TEXT[rule]}")
             print(evaluate.format_rte_table(table))
@@ -128,9 +116,7 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
 def export_workdir(workdir: str | os.PathLike, input_path: str, output: str, *,
                    step: int | None = None, normalize: bool | None = None,
                    chunk: int = 4096) -> epath.Path:
-    """r and u of ``input_path``'s lines into ``output/explicit`` and ``output/implicit``
-    (``embedding_core.serving.serving.export``; ``normalize=None``: the run's
-    ``config.normalize``)."""
+    """r and u of ``input_path``'s lines into ``output/explicit``, ``output/implicit``."""
     from dualcse_jax.inference import load
 
     return serving.export(lambda: load(workdir, step=step), output, input_path=input_path,
@@ -139,8 +125,7 @@ def export_workdir(workdir: str | os.PathLike, input_path: str, output: str, *,
 
 def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                       step: int | None = None) -> epath.Path:
-    """The run as sentence-transformers folders (``Embedder.hf_folders``,
-    ``embedding_core.serving.serving.export_hf``)."""
+    """The run as sentence-transformers folders (``Embedder.hf_folders``)."""
     from dualcse_jax.inference import load
 
     return serving.export_hf(lambda: load(workdir, step=step), output, workdir=workdir)
@@ -148,9 +133,8 @@ def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
 
 def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
              config=None) -> dict:
-    """The README's main job: train DualCSE-Cross from MiniLM on INLI (``config``, else
-    ``configs/cross_cpu.py``; resumes a run in ``workdir``), evaluate RTE next to MiniLM off
-    the shelf, export r and u of the INLI test premises; :func:`evaluate_workdir`'s result."""
+    """The README's main job: train (``config``, else ``configs/cross_cpu.py``), evaluate RTE beside
+    MiniLM off the shelf, export the INLI test premises' r and u."""
     workdir = storage.as_path(workdir)
 
     from data_pipelines import inli

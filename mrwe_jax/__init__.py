@@ -1,33 +1,17 @@
-"""Multi-resolution word embeddings with ConvRR / FCRR retrieval (``docs/mrwe.md``)::
-
-    mrwe_jax.train(mrwe_jax.configs.convrr_cpu.get_config(), "workdirs/convrr")
-    vectors = mrwe_jax.load("workdirs/convrr").encode(["Who founded the NFL?"],
-                                                      side="question", normalize=True)
-"""
-
-from __future__ import annotations
+"""Multi-resolution word embeddings with ConvRR / FCRR retrieval (docs/mrwe.md)."""
+from importlib import import_module  # each part on first use: importing the package loads no JAX
 
 
-def train(config, workdir, **kwargs):
-    """See ``mrwe_jax.trainer.train``."""
-    from mrwe_jax.trainer import train as _train
-
-    return _train(config, workdir, **kwargs)
+def train(config, workdir, **kwargs):  # .trainer.train
+    return import_module(".trainer", __name__).train(config, workdir, **kwargs)
 
 
-def load(workdir, **kwargs):
-    """See ``mrwe_jax.inference.load``: a ``Retriever`` (``encode(texts, side=...)``)."""
-    from mrwe_jax.inference import load as _load
-
-    return _load(workdir, **kwargs)
+def load(workdir, **kwargs):  # .inference.load
+    return import_module(".inference", __name__).load(workdir, **kwargs)
 
 
-
-def config_fields():
-    """The run config's field names (``embedding_core.serving.workdirs`` tells workdirs apart)."""
-    from mrwe_jax.configs.default import FIELDS
-
-    return list(FIELDS)
+def config_fields() -> list[str]:  # the run config's fields (embedding_core.serving.workdirs)
+    return list(import_module(".configs.default", __name__).FIELDS)
 
 
 __all__ = ["train", "load"]

@@ -1,6 +1,5 @@
-"""Lexical baselines: TF-IDF cosine (scikit-learn) and Okapi BM25 (``bm25s``), each a dense
-``[n_questions, n_paragraphs]`` float32 score matrix (higher = more relevant), on the
-method's words (``mrwe_jax.features.sources.tokenize_words``) unless told otherwise."""
+"""Lexical baselines, TF-IDF cosine and Okapi BM25: dense ``[n_questions, n_paragraphs]`` float32
+scores on the method's words (``features.sources.tokenize_words``) unless told."""
 
 from __future__ import annotations
 
@@ -22,13 +21,9 @@ def tfidf_scores(
     tokenizer: Tokenizer = tokenize_words,
     **vectorizer_kwargs: Any,
 ) -> np.ndarray:
-    """``[n_q, n_p]`` float32 cosine of ``TfidfVectorizer`` rows (0 for no known word),
-    fitted on ``"paragraphs"`` or ``"all"`` texts (the authors' code; it also used
-    ``smooth_idf=False, sublinear_tf=True``: ``vectorizer_kwargs``).
-
-    Raises:
-      ValueError: unknown ``fit_on``; empty ``paragraphs``.
-    """
+    """``[n_q, n_p]`` float32 cosine of ``TfidfVectorizer`` rows fitted on ``"paragraphs"`` or
+    ``"all"`` (``vectorizer_kwargs``: the authors' ``smooth_idf=False, sublinear_tf=True``);
+    ValueError: unknown ``fit_on``, no paragraphs."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.metrics.pairwise import cosine_similarity
 
@@ -54,14 +49,9 @@ def bm25_scores(
     method: str = "lucene",
     tokenizer: Tokenizer = tokenize_words,
 ) -> np.ndarray:
-    """``[n_q, n_p]`` float32 Okapi BM25 scores (``bm25s``, ``method`` one of its
-    variants; "lucene": ``sum_{t in q} ln(1 + (N - df_t + 0.5) / (df_t + 0.5)) tf_{t,d} /
-    (tf_{t,d} + k1 (1 - b + b |d| / avgdl))``, Kamphuis et al. 2020; a repeated query word
-    counts each time; 0 row for a query with no indexed word).
-
-    Raises:
-      ValueError: empty ``paragraphs`` or an unknown method (from ``bm25s``).
-    """
+    """``[n_q, n_p]`` float32 BM25 (``bm25s`` ``method``; "lucene": ``sum_{t in q} ln(1 + (N -
+    df_t + 0.5) / (df_t + 0.5)) tf / (tf + k1 (1 - b + b |d| / avgdl))``, Kamphuis et al.
+    2020); ValueError: no paragraphs, an unknown method."""
     import bm25s
 
     if not paragraphs:

@@ -1,5 +1,5 @@
-"""MRWE's batch contract (:data:`BATCH`), the corpus features through the model's mixture,
-and the P x K triplet batches (``docs/mrwe.md``)."""
+"""MRWE's batch contract (:data:`BATCH`), the corpus features through the model's mixture, and the P
+x K triplet batches (``docs/mrwe.md``)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ MAX_BATCH_WORDS = 64 * 512
 
 @dataclasses.dataclass
 class MultiResolutionTexts:
-    """n texts: ``word_matrices`` (n ``[num_words_i, d'']``), ``vectors [n, d'']``,
-    ``idf_weights`` (n ``[num_words_i]``), ``is_empty [n]`` bool; float32."""
+    """n texts: ``word_matrices`` (n ``[num_words_i, d'']``), ``vectors [n, d'']``, ``idf_weights``
+    (n ``[num_words_i]``), ``is_empty [n]`` bool; float32."""
 
     word_matrices: list[np.ndarray]
     vectors: np.ndarray
@@ -55,15 +55,9 @@ class MultiResolutionTexts:
 def embed_texts(texts: Sequence[str], sources: Sequence[WordSource], idf_table: IdfTable,
                 module: MultiResolutionEmbedding | None = None, *, batch_size: int = 128,
                 max_batch_words: int | None = MAX_BATCH_WORDS) -> MultiResolutionTexts:
-    """Sources, ``f_mixture``, ``f_ensemble`` and pooling with fixed coefficients.
-
-    Each module call gets ``[rows, width, L_j, d_j]`` per source (width a power of two,
-    ``rows x width <= max_batch_words``); ``module`` default: uniform m and u, layer sum,
-    concatenation, word average.
-
-    Raises:
-      ValueError: the module learns coefficients, or the sources disagree on word counts.
-    """
+    """Sources, ``f_mixture``, ``f_ensemble`` and pooling with fixed coefficients (``module``
+    default uniform; calls of ``rows x width <= max_batch_words``); ValueError: a learning
+    module, sources disagreeing on word counts."""
     if module is None:
         module = MultiResolutionEmbedding(tuple(s.num_layers for s in sources))
     if module.learn_layer_weights or module.learn_source_weights:
@@ -157,8 +151,8 @@ def load_data(config: ml_collections.ConfigDict, *, use_cache: bool = True
 
 
 def pool_indices(corpus: RetrievalCorpus, pool: str) -> np.ndarray:
-    """``[n_pool]`` int64 paragraphs of the retrieval pool: ``"all"`` or ``"test"`` (the
-    test articles' paragraphs; ``docs/mrwe.md``)."""
+    """``[n_pool]`` int64 paragraphs of the retrieval pool: ``"all"`` or ``"test"`` (the test
+    articles' paragraphs; ``docs/mrwe.md``)."""
     if pool == "test":
         return np.flatnonzero(corpus.test_pool)
     if pool == "all":
@@ -168,9 +162,8 @@ def pool_indices(corpus: RetrievalCorpus, pool: str) -> np.ndarray:
 
 def ensemble_vectors(features: FeatureSet, side: str, names: Sequence[str] | None = None,
                      indices: np.ndarray | None = None) -> np.ndarray:
-    """``[n, d'']`` float32 ``f_ensemble`` of the pooled per-source vectors (pooling and
-    ensemble are linear, so this equals pooling the ensembled words); ``names``: a subset
-    of the sources, their u renormalised."""
+    """``[n, d'']`` float32 ``f_ensemble`` of the pooled per-source vectors (both linear);
+    ``names``: a subset, u renormalised."""
     names = list(features.names if names is None else names)
     keep = [features.names.index(n) for n in names]
     u = normalized_weights(features.source_weights[keep], "source weights")
@@ -191,8 +184,8 @@ def bucket_width(length: int, minimum: int = 16) -> int:
 
 
 def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BATCH_WORDS) -> int:
-    """Rows of a batch padded to ``width`` words: ``batch_size``, or the largest power of
-    two below it (>= 1) with ``rows x width <= max_batch_words`` (``None``: no limit)."""
+    """Rows of a batch padded to ``width`` words: ``batch_size``, or the largest power of two below
+    it (>= 1) with ``rows x width <= max_batch_words`` (``None``: no limit)."""
     batch_size = int(batch_size)
     if not max_batch_words or batch_size * int(width) <= int(max_batch_words):
         return batch_size
@@ -204,9 +197,8 @@ def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BA
 
 def side_arrays(features: FeatureSet, side: str, indices: np.ndarray, *, with_words: bool,
                 width: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(features, mask)`` of one side's rows as ``mrwe_jax.model.text_batch`` reads them:
-    word matrices ``[b, width, sum_j d_j]`` float32 with ``[b, width]`` bool (``width``
-    default: :func:`bucket_width` of the longest), or pooled ``[b, sum_j d_j]`` and None."""
+    """``(features, mask)`` of one side's rows for ``model.text_batch``: ``[b, width, sum_j d_j]``
+    float32 with ``[b, width]`` bool, or pooled ``[b, sum_j d_j]`` and None."""
     feats = features.side(side)
     indices = np.asarray(indices, np.int64)
     if not with_words:
@@ -220,16 +212,9 @@ def side_arrays(features: FeatureSet, side: str, indices: np.ndarray, *, with_wo
 
 
 class PKBatches:
-    """P x K batches of :data:`BATCH` (plus ``"step"``) for the batch-hard triplet loss.
-
-    Step s is batch ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch`` from
-    ``pk_sampler.pk_sample_batches``: a batch depends only on ``(seed, step)``. Paragraph
-    widths: powers of two from 64, at most ``max_paragraph_words`` (longer ones are cut).
-
-    Raises:
-      ValueError: no training question, too few paragraphs for P, or P, P*K not divisible
-        by ``process_count``.
-    """
+    """P x K batches of :data:`BATCH` plus ``"step"`` from ``pk_sampler``, a pure function of
+    ``(seed, step)``; paragraph widths powers of two from 64. ValueError: no training question,
+    too few paragraphs, P or P*K not divisible by ``process_count``."""
 
     def __init__(self, features: FeatureSet, question_paragraph: np.ndarray,
                  train_questions: np.ndarray, *, P: int, K: int, seed: int, with_words: bool,

@@ -1,8 +1,5 @@
-"""Recall@k of the right paragraph for each test question over a pool of paragraphs, the
-comparison table and t-SNE (``docs/mrwe.md``, "Evaluation"). Ranks are pessimistic
-(``embedding_core.evaluation.metrics.ranks_of_targets``: every paragraph scoring at least as high
-counts ahead); pools: ``"all"`` (every paragraph, the default) or ``"test"``.
-"""
+"""Recall@k of each test question's paragraph over a pool (``"all"`` or ``"test"``), the table and
+t-SNE (``docs/mrwe.md``, "Evaluation"; ranks pessimistic)."""
 
 from __future__ import annotations
 
@@ -35,11 +32,8 @@ SOURCE_LABELS = {
 
 
 def targets_in_pool(question_paragraph: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    """``[n_q]`` int64 column in ``pool`` (paragraph indices) of each question's paragraph.
-
-    Raises:
-      ValueError: a question's paragraph is not in the pool, or the pool repeats one.
-    """
+    """``[n_q]`` int64 column in ``pool`` (paragraph indices) of each question's paragraph. Raises
+    ValueError: a question's paragraph is not in the pool, or the pool repeats one."""
     pool = np.asarray(pool, np.int64)
     if len(np.unique(pool)) != len(pool):
         raise ValueError("the paragraph pool repeats a paragraph")
@@ -59,9 +53,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def cosine_ranks(question_vectors: np.ndarray, pool_vectors: np.ndarray, targets: np.ndarray,
                  *, block: int = 1024, split: bool = True) -> np.ndarray:
-    """``[n_q]`` int64 1-based pessimistic rank, by cosine, of each question's ``targets``
-    column among ``[n_pool, d]`` pool vectors (a zero vector gets the worst rank), scored
-    ``block`` questions at a time; ``split``: each process ranks a slice (a collective)."""
+    """``[n_q]`` int64 1-based pessimistic cosine rank of each ``targets`` column among ``[n_pool,
+    d]`` vectors (zero vector: worst); ``split``: each process a slice (a collective)."""
     q, p = _unit(question_vectors), _unit(pool_vectors)
     targets = np.asarray(targets)
 
@@ -90,9 +83,8 @@ def evaluate_retrieval(
     ensemble_variants: Sequence[str] = (),
     progress: bool = False,
 ) -> dict[str, dict[int, float]]:
-    """``{row label: {k: recall}}`` on the test questions: TF-IDF and BM25 (fitted on the
-    pool), each source, the ensemble (the features' u, then each ``ensemble_variants``
-    u such as ``"balanced"``), then each tower."""
+    """``{row label: {k: recall}}``: TF-IDF, BM25, each source, the ensemble (and each
+    ``ensemble_variants`` u), each tower."""
     q_idx = np.flatnonzero(corpus.test_questions)
     p_idx = pool_indices(corpus, pool)
     targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)
@@ -136,9 +128,8 @@ def evaluate_retrieval(
 
 def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "all", *,
                 split: bool = False) -> np.ndarray:
-    """``[n_test_questions]`` ranks of each test question's paragraph among the pool;
-    ``split``: each process encodes a slice (``encode_rows`` then must run on this process
-    alone: a loaded tower's local params, not the training loop's)."""
+    """``[n_test_questions]`` ranks among the pool; ``split``: each process a slice (a loaded
+    tower's local params only)."""
     q_idx = np.flatnonzero(corpus.test_questions)
     p_idx = pool_indices(corpus, pool)
     targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)
@@ -184,8 +175,8 @@ def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.nda
 
 def plot_tsne(panels: Sequence[tuple[str, np.ndarray]], labels: np.ndarray,
               path: str | os.PathLike, *, seed: int = 0, title: str = "") -> epath.Path:
-    """t-SNE (``sklearn.manifold.TSNE``) of each panel's ``[m, d]`` unit-normalised
-    vectors, one colour per ``labels`` entry, written atomically as a PNG at ``path``."""
+    """t-SNE (``sklearn.manifold.TSNE``) of each panel's ``[m, d]`` unit-normalised vectors, one
+    colour per ``labels`` entry, written atomically as a PNG at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")

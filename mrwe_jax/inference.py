@@ -1,7 +1,5 @@
-"""``load(workdir)``: a trained ConvRR / FCRR run as an ``embedding_core.serving.inference.Encoder``
-whose ``encode(texts, side="question"|"paragraph")`` embeds new texts as the run's were
-(its sources, ``idf.json``, ``features.json``, then the tower; ``docs/mrwe.md``); its
-views ``questions`` and ``paragraphs`` are the corpus's rows for export."""
+"""``load(workdir)``: a ConvRR / FCRR run as an Encoder, ``encode(texts, side="question" |
+"paragraph")`` as the run embedded its texts; views ``questions``, ``paragraphs``."""
 
 from __future__ import annotations
 
@@ -56,13 +54,8 @@ def read_recipe(workdir: str | os.PathLike) -> dict[str, Any]:
 
 def read_idf(workdir: str | os.PathLike,
              config: ml_collections.ConfigDict | None = None) -> IdfTable:
-    """The run's ``idf.json``; a workdir trained before runs kept it gets the table rebuilt
-    from its corpus, with a warning.
-
-    Raises:
-      FileNotFoundError: no ``idf.json`` and the corpus file is gone (both named).
-      ValueError: an ``idf.json`` that is not an IDF table.
-    """
+    """The run's ``idf.json`` (older runs: rebuilt from the corpus, with a warning);
+    FileNotFoundError (both named), ValueError: not an IDF table."""
     path = storage.as_path(workdir) / IDF_FILE
     if path.is_file():
         return IdfTable.from_json(read_json_object(path), str(path))
@@ -92,10 +85,8 @@ def tower_label(config: ml_collections.ConfigDict, step: int | None) -> str:
 
 
 class Retriever(SavesFolder, Encoder):
-    """A ConvRR / FCRR tower with its feature recipe (``features``: a ``FeatureSet`` of no
-    texts, or the corpus's); ``name`` is its evaluation-table label. ``split``: the
-    corpus rows its export views hold, ``"all"`` or ``"test"`` (the test questions and
-    the ``config.eval_pool`` paragraphs); ``None``: not exporting the corpus."""
+    """A ConvRR / FCRR tower with its feature recipe; ``name``: its table label; ``split``: the
+    corpus rows its export views hold (``"all"``, ``"test"``, ``None``)."""
 
     default_normalize = True  # the tower's outputs are unit rows
 
@@ -133,9 +124,8 @@ class Retriever(SavesFolder, Encoder):
     def encode_features(self, features: FeatureSet, side: str,
                         indices: np.ndarray | None = None, *, batch_size: int | None = None,
                         show_progress_bar: bool = False, params: Any = None) -> np.ndarray:
-        """``[len(indices), d'']`` float32 unit tower outputs of computed features' rows of
-        ``side`` (``"questions"`` / ``"paragraphs"``; default all; zero for a text with no
-        word when the tower is skipped). ``params``: others of the same model (training)."""
+        """``[len(indices), d'']`` float32 unit tower outputs of ``side``'s computed rows;
+        ``params``: others of the same model (training)."""
         if list(features.names) != list(self.features.names):
             raise ValueError(f"features of sources {features.names}, the run has "
                              f"{self.features.names}")
@@ -194,8 +184,8 @@ class Retriever(SavesFolder, Encoder):
 
     def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
                 side: str = "question") -> np.ndarray:
-        """``side``: ``"question"`` or ``"paragraph"`` (they differ with ``question_only``);
-        a text with no word (``"?!"``) raises ValueError like an empty one."""
+        """``side``: ``"question"`` or ``"paragraph"`` (they differ with ``question_only``); a text
+        with no word (``"?!"``) raises ValueError like an empty one."""
         if side not in SIDES:
             raise ValueError(f"side must be one of {tuple(SIDES)}, got {side!r}")
         for i, text in enumerate(texts):
@@ -281,14 +271,9 @@ class Retriever(SavesFolder, Encoder):
 
 def load(workdir: str | os.PathLike, *, step: int | None = None,
          split: str | None = None) -> Retriever:
-    """The params alone of a workdir's checkpoint (default: the latest) on a mesh of all
-    devices, a whole copy per process; the IDF table from ``idf.json`` (:func:`read_idf`).
-
-    Raises:
-      FileNotFoundError: not a mrwe-jax workdir, no checkpoint (at ``step``); an old
-        workdir without ``idf.json`` whose corpus file is gone.
-      ValueError: a bad saved config, feature recipe or IDF table.
-    """
+    """A checkpoint's params (default latest), a whole copy per process, with ``idf.json``.
+    FileNotFoundError: not a workdir, no checkpoint, no IDF source; ValueError: a bad config,
+    recipe or IDF table."""
     config = read_config(workdir)
     features = FeatureSet.from_recipe(read_recipe(workdir), read_idf(workdir, config))
     model = build_model(config)
@@ -301,12 +286,8 @@ def load(workdir: str | os.PathLike, *, step: int | None = None,
 
 
 def load_tower_export(folder: str | os.PathLike) -> Retriever:
-    """The ``Retriever`` of an export-tower folder (local or ``gs://``), no checkpoint needed.
-
-    Raises:
-      FileNotFoundError: a file of the folder is missing.
-      ValueError: ``tower.safetensors`` does not fit the saved config's tower.
-    """
+    """The ``Retriever`` of an export-tower folder; FileNotFoundError: a file missing;
+    ValueError: ``tower.safetensors`` unlike the config's tower."""
     import flax.linen as nn
     from flax import traverse_util
 

@@ -1,8 +1,4 @@
-"""The batch-hard triplet loss of questions against paragraphs (``docs/mrwe.md``).
-
-Questions are anchors, paragraphs candidates, labelled by paragraph index; negatives are
-the other paragraphs of the *global* batch (``embedding_core.losses.triplet``).
-"""
+"""Batch-hard triplet loss of questions against the global batch's paragraphs (``docs/mrwe.md``)."""
 
 from __future__ import annotations
 
@@ -22,12 +18,8 @@ def question_paragraph_triplet_loss(
     q: jax.Array, p: jax.Array, q_label: jax.Array, p_label: jax.Array, *, margin: float,
     soft_margin: bool, distance: str,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``mean_i max(0, max_{p+} d(q_i, p+) - min_{p-} d(q_i, p-) + margin)`` over the
-    paragraphs only (``soft_margin``: softplus for the hinge).
-
-    ``q`` ``[n_q, d]``, ``p`` ``[n_p, d]``, labels: paragraph indices. Returns ``(loss,
-    stats)``: ``active_fraction``, ``mean_d_ap``, ``mean_d_an``, ...
-    """
+    """``mean_i max(0, max_{p+} d(q_i, p+) - min_{p-} d(q_i, p-) + margin)`` (``soft_margin``:
+    softplus) of ``q [n_q, d]`` against ``p [n_p, d]``: ``(loss, stats)``."""
     n_q, n_p = q.shape[0], p.shape[0]
     embeddings = jnp.concatenate([q, p], axis=0)
     labels = jnp.concatenate([q_label, p_label]).astype(jnp.int32)

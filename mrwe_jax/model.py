@@ -1,10 +1,5 @@
-"""The multi-resolution word embedding's equations, ConvRR and FCRR (``docs/mrwe.md``).
-
-``f_mixture`` (:func:`mix_layers`), ``f_ensemble`` (:func:`ensemble_sources`) and the text
-vector (:func:`pool_words`), also as one Flax module (:class:`MultiResolutionEmbedding`);
-the towers map a text to ``normalize(x + sf * f(x))``. Logical axes: ``"embed"`` (d''),
-``"mlp"`` (hidden / kernels), ``"conv_in"`` (input channels of later convolutions).
-"""
+"""The multi-resolution word embedding's equations, ConvRR and FCRR (``docs/mrwe.md``); logical
+axes ``"embed"`` (d''), ``"mlp"``, ``"conv_in"``."""
 
 from __future__ import annotations
 
@@ -34,13 +29,9 @@ def _check_aggregate(aggregate: str, allowed: tuple[str, ...]) -> None:
 
 def mix_layers(layers: jax.Array, layer_weights: jax.Array, idf_weights: jax.Array,
                aggregate: str = "sum") -> jax.Array:
-    """``x_i^j = f_mixture(m^j, E_i^j, w_idf)``: layer l weighted by ``m_l`` and the word's
-    IDF, then ``"sum"`` (``w sum_l m_l e_l``), ``"average"`` (``w/L sum_l m_l e_l``) or
-    ``"concatenate"`` (``w [m_1 e_1; ...; m_L e_L]``).
-
-    ``layers`` ``[..., num_words, L, d]``, ``layer_weights`` ``[L]``, ``idf_weights``
-    ``[..., num_words]`` -> ``[..., num_words, d']`` float32 (``d' = d``, or ``L d``).
-    """
+    """``x_i^j = f_mixture(m^j, E_i^j, w_idf)``: ``"sum"`` ``w sum_l m_l e_l``, ``"average"``
+    ``w/L sum_l m_l e_l`` or ``"concatenate"``; ``[..., words, L, d]`` -> ``[..., words, d']``
+    float32."""
     _check_aggregate(aggregate, AGGREGATES)
     weighted = (
         layers.astype(jnp.float32)
@@ -56,16 +47,9 @@ def mix_layers(layers: jax.Array, layer_weights: jax.Array, idf_weights: jax.Arr
 
 def ensemble_sources(mixtures: Sequence[jax.Array], source_weights: jax.Array,
                      aggregate: str = "concatenate") -> jax.Array:
-    """``x_i = f_ensemble(u, {x_i^1..x_i^n})``: ``"sum"`` (``sum_j u_j x^j``),
-    ``"average"`` (``1/n sum_j u_j x^j``) or ``"concatenate"`` (``[u_1 x^1; ...]``).
-
-    ``mixtures``: n arrays ``[..., num_words, d'_j]``; ``source_weights``: ``[n]`` u ->
-    ``[..., num_words, d'']`` float32.
-
-    Raises:
-      ValueError: no sources; u of the wrong length; sum / average over different widths
-        (the paper "coerces to a common length"; we ask the caller to).
-    """
+    """``x_i = f_ensemble(u, {x^j})``: ``"sum"``, ``"average"`` (``1/n sum_j u_j x^j``) or
+    ``"concatenate"``; n ``[..., words, d'_j]`` -> ``[..., words, d'']`` float32. ValueError: no
+    sources, u of the wrong length, sum / average over different widths."""
     _check_aggregate(aggregate, AGGREGATES)
     if not mixtures:
         raise ValueError("ensemble_sources needs at least one source")
@@ -99,16 +83,9 @@ def pool_words(words: jax.Array, mask: jax.Array, aggregate: str = "average") ->
 
 
 class MultiResolutionEmbedding(nn.Module):
-    """Mixture, ensemble and pooling with fixed or learned m^j and u (learned:
-    ``softmax(logits)`` started at the given values, uniform by default).
-
-    Call: ``layers`` (n arrays ``[batch, num_words, L_j, d_j]``), ``idf_weights``
-    ``[batch, num_words]``, ``mask`` ``[batch, num_words]`` bool -> ``(words [batch,
-    num_words, d''], text [batch, d''])`` float32, padding rows zero.
-
-    Raises:
-      ValueError: sources, layers or weights that do not fit the configuration.
-    """
+    """Mixture, ensemble, pooling with fixed or learned (``softmax(logits)``) m^j and u: n
+    ``[batch, words, L_j, d_j]``, idf and mask ``[batch, words]`` -> ``(words [batch, words,
+    d''], text [batch, d''])`` float32; ValueError: inputs unlike the configuration."""
 
     layer_counts: tuple[int, ...]
     layer_weights: tuple[tuple[float, ...], ...] | None = None
@@ -157,8 +134,8 @@ class MultiResolutionEmbedding(nn.Module):
 
 
 class TextBatch(NamedTuple):
-    """One side's tower input: ``text [batch, d'']``, and for ConvRR ``words [batch,
-    num_words, d'']`` (zero-padded) with ``mask [batch, num_words]`` bool; float32."""
+    """One side's tower input: ``text [batch, d'']``, and for ConvRR ``words [batch, num_words,
+    d'']`` (zero-padded) with ``mask [batch, num_words]`` bool; float32."""
 
     text: jax.Array
     words: jax.Array | None = None
@@ -174,14 +151,8 @@ def _bias_init(axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
 
 
 class ConvRR(nn.Module):
-    """Convolutional residual retrieval: ``o = normalize(x + sf * pool(blocks(X)))`` with
-    ``num_blocks`` SAME 1-D convolutions of ``kernels`` (None: d'') kernels over
-    ``window_size`` words + ReLU, average pooling over the real words (``docs/mrwe.md``).
-
-    Padded positions are zeroed around every block (output independent of the batch's
-    padding); no word gives ``normalize(x)``; ``kernels != d''`` adds a bias-free
-    projection back to d'' (our addition).
-    """
+    """``o = normalize(x + sf * pool(blocks(X)))``: ``num_blocks`` SAME 1-D convolutions + ReLU,
+    padding zeroed around every block; ``kernels != d''``: a projection back (our addition)."""
 
     num_blocks: int = 1
     window_size: int = 5
@@ -220,9 +191,7 @@ class ConvRR(nn.Module):
 
 
 class FCRR(nn.Module):
-    """Fully connected residual retrieval: ``num_blocks`` blocks
-    ``x <- x + sf * (W2 dropout(relu(W1 x + b1)) + b2)`` on the text vector, then unit norm
-    (dropout needs a ``"dropout"`` rng when ``deterministic=False``)."""
+    """``num_blocks`` of ``x <- x + sf * (W2 dropout(relu(W1 x + b1)) + b2)``, then unit norm."""
 
     num_blocks: int = 2
     hidden: int = 1024
@@ -289,14 +258,8 @@ def build_model(config: ml_collections.ConfigDict) -> SiameseRetriever:
 
 def text_batch(features: jax.Array, mask: jax.Array | None, widths: Sequence[int],
                source_weights: Any, source_aggregate: str, word_aggregate: str) -> TextBatch:
-    """One side's tower input from its per-source features side by side: ``f_ensemble``
-    on device, then (with a ``mask``) the pooling of the ensembled word matrices.
-
-    Args:
-      features: ``[b, L, sum_j d_j]`` word matrices (with ``mask [b, L]`` bool) or
-        ``[b, sum_j d_j]`` pooled vectors (``mask`` None); source j is the j-th
-        ``widths[j]`` columns. source_weights: ``[n_sources]`` u.
-    """
+    """One side's tower input: ``f_ensemble`` of ``[b, L, sum_j d_j]`` word matrices (with
+    ``mask [b, L]``) or ``[b, sum_j d_j]`` vectors, then pooling; ``source_weights`` ``[n]`` u."""
     u = jnp.asarray(source_weights, jnp.float32)
     parts = jnp.split(features, np.cumsum(widths)[:-1].tolist(), axis=-1)
     mixed = ensemble_sources(parts, u, source_aggregate)

@@ -23,12 +23,8 @@ from mrwe_jax.model import build_model, init_fn, with_words
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
                corpus: RetrievalCorpus | None = None,
                features: FeatureSet | None = None) -> Task:
-    """The task of ``config`` on ``mesh``; ``corpus`` and ``features`` skip loading them.
-
-    Raises:
-      ValueError: P not divisible by the data-parallel size or the process count, or P per
-        device not by ``grad_accum_steps`` (checked before any data loads).
-    """
+    """The task of ``config``; ``corpus``, ``features`` skip loading. ValueError (before data):
+    P not divisible by data devices or processes, or P per device by ``grad_accum_steps``."""
     P, K = int(config.paragraphs_per_batch), int(config.questions_per_paragraph)
     data_size = mesh.shape["data"]
     if P % data_size or P % jax.process_count():
@@ -75,14 +71,7 @@ def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
           stop_after: int | None = None, corpus: RetrievalCorpus | None = None,
           features: FeatureSet | None = None) -> TrainState:
-    """Trains (or resumes) into ``workdir``: ``run_config.json``, ``features.json`` (the
-    recipe), ``idf.json`` (``load`` needs no corpus), TensorBoard events, checkpoints with
-    the data position. ``corpus`` / ``features``: skip loading them (tests, the demo).
-
-    Raises:
-      ValueError: a bad config (checked before anything is written or compiled).
-      data_pipelines.errors.DataError: malformed SQuAD input (file and record).
-      FileNotFoundError: a missing data file or model package.
-    """
+    """Trains (or resumes) into ``workdir`` (``features.json``, ``idf.json`` beside the run);
+    ValueError (config), DataError (SQuAD), FileNotFoundError."""
     return run(lambda config, mesh: build_task(config, mesh, corpus=corpus, features=features),
                config, workdir, validate=validate_config, stop_after=stop_after)

@@ -46,11 +46,8 @@ def evaluate_workdirs(workdirs: Sequence[str | os.PathLike], *, pool: str | None
                       step: int | None = None, tsne: bool = True, progress: bool = True,
                       title_suffix: str = "", corpus: RetrievalCorpus | None = None,
                       features: FeatureSet | None = None) -> dict:
-    """The recall table of the towers in ``workdirs`` (first: t-SNE) with all baselines.
-
-    Writes ``<first workdir>/eval/recall_<pool>.json`` and ``eval/tsne.png``; prints the
-    table. Returns ``{"rows": {label: {k: recall}}, "pool": ..., "tsne": path or None}``.
-    """
+    """The recall table of ``workdirs``' towers with the baselines; writes
+    ``eval/recall_<pool>.json``, ``eval/tsne.png`` in the first; ``{"rows", "pool", "tsne"}``."""
     configs = [inference.read_config(w) for w in workdirs]
     check_same_data(configs)
     config = configs[0]
@@ -100,20 +97,15 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
 
 def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                       step: int | None = None) -> epath.Path:
-    """``mrwe-jax export-hf``: refused in one line (``Retriever.hf_folders`` says why and
-    what to use instead); nothing is written."""
+    """``mrwe-jax export-hf``: refused in one line (``Retriever.hf_folders`` says why and what to
+    use instead); nothing is written."""
     return serving.export_hf(lambda: inference.load(workdir, step=step), output, workdir=workdir)
 
 
 def export_tower_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                          step: int | None = None) -> epath.Path:
-    """``mrwe-jax export-tower``: the tower and its feature recipe as plain files
-    (``Retriever.write_tower_files``; :func:`load_tower_export` reads them), written
-    atomically into a new or empty ``output`` (local or ``gs://``).
-
-    Raises:
-      FileExistsError: ``output`` is a file or a non-empty folder.
-    """
+    """``mrwe-jax export-tower``: tower and recipe as plain files in a new or empty
+    ``output``; FileExistsError otherwise."""
     from embedding_core.serving import hf_export
 
     with hf_export.staged_output(output) as stage:
@@ -125,8 +117,8 @@ def export_tower_workdir(workdir: str | os.PathLike, output: str | os.PathLike, 
 
 
 def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) -> dict:
-    """The shipped run: features, ConvRR and FCRR with the CPU presets, both pools' tables
-    and the t-SNE picture; returns :func:`evaluate_workdirs`' result for the test pool."""
+    """The shipped run: features, ConvRR and FCRR with the CPU presets, both pools' tables and the
+    t-SNE picture; returns :func:`evaluate_workdirs`' result for the test pool."""
     from mrwe_jax.configs import convrr_cpu, fcrr_cpu
 
     workdir = storage.as_path(workdir)

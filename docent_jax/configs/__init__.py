@@ -1,5 +1,4 @@
-"""DocEnt presets: ``default.py`` (the declared fields); ``{dual,full,hybrid}_cpu.py`` for the
-shipped SQuAD corpus on a CPU, ``*_paper.py`` at the paper's scale; and the config checks."""
+"""DocEnt presets (``{dual,full,hybrid}_{cpu,paper,tpu}.py``) on ``default.py``, and the checks."""
 
 from __future__ import annotations
 
@@ -20,11 +19,7 @@ from embedding_core import configs
 
 
 def cross_field_checks(config: ml_collections.ConfigDict) -> None:
-    """DocEnt's rules between fields (each field alone is checked by its declaration).
-
-    Raises:
-      ValueError: naming the fields and what they must be.
-    """
+    """DocEnt's rules between fields; ValueError naming them."""
     full = config.variant == "full"
     if full and int(config.max_length) < 5:
         raise ValueError(f"config.max_length={config.max_length}: DocEnt-Full needs >= 5 "
@@ -56,5 +51,4 @@ def cross_field_checks(config: ml_collections.ConfigDict) -> None:
 
 
 validate_config = configs.validator(FIELDS, cross_field_checks)
-"""Training's check: every field against its declaration (unknown ones refused), then
-:func:`cross_field_checks`."""
+"""Every field against its declaration, then :func:`cross_field_checks`."""

@@ -1,6 +1,4 @@
-"""DocEnt's declared config fields, all three variants (``docs/docent.md``); the loop,
-optimizer and mesh fields come from ``embedding_core.configs.BASE``. The paper gives no
-optimiser settings: ours are marked as such in ``docs/docent.md``."""
+"""DocEnt's declared config fields, all variants (``docs/docent.md``), on ``configs.BASE``."""
 
 from embedding_core import Field, configs
 

@@ -1,10 +1,5 @@
-"""DocEnt-Dual on the shipped SQuAD corpus, CPU-sized (2 cores, a few minutes).
-
-Departures from ``default.py``, measured on the demo's held-out questions (300 steps; MAP
-81.9 in-batch + mean, 82.3 in-batch + CLS, 82.9 full-vocabulary + mean; within the noise of
-2,105 queries): ``softmax="full_vocab"`` (48 entities: every sentence sees all 47 negatives,
-an in-batch softmax of 32 about 23) and ``pooling="mean"`` (MiniLM's training pooling).
-"""
+"""DocEnt-Dual on the shipped SQuAD corpus, CPU-sized (2 cores, a few minutes): full-vocabulary
+softmax, mean pooling (measured: ``docs/docent.md``, "CPU presets")."""
 
 from docent_jax.configs import default
 

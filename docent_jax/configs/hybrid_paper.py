@@ -1,5 +1,5 @@
-"""DocEnt-Hybrid at the paper's scale (see ``dual_paper.py``): Dual's in-batch objective plus
-the MLM head, the dual term on the clean sentence (``hybrid_dual_input="clean"``)."""
+"""DocEnt-Hybrid at the paper's scale (see ``dual_paper.py``): Dual's in-batch objective plus the
+MLM head, the dual term on the clean sentence (``hybrid_dual_input="clean"``)."""
 
 from docent_jax.configs import dual_paper
 

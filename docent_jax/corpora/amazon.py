@@ -1,10 +1,5 @@
-"""Amazon review readers and the DocEnt review corpus (entities = products, documents = sentences).
-
-JSON lines, one review per line, plain or gzip (by the magic bytes ``1f 8b``), in the McAuley
-lab's 2014 or 2018 format (``docs/data.md``). DocEnt's filters (Zemlyanskiy et al., EACL 2021,
-sec. 4.4; ``docs/docent.md``) stream in two passes: :func:`select_entities` counts reviews per
-entity, :func:`iter_entity_sentences` yields sentences.
-"""
+"""Amazon review readers (plain or gzip JSON lines, 2014 or 2018 format; ``docs/data.md``) and
+DocEnt's two-pass review filters (sec. 4.4; ``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -30,9 +25,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 @dataclasses.dataclass(frozen=True)
 class AmazonReview:
-    """One review: ``asin``, ``reviewText``, ``reviewerID``, ``summary``, ``overall`` (1.0 to
-    5.0), ``unixReviewTime`` (s since 1970 UTC); absent optional keys are None. ``line`` is
-    1-based (of the decompressed text for gzip)."""
+    """One review (``overall`` 1.0-5.0, ``unixReviewTime`` s; absent: None); ``line`` 1-based."""
 
     asin: str
     text: str
@@ -44,8 +37,7 @@ class AmazonReview:
 
 
 def open_maybe_gzip(path: PathLike) -> IO[bytes]:
-    """Opens a file (local or ``gs://``) for binary reading, through gzip when it starts with
-    the gzip magic bytes."""
+    """Opens a file for binary reading, through gzip when it starts with its magic bytes."""
     path = storage.as_path(path)
     with path.open("rb") as probe:
         magic = probe.read(2)
@@ -58,8 +50,7 @@ def open_maybe_gzip(path: PathLike) -> IO[bytes]:
 
 
 def _lines(raw: IO[bytes], path: PathLike) -> Iterator[tuple[int, bytes]]:
-    """``(1-based line, bytes)``; a damaged gzip stream becomes a DataError at the line where
-    reading stopped."""
+    """``(1-based line, bytes)``; damaged gzip: a DataError at that line."""
     line_no = 0
     try:
         for line_no, raw_line in enumerate(raw, start=1):
@@ -79,16 +70,9 @@ def _optional(record: dict, key: str, kinds: tuple[type, ...], path: PathLike, l
 
 def iter_amazon_reviews(path: PathLike, *, skip_invalid: bool = False,
                         counts: Counter[str] | None = None) -> Iterator[AmazonReview]:
-    """Streams the reviews of one file lazily, in file order; blank lines are ignored.
-
-    ``skip_invalid`` skips reviews without ``reviewText`` instead of raising; ``counts``, when
-    given, gets ``"lines"`` (non-blank lines read) and ``"missing_review_text"``.
-
-    Raises:
-      DataError (file, line, field): invalid UTF-8 or JSON, not an object, a missing or empty
-        ``asin``, a mistyped field, no ``reviewText`` unless ``skip_invalid``, corrupt gzip.
-      FileNotFoundError: the file does not exist.
-    """
+    """Streams one file's reviews (blank lines ignored); ``skip_invalid`` skips (and
+    ``counts``) ones without ``reviewText``. DataError (file, line, field): invalid UTF-8 or
+    JSON, a bad ``asin`` or field, corrupt gzip; FileNotFoundError."""
     counts = counts if counts is not None else Counter()
     with open_maybe_gzip(path) as raw:
         for line_no, raw_line in _lines(raw, path):
@@ -124,12 +108,8 @@ def iter_amazon_reviews(path: PathLike, *, skip_invalid: bool = False,
 
 
 class EntityVocab:
-    """Entity keys with stable ids: positions in the sorted (Python string order) distinct
-    keys. Saved as UTF-8, one key a line; line ``i`` (1-based) holds id ``i - 1``.
-
-    Raises:
-      ValueError: an empty key or one with a line break.
-    """
+    """Entity keys with stable ids (sorted distinct keys), saved one per line; ValueError: an
+    empty key or a line break."""
 
     def __init__(self, keys: Iterable[str]):
         self._keys: tuple[str, ...] = tuple(sorted(set(keys)))
@@ -170,19 +150,13 @@ class EntityVocab:
         return self._keys[entity_id]
 
     def save(self, path: PathLike) -> None:
-        """Writes the keys, one per line, atomically
-        (``embedding_core.storage.files.write_lines``)."""
+        """Writes the keys, one per line, atomically."""
         files.write_lines(path, self._keys)
 
     @classmethod
     def load(cls, path: PathLike) -> EntityVocab:
-        """Reads a file written by :meth:`save`.
-
-        Raises:
-          DataError (line, field ``key``): invalid UTF-8, an empty line, a carriage return,
-            keys not strictly increasing (ids would shift).
-          FileNotFoundError: the file does not exist.
-        """
+        """Reads :meth:`save`'s file; DataError: bad UTF-8, an empty line, a CR, unsorted keys;
+        FileNotFoundError."""
         lines = decode_utf8(path, storage.as_path(path).read_bytes(), "key").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
@@ -247,13 +221,8 @@ def select_entities(paths: PathLike | Sequence[PathLike], *, min_words: int = MI
                     min_reviews: int = MIN_REVIEWS, entity_of: Mapping[str, str] | None = None,
                     deduplicate: bool = True,
                     skip_invalid: bool = False) -> tuple[EntityVocab, ReviewCorpusStats]:
-    """First pass: the entities that keep at least ``min_reviews`` reviews after filtering.
-
-    Per review: skip one without text (``skip_invalid``), map its ASIN with ``entity_of``
-    (None keeps it; unmapped dropped), drop duplicates across ``paths`` (``deduplicate``)
-    and reviews under ``min_words`` words. Returns ``(vocab, stats)``; DataError as
-    :func:`iter_amazon_reviews`.
-    """
+    """First pass: ``(vocab, stats)`` of the entities keeping ``min_reviews`` reviews after
+    the filters (``entity_of``, ``deduplicate``, ``min_words``); DataError."""
     stats = ReviewCorpusStats()
     per_entity: Counter[str] = Counter(
         entity for entity, _ in _filtered_reviews(
@@ -272,11 +241,8 @@ def iter_entity_sentences(paths: PathLike | Sequence[PathLike], vocab: EntityVoc
                           skip_invalid: bool = False,
                           sentence_splitter: Callable[[str], list[str]] = split_sentences,
                           stats: ReviewCorpusStats | None = None) -> Iterator[tuple[int, str]]:
-    """Second pass: ``(vocab.id_of(entity), sentence)`` in file order for the entities in
-    ``vocab`` (same filters as :func:`select_entities`), split by ``sentence_splitter``
-    (default pySBD), ``names[entity]`` removed, empty sentences skipped. DataError as
-    :func:`iter_amazon_reviews`.
-    """
+    """Second pass: ``(entity id, sentence)`` in file order, ``names`` removed, empty ones
+    skipped; DataError."""
     stats = stats if stats is not None else ReviewCorpusStats()
     scratch = ReviewCorpusStats()  # pass-1 counters are not counted twice
     for entity, review in _filtered_reviews(
@@ -298,8 +264,7 @@ def iter_entity_sentences(paths: PathLike | Sequence[PathLike], vocab: EntityVoc
 
 @dataclasses.dataclass(frozen=True)
 class ReviewCorpus:
-    """A materialised corpus: the kept entities, ``(entity_id, sentence)`` pairs in file
-    order, all filter counts."""
+    """Kept entities, ``(entity_id, sentence)`` pairs, filter counts."""
 
     vocab: EntityVocab
     sentences: list[tuple[int, str]]
@@ -310,9 +275,7 @@ def build_review_corpus(paths: PathLike | Sequence[PathLike], *, min_reviews: in
                         names: Mapping[str, str] | None = None,
                         sentence_splitter: Callable[[str], list[str]] = split_sentences,
                         **filters) -> ReviewCorpus:
-    """Both passes into memory (small inputs). ``filters``: ``min_words``, ``entity_of``,
-    ``deduplicate``, ``skip_invalid`` of :func:`select_entities`. DataError as
-    :func:`iter_amazon_reviews`."""
+    """Both passes in memory; ``filters`` as :func:`select_entities`; DataError."""
     vocab, stats = select_entities(paths, min_reviews=min_reviews, **filters)
     sentences = list(iter_entity_sentences(paths, vocab, names=names, stats=stats,
                                            sentence_splitter=sentence_splitter, **filters))

@@ -1,9 +1,5 @@
-"""MovieLens readers and the tag-count ground truth of DocEnt's tag prediction.
-
-GroupLens CSVs with a header (Harper & Konstan, ACM TiiS 2015; columns in ``docs/data.md``),
-shipped in ``data/movielens``. A (movie, tag) cell counts the users who applied the tag
-(``docs/docent.md``, "Tag prediction implementation").
-"""
+"""MovieLens readers (``docs/data.md``) and the tag-count ground truth of DocEnt's tag prediction
+(``docs/docent.md``, "Tag prediction implementation")."""
 
 from __future__ import annotations
 
@@ -47,8 +43,8 @@ class TagApplication:
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-    """A row of ``links.csv``: IMDb id as written (digits, leading zeros, no ``tt``), TMDB id
-    (None when empty)."""
+    """A row of ``links.csv``: IMDb id as written (digits, leading zeros, no ``tt``), TMDB id (None
+    when empty)."""
 
     movie_id: int
     imdb_id: str
@@ -95,8 +91,8 @@ def _unique(values: Iterable[tuple[object, int]], path: PathLike, column: str) -
 
 
 def read_movies(path: PathLike | None = None) -> list[Movie]:
-    """Reads ``movies.csv`` (default: the shipped one). Raises DataError (file, line,
-    column): a missing column or empty value, a non-integer or repeated ``movieId``."""
+    """Reads ``movies.csv`` (default: the shipped one). Raises DataError (file, line, column): a
+    missing column or empty value, a non-integer or repeated ``movieId``."""
     path, records = _records(path, "movies.csv", ("movieId", "title", "genres"))
     movies = [Movie(movie_id=csv_int(r, "movieId", path), title=r["title"],
                     genres=tuple(r["genres"].split("|")), line=r[LINE_KEY]) for r in records]
@@ -105,8 +101,8 @@ def read_movies(path: PathLike | None = None) -> list[Movie]:
 
 
 def read_tags(path: PathLike | None = None) -> list[TagApplication]:
-    """Reads ``tags.csv`` (default: the shipped one). Raises DataError (file, line, column):
-    a missing column or empty value, a non-integer ``userId``, ``movieId`` or ``timestamp``."""
+    """Reads ``tags.csv`` (default: the shipped one). Raises DataError (file, line, column): a
+    missing column or empty value, a non-integer ``userId``, ``movieId`` or ``timestamp``."""
     path, records = _records(path, "tags.csv", ("userId", "movieId", "tag", "timestamp"))
     return [TagApplication(user_id=csv_int(r, "userId", path),
                            movie_id=csv_int(r, "movieId", path), tag=r["tag"],
@@ -115,9 +111,9 @@ def read_tags(path: PathLike | None = None) -> list[TagApplication]:
 
 
 def read_links(path: PathLike | None = None) -> list[Link]:
-    """Reads ``links.csv`` (default: the shipped one); an empty ``tmdbId`` becomes None.
-    Raises DataError (file, line, column): a missing column, an empty ``movieId`` or
-    ``imdbId``, a non-integer id, a repeated ``movieId``."""
+    """Reads ``links.csv`` (default: the shipped one); an empty ``tmdbId`` becomes None. Raises
+    DataError (file, line, column): a missing column, an empty ``movieId`` or ``imdbId``, a
+    non-integer id, a repeated ``movieId``."""
     path, records = _records(path, "links.csv", ("movieId", "imdbId", "tmdbId"),
                              allow_empty=("tmdbId",))
     links = []
@@ -133,8 +129,8 @@ def read_links(path: PathLike | None = None) -> list[Link]:
 
 
 def read_genome_tags(path: PathLike | None = None) -> list[GenomeTag]:
-    """Reads ``genome-tags.csv`` (default: the shipped 1,128 tags). Raises DataError: a
-    non-integer or repeated ``tagId``; a tag repeated up to letter case."""
+    """Reads ``genome-tags.csv`` (default: the shipped 1,128 tags). Raises DataError: a non-integer
+    or repeated ``tagId``; a tag repeated up to letter case."""
     path, records = _records(path, "genome-tags.csv", ("tagId", "tag"))
     tags = [GenomeTag(tag_id=csv_int(r, "tagId", path), tag=r["tag"], line=r[LINE_KEY])
             for r in records]
@@ -151,18 +147,9 @@ def normalize_tag(tag: str) -> str:
 def tag_count_matrix(tags: Sequence[TagApplication], movie_ids: Sequence[int],
                      tag_vocab: Sequence[str], *,
                      skip_unknown_movies: bool = False) -> tuple[np.ndarray, TagCountStats]:
-    """Movie x tag matrix of the number of distinct users who applied each tag.
-
-    Tags match ``tag_vocab`` by :func:`normalize_tag`; others are counted and skipped.
-    ``skip_unknown_movies`` counts and skips rows whose movie is not in ``movie_ids``.
-
-    Returns ``(counts [len(movie_ids), len(tag_vocab)] int32, stats)``.
-
-    Raises:
-      DataError: an application's movie is outside ``movie_ids`` (its file, line and
-        ``movieId``) unless ``skip_unknown_movies``.
-      ValueError: repeated movie ids or tags in the vocabularies.
-    """
+    """``(counts [len(movie_ids), len(tag_vocab)] int32, stats)``: distinct users per (movie,
+    tag), tags matched by :func:`normalize_tag` (others skipped). DataError: a movie outside
+    ``movie_ids`` unless ``skip_unknown_movies``; ValueError: repeated ids or tags."""
     row_of = {m: i for i, m in enumerate(movie_ids)}
     if len(row_of) != len(movie_ids):
         raise ValueError("movie_ids holds repeated ids")
@@ -197,9 +184,8 @@ def tag_count_matrix(tags: Sequence[TagApplication], movie_ids: Sequence[int],
 
 @dataclasses.dataclass(frozen=True)
 class HumanCVFold:
-    """One fold of the human cross-validation: its ``users`` (permutation order), ``held_in``
-    ``[n_movies, n_tags]`` int32 counts of those users (the labels) and ``others``, the same
-    for every other user (the "human" scores)."""
+    """One human cross-validation fold: ``users``, ``held_in`` ``[n_movies, n_tags]`` int32
+    counts of those users (labels) and ``others`` (the "human" scores)."""
 
     users: np.ndarray
     held_in: np.ndarray
@@ -210,16 +196,8 @@ def human_cv_folds(tags: Sequence[TagApplication], movie_ids: Sequence[int],
                    tag_vocab: Sequence[str], *, seed: int = HUMAN_CV_SEED,
                    n_folds: int = HUMAN_CV_FOLDS,
                    skip_unknown_movies: bool = False) -> list[HumanCVFold]:
-    """The DocEnt authors' human cross-validation (``docs/docent.md``).
-
-    ``users = np.unique(user ids of all tags)``; ``np.random.seed(seed)``;
-    ``folds = np.array_split(np.random.permutation(users), n_folds)``; per fold,
-    ``held_in + others`` = :func:`tag_count_matrix` of all users (global generator restored).
-
-    Raises:
-      DataError: see :func:`tag_count_matrix`.
-      ValueError: ``n_folds`` < 2 or more folds than users.
-    """
+    """The DocEnt authors' human cross-validation (``docs/docent.md``); DataError as
+    :func:`tag_count_matrix`, ValueError: ``n_folds`` < 2 or more folds than users."""
     users = np.unique(np.array([t.user_id for t in tags], dtype=np.int64))
     if n_folds < 2 or n_folds > len(users):
         raise ValueError(f"n_folds must be in [2, {len(users)}] (the users), got {n_folds}")

@@ -1,12 +1,5 @@
-"""Reader for DocEnt's Reddit Movie Suggestions (Zemlyanskiy et al., EACL 2021, sec. 4.3).
-
-4,765 queries from r/MovieSuggestions with the community's recommendations, the ground truth
-of DocEnt's zero-shot movie ranking. ``reddit.json`` (not shippable) is a JSON list of
-records, or JSON lines of one record each::
-
-    {"request": {"query_original": str, "query_full": str, "query_title": str},
-     "response": {"result": [{"score": number, "asin": str}, ...]}}
-"""
+"""Reader for DocEnt's Reddit Movie Suggestions (Zemlyanskiy et al., EACL 2021, sec. 4.3; format:
+``docs/data.md``)."""
 
 from __future__ import annotations
 
@@ -26,9 +19,8 @@ QUERY_FIELDS = ("query_original", "query_full", "query_title")
 
 @dataclasses.dataclass(frozen=True)
 class RedditQuery:
-    """One query (``record``: 0-based index in the file; ``query_full`` is the text to embed)
-    and its recommendations known to the vocabulary, in file order: ``asins`` as in the file,
-    their ``entity_ids`` (after ``entity_of``) and community ``scores``."""
+    """One query (``record``: 0-based; ``query_full``: the text) and its known recommendations:
+    ``asins``, ``entity_ids``, ``scores``."""
 
     record: int
     query_original: str
@@ -74,16 +66,9 @@ def _load_records(path: os.PathLike) -> list[tuple[Any, int | None]]:
 def read_reddit_suggestions(path: PathLike, vocab: EntityVocab, *,
                             entity_of: Mapping[str, str] | None = None,
                             skip_invalid: bool = False) -> tuple[list[RedditQuery], RedditStats]:
-    """Reads the Reddit Movie Suggestions file and resolves its movies in ``vocab``.
-
-    ``entity_of`` maps an ASIN to its entity key (None: the ASIN); ``skip_invalid`` drops
-    (and counts) unknown movies and records left without any. Returns ``(queries, stats)``.
-
-    Raises:
-      DataError: invalid UTF-8 or JSON; a missing or mistyped field (``field`` names it, e.g.
-        ``record[12].response.result[3].asin``; ``line`` is None inside a JSON list); an
-        unknown movie or a record without recommendations unless ``skip_invalid``.
-    """
+    """``(queries, stats)`` of the file, movies resolved in ``vocab`` (ASINs via ``entity_of``);
+    ``skip_invalid`` drops unknown movies and empty records. DataError: invalid UTF-8 or JSON, a
+    bad field (``field`` names it, e.g. ``record[12].response.result[3].asin``)."""
     path = storage.as_path(path)
     queries: list[RedditQuery] = []
     unknown = empty = 0

@@ -1,9 +1,5 @@
-"""Reader for Reviews2Movielens, DocEnt's Amazon -> MovieLens movie mapping.
-
-Zemlyanskiy et al., EACL 2021, sec. 4.2: ASINs (editions) -> MovieLens movies, many to one.
-Header ``asin,canon_asin,imdb_id,movielens_id,name,imdb_url``; ``canon_asin`` stands for all
-editions of the movie.
-"""
+"""Reader for Reviews2Movielens, DocEnt's Amazon ASIN -> MovieLens mapping (sec. 4.2; format:
+``docs/data.md``)."""
 
 from __future__ import annotations
 
@@ -21,8 +17,8 @@ COLUMNS = ("asin", "canon_asin", "imdb_id", "movielens_id", "name", "imdb_url")
 
 @dataclasses.dataclass(frozen=True)
 class MovieMapping:
-    """One row (``line``: 1-based); ``imdb_id`` and ``imdb_url`` may be empty (our reading:
-    the join key is ``movielens_id``)."""
+    """One row (``line``: 1-based); ``imdb_id`` and ``imdb_url`` may be empty (our reading: the join
+    key is ``movielens_id``)."""
 
     asin: str
     canon_asin: str
@@ -46,16 +42,9 @@ def read_reviews2movielens(path: PathLike, *, movie_ids: Container[int] | None =
                            known_asins: Container[str] | None = None,
                            asin_field: Literal["asin", "canon_asin"] = "asin",
                            skip_invalid: bool = False) -> tuple[list[MovieMapping], MappingStats]:
-    """Reads Reviews2Movielens, checked against ``movie_ids`` (MovieLens ids) and
-    ``known_asins`` (matched to the ``asin_field`` column) when given; ``skip_invalid`` drops
-    (and counts) rows with an unknown id or ASIN instead of raising. Returns ``(rows,
-    stats)``, rows in file order.
-
-    Raises:
-      DataError (file, line, column): a missing column; an empty ``asin``, ``canon_asin``,
-        ``movielens_id`` or ``name``; broken quoting; a non-integer ``movielens_id``; an ASIN
-        on two rows; an unknown MovieLens id or ASIN unless ``skip_invalid``.
-    """
+    """``(rows, stats)`` in file order, checked against ``movie_ids`` and ``known_asins`` (the
+    ``asin_field`` column); ``skip_invalid`` drops unknown ones. DataError (file, line, column):
+    a missing column or value, broken quoting, a non-integer id, a repeated ASIN, an unknown id."""
     rows: list[MovieMapping] = []
     records = read_csv_records(path, COLUMNS, allow_empty=("imdb_id", "imdb_url"))
     first_line: dict[str, int] = {}
@@ -99,8 +88,8 @@ def canonical_names(rows: Sequence[MovieMapping]) -> dict[str, str]:
 
 
 def canonical_movielens_ids(rows: Sequence[MovieMapping]) -> dict[str, int]:
-    """Canonical ASIN -> MovieLens id. Raises ValueError (naming both lines) for a canonical
-    ASIN mapped to two MovieLens ids."""
+    """Canonical ASIN -> MovieLens id. Raises ValueError (naming both lines) for a canonical ASIN
+    mapped to two MovieLens ids."""
     out: dict[str, tuple[int, int]] = {}
     for r in rows:
         prev = out.setdefault(r.canon_asin, (r.movielens_id, r.line))

@@ -8,19 +8,13 @@ ARCHITECTURES = ("cross", "bi", "simcse")
 POOLINGS = ("cls", "cls_mlp", "mean")
 TRAIN_DATA = ("inli", "snli")
 RTE_SCORE_RULES = ("max", "explicit", "implicit", "pair")
-"""RTE scores of (premise p, hypothesis h): ``max(cos(r_p, r_h), cos(u_p, r_h))``,
-``cos(r_p, r_h)``, ``cos(u_p, r_h)``, or ``pair``: ``cos(r_p, r_h) > t_r or cos(u_p, r_h) >
-t_u`` (``docs/dualcse.md``, "RTE protocol")."""
+"""RTE scores of (p, h): ``max(cos(r_p, r_h), cos(u_p, r_h))``, ``cos(r_p, r_h)``, ``cos(u_p,
+r_h)``, or ``pair`` (``docs/dualcse.md``, "RTE protocol")."""
 DATA_FILES = ("train_file", "val_file", "test_file")
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-    """DualCSE's cross-field rules (single fields: ``default.FIELDS``; both:
-    ``default.validate``).
-
-    Raises:
-      ValueError: naming the fields.
-    """
+    """DualCSE's cross-field rules; ValueError naming the fields."""
     # train_file replaces train_data, so a preset's train_data=snli does not bind it.
     own_file = str(config.train_file or "").strip()
     if own_file and str(config.train_shards or "").strip():

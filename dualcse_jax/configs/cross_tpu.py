@@ -1,10 +1,8 @@
-"""DualCSE-Cross at BERT-base scale for TPU pod slices: global batch 512, bfloat16
-compute, 128 tokens. The TPU compiler puts one step at 8.0 GiB of a v4 chip's 32 GiB from
-16 chips and 3.0 GiB of a v5e chip's 16 GB from 64 (``benchmarks/tpu_plan.py``; v5p, v6e
-and the largest batch in ``docs/performance.md``). Batch, rate and epochs are our choice,
-not tuned. The README's "Pods and Colab" gives the commands; on CPU, ``--config.model=`` a
-small BERT runs the same preset.
-"""
+"""DualCSE-Cross at BERT-base scale for TPU pod slices: global batch 512, bfloat16 compute, 128
+tokens. The TPU compiler puts one step at 8.0 GiB of a v4 chip's 32 GiB from 16 chips and 3.0 GiB of
+a v5e chip's 16 GB from 64 (``benchmarks/tpu_plan.py``; v5p, v6e and the largest batch in
+``docs/performance.md``). Batch, rate and epochs are our choice, not tuned. The README's "Pods and
+Colab" gives the commands; on CPU, ``--config.model=`` a small BERT runs the same preset."""
 
 from dualcse_jax.configs import default
 

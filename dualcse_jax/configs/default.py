@@ -1,5 +1,4 @@
-"""DualCSE-Cross with the paper's hyper-parameters (``docs/dualcse.md``); the fields are
-declared here once (``dualcse-jax config`` lists them) on ``embedding_core.configs.BASE``."""
+"""DualCSE-Cross with the paper's hyper-parameters; the fields, declared once."""
 
 from dualcse_jax.configs import (
     ARCHITECTURES,
@@ -61,7 +60,7 @@ FIELDS = configs.declare(
 )
 
 validate = configs.validator(FIELDS, validate_config)
-"""The whole check: declared fields, BASE's rules, then :func:`validate_config`."""
+"""Declared fields, BASE's rules, then :func:`validate_config`."""
 
 
 def get_config():

@@ -1,6 +1,6 @@
-"""Supervised SimCSE baseline (Gao et al. 2021) trained by the same loop: ``train_data``
-snli (shipped triplets) or inli, or ``train_file`` rows ``anchor, positive[,
-hard_negative]`` (docs/data.md)."""
+"""Supervised SimCSE baseline (Gao et al. 2021) trained by the same loop: ``train_data`` snli
+(shipped triplets) or inli, or ``train_file`` rows ``anchor, positive[, hard_negative]``
+(docs/data.md)."""
 
 from dualcse_jax.configs import default
 

@@ -1,5 +1,5 @@
-"""Supervised SimCSE at BERT-base scale for TPU pod slices: ``cross_tpu.py``'s settings on
-the shipped SNLI triplets with SimCSE's head (``simcse.py``)."""
+"""Supervised SimCSE at BERT-base scale for TPU pod slices: ``cross_tpu.py``'s settings on the
+shipped SNLI triplets with SimCSE's head (``simcse.py``)."""
 
 from dualcse_jax.configs import cross_tpu, simcse
 

@@ -1,11 +1,4 @@
-"""CPU-sized ConvRR preset for ``mrwe-jax demo`` (2 cores, minutes).
-
-Departures from ``default.py``: one convolution block of 128 kernels with a projection back
-to d'' instead of d'' kernels in three blocks, 300 steps (about 3 epochs of the training
-paragraphs of SQuAD dev), and learning rate 1e-4 instead of the authors' 1e-3 (chosen on a
-validation split of the *training* articles: with 1e-3 ConvRR fell below its input
-embedding there, with 1e-4 it gained about 5 points of recall@1).
-"""
+"""CPU-sized ConvRR preset for ``mrwe-jax demo`` (2 cores, minutes; ``docs/mrwe.md``, presets)."""
 
 from mrwe_jax.configs import default
 

@@ -1,9 +1,5 @@
-"""Per-source word features of a retrieval corpus, cached on disk (``docs/mrwe.md``).
-
-For each configured source and text: the IDF-weighted layer mixture ``x_i^j`` of every
-word and the pooled text vector, under ``cache_dir()/mrwe_features/<sha256 of the inputs>/``;
-``f_ensemble`` is applied on the fly (``u`` can change without recomputing).
-"""
+"""Per-source word features of a retrieval corpus (mixtures ``x_i^j`` and pooled vectors), cached
+under ``cache_dir()/mrwe_features/<sha256 of the inputs>/`` (``docs/mrwe.md``)."""
 
 from __future__ import annotations
 
@@ -46,12 +42,8 @@ Mixture = Callable[..., tuple[list[np.ndarray], np.ndarray]]
 
 
 def normalized_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
-    """Non-negative weights scaled to sum 1 (the constraint on m and u; for u we read the
-    paper's ``sum_j u_j / ||u|| = 1`` as the 1-norm, ``docs/mrwe.md``).
-
-    Raises:
-      ValueError: a negative entry or a zero sum (``what`` names the coefficient).
-    """
+    """Non-negative weights scaled to sum 1 (u's ``sum_j u_j / ||u|| = 1`` read as the 1-norm);
+    ValueError: a negative entry or zero sum."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0 or np.any(w < 0) or w.sum() <= 0:
         raise ValueError(f"{what} must be non-negative with a positive sum, got {list(w)}")
@@ -61,8 +53,8 @@ def normalized_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.n
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
     """One configured source, built on demand: ``name`` (its kind), ``num_layers`` L_j,
-    ``layer_weights`` m^j (sum 1), ``fingerprint`` (all that changes its output, for the
-    cache key), ``build() -> WordSource``."""
+    ``layer_weights`` m^j (sum 1), ``fingerprint`` (all that changes its output, for the cache key),
+    ``build() -> WordSource``."""
 
     name: str
     num_layers: int
@@ -93,13 +85,8 @@ def _layer_weights(value: str, count: int, name: str) -> tuple[float, ...]:
 
 
 def source_specs(config: Any) -> list[SourceSpec]:
-    """The sources of ``config.sources`` (comma-separated, ensemble order) with their
-    ``glove_dir``, ``contextual_*`` and ``tfidf_*`` fields.
-
-    Raises:
-      ValueError: an unknown or repeated source, bad layer weights.
-      FileNotFoundError: GloVe or the contextual model is not installed (nothing downloads).
-    """
+    """The sources of ``config.sources`` in ensemble order; ValueError: unknown, repeated, bad
+    weights; FileNotFoundError: GloVe or the contextual model not installed."""
     names = parse_list(config.sources)
     if not names:
         raise ValueError("config.sources names no source; use e.g. 'glove,contextual,tfidf'")
@@ -143,9 +130,9 @@ def source_specs(config: Any) -> list[SourceSpec]:
 
 @dataclasses.dataclass
 class TextFeatures:
-    """One source's mixture word vectors of n texts, flat: text i's ``[num_words, d_j]``
-    matrix is ``words[offsets[i]:offsets[i + 1]]`` (float32; ``offsets [n + 1]`` int64);
-    ``vectors [n, d_j]`` float32 pooled (zero for a text with no word)."""
+    """One source's mixture word vectors of n texts, flat: text i's ``[num_words, d_j]`` matrix is
+    ``words[offsets[i]:offsets[i + 1]]`` (float32; ``offsets [n + 1]`` int64); ``vectors [n, d_j]``
+    float32 pooled (zero for a text with no word)."""
 
     words: np.ndarray
     offsets: np.ndarray
@@ -173,10 +160,8 @@ class TextFeatures:
 
 @dataclasses.dataclass
 class FeatureSet:
-    """Per-source features (``{name: TextFeatures}``) of a corpus's questions and
-    paragraphs, with ``names`` in ensemble order, ``source_weights`` u ``[n_sources]``
-    float32 (sum 1), ``source_aggregate`` (f_ensemble), ``word_aggregate`` and the
-    ``idf_table`` used (for new texts)."""
+    """Per-source features of a corpus's questions and paragraphs, ``names`` in ensemble order,
+    u ``[n_sources]`` float32, the aggregates and the ``idf_table``."""
 
     names: list[str]
     questions: dict[str, TextFeatures]
@@ -271,8 +256,8 @@ def compute_text_features(texts: Sequence[str], source: WordSource, idf_table: I
                           layer_aggregate: str = "sum", word_aggregate: str = "average",
                           batch_size: int = 64, chunk: int = 512,
                           progress: str | None = None) -> TextFeatures:
-    """``mixture`` of one source over texts, shortest first in calls of ``chunk`` texts
-    (bounded memory, few compilations), returned in input order (ValueError: no text)."""
+    """``mixture`` of one source over texts, shortest first in calls of ``chunk`` texts (bounded
+    memory, few compilations), returned in input order (ValueError: no text)."""
     if not texts:
         raise ValueError("compute_text_features needs at least one text")
     counts = np.array([len(tokenize_words(t)) for t in texts], np.int64)
@@ -340,9 +325,8 @@ def cached_text_features(texts: Sequence[str], spec: SourceSpec, idf_table: IdfT
                          word_aggregate: str = "average", use_cache: bool = True,
                          what: str = "texts",
                          source_cache: dict[str, WordSource] | None = None) -> TextFeatures:
-    """:func:`compute_text_features` through the cache entry
-    ``cache_dir()/mrwe_features/<feature_cache_key>/`` (written atomically; an unreadable
-    entry is re-created)."""
+    """:func:`compute_text_features` through the cache entry ``<feature_cache_key>/``
+    (atomic; an unreadable entry is re-created)."""
     key = feature_cache_key(texts, spec, idf_fingerprint(idf_table), layer_aggregate,
                             word_aggregate)
     folder = cache_dir() / "mrwe_features" / key
@@ -376,10 +360,8 @@ def cached_text_features(texts: Sequence[str], spec: SourceSpec, idf_table: IdfT
 
 def resolve_source_weights(value: str, names: Sequence[str],
                            paragraph_vectors: Mapping[str, np.ndarray]) -> np.ndarray:
-    """u ``[n_sources]`` float32 (sum 1) from ``config.source_weights``: ``"uniform"``
-    (our reading: the paper gives none), ``"balanced"`` (``u_j ~ 1 / RMS ||v^j||`` over
-    the paragraph vectors: each source adds the same mean squared norm; our addition) or
-    ``"a,b,c"``. ValueError: wrong count, negative or all-zero weights."""
+    """u ``[n_sources]`` float32 (sum 1) of ``config.source_weights``: ``"uniform"``,
+    ``"balanced"`` (``u_j ~ 1 / RMS ||v^j||``) or ``"a,b,c"``; ValueError: count, sign, zero sum."""
     if value in ("", "uniform"):
         return normalized_weights(np.ones(len(names)), "config.source_weights")
     if value == "balanced":
@@ -397,9 +379,9 @@ def resolve_source_weights(value: str, names: Sequence[str],
 
 
 def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
-    """The word weights of ``f_mixture`` that ``config.word_weights`` names: ``"idf"``
-    (the paper; also a config without the field) over the paragraphs, or ``"unit"`` (every
-    word 1). ValueError: another value."""
+    """The word weights of ``f_mixture`` that ``config.word_weights`` names: ``"idf"`` (the paper;
+    also a config without the field) over the paragraphs, or ``"unit"`` (every word 1). ValueError:
+    another value."""
     value = config.get("word_weights", "idf") if hasattr(config, "get") else "idf"
     if value not in WORD_WEIGHTS:
         raise ValueError(f"config.word_weights={value!r}: use one of {WORD_WEIGHTS}")
@@ -411,12 +393,9 @@ def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
 def build_features(config: Any, corpus: RetrievalCorpus, *, mixture: Mixture,
                    use_cache: bool = True, specs: Sequence[SourceSpec] | None = None
                    ) -> FeatureSet:
-    """Features of every question and paragraph of ``corpus`` for the configured sources
-    (``specs`` override them), weighted by :func:`word_weight_table` over all paragraphs.
-
-    Raises:
-      ValueError: a sum / average ``source_aggregate`` over sources of different widths.
-    """
+    """Features of every question and paragraph of ``corpus`` for the configured sources (``specs``
+    override them), weighted by :func:`word_weight_table` over all paragraphs. Raises ValueError: a
+    sum / average ``source_aggregate`` over sources of different widths."""
     specs = list(specs) if specs is not None else source_specs(config)
     idf_table = word_weight_table(config, corpus.paragraph_texts)
     built: dict[str, WordSource] = {}

