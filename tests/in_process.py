@@ -8,6 +8,7 @@ import contextlib
 import copy
 import importlib
 import io
+import runpy
 import sys
 from dataclasses import dataclass
 
@@ -53,8 +54,9 @@ def _fresh_flags():
 
 def run_cli(module: str, *args, env: dict[str, str] | None = None) -> Done:
     """Runs ``python -m MODULE ARGS`` here: ``MODULE.run()`` with ``sys.argv`` set, the
-    module imported afresh (its flags read ``sys.argv`` when defined); ``SystemExit`` is the
-    exit status, a string one printed to stderr as Python would."""
+    module imported afresh (its flags read ``sys.argv`` when defined), or ``python
+    MODULE ARGS`` for a ``.py`` path; ``SystemExit`` is the exit status, a string one
+    printed to stderr as Python would."""
     import jax
     import pytest
     from absl import logging
@@ -77,7 +79,10 @@ def run_cli(module: str, *args, env: dict[str, str] | None = None) -> Done:
         stack.enter_context(contextlib.redirect_stderr(err))
         sys.argv = argv
         try:
-            importlib.import_module(module).run()
+            if module.endswith(".py"):  # a script: what `python SCRIPT` runs
+                runpy.run_path(module, run_name="__main__")
+            else:
+                importlib.import_module(module).run()
         except SystemExit as done:
             code = done.code
         finally:
@@ -92,8 +97,8 @@ def run_cli(module: str, *args, env: dict[str, str] | None = None) -> Done:
 
 
 def run_subprocess(module: str, *args, env: dict[str, str] | None = None) -> Done:
-    """``python -m MODULE ARGS`` in a child process with this one's compile cache (the
-    slow tier's form of :func:`run_cli`)."""
+    """``python -m MODULE ARGS`` (``python MODULE ARGS`` for a ``.py`` path) in a child
+    process with this one's compile cache (the slow tier's form of :func:`run_cli`)."""
     import os
     import subprocess
     from pathlib import Path
@@ -103,7 +108,8 @@ def run_subprocess(module: str, *args, env: dict[str, str] | None = None) -> Don
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir
            or "", **(env or {})}
     # A hang guard only: the command ends by itself (the test waits for its exit).
-    done = subprocess.run([sys.executable, "-m", module, *(str(a) for a in args)],
+    command = [module] if module.endswith(".py") else ["-m", module]
+    done = subprocess.run([sys.executable, *command, *(str(a) for a in args)],
                           capture_output=True, text=True, timeout=1800, env=env,
                           cwd=Path(__file__).parents[1])
     return Done(done.returncode, done.stdout, done.stderr)

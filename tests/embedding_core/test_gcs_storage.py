@@ -8,6 +8,7 @@ named ``gs:`` (what ``pathlib.Path("gs://bucket/x")`` would make of a URI).
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +70,27 @@ def _user_env(host: str, **extra: str) -> dict[str, str]:
 def _dualcse(env: dict, *args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dualcse_jax.main", *args], env=env,
                           cwd=cwd, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture
+def dualcse(cli, monkeypatch):
+    """``dualcse(env, *args)``: ``dualcse-jax ARGS`` with ``env`` (``_user_env``), in this
+    process (its storage checks forgotten first) and, in the slow tier, as a child process
+    (``_dualcse``)."""
+    from tests import in_process
+
+    def run(env: dict, *args: str):
+        if cli is in_process.run_subprocess:
+            return _dualcse(env, *args)
+        monkeypatch.setattr(storage, "_checked", set())
+        done = cli("dualcse_jax.main", *args, env=env)
+        # The session's emulator serves from this process: its request lines are not the
+        # command's.
+        done.stderr = "".join(line for line in done.stderr.splitlines(keepends=True)
+                              if not re.match(r"I\d{4} .* server\.py:\d+\] \"", line))
+        return done
+
+    return run
 
 
 def _error_lines(text: str) -> list[str]:
@@ -366,8 +388,8 @@ def test_missing_remote_data_paths_name_their_field(gcs_emulator):
         storage.check_data_paths(config, (field,))  # present: accepted
 
 
-def test_missing_remote_val_file_is_one_line(gcs_emulator, tmp_path):
-    proc = _dualcse(_user_env(gcs_emulator.host), "train", f"--workdir={BUCKET}/nofile",
+def test_missing_remote_val_file_is_one_line(gcs_emulator, tmp_path, dualcse):
+    proc = dualcse(_user_env(gcs_emulator.host), "train", f"--workdir={BUCKET}/nofile",
                     f"--config.val_file={BUCKET}/nope.jsonl")
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
@@ -375,7 +397,7 @@ def test_missing_remote_val_file_is_one_line(gcs_emulator, tmp_path):
     assert _objects("nofile") == []
 
 
-def test_an_unreachable_emulator_is_one_line_within_the_stated_bound(monkeypatch):
+def test_an_unreachable_emulator_is_one_line_within_the_stated_bound(monkeypatch, dualcse):
     port = _closed_port()
     monkeypatch.setattr(storage, "_checked", set())
     monkeypatch.setenv(storage.EMULATOR_ENV, f"localhost:{port}")
@@ -391,7 +413,7 @@ def test_an_unreachable_emulator_is_one_line_within_the_stated_bound(monkeypatch
     storage.check_endpoint(["/local/only"])  # no gs:// path: nothing to reach
 
     # The CLI: the same line alone, exit 1, before anything is written.
-    proc = _dualcse(_user_env(f"localhost:{port}", **{storage.TIMEOUT_ENV: "1"}), "train",
+    proc = dualcse(_user_env(f"localhost:{port}", **{storage.TIMEOUT_ENV: "1"}), "train",
                     "--workdir=gs://b/run")
     assert proc.returncode == 1
     assert len(proc.stderr.splitlines()) == 1
@@ -448,6 +470,7 @@ def _start(cmd: list[str], ready: str, env=None) -> tuple[subprocess.Popen, str]
     raise AssertionError(f"{cmd} ended (rc {proc.returncode}): {''.join(seen)[-2000:]}")
 
 
+@pytest.mark.slow
 def test_the_stock_emulator_is_refused_and_the_shipped_one_accepted(monkeypatch):
     """gcp-storage-emulator as it installs (no object generations) is refused at the start
     of a run in one line naming the shipped command, which then passes the same check."""

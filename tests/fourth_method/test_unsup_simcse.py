@@ -3,8 +3,6 @@ the core's commands, each through the CLI as a user runs it."""
 
 import ast
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,16 +16,21 @@ ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(SCRIPT.parent))  # the method as a library, as a package would be
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = ""  # one CPU device: the run's own mesh
-    # A hang guard only: every command ends by itself (the test waits for its exit).
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
-                          text=True, env=env, timeout=1800)
+@pytest.fixture(scope="module", params=[
+    "in_process", pytest.param("subprocess", marks=pytest.mark.slow)])
+def _cli(request):
+    """``python unsup_simcse.py ARGS``: in this process and, in the slow tier, as a child
+    process on one CPU device (the run's own mesh)."""
+    from tests import in_process
+
+    if request.param == "in_process":
+        return lambda *args: in_process.run_cli(str(SCRIPT), *args)
+    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    return lambda *args: in_process.run_subprocess(str(SCRIPT), *args, env=env)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_bert_dir):
+def run(tmp_path_factory, tiny_bert_dir, _cli):
     out = tmp_path_factory.mktemp("fourth")
     examples = inli.read_inli(inli.inli_split_path("test"))[:24]
     (out / "sentences.txt").write_text("".join(e.premise + "\n" for e in examples))
@@ -49,7 +52,7 @@ def test_train_writes_the_declared_config_and_a_checkpoint(run):
     assert (workdir / "checkpoints" / "3").is_dir()
 
 
-def test_evaluate_export_and_export_hf_agree_with_the_loaded_encoder(run):
+def test_evaluate_export_and_export_hf_agree_with_the_loaded_encoder(run, _cli):
     import unsup_simcse  # the same module as a library (the test's sys.path has it)
 
     out, workdir, sentences = run
@@ -82,7 +85,7 @@ def test_evaluate_export_and_export_hf_agree_with_the_loaded_encoder(run):
     np.testing.assert_allclose(torch_vectors, reference, rtol=1e-4, atol=1e-4)
 
 
-def test_an_unknown_field_is_refused_and_nothing_is_written(tmp_path, tiny_bert_dir):
+def test_an_unknown_field_is_refused_and_nothing_is_written(tmp_path, tiny_bert_dir, _cli):
     import unsup_simcse
 
     c = unsup_simcse.FIELDS.config()

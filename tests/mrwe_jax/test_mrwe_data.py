@@ -2,9 +2,6 @@
 ``mrwe_jax.data``'s P x K batches."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_collections
@@ -108,15 +105,14 @@ def test_empty_paragraph_errors_or_is_counted(tmp_path):
     assert c.skips.paragraphs_without_questions == 1 and len(c.paragraph_ids) == 17
 
 
-def test_cli_reports_the_bad_record(tmp_path):
+def test_cli_reports_the_bad_record(tmp_path, cli, monkeypatch):
     obj = squad_dict()
     del obj["data"][3]["paragraphs"][0]["context"]
     path = write(tmp_path, obj)
-    proc = subprocess.run(
-        [sys.executable, "-m", "mrwe_jax.main", "train", f"--workdir={tmp_path / 'w'}",
-         f"--config.squad_path={path}", "--config.sources=tfidf"],
-        capture_output=True, text=True, timeout=1800, cwd=Path(__file__).parents[2],
-        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    monkeypatch.chdir(Path(__file__).parents[2])
+    proc = cli("mrwe_jax.main", "train", f"--workdir={tmp_path / 'w'}",
+               f"--config.squad_path={path}", "--config.sources=tfidf",
+               env={"JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 1
     assert "mrwe-jax train: error: " in proc.stderr and str(path) in proc.stderr
     assert "Traceback" not in proc.stderr
