@@ -195,105 +195,85 @@ def _need(r: dict, base: dict, cores: int) -> float | None:
     return float(m[1]) * 1024 ** " KMGT".index(m[2]) * cores + base["arg_bytes"]
 
 
-def predicted_largest(preset: str, slice_name: str, kept: dict, results: dict, *,
-                      tiny: bool, save, layers: int, probe: int = 64) -> dict:
-    """The largest batch predicted without compiling the full model more than once: HBM's
-    growth per example, measured on a ``layers``-deep encoder at the preset's batch and
-    ``probe`` times it, added to the full model's HBM at the preset's batch (the named
-    case, kept from an earlier run if there is one: its fingerprint is printed). Under
-    GradCache chunks what grows with the batch (stored embeddings, their gradients, the
-    gathered keys, score rows, the batch itself) does not depend on depth."""
-    _, module = PRESETS[preset]
-    config = _config(module, tiny)
-    base = int(config.batch_size)
-    devices, chip = tpu_compile.topology(slice_name)
-    cap = FIT * chip.hbm_bytes
-    unit = len(devices) * max(int(config.get("contrastive_chunk_size", 0) or 1), 1)
-    named = f"{preset}@{slice_name}"
-    full = results.get(named) or kept.get(named)
-    if not full or "error" in full:
-        full = results[named] = run_case(named, preset, slice_name, kept, tiny=tiny)
-        save()
-        if "error" in full:
-            return {"error": full["error"]}
-    far = max(unit, base * probe // unit * unit)
-    points = {}
-    for batch in (base, far):
-        name = f"{preset}@{slice_name}#batch={batch}#layers={layers}"
-        results[name] = run_case(name, preset, slice_name, kept, tiny=tiny, batch=batch,
-                                 layers=layers)
-        save()
-        points[batch] = results[name]
-    if "error" in points[base]:
-        return {"error": points[base]["error"]}
-    need = _need(points[far], points[base], chip.cores)
-    if need is None:
-        return {"error": points[far]["error"]}
-    slope = (need - points[base]["hbm_bytes"]) / (far - base)
-    if slope <= 0:
-        return {"largest_batch": None, "note": "HBM does not grow with the batch"}
-    largest = int((cap - full["hbm_bytes"]) / slope + base) // unit * unit
-    return {"largest_batch": largest if largest >= base else None,
-            "hbm_bytes_per_example": slope, "base_hbm_bytes": full["hbm_bytes"],
-            "base_fingerprint": full.get("fingerprint"),
-            "note": f"predicted: full model at batch {base} + {slope / 1024:.1f} KiB a "
-                    f"global example ({layers}-layer compiles at {base} and {far}); "
-                    "not compiled at that batch"}
-
-
 def largest_batch(preset: str, slice_name: str, kept: dict, results: dict, *, tiny: bool,
-                  save, probe: int = 64, tries: int = 3) -> dict:
+                  save, layers: int | None = None, probe: int = 64, tries: int = 3) -> dict:
     """The largest global batch (a multiple of data size x chunk) that compiles within
     ``FIT`` of HBM, the preset's chunks kept. HBM is taken as affine in the batch between
     the preset's batch and ``probe`` times it (an out-of-memory refusal still names the
     temporaries it needs); the predicted batch is compiled and moved by the measured
     ratio until it fits (at most ``tries`` compiles). With GradCache chunks HBM grows
-    only with the gathered embeddings, so the answer is far above the preset's batch."""
+    only with the gathered embeddings, so the answer is far above the preset's batch.
+
+    ``layers``: search on an encoder that deep, every figure raised by the full model's
+    excess at the preset's batch (the named case, kept from an earlier run where there
+    is one). Under GradCache chunks what grows with the batch (stored embeddings and their
+    gradients, gathered keys, score rows, the batch) does not depend on depth."""
     _, module = PRESETS[preset]
     config = _config(module, tiny)
     base = int(config.batch_size)
     devices, chip = tpu_compile.topology(slice_name)
     cap = FIT * chip.hbm_bytes
     unit = len(devices) * max(int(config.get("contrastive_chunk_size", 0) or 1), 1)
+    suffix = f"#layers={layers}" if layers else ""
+    named = f"{preset}@{slice_name}"
 
     def compiled(batch: int) -> dict:
-        name = f"{preset}@{slice_name}#batch={batch}"
-        results[name] = run_case(name, preset, slice_name, kept, tiny=tiny, batch=batch)
+        name = f"{named}#batch={batch}{suffix}"
+        results[name] = run_case(name, preset, slice_name, kept, tiny=tiny, batch=batch,
+                                 layers=layers)
         save()
         return results[name]
 
-    first = results.get(f"{preset}@{slice_name}") or compiled(base)  # the named case
+    full = results.get(named) or (kept.get(named) if layers else None)
+    if not full or "error" in full:
+        full = results[named] = run_case(named, preset, slice_name, kept, tiny=tiny)
+        save()
+    if "error" in full:
+        return {"error": full["error"]}
+    first = compiled(base) if layers else full
     if "error" in first:
         return {"error": first["error"]}
+    offset = full["hbm_bytes"] - first["hbm_bytes"]
+
+    def need(r: dict) -> float | None:
+        n = _need(r, first, chip.cores)
+        return None if n is None else n + offset
+
     far = max(unit, base * probe // unit * unit)
-    need = _need(compiled(far), first, chip.cores)
-    if need is None:
-        return {"error": f"batch {far}: {results[f'{preset}@{slice_name}#batch={far}']}"}
-    slope = (need - first["hbm_bytes"]) / (far - base)
-    batch = far if slope <= 0 else int((cap - first["hbm_bytes"]) / slope + base)
-    best = base if first["hbm_bytes"] <= cap else None
+    at_far = need(compiled(far))
+    if at_far is None:
+        return {"error": f"batch {far}: {results[f'{named}#batch={far}{suffix}']['error']}"}
+    slope = (at_far - full["hbm_bytes"]) / (far - base)
+    batch = far if slope <= 0 else int((cap - full["hbm_bytes"]) / slope + base)
+    best = base if full["hbm_bytes"] <= cap else None
     for _ in range(tries):
         batch = max(unit, batch // unit * unit)
         r = compiled(batch)
-        need = _need(r, first, chip.cores)
-        if "error" not in r and r["hbm_bytes"] <= cap:
+        n = need(r)
+        if n is not None and "error" not in r and n <= cap:
             best = max(best or 0, batch)
-            if r["hbm_bytes"] > 0.93 * cap:  # within 7%: another compile is not worth it
+            if n > 0.93 * cap:  # within 7%: another compile is not worth it
                 break
-        elif need is None:
+        elif n is None:
             break
         # affine from the base case through this one, aimed at the cap
-        slope = (need - first["hbm_bytes"]) / (batch - base) if batch != base else 0
-        nxt = int((0.97 * cap - first["hbm_bytes"]) / slope + base) if slope > 0 else 2 * batch
+        slope = (n - full["hbm_bytes"]) / (batch - base) if batch != base else 0
+        nxt = int((0.97 * cap - full["hbm_bytes"]) / slope + base) if slope > 0 else 2 * batch
         if nxt // unit * unit == batch:
             break
         batch = nxt
     if best is None:
         return {"largest_batch": None, "note": f"no batch within {FIT:.0%} of HBM"}
-    r = results[f"{preset}@{slice_name}#batch={best}"]
-    return {"largest_batch": best, "hbm_bytes": r["hbm_bytes"],
-            "examples_per_s_per_chip": r["examples_per_s_per_chip"],
-            "step_time_bound_s": r["step_time_bound_s"]}
+    out = {"largest_batch": best}
+    if best != base:
+        r = results[f"{named}#batch={best}{suffix}"]
+        out.update(hbm_bytes=int(r["hbm_bytes"] + offset),
+                   step_time_bound_s=r["step_time_bound_s"] if not layers else None)
+    if layers:
+        out["note"] = (f"searched on a {layers}-layer encoder, HBM + {offset / 2**30:.2f} "
+                       f"GiB (the full model's excess at batch {base}, case fingerprint "
+                       f"{full.get('fingerprint')})")
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -308,9 +288,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--largest", action="store_true",
                         help="search the largest global batch per preset and generation")
     parser.add_argument("--slope-layers", type=int, default=None,
-                        help="--largest without compiling the full model at large batches: "
-                             "HBM's growth per example from encoders this deep, added to "
-                             "the named case (kept from an earlier run where there is one)")
+                        help="--largest searched on an encoder this deep (minutes, not hours), "
+                             "every figure raised by the full model.s excess at the preset.s "
+                             "batch (its named case, kept from an earlier run if there is one)")
     parser.add_argument("--tiny", action="store_true",
                         help="the tests' tiny BERT at 16 tokens (minutes, not hours)")
     parser.add_argument("--results", default=None,
@@ -348,20 +328,16 @@ def main(argv: list[str] | None = None) -> dict:
             for preset in wanted:
                 name = f"{preset}@{slice_name}"
                 if args.slope_layers and name in kept:
-                    continue  # predicted_largest takes the kept case as it stands
+                    continue  # largest_batch takes the kept case as it stands
                 results[name] = run_case(name, preset, slice_name, kept, tiny=args.tiny)
                 save()
         if args.largest:
             for preset in (p for p in wanted if PRESETS.get(p, ("",))[0] in ("dualcse",
                                                                            "docent")):
                 name = f"{preset}@{SLICES[gen][1]}#largest"
-                if args.slope_layers:
-                    results[name] = predicted_largest(preset, SLICES[gen][1], kept, results,
-                                                      tiny=args.tiny, save=save,
-                                                      layers=args.slope_layers)
-                else:
-                    results[name] = largest_batch(preset, SLICES[gen][1], kept, results,
-                                                  tiny=args.tiny, save=save)
+                results[name] = largest_batch(preset, SLICES[gen][1], kept, results,
+                                              tiny=args.tiny, save=save,
+                                              layers=args.slope_layers)
                 print(f"{name}: {results[name]}", flush=True)
                 save()
     summary = {k: {f: v.get(f) for f in ("device_kind", "chips", "hbm_bytes",
