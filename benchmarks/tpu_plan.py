@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="search the largest global batch per preset and generation")
     parser.add_argument("--slope-layers", type=int, default=None,
                         help="--largest searched on an encoder this deep (minutes, not hours), "
-                             "every figure raised by the full model.s excess at the preset.s "
+                             "every figure raised by the full model's excess at the preset's "
                              "batch (its named case, kept from an earlier run if there is one)")
     parser.add_argument("--tiny", action="store_true",
                         help="the tests' tiny BERT at 16 tokens (minutes, not hours)")
