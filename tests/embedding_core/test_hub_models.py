@@ -52,6 +52,7 @@ def _train(workdir: Path, home: Path, url: str, *, offline: bool, model: str = M
         capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
 
 
+@pytest.mark.slow  # the hub server end to end (its parsing in-process: test_parse_and_pin_...)
 def test_a_hub_id_downloads_trains_pins_and_loads_offline(server, tmp_path):
     home = tmp_path / "hf"
     done = _train(tmp_path / "online", home, server.url, offline=False)
@@ -108,6 +109,7 @@ def _download(home: Path, url: str, name: str, *, no_torch: bool = False):
                           timeout=600, env=env)
 
 
+@pytest.mark.slow  # the hub server end to end (its parsing in-process: test_parse_and_pin_...)
 def test_a_pytorch_only_checkpoint_is_converted_or_explained(tmp_path):
     import torch
     from safetensors.numpy import load_file
@@ -138,6 +140,7 @@ def test_a_pytorch_only_checkpoint_is_converted_or_explained(tmp_path):
         assert np.array_equal(converted[k], v), k
 
 
+@pytest.mark.slow  # the hub server end to end (its parsing in-process: test_parse_and_pin_...)
 def test_evaluate_a_hub_id_gives_the_folders_numbers(server, tmp_path):
     """embedding-jax evaluate --model=HUB_ID (downloaded from the local hub) equals the
     same command on the shipped folder, every metric of every evaluator."""
