@@ -1,11 +1,6 @@
 """Embedding metrics: tuned-threshold accuracy, recall@k, MRR, MAP, NDCG@k, P@k, LRAP,
-ROC-AUC. Numpy in, Python floats out; NaN scores raise ``ValueError``.
-
-Ties never favour the model (``docs/pitfalls.md``, "Retrieval metrics"): a single target
-ranks behind every item scoring ``>=`` it; MAP, NDCG@k and P@k put relevant items (larger
-gains) after non-relevant ones at equal score; several relevant items tied with each other
-take consecutive positions (not counted against each other, as in trec_eval).
-"""
+ROC-AUC. Numpy in, Python floats out; NaN scores raise ``ValueError``. Ties never favour
+the model (``docs/pitfalls.md``, "Off-by-one recall@k")."""
 
 from __future__ import annotations
 
@@ -32,7 +27,6 @@ def _scores(x, ndim: int, name: str = "scores") -> np.ndarray:
 
 
 def _binary(x, shape: tuple[int, ...], name: str) -> np.ndarray:
-    """Bool array of ``shape``; accepts bool or 0/1 numbers."""
     arr = np.asarray(x)
     if arr.shape != shape:
         raise ValueError(f"{name} must have shape {shape} (as the scores), got {arr.shape}")
@@ -62,19 +56,15 @@ def _positive_int(k, name: str = "k") -> int:
 
 
 def _pessimistic_order(scores: np.ndarray, tie_key: np.ndarray) -> np.ndarray:
-    """Indices sorting each row by score descending, ties by ``tie_key`` ascending
-    (without negating the scores, which would wrap unsigned integers)."""
+    # Score descending, ties by tie_key ascending; never -scores (unsigned ints would wrap).
     inverted = ~tie_key if tie_key.dtype == np.bool_ else -tie_key.astype(np.float64)
     return np.lexsort((inverted, scores), axis=-1)[..., ::-1]
 
 
 def accuracy_at_threshold(scores, labels, threshold: float) -> float:
-    """Accuracy in [0, 1] of ``score > threshold`` (``[n]`` scores, ``[n]`` bool or 0/1
-    labels; the threshold may be ``-inf`` / ``inf``).
+    """Accuracy of ``score > threshold``, ``[n]`` scores and bool (or 0/1) labels.
 
-    Raises:
-      ValueError: empty input, NaN scores, shape mismatch or non-binary labels.
-    """
+    Raises: ValueError: empty input, NaN scores, shape mismatch or non-binary labels."""
     s = _scores(scores, 1)
     y = _binary(labels, s.shape, "labels")
     if s.size == 0:
@@ -83,15 +73,10 @@ def accuracy_at_threshold(scores, labels, threshold: float) -> float:
 
 
 def best_threshold_accuracy(scores, labels) -> tuple[float, float]:
-    """``(threshold, accuracy)`` maximising the accuracy of ``score > threshold``
-    (``docs/dualcse.md``: tuned on validation, applied to test).
+    """``(threshold, accuracy)`` maximising :func:`accuracy_at_threshold` over ``-inf``,
+    the midpoints of consecutive distinct scores and ``+inf``; the smallest best wins.
 
-    Candidates: ``-inf``, the midpoint of each pair of consecutive distinct scores (in the
-    scores' float dtype, kept below the upper score), ``+inf``; the smallest best wins.
-
-    Raises:
-      ValueError: empty input, NaN scores, shape mismatch or non-binary labels.
-    """
+    Raises: ValueError: empty input, NaN scores, shape mismatch or non-binary labels."""
     s = _scores(scores, 1)
     y = _binary(labels, s.shape, "labels")
     if s.size == 0:
@@ -125,13 +110,10 @@ def best_threshold_accuracy(scores, labels) -> tuple[float, float]:
 
 
 def ranks_of_targets(scores, targets) -> np.ndarray:
-    """``rank_i = 1 + #{j != t_i : scores[i, j] >= scores[i, t_i]}``: ``[n_queries]`` int64
-    in ``[1, n_items]`` from ``[n_queries, n_items]`` float (or int; ``-inf`` allowed) scores,
-    higher = better, and ``[n_queries]`` int targets (each query's correct column).
+    """``rank_i = 1 + #{j != t_i : scores[i, j] >= scores[i, t_i]}``, ``[n_queries]`` int64,
+    from ``[n_queries, n_items]`` scores and ``[n_queries]`` int targets.
 
-    Raises:
-      ValueError: NaN scores, wrong shapes, non-integer or out-of-range targets.
-    """
+    Raises: ValueError: NaN scores, wrong shapes, non-integer or out-of-range targets."""
     s = _scores(scores, 2)
     t = np.asarray(targets)
     if t.shape != (s.shape[0],):
@@ -146,28 +128,20 @@ def ranks_of_targets(scores, targets) -> np.ndarray:
 
 
 def recall_at_k_from_ranks(ranks, ks: Iterable[int] = DEFAULT_RECALL_KS) -> dict[int, float]:
-    """``{k: #{i : rank_i <= k} / n_queries}`` (in the order of ``ks``) from ``[n_queries]``
-    int 1-based ranks; a ``k`` above the number of items gives 1.0.
+    """``{k: #{i : rank_i <= k} / n_queries}`` from ``[n_queries]`` int 1-based ranks.
 
-    Raises:
-      ValueError: empty or non-positive ranks, bad ``k``.
-    """
+    Raises: ValueError: empty or non-positive ranks, bad ``k``."""
     r = _ranks(ranks)
     return {_positive_int(k): float(np.mean(r <= k)) for k in ks}
 
 
 def recall_at_k(scores, targets, ks: Iterable[int] = DEFAULT_RECALL_KS) -> dict[int, float]:
-    """``{k: recall}`` of the one correct item per query: :func:`ranks_of_targets` then
-    :func:`recall_at_k_from_ranks` (default ks as in the ConvRR/FCRR papers)."""
+    """:func:`recall_at_k_from_ranks` of :func:`ranks_of_targets` (ks of ConvRR/FCRR)."""
     return recall_at_k_from_ranks(ranks_of_targets(scores, targets), ks)
 
 
 def mrr(ranks) -> float:
-    """``mean_i 1 / rank_i`` of ``[n_queries]`` int 1-based ranks, in (0, 1].
-
-    Raises:
-      ValueError: empty or non-positive ranks.
-    """
+    """``mean_i 1 / rank_i`` of ``[n_queries]`` int 1-based ranks. Raises ValueError."""
     return float(np.mean(1.0 / _ranks(ranks)))
 
 
@@ -185,18 +159,11 @@ _MAX_COMPARISONS = 1 << 22  # held at once by ranks_of_relevant (a few tens of M
 
 
 def ranks_of_relevant(scores, relevant) -> tuple[np.ndarray, np.ndarray]:
-    """1-based rank of every relevant item, in the worst-case tie order for the model::
+    """``rank_j = j + 1 + #{non-relevant i : score_i >= score_j}`` of a query's ``j``-th
+    relevant item (0-based, by descending score): ``(query, rank)``, ``[n_pairs]`` int64
+    each, sorted by query then rank, from ``[n_queries, n_items]`` scores and relevance.
 
-        rank_j = j + 1 + #{non-relevant items i : score_i >= score_j}
-
-    for the ``j``-th relevant item of a query (0-based, by descending score), as in
-    :func:`mean_average_precision`. Scores ``[n_queries, n_items]`` float (or int; ``-inf``
-    allowed), relevance of that shape bool (or 0/1). Returns ``(query, rank)``: ``[n_pairs]``
-    int64 each, one per relevant ``(query, item)``, sorted by query then rank.
-
-    Raises:
-      ValueError: NaN scores, wrong shapes or non-binary relevance.
-    """
+    Raises: ValueError: NaN scores, wrong shapes or non-binary relevance."""
     s = _scores(scores, 2)
     rel = _binary(relevant, s.shape, "relevant")
     query, item = np.nonzero(rel)
@@ -226,7 +193,6 @@ def _relevance_in_rank_order(scores: np.ndarray, relevant: np.ndarray) -> np.nda
 
 
 def _ap_rows(sorted_relevant: np.ndarray) -> np.ndarray:
-    """AP per row from relevance in rank order; rows need at least one relevant item."""
     hits = np.cumsum(sorted_relevant, axis=-1)
     precision = hits / np.arange(1, sorted_relevant.shape[-1] + 1)
     return np.sum(precision * sorted_relevant, axis=-1) / hits[..., -1]
@@ -234,12 +200,9 @@ def _ap_rows(sorted_relevant: np.ndarray) -> np.ndarray:
 
 def average_precision(scores, relevant) -> float:
     """``AP = (1 / R) sum_{r: rank r relevant} precision@r`` of ``[n_items]`` scores and
-    bool (or 0/1) relevance, in (0, 1] (Manning et al., IIR sec. 8.4; sklearn's
-    ``average_precision_score`` without ties).
+    relevance (Manning et al., IIR sec. 8.4).
 
-    Raises:
-      ValueError: NaN scores, shape mismatch, or no relevant item.
-    """
+    Raises: ValueError: NaN scores, shape mismatch, or no relevant item."""
     s = _scores(scores, 1)
     rel = _binary(relevant, s.shape, "relevant")
     if not rel.any():
@@ -248,29 +211,18 @@ def average_precision(scores, relevant) -> float:
 
 
 def mean_average_precision(scores, relevant) -> float:
-    """Mean :func:`average_precision` over the queries (rows of ``[n_queries, n_items]``)
-    with a relevant item, in (0, 1].
+    """Mean :func:`average_precision` over the rows with a relevant item.
 
-    Raises:
-      ValueError: NaN scores, shape mismatch, or no query with a relevant item.
-    """
+    Raises: ValueError: NaN scores, shape mismatch, or no query with a relevant item."""
     s, rel = _queries_with_relevant(scores, relevant, "mean_average_precision")
     return float(np.mean(_ap_rows(_relevance_in_rank_order(s, rel))))
 
 
 def ndcg_at_k(scores, gains, k: int) -> float:
-    """Mean NDCG@k in [0, 1] over queries with a positive ideal DCG@k.
+    """Mean ``DCG@k / IDCG@k``, ``DCG@k = sum_{r<=k} gain_(r) / log2(r + 1)`` (Jarvelin &
+    Kekalainen 2002) over queries with a positive IDCG; ``[n_queries, n_items]`` gains >= 0.
 
-    ``DCG@k = sum_{r=1}^{min(k, n)} gain_(r) / log2(r + 1)``, ``NDCG@k = DCG@k / IDCG@k``
-    (Jarvelin & Kekalainen 2002, linear gains).
-
-    ``scores`` and ``gains`` (>= 0; bool = binary) ``[n_queries, n_items]`` float; a ``k``
-    above ``n_items`` uses all items.
-
-    Raises:
-      ValueError: NaN scores or gains, negative gains, shape mismatch, bad ``k``, or no
-        query with a positive gain.
-    """
+    Raises: ValueError: NaN, negative gains, shape mismatch, bad ``k``, no positive gain."""
     s = _scores(scores, 2)
     g = np.asarray(gains)
     g = _scores(g.astype(np.float64) if g.dtype == np.bool_ else g, 2, "gains").astype(np.float64)
@@ -290,13 +242,10 @@ def ndcg_at_k(scores, gains, k: int) -> float:
 
 
 def precision_at_k(scores, relevant, k: int, min_positives: int | None = None) -> float:
-    """Mean ``P@k = #{relevant in the top k} / k`` in [0, 1] over the queries with at least
-    ``min_positives`` (default ``k``; ``docs/docent.md``) relevant items;
-    ``[n_queries, n_items]`` scores and bool (or 0/1) relevance, ``1 <= k <= n_items``.
+    """Mean ``#{relevant in the top k} / k`` over the queries with at least
+    ``min_positives`` (default ``k``; ``docs/docent.md``) relevant items.
 
-    Raises:
-      ValueError: NaN scores, shape mismatch, bad ``k``, or no query qualifies.
-    """
+    Raises: ValueError: NaN scores, shape mismatch, bad ``k``, or no query qualifies."""
     s = _scores(scores, 2)
     rel = _binary(relevant, s.shape, "relevant")
     k = _positive_int(k)
@@ -311,25 +260,17 @@ def precision_at_k(scores, relevant, k: int, min_positives: int | None = None) -
 
 
 def label_ranking_average_precision(scores, relevant) -> float:
-    """LRAP in (0, 1] over the queries with a relevant item (sklearn's
-    ``label_ranking_average_precision_score``; DocEnt's tag "MAP")::
+    """sklearn's LRAP (DocEnt's tag "MAP") over the queries with a relevant item.
 
-        LRAP = mean_i (1/|Y_i|) sum_{j in Y_i} |{l in Y_i : s_il >= s_ij}| / |{l : s_il >= s_ij}|
-
-    Raises:
-      ValueError: NaN scores, shape mismatch, or no query with a relevant item.
-    """
+    Raises: ValueError: NaN scores, shape mismatch, or no query with a relevant item."""
     s, rel = _queries_with_relevant(scores, relevant, "label_ranking_average_precision")
     return float(sklearn.metrics.label_ranking_average_precision_score(rel, s))
 
 
 def roc_auc(scores, labels) -> float:
-    """ROC-AUC (``sklearn.metrics.roc_auc_score``, ties count 1/2) over every entry of
-    ``scores`` and bool (or 0/1) ``labels`` of one shape, flattened.
+    """``sklearn.metrics.roc_auc_score`` over all entries of ``scores`` and ``labels``.
 
-    Raises:
-      ValueError: NaN scores, shape mismatch, or only one class present.
-    """
+    Raises: ValueError: NaN scores, shape mismatch, or only one class present."""
     s_any, y_any = np.asarray(scores), np.asarray(labels)
     if s_any.shape != y_any.shape:
         raise ValueError(f"labels must have shape {s_any.shape} (as the scores), got {y_any.shape}")
@@ -352,8 +293,7 @@ def _binary_rows(scores, labels, caller: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sorted_weights(scores, labels, sample_weight, caller: str, descending: bool):
-    """Positive and negative weights ``[..., n]`` in score order and each item's tie group
-    ``(start, end)`` indices in that order (``scores`` broadcast against ``sample_weight``)."""
+    """Positive and negative weights in score order, each item's tie group (start, end)."""
     s, y = _binary_rows(scores, labels, caller)
     if sample_weight is None:
         w = np.ones(s.shape)
@@ -389,25 +329,18 @@ def _sorted_weights(scores, labels, sample_weight, caller: str, descending: bool
 
 
 def _take(x: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """``x`` at ``index`` along the last axis (one index for every row when 1-D), in C
-    order, so a row sums in the same order alone as in a batch (chunk-independent)."""
+    # C order: a row sums in the same order alone as in a batch (chunk-independent).
     if index.ndim == 1:
         return np.ascontiguousarray(x[..., index])
     return np.take_along_axis(x, index, axis=-1)
 
 
 def roc_auc_rows(scores, labels, sample_weight=None) -> np.ndarray:
-    """ROC-AUC of each row of ``[..., n]`` scores against bool (or 0/1) labels of the same
-    shape: the weighted Mann-Whitney form ``sum_i w_i+ (N_below(i) + N_tied(i) / 2) /
-    (P N)`` (ties count 1/2; equal to ``sklearn.metrics.roc_auc_score`` row by row, with
-    its ``sample_weight``). ``sample_weight`` ``[..., n]`` broadcasts against the scores:
-    integer counts make it the AUC of a resample, which is how the bootstrap uses it
-    (``[n]`` scores sorted once for ``[B, n]`` counts). Returns float64 of the leading
-    shape.
+    """Row-wise ``roc_auc_score`` of ``[..., n]`` scores, ``sum_i w_i+ (N_below(i) +
+    N_tied(i) / 2) / (P N)``; ``sample_weight`` ``[..., n]`` broadcasts (the bootstrap's
+    resample counts). Returns float64 of the leading shape.
 
-    Raises:
-      ValueError: NaN scores, shape mismatch, negative weights, or a row with one class.
-    """
+    Raises: ValueError: NaN scores, shape mismatch, negative weights, a one-class row."""
     wp, wn, start, end = _sorted_weights(scores, labels, sample_weight, "roc_auc_rows", False)
     # Each class's weights as fractions of its total: no overflow or underflow in P * N.
     wp, wn = wp / wp.sum(axis=-1, keepdims=True), wn / wn.sum(axis=-1, keepdims=True)
@@ -418,15 +351,11 @@ def roc_auc_rows(scores, labels, sample_weight=None) -> np.ndarray:
 
 
 def average_precision_rows(scores, labels, sample_weight=None) -> np.ndarray:
-    """Average precision of each row of ``[..., n]`` scores against bool (or 0/1) labels,
-    ``AP = sum_t (R_t - R_{t-1}) P_t`` over the distinct score thresholds ``t`` in
-    descending order (tied items enter together; equal to
-    ``sklearn.metrics.average_precision_score`` row by row, with its ``sample_weight``,
-    which broadcasts as in :func:`roc_auc_rows`). Returns float64 of the leading shape.
+    """Row-wise ``average_precision_score``, ``sum_t (R_t - R_{t-1}) P_t`` over descending
+    distinct thresholds; ``sample_weight`` as in :func:`roc_auc_rows`.
 
-    Raises:
-      ValueError: NaN scores, shape mismatch, negative weights, or a row with one class.
-    """
+    Raises: ValueError: NaN scores, shape mismatch, negative weights, a one-class row."""
+
     wp, wn, _, end = _sorted_weights(scores, labels, sample_weight, "average_precision_rows",
                                      True)
     # Each item takes the precision at the end of its tie group (the threshold it enters at).

@@ -1,13 +1,5 @@
-"""Pair and triplet evaluators with sentence-transformers' numbers and metric names:
-:class:`EmbeddingSimilarityEvaluator` (Pearson/Spearman against gold scores),
-:class:`BinaryClassificationEvaluator` (best-threshold accuracy/F1, AP, MCC) and
-:class:`TripletEvaluator` (how often the positive beats the negative).
-
-Each is called as ``evaluator(encoder) -> dict[str, float]``; ``encoder`` is anything with
-``SentenceTransformer.encode``'s ``encode(texts, batch_size=, show_progress_bar=,
-convert_to_numpy=True)`` returning float32 ``[n, d]`` (``embedding_core.serving.inference.Encoder``
-or a ``SentenceTransformer``). Files: ``from_file`` (``embedding_core.evaluation.pair_files``).
-"""
+"""sentence-transformers' STS, pair-classification and triplet evaluators, same numbers and
+names (``docs/evaluation.md``): ``evaluator(encoder) -> dict[str, float]``."""
 
 from __future__ import annotations
 
@@ -34,12 +26,8 @@ class TextEncoder(Protocol):
 
 
 def pairwise_similarity(a: np.ndarray, b: np.ndarray, fn: str) -> np.ndarray:
-    """float64 ``[n]``: similarity of row i of ``a`` with row i of ``b`` (both ``[n, d]``).
-
-    cosine: ``a.b / (max(|a|, eps) max(|b|, eps))``, eps 1e-12 (torch's normalize);
-    dot: ``a.b``; euclidean: ``-|a - b|_2``; manhattan: ``-|a - b|_1``.
-    """
-    # float64: the same numbers as sentence-transformers' float32 up to its rounding (~1e-7).
+    """float64 ``[n]`` similarity of rows i of ``[n, d]`` ``a`` and ``b``: cosine (eps 1e-12,
+    torch's normalize), dot, ``-|a - b|_2`` or ``-|a - b|_1``."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if fn == "cosine":
         a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
@@ -56,9 +44,8 @@ def pairwise_similarity(a: np.ndarray, b: np.ndarray, fn: str) -> np.ndarray:
 
 def embed(encoder: TextEncoder, texts: Sequence[str], *, batch_size: int,
           show_progress_bar: bool = False, method: str = "encode") -> np.ndarray:
-    """float32 ``[len(texts), d]``, each distinct text encoded once (in first-seen order, so
-    the batches do not depend on hash order); ``method``: ``encode``, or ``encode_query`` /
-    ``encode_document`` where the encoder has them (else ``encode``)."""
+    """float32 ``[len(texts), d]``, each distinct text encoded once, in first-seen order, by
+    ``encoder.method`` where it exists (else ``encode``)."""
     unique = list(dict.fromkeys(texts))
     encode = getattr(encoder, method, encoder.encode)
     vectors = np.asarray(encode(unique, batch_size=batch_size,
@@ -87,8 +74,6 @@ def _check_lengths(**columns: Sequence) -> int:
 
 
 def _primary(name: str, pattern: str, fns: Sequence[str]) -> str:
-    """sentence-transformers' primary metric: ``pattern`` of ``max`` with several
-    functions, else of the one function; prefixed ``{name}_`` when named."""
     primary = pattern.format("max" if len(fns) > 1 else fns[0])
     return f"{name}_{primary}" if name else primary
 
@@ -98,9 +83,8 @@ def _prefixed(metrics: dict[str, Any], name: str) -> dict[str, float]:
 
 
 def _score_groups(scores: np.ndarray, labels: np.ndarray, greater_is_similar: bool):
-    """Scores sorted from most to least similar, and per run of equal scores: its end index,
-    the positives and the pairs up to it, and the threshold just past it (the midpoint to the
-    next score; the score itself for the last run or where the midpoint rounds onto the next)."""
+    """Sorted scores (most similar first); per run of equal scores the positives and pairs
+    up to it and the threshold just past it (midpoint to the next, or the score itself)."""
     order = np.argsort(-scores if greater_is_similar else scores, kind="stable")
     s, y = scores[order], labels[order]
     # Equal scores fall on the same side of any threshold, so only a run's end is a candidate.
@@ -115,12 +99,9 @@ def _score_groups(scores: np.ndarray, labels: np.ndarray, greater_is_similar: bo
 
 def best_accuracy(scores: np.ndarray, labels: np.ndarray, greater_is_similar: bool
                   ) -> tuple[float, float]:
-    """``(accuracy, threshold)`` of the best rule "similar iff score >= threshold" (``<=`` for
-    distances, ``greater_is_similar=False``), as sentence-transformers picks it: starting from
-    "nothing is similar" (threshold one step past the most similar score), a run of equal
-    scores replaces the best only with a strictly higher accuracy, so ties keep the strictest
-    threshold. ``scores``: ``[n]`` float; ``labels``: ``[n]`` 0/1.
-    """
+    """``(accuracy, threshold)`` of the best "similar iff score >= threshold" (``<=`` for
+    distances) as sentence-transformers picks it: from "nothing is similar", a strictly
+    higher accuracy only, so ties keep the strictest threshold."""
     s, positives, taken, threshold = _score_groups(scores, labels, greater_is_similar)
     n, negatives = len(s), int(np.sum(labels == 0))
     accuracy = (positives + (negatives - (taken - positives))) / n
@@ -134,16 +115,13 @@ def best_accuracy(scores: np.ndarray, labels: np.ndarray, greater_is_similar: bo
 
 def best_f1(scores: np.ndarray, labels: np.ndarray, greater_is_similar: bool
             ) -> tuple[float, float, float, float]:
-    """``(f1, precision, recall, threshold)`` of the threshold with the best F1, searched as
-    :func:`best_accuracy` (first strict maximum), among runs with a positive at or above
-    them; all zero when no threshold has one. ``F1 = 2 P R / (P + R)``.
-    """
+    """``(f1, precision, recall, threshold)`` of the best F1, searched as
+    :func:`best_accuracy`; all zero when no threshold has a positive above it."""
     _, positives, taken, threshold = _score_groups(scores, labels, greater_is_similar)
     with np.errstate(divide="ignore", invalid="ignore"):
         precision = positives / taken
         recall = positives / np.sum(labels)
-        # Same operations in the same order as sentence-transformers: equal F1 values are then
-        # equal floats, and a tie goes to the same (first) threshold.
+        # sentence-transformers' operations and order: its ties are ours.
         f1 = np.where(positives > 0, 2 * precision * recall / (precision + recall), 0.0)
     i = int(np.argmax(f1))
     if not f1[i] > 0:
@@ -152,21 +130,11 @@ def best_f1(scores: np.ndarray, labels: np.ndarray, greater_is_similar: bool
 
 
 class EmbeddingSimilarityEvaluator:
-    """Pearson and Spearman correlation of each similarity with gold scores.
+    """``pearson_{fn}``, ``spearman_{fn}`` (and ``*_max``) against gold scores, for
+    ``similarity_fn_names``, else ``[main_similarity]``, else all four.
 
-    Metrics: ``pearson_{fn}``, ``spearman_{fn}`` per function, ``pearson_max`` and
-    ``spearman_max`` with more than one; all prefixed ``{name}_`` when ``name`` is set.
-    Functions: ``similarity_fn_names``, else ``[main_similarity]``, else all four (a
-    superset of sentence-transformers' ``[model.similarity_fn_name]``).
-    :attr:`primary_metric` is sentence-transformers' for the same arguments:
-    ``spearman_{main_similarity}``; without it ``spearman_max`` for several given functions,
-    ``spearman_{fn}`` for one, and for none given ``spearman_{encoder.similarity_fn_name}``
-    (set when called; ``cosine`` for an encoder without one).
-
-    Raises:
-      ValueError: columns of different lengths or empty; an unknown function name, or a
-        ``main_similarity`` not among ``similarity_fn_names``.
-    """
+    Raises: ValueError: columns of different lengths or empty; an unknown function name, or
+    a ``main_similarity`` not among ``similarity_fn_names``."""
 
     greater_is_better = True
 
@@ -201,11 +169,8 @@ class EmbeddingSimilarityEvaluator:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> EmbeddingSimilarityEvaluator:
-        """From a file of ``sentence1``, ``sentence2``, ``score`` (float) records.
-
-        Raises:
-          DataError, FileNotFoundError: as ``pair_files.read_columns``.
-        """
+        """From ``sentence1``, ``sentence2``, ``score`` records. Raises DataError,
+        FileNotFoundError."""
         (s1, s2), scores = read_columns(path, ("sentence1", "sentence2"), "score")
         if len(set(scores)) < 2:  # Pearson and Spearman are undefined: NaN, not a score
             raise DataError(path, None, "score", f"{len(scores)} row(s) with "
@@ -234,20 +199,11 @@ class EmbeddingSimilarityEvaluator:
 
 
 class BinaryClassificationEvaluator:
-    """Whether pairs are similar (label 1) or not (0), by a threshold on each similarity.
+    """``{fn}_{metric}`` of :attr:`METRICS` (and ``max_*``) for pairs labelled similar (1)
+    or not (0); distance thresholds are distances.
 
-    Per function ``fn``: ``{fn}_accuracy``, ``{fn}_accuracy_threshold`` (:func:`best_accuracy`),
-    ``{fn}_f1``, ``{fn}_f1_threshold``, ``{fn}_precision``, ``{fn}_recall`` (:func:`best_f1`),
-    ``{fn}_ap`` (average precision) and ``{fn}_mcc`` (Matthews correlation at the F1
-    threshold). Thresholds of euclidean and manhattan are distances (similar iff
-    ``distance <= threshold``), of cosine and dot similarities (``>=``). With more than one
-    function also ``max_{metric}`` for each of the eight (thresholds too, as
-    sentence-transformers does). Prefix ``{name}_`` when set. :attr:`primary_metric`:
-    ``max_ap``, or ``{fn}_ap`` with one function.
-
-    Raises:
-      ValueError: columns of different lengths or empty; a label not 0/1; an unknown function.
-    """
+    Raises: ValueError: columns of different lengths or empty; a label not 0/1; an unknown
+    function."""
 
     greater_is_better = True
     METRICS = ("accuracy", "accuracy_threshold", "f1", "f1_threshold", "precision", "recall",
@@ -268,11 +224,8 @@ class BinaryClassificationEvaluator:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> BinaryClassificationEvaluator:
-        """From a file of ``sentence1``, ``sentence2``, ``label`` (0 or 1) records.
-
-        Raises:
-          DataError, FileNotFoundError: as ``pair_files.read_columns``.
-        """
+        """From ``sentence1``, ``sentence2``, ``label`` (0/1) records. Raises DataError,
+        FileNotFoundError."""
         (s1, s2), labels = read_columns(path, ("sentence1", "sentence2"), "label", binary=True)
         if len(set(labels)) < 2:  # AP, F1 and MCC need both classes
             raise DataError(path, None, "label", f"every label is {labels[0]}; pair "
@@ -280,7 +233,6 @@ class BinaryClassificationEvaluator:
         return cls(s1, s2, labels, **kwargs)
 
     def fn_metrics(self, scores: np.ndarray, greater_is_similar: bool) -> dict[str, float]:
-        """The eight metrics of one function's ``[n]`` scores (distances: not similar)."""
         labels = self.labels
         accuracy, accuracy_threshold = best_accuracy(scores, labels, greater_is_similar)
         f1, precision, recall, f1_threshold = best_f1(scores, labels, greater_is_similar)
@@ -292,7 +244,6 @@ class BinaryClassificationEvaluator:
                 "ap": float(ap), "mcc": float(mcc)}
 
     def __call__(self, encoder: TextEncoder) -> dict[str, float]:
-        # One call over both columns: a text in both is encoded once (sentence-transformers too).
         both = embed(encoder, self.sentences1 + self.sentences2, batch_size=self.batch_size,
                      show_progress_bar=self.show_progress_bar)
         a, b = both[: len(self.sentences1)], both[len(self.sentences1):]
@@ -310,22 +261,11 @@ class BinaryClassificationEvaluator:
 
 
 class TripletEvaluator:
-    """Accuracy on ``(anchor, positive, negative)``: the share of triplets with
-    ``sim(anchor, positive) > sim(anchor, negative) + margin`` (strictly; distances enter as
-    negative distances, so a margin asks the negative to be that much farther).
+    """``{fn}_accuracy`` (and ``max_accuracy``): the share of triplets with
+    ``sim(anchor, positive) > sim(anchor, negative) + margin`` (one, or per function).
 
-    Anchors are encoded with the encoder's ``encode_query``, positives and negatives with its
-    ``encode_document`` where it has them (as sentence-transformers does), else ``encode``.
-
-    Metrics: ``{fn}_accuracy``, ``max_accuracy`` with more than one function; prefix ``{name}_``.
-    :attr:`primary_metric`: ``max_accuracy`` or ``{fn}_accuracy``.
-
-    Args:
-      margin: one for all functions, or per function name (missing ones: 0).
-
-    Raises:
-      ValueError: columns of different lengths or empty; an unknown function or margin key.
-    """
+    Raises: ValueError: columns of different lengths or empty; an unknown function or
+    margin key."""
 
     greater_is_better = True
 
@@ -350,11 +290,9 @@ class TripletEvaluator:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> TripletEvaluator:
-        """From a file of ``anchor``, ``positive``, ``negative`` records.
+        """From ``anchor``, ``positive``, ``negative`` records. Raises DataError,
+        FileNotFoundError."""
 
-        Raises:
-          DataError, FileNotFoundError: as ``pair_files.read_columns``.
-        """
         (anchors, positives, negatives), _ = read_columns(
             path, ("anchor", "positive", "negative"))
         return cls(anchors, positives, negatives, **kwargs)

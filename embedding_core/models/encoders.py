@@ -1,12 +1,5 @@
-"""Flax BERT-family encoders equal to transformers' PyTorch ``BertModel``,
-``RobertaModel`` (XLM-R), ``MPNetModel``, ``DistilBertModel`` and ``ElectraModel``
-(discriminator); no pooler. One post-LayerNorm layer for all: MPNet adds a relative
-position bias shared by the layers, ELECTRA a projection from its embedding width,
-DistilBERT and MPNet have no token types. The parameter tree mirrors the checkpoint names
-(``encoder.layer.3.attention.self.query.weight`` -> ``encoder/layer_3/attention/self/query/
-kernel``); parameters carry logical axis names and hidden states ``("batch", "length",
-"embed")`` constraints (``docs/architecture.md``, "Mesh and logical axes").
-"""
+"""Flax encoders equal to transformers' ``BertModel``, ``RobertaModel`` (XLM-R),
+``MPNetModel``, ``DistilBertModel`` and ``ElectraModel``, no pooler (``docs/models.md``)."""
 
 from __future__ import annotations
 
@@ -26,14 +19,11 @@ from embedding_core.models.hash_dropout import HashDropout
 
 _MODEL_TYPES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta",
                 "mpnet": "mpnet", "distilbert": "distilbert", "electra": "electra"}
-OFFSET_POSITIONS = ("roberta", "mpnet")
-"""Types whose positions count from ``pad_token_id + 1`` over the real tokens."""
+OFFSET_POSITIONS = ("roberta", "mpnet")  # positions count from pad_token_id + 1
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 _DTYPES = ("float32", "bfloat16")
 _DROPOUT_IMPLS = ("flax", "hash")
-REMAT_POLICIES = ("none", "dots", "full")
-"""Per-layer rematerialisation (``EncoderConfig.remat``; ``docs/performance.md``, "Memory
-of BERT-base on pod slices")."""
+REMAT_POLICIES = ("none", "dots", "full")  # EncoderConfig.remat (docs/performance.md)
 WHAT_TO_PASS = (
     "Pass a local or gs:// folder holding config.json, model.safetensors and tokenizer.json, "
     "the name of an installed package whose folder holds model/config.json (for example "
@@ -43,17 +33,8 @@ WHAT_TO_PASS = (
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
-    """Shape and numerics of a BERT / RoBERTa encoder (the fields of HF ``config.json``).
-
-    ``model_type``: ``"bert"`` or ``"roberta"`` (positions from ``pad_token_id + 1``);
-    ``hidden_act``: ``"gelu"`` (erf), ``"gelu_new"`` / ``"gelu_pytorch_tanh"`` (tanh) or
-    ``"relu"``; ``dtype``: compute dtype ``"float32"`` or ``"bfloat16"`` (params,
-    LayerNorm and softmax stay float32); ``dropout_impl``: ``"hash"`` (:class:`HashDropout`,
-    the default: a cheaper step, the same mask on any mesh) or ``"flax"`` (threefry
-    bits); ``remat``: what each layer's backward pass keeps (``"none"``: every activation;
-    ``"dots"``: the dense layers' outputs, attention recomputed; ``"full"``: only the
-    layer's input). Raises ValueError on an unsupported value.
-    """
+    """The fields of HF ``config.json``; ``dtype`` is the compute dtype (params, LayerNorm
+    and softmax stay float32). Raises ValueError on an unsupported value."""
 
     model_type: str
     vocab_size: int
@@ -97,32 +78,27 @@ class EncoderConfig:
 
     @property
     def embedding_width(self) -> int:
-        """Width of the embedding table (ELECTRA's may differ from ``hidden_size``)."""
-        return self.embedding_size or self.hidden_size
+        return self.embedding_size or self.hidden_size  # ELECTRA's may differ
 
     @property
     def position_offset(self) -> int:
-        """Rows of the position table before position 0 (RoBERTa / MPNet: padding_idx + 1)."""
+        """Rows of the position table before position 0."""
         return self.pad_token_id + 1 if self.model_type in OFFSET_POSITIONS else 0
 
     @property
     def head_dim(self) -> int:
-        """Size of one attention head, ``hidden_size // num_heads``."""
         return self.hidden_size // self.num_heads
 
     def replace(self, **kw: Any) -> EncoderConfig:
-        """A copy with the given fields changed (validated again)."""
+        """A copy with ``kw`` changed (validated again)."""
         return dataclasses.replace(self, **kw)
 
     @classmethod
     def from_hf_config(cls, path_or_dict: str | os.PathLike | Mapping[str, Any]) -> EncoderConfig:
-        """Reads an HF ``config.json`` (a folder, the file, a dict or a transformers
-        config); ``dtype="float32"``, missing optional fields at ``BertConfig``'s defaults
-        (RoBERTa: ``pad_token_id`` 1).
+        """From an HF ``config.json`` (folder, file, dict or transformers config); missing
+        optional fields at ``BertConfig``'s defaults (RoBERTa: ``pad_token_id`` 1).
 
-        Raises:
-          FileNotFoundError: no such file. ValueError: invalid json (file and line named),
-          a missing or unsupported field (file and field named).
+        Raises: FileNotFoundError; ValueError: invalid json, a missing or unsupported field.
         """
         source = "<dict>"
         if hasattr(path_or_dict, "to_dict"):
@@ -160,7 +136,6 @@ class EncoderConfig:
         if model_type == "distilbert" and raw.get("sinusoidal_pos_embds"):
             raise ValueError(f"{source}: field 'sinusoidal_pos_embds' is set; only learned "
                              "position embeddings are supported")
-        # DistilBERT names its fields its own way; the others use BERT's.
         names = DISTILBERT_FIELDS if model_type == "distilbert" else {}
 
         def need(key: str) -> Any:
@@ -196,16 +171,14 @@ class EncoderConfig:
         )
 
 
-DISTILBERT_FIELDS = {"hidden_size": "dim", "num_hidden_layers": "n_layers",
+DISTILBERT_FIELDS = {"hidden_size": "dim", "num_hidden_layers": "n_layers",  # BERT's -> its
                       "num_attention_heads": "n_heads", "intermediate_size": "hidden_dim",
                       "hidden_act": "activation", "hidden_dropout_prob": "dropout",
                       "attention_probs_dropout_prob": "attention_dropout"}
-"""DistilBERT's ``config.json`` names for BERT's fields (read and written)."""
 
 
 class EncoderOutput(NamedTuple):
-    """``last_hidden_state`` ``[batch, seq_len, hidden]`` in the compute dtype, and
-    ``hidden_states`` (``num_layers + 1`` such arrays, embeddings first) or ``None``."""
+    """``[batch, seq_len, hidden]`` compute dtype; ``hidden_states``: embeddings + layers."""
 
     last_hidden_state: jax.Array
     hidden_states: tuple[jax.Array, ...] | None = None
@@ -220,7 +193,6 @@ def _normal(config: EncoderConfig, axes: tuple[str | None, ...]) -> nn.initializ
 
 def _dense(config: EncoderConfig, features: int, axes: tuple[str | None, str], name: str
            ) -> nn.Dense:
-    """``nn.Dense`` in the compute dtype with float32 params named ``axes`` (in, out)."""
     return nn.Dense(features, dtype=jnp.dtype(config.dtype), param_dtype=jnp.float32,
                     kernel_init=_normal(config, axes), name=name,
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
@@ -228,8 +200,7 @@ def _dense(config: EncoderConfig, features: int, axes: tuple[str | None, str], n
 
 
 def _layer_norm(config: EncoderConfig, name: str) -> nn.LayerNorm:
-    """Float32 LayerNorm with the two-pass variance (as torch), params named ``("embed",)``."""
-    return nn.LayerNorm(
+    return nn.LayerNorm(  # two-pass variance, as torch
         epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=jnp.float32,
         use_fast_variance=False, name=name,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
@@ -251,10 +222,8 @@ def _activation(name: str, x: jax.Array) -> jax.Array:
 
 
 class Embeddings(nn.Module):
-    """Word + position + token-type embeddings, LayerNorm, dropout (HF ``BertEmbeddings``),
-    in float32, cast to the compute dtype. RoBERTa positions: ``cumsum(mask) * mask +
-    pad_token_id`` (``mask`` the attention mask). Id ``vocab_size + i`` looks up row ``i``
-    of ``extra_token_embeddings`` ``[num_extra, hidden]`` (DocEnt-Full's entity tokens)."""
+    """HF ``BertEmbeddings``; id ``vocab_size + i`` looks up row ``i`` of
+    ``extra_token_embeddings`` ``[num_extra, hidden]`` (DocEnt-Full's entity tokens)."""
 
     config: EncoderConfig
 
@@ -303,10 +272,8 @@ class Embeddings(nn.Module):
 
 
 class HeadsProjection(nn.Module):
-    """``x @ kernel + bias``, ``[batch, length, in]`` -> ``[batch, heads, length, head_dim]``
-    (the score einsums' layout, no transposed copy: docs/performance.md); params as
-    ``nn.Dense(hidden_size)``'s (``kernel`` ``[in, hidden_size]``, ``bias``, axes
-    ``("embed", "heads")``), so HF weights and checkpoints load unchanged."""
+    """``[batch, length, in]`` -> ``[batch, heads, length, head_dim]`` with
+    ``nn.Dense(hidden_size)``'s params (docs/performance.md)."""
 
     config: EncoderConfig
 
@@ -324,9 +291,7 @@ class HeadsProjection(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """``softmax(q k^T / sqrt(head_dim) + mask) v`` (HF ``BertSelfAttention``); q, k, v
-    heads-major (:class:`HeadsProjection`); scores and softmax in float32, padded keys
-    masked; dropout on the probabilities."""
+    """``softmax(q k^T / sqrt(head_dim) + mask) v`` (HF ``BertSelfAttention``), float32."""
 
     config: EncoderConfig
 
@@ -404,9 +369,7 @@ class Layer(nn.Module):
 
 def relative_position_bucket(relative: jax.Array, num_buckets: int = 32,
                              max_distance: int = 128) -> jax.Array:
-    """MPNet's (T5's bidirectional) bucket of ``relative = key - query`` positions: half the
-    buckets per direction, exact below ``num_buckets // 4``, log-spaced up to
-    ``max_distance``; int32, the shape of ``relative``."""
+    """MPNet's (T5's bidirectional) int32 bucket of ``relative = key - query``."""
     n = -relative
     half = num_buckets // 2
     out = (n < 0).astype(jnp.int32) * half
@@ -420,10 +383,7 @@ def relative_position_bucket(relative: jax.Array, num_buckets: int = 32,
 
 
 def _remat_layer(remat: str) -> type[nn.Module]:
-    """:class:`Layer` under ``jax.checkpoint`` with ``remat``'s policy (same parameter
-    names, same dropout masks). ``"dots"`` saves the dots without batch dimensions (the
-    dense projections, O(length) each) and recomputes the attention einsums, whose
-    ``[batch, heads, length, length]`` outputs ``checkpoint_dots`` would keep."""
+    """:class:`Layer` under ``jax.checkpoint`` (docs/performance.md)."""
     if remat == "none":
         return Layer
     policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "dots"
@@ -461,16 +421,10 @@ class Encoder(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    """BERT / RoBERTa encoder without pooler (HF ``BertModel`` / ``RobertaModel``).
+    """HF ``BertModel`` without pooler: ``[batch, seq_len]`` int32 ids and mask (0 for
+    padding) -> :class:`EncoderOutput`. Raises ValueError: shapes differ, or ``seq_len``
+    exceeds the position table."""
 
-    Call: ``input_ids``, ``attention_mask`` (0 for padding), ``token_type_ids`` (zeros when
-    ``None``) ``[batch, seq_len]`` int32; ``extra_token_embeddings``: optional ``[num_extra,
-    hidden]`` (:class:`Embeddings`). Returns :class:`EncoderOutput`, arrays ``[batch,
-    seq_len, hidden]`` in ``config.dtype``.
-
-    Raises:
-      ValueError: shapes of ids and mask differ, or ``seq_len`` exceeds the position table.
-    """
 
     config: EncoderConfig
 

@@ -1,11 +1,5 @@
-"""The one inference layer: pooling, the length-sorted encode loop and the ``Encoder`` base.
-
-Every loaded model is an :class:`Encoder` whose ``encode`` returns what
-``SentenceTransformer.encode`` returns (a list: float32 ``[N, dim]``; one string: ``[dim]``;
-``precision``: other dtypes); texts run longest first, each batch padded to its length
-bucket (:func:`bucket_width`: a few compiled widths, padding within 1/8 of the longest
-text; docs/performance.md).
-"""
+"""The one inference layer: pooling, the length-sorted encode loop and the ``Encoder`` base
+whose ``encode`` is ``SentenceTransformer.encode`` (``docs/models.md``, "Encoding")."""
 
 from __future__ import annotations
 
@@ -20,50 +14,41 @@ import numpy as np
 
 from embedding_core.errors import check_texts
 
-# (rows [b] int, width) -> model inputs for those texts padded to ``width`` and to the
-# fixed batch size; the encode loop hands them to the forward function unchanged.
+# (rows [b] int, width) -> model inputs padded to ``width`` and to the fixed batch size.
 BatchBuilder = Callable[[np.ndarray, int], Any]
-# model inputs -> [batch_size, dim] vectors (numpy or jax).
 Forward = Callable[[Any], Any]
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over the real positions of a padded sequence (sentence-transformers' pooling):
-    ``x`` ``[..., L, d]`` any float (summed in float32), ``mask`` ``[..., L]`` 1/True for
-    real positions -> ``[..., d]`` float32 (zeros for a row with no real position).
-    """
+    """``[..., L, d]``, mask ``[..., L]`` -> ``[..., d]`` float32 mean of the real positions."""
     m = mask.astype(jnp.float32)[..., None]
     total = jnp.sum(x.astype(jnp.float32) * m, axis=-2)
     return total / jnp.maximum(jnp.sum(m, axis=-2), 1.0)
 
 
 def l2_normalize(x: np.ndarray | jax.Array, eps: float = 1e-12):
-    """Rows scaled to unit L2 norm (a zero row stays zero); numpy in, numpy out."""
+    """Rows scaled to unit L2 norm (a zero row stays zero); numpy or jax."""
     xp = jnp if isinstance(x, jax.Array) else np
     norm = xp.linalg.norm(x, axis=-1, keepdims=True)
     return x / xp.maximum(norm, eps)
 
 
-# Rows this process has passed through a model in encode_in_batches: the multi-process
-# tests read it to see that each process encoded only its slice.
-_encoded_rows = 0
+_encoded_rows = 0  # read by the multi-process tests: each process encodes only its slice
 
 
 def encoded_rows() -> int:
-    """Rows this process has encoded so far (every model's :func:`encode_in_batches`)."""
+    """Rows this process has passed through :func:`encode_in_batches`."""
     return _encoded_rows
 
 
-# Called with each batch's row count once its vectors are on the host (bulk encoding's
-# progress: a block is one encode call, and one call may run for half an hour).
+# Bulk encoding's progress: one encode call may run for half an hour.
 _batch_done: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
     "batch_done", default=None)
 
 
 @contextlib.contextmanager
 def on_batch_done(callback: Callable[[int], None]) -> Iterator[None]:
-    """Inside the ``with``, :func:`encode_in_batches` calls ``callback(rows)`` after each
-    batch (``rows``: the batch's real texts), in this thread and context only."""
+    """Inside the ``with`` (this context only), ``callback(rows)`` after each batch."""
     token = _batch_done.set(callback)
     try:
         yield
@@ -72,36 +57,23 @@ def on_batch_done(callback: Callable[[int], None]) -> Iterator[None]:
 
 
 def round_up(n: int, multiple: int) -> int:
-    """Smallest multiple of ``multiple`` that is >= ``n``."""
     return -(-int(n) // int(multiple)) * int(multiple)
 
 
-# Token slots computed / real tokens, summed over this process's encode_in_batches calls.
 _token_slots = 0
 _real_tokens = 0
 
 
 def token_slot_counts() -> tuple[int, int]:
-    """``(slots, real)`` summed over this process's :func:`encode_in_batches` calls so far:
-    the positions the model computed (``batch_size x width`` per batch, padding rows of a
-    last short batch included) and the texts' own lengths. ``slots / real`` is the padding
-    overhead (the benchmark's ``padding_jax``)."""
+    """``(slots, real)``: positions computed (``batch_size x width`` per batch) and real
+    tokens over this process's :func:`encode_in_batches` calls (``padding_jax`` = ratio)."""
     return _token_slots, _real_tokens
 
 
 def bucket_width(n: int, per_octave: int = 8, multiple: int = 1) -> int:
-    """The padded width of a batch whose longest text is ``n``: ``n`` itself below
-    ``2 * per_octave``, above it ``per_octave`` evenly spaced widths per doubling, i.e.
-    ``n`` rounded up to a multiple of ``max(2**floor(log2 n) // per_octave, multiple)``.
-
-    Padding is below ``1 / per_octave`` of ``n`` and at most ``per_octave`` widths compile
-    per doubling of the length (25 widths, 1.07 slots per token on 5,000 INLI sentences
-    at batch 64; docs/performance.md). E.g. ``per_octave=8``: 13 -> 13, 17 -> 18,
-    33 -> 36, 65 -> 72, 129 -> 144.
-
-    Raises:
-      ValueError: ``per_octave`` or ``multiple`` below 1.
-    """
+    """``n`` rounded up to a multiple of ``max(2**floor(log2 n) // per_octave, multiple)``:
+    padding below ``1 / per_octave``, ``per_octave`` widths per doubling (8: 17 -> 18,
+    129 -> 144; docs/performance.md). Raises ValueError: an argument below 1."""
     if int(per_octave) < 1 or int(multiple) < 1:
         raise ValueError(f"per_octave ({per_octave}) and multiple ({multiple}) must be >= 1")
     n = max(int(n), 1)
@@ -122,27 +94,11 @@ def encode_in_batches(
     desc: str = "encode",
     rows_out: bool = False,
 ) -> np.ndarray | list[np.ndarray]:
-    """Runs ``forward`` over texts sorted by length; returns rows in input order.
+    """``forward`` over batches of texts sorted longest first, each padded to
+    :func:`bucket_width` (capped at ``max_width``) of its longest ``lengths`` ``[N]``.
 
-    The texts of one call are sorted longest first (a caller that streams a corpus calls it
-    once per block: the block is the sorting window) and cut into batches of
-    ``batch_size``; each batch is padded to :func:`bucket_width` of its longest text, so a
-    handful of widths compile; the next batch is built while the device computes.
-
-    Args:
-      lengths: ``[N]`` int, each text's length in the unit ``build_batch`` pads.
-      build_batch: :data:`BatchBuilder`; pads the rows to ``batch_size`` (one compile per
-        width).
-      pad_multiple, per_octave: the buckets (:func:`bucket_width`'s ``multiple`` and
-        ``per_octave``); ``per_octave=1, pad_multiple=8`` gives multiples of 8 only.
-      max_width: cap on the width (e.g. the tokenised array's width).
-      rows_out: return each row's own result (``result[i]``) in a list, not one matrix.
-
-    Returns:
-      ``[N, dim]`` float32 (``[0, 0]`` for no texts), or N float32 arrays (``rows_out``).
-
-    Raises:
-      ValueError: ``batch_size``, ``pad_multiple`` or ``per_octave`` below 1.
+    Returns ``[N, dim]`` float32 in input order (``[0, 0]`` for no texts), or a list of N
+    rows (``rows_out``). Raises ValueError: an int argument below 1.
     """
     if int(batch_size) < 1 or int(pad_multiple) < 1 or int(per_octave) < 1:
         raise ValueError(f"batch_size ({batch_size}), pad_multiple ({pad_multiple}) and "
@@ -199,11 +155,7 @@ def encode_in_batches(
 
 
 def token_batch_builder(tok, batch_size: int) -> BatchBuilder:
-    """``build_batch`` over tokenised texts (``data_pipelines.tokenization.TokenizedTexts``).
-
-    Returns ``(input_ids, attention_mask, token_type_ids)``, each ``[batch_size, width]``
-    int32; rows past the real ones are all padding.
-    """
+    """``build_batch`` of ``TokenizedTexts``: ids, mask, types ``[batch_size, width]`` int32."""
 
     def build(rows: np.ndarray, width: int):
         ids = tok.input_ids[rows, :width]
@@ -218,17 +170,8 @@ def token_batch_builder(tok, batch_size: int) -> BatchBuilder:
 
 
 class Encoder:
-    """A loaded model that turns texts into vectors; subclasses implement :meth:`_encode`
-    and declare their :attr:`views` for export (``embedding_core.serving.serving``).
-
-    Attributes:
-      name: the model's name in exports and tables (``DualCSE-cross``).
-      config: the run's config (``ml_collections.ConfigDict``).
-      step: the checkpoint step (``None`` for an untrained model or in-memory params).
-      dim: the width of the vectors :meth:`encode` returns.
-      views: ``serving.View`` s, one export folder each.
-      default_normalize: whether exports are unit rows unless told otherwise.
-    """
+    """A loaded model; subclasses implement :meth:`_encode` and declare :attr:`views`
+    (``serving.View`` s, one export folder each). ``step`` is ``None`` when untrained."""
 
     name: str = "encoder"
     config: Any = None
@@ -242,12 +185,10 @@ class Encoder:
         raise NotImplementedError
 
     def view_dim(self, view: str) -> int:
-        """Width of ``view``'s vectors (default :attr:`dim`)."""
         return self.dim
 
     def export_meta(self) -> dict[str, Any]:
-        """``meta.json`` entries shared by every view of an export."""
-        return {}
+        return {}  # meta.json entries shared by every view of an export
 
     def table(self, view: str, normalize: bool):
         """``(num_rows, iterator of (ids, [rows, dim] float32))`` of a table view."""
@@ -258,7 +199,7 @@ class Encoder:
         raise ValueError(f"{self.name} has no sentence-transformers form")
 
     def write_hf_files(self, stage) -> None:
-        """Extra files export-hf writes into the staged output folder (default none)."""
+        """Extra files export-hf writes into the staged output folder."""
 
     def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
                 **kwargs: Any) -> np.ndarray:
@@ -279,26 +220,10 @@ class Encoder:
                device: str | None = None, normalize_embeddings: bool = False,
                truncate_dim: int | None = None, *, normalize: bool | None = None,
                **kwargs: Any) -> Any:
-        """Encodes texts with ``SentenceTransformer.encode``'s arguments and results: a
-        float32 ``[len(sentences), dim]`` array by default (row i = sentences[i]; one row,
-        ``[dim]``, for a single string); ``embedding_core.serving.st_compat`` for the rest.
+        """``SentenceTransformer.encode``: float32 ``[len(sentences), dim]`` (``[dim]`` for
+        one string; ``docs/models.md``, "Encoding"); ``**kwargs`` pick the model's view.
 
-        Args:
-          prompt_name, prompt: text prepended to every input (``prompt`` wins).
-          batch_size: texts per encoder call (default: the run's ``eval_batch_size``).
-          output_value: ``sentence_embedding``; where :attr:`token_outputs`:
-            ``token_embeddings`` (a list of float32 ``[tokens_i, hidden]``, prompt and
-            special tokens included) or ``None`` (a list of dicts of both, ``input_ids``
-            and ``attention_mask``, each cut to the text's own tokens).
-          precision: float32 | int8 | uint8 | binary | ubinary (calibrated on this call).
-          convert_to_tensor: a ``jax.Array`` on ``device`` (a JAX platform name).
-          truncate_dim: the first columns only (default :attr:`truncate_dim`).
-          normalize_embeddings (alias ``normalize``): unit rows, after ``truncate_dim``.
-          **kwargs: the model's own choice of view (DualCSE ``kind``, MRWE ``side``).
-
-        Raises:
-          TypeError, ValueError: see :func:`check_texts`; a bad argument value.
-        """
+        Raises: TypeError, ValueError: see :func:`check_texts`; a bad argument value."""
         from embedding_core.serving import st_compat
 
         texts, single = st_compat.texts_of(sentences)
@@ -329,8 +254,7 @@ class Encoder:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
                 or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        # Rows are padded up to the batch size (one compile per width): never pad past the
-        # texts there are, so a large batch_size costs no memory on a short list.
+        # Rows are padded up to the batch size: a large one costs no memory on a short list.
         batch_size = min(int(batch_size), max(len(texts), 1))
         if output_value != "sentence_embedding":
             return self._token_results(texts, single, output_value, batch_size=batch_size,
@@ -343,10 +267,7 @@ class Encoder:
             out = np.asarray(self._encode(texts, batch_size=batch_size,
                                           show_progress_bar=bool(show_progress_bar),
                                           **kwargs), dtype=np.float32)
-        if truncate_dim is not None:
-            out = out[:, :int(truncate_dim)]
-        if normalize_embeddings:
-            out = l2_normalize(out)
+        out = _truncate_normalize(out, truncate_dim, normalize_embeddings)
         return st_compat.finish(out, single=single, precision=precision,
                                 convert_to_numpy=convert_to_numpy,
                                 convert_to_tensor=convert_to_tensor, device=device)
@@ -355,14 +276,12 @@ class Encoder:
 
     def _token_rows(self, texts: list[str], *, batch_size: int, show_progress_bar: bool
                     ) -> list[dict[str, np.ndarray]]:
-        """Per text: ``input_ids`` int32 ``[t]`` and ``token_embeddings`` float32 ``[t, h]``."""
+        """Per text: ``input_ids`` int32 ``[t]``, ``token_embeddings`` float32 ``[t, h]``."""
         raise NotImplementedError
 
     def _token_results(self, texts: list[str], single: bool, output_value: str | None, *,
                        batch_size: int, show_progress_bar: bool, truncate_dim: int | None,
                        normalize: bool, **kwargs: Any) -> Any:
-        # As sentence-transformers: precision and convert_to_* do not apply to token
-        # outputs; normalize and truncate_dim apply to the sentence embedding only.
         rows = self._token_rows(texts, batch_size=batch_size,
                                 show_progress_bar=show_progress_bar) if texts else []
         if output_value == "token_embeddings":
@@ -371,10 +290,7 @@ class Encoder:
             sentences = np.asarray(self._encode(texts, batch_size=batch_size,
                                                 show_progress_bar=show_progress_bar,
                                                 **kwargs), np.float32)
-            if truncate_dim is not None:
-                sentences = sentences[:, :int(truncate_dim)]
-            if normalize:
-                sentences = l2_normalize(sentences)
+            sentences = _truncate_normalize(sentences, truncate_dim, normalize)
             out = [{**r, "attention_mask": np.ones_like(r["input_ids"]),
                     "sentence_embedding": s} for r, s in zip(rows, sentences, strict=True)]
         return out[0] if single else out
@@ -383,13 +299,12 @@ class Encoder:
     document_kwargs: dict[str, Any] = {}
 
     def encode_query(self, sentences: str | Sequence[str], **kwargs: Any) -> Any:
-        """:meth:`encode` for search queries: the ``query`` prompt when the model has one
-        (sentence-transformers 5), and the model's query side (:attr:`query_kwargs`)."""
+        """:meth:`encode` with the ``query`` prompt, if any, and :attr:`query_kwargs`."""
         return self._encode_side(sentences, "query", self.query_kwargs, kwargs)
 
     def encode_document(self, sentences: str | Sequence[str], **kwargs: Any) -> Any:
-        """:meth:`encode` for the searched texts: the ``document`` prompt (or ``passage``,
-        ``corpus``) when the model has one, and its document side (:attr:`document_kwargs`)."""
+        """:meth:`encode` with the ``document`` (``passage``, ``corpus``) prompt, if any,
+        and :attr:`document_kwargs`."""
         return self._encode_side(sentences, "document", self.document_kwargs, kwargs)
 
     def _encode_side(self, sentences, side: str, side_kwargs: dict, kwargs: dict) -> Any:
@@ -401,21 +316,20 @@ class Encoder:
         return self.encode(sentences, **{**side_kwargs, **kwargs})
 
     def similarity(self, a, b) -> np.ndarray:
-        """``[n, m]`` similarities by :attr:`similarity_fn_name` (``st_compat.similarity``)."""
+        """``[n, m]`` similarities by :attr:`similarity_fn_name`."""
         from embedding_core.serving import st_compat
 
         return st_compat.similarity(a, b, self.similarity_fn_name)
 
     def similarity_pairwise(self, a, b) -> np.ndarray:
-        """``[n]`` similarity of row i with row i (``st_compat.similarity_pairwise``)."""
+        """``[n]`` similarity of row i with row i."""
         from embedding_core.serving import st_compat
 
         return st_compat.similarity_pairwise(a, b, self.similarity_fn_name)
 
     def get_sentence_embedding_dimension(self) -> int:
-        """The width of :meth:`encode`'s rows, :attr:`truncate_dim` when set
-        (sentence-transformers' name; its version 6 calls it ``get_embedding_dimension``,
-        also here)."""
+        """The width of :meth:`encode`'s rows (:attr:`truncate_dim` when set)."""
+
         return self.dim if self.truncate_dim is None else min(self.dim, self.truncate_dim)
 
     get_embedding_dimension = get_sentence_embedding_dimension
@@ -435,3 +349,10 @@ class Encoder:
         with self.config.unlocked() if hasattr(self.config, "unlocked") else \
                 contextlib.nullcontext():
             self.config.max_length = int(value)
+
+
+def _truncate_normalize(out: np.ndarray, truncate_dim: int | None, normalize: bool
+                        ) -> np.ndarray:
+    if truncate_dim is not None:
+        out = out[:, :int(truncate_dim)]
+    return l2_normalize(out) if normalize else out
