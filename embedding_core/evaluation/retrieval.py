@@ -1,19 +1,6 @@
-"""Retrieval evaluation with sentence-transformers' ``InformationRetrievalEvaluator`` metrics.
-
-:class:`InformationRetrievalEvaluator` encodes the queries (``encode_query``) and the corpus
-(``encode_document``) chunk by chunk, keeps a running top-k per query and reports accuracy,
-precision, recall, MRR, NDCG and MAP at the given cutoffs under sentence-transformers' names
-(``cosine_ndcg@10``; ``{name}_cosine_ndcg@10`` with a name). Relevance may be graded
-(BEIR qrels scores): NDCG gains are the grades, as BEIR's pytrec_eval; every other metric
-counts grade >= 1 as relevant. On binary relevance the numbers are sentence-transformers'.
-
-Ties never favour the model (:mod:`embedding_core.evaluation.metrics`' rule): at equal score
-the documents of lower grade (not relevant first) rank first, then the lower corpus index
-(input order).
-The ranking is a total order, so neither ``corpus_chunk_size`` nor the number of processes
-changes it. sentence-transformers 6.3 breaks ties by the ascending corpus *id* string instead
-(earlier versions left them to ``torch.topk``), so exactly tied scores may give other numbers.
-"""
+"""sentence-transformers' ``InformationRetrievalEvaluator`` over a chunked corpus with a
+running top-k, graded NDCG and ties that never favour the model (``docs/evaluation.md``,
+"Retrieval")."""
 
 from __future__ import annotations
 
@@ -38,15 +25,14 @@ _BLOCK = 1 << 24  # score-matrix entries per block: bounds the memory of one chu
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``[n, m]`` cosine similarities of ``a`` ``[n, d]`` and ``b`` ``[m, d]``, in float64; a
-    zero row scores 0 (as sentence-transformers' ``cos_sim``)."""
+    """float64 ``[n, m]`` cosines of ``[n, d]`` and ``[m, d]``; a zero row scores 0."""
     # Dividing after the matmul keeps integer inputs exact (no order-dependent rounding).
     norms = [np.maximum(np.linalg.norm(np.asarray(x, np.float64), axis=1), 1e-12) for x in (a, b)]
     return dot(a, b) / norms[0][:, None] / norms[1][None, :]
 
 
 def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``[n, m]`` dot products of ``a`` ``[n, d]`` and ``b`` ``[m, d]``, in float64."""
+    """float64 ``[n, m]`` dot products of ``[n, d]`` and ``[m, d]``."""
     return np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
 
 
@@ -54,11 +40,8 @@ SCORE_FUNCTIONS: dict[str, ScoreFn] = {"cosine": cosine, "dot": dot}
 
 
 def _keys(scores: np.ndarray, grades: np.ndarray, start: int) -> np.ndarray:
-    """uint64 sort keys, larger = better: the float32 score's order-preserving bits (top 32),
-    ``15 - min(grade, 15)`` (bits 28-31: a lower grade is better at equal score), and
-    ``2**28 - 1 - corpus index`` (low 28). A finite score's bits are never 0, so no real key
-    is 0, the padding. One integer sort gives the order (-score, grade, index); ``grades``
-    is an integer array of the shape of ``scores``."""
+    """uint64 keys sorting by (-score, grade, index): the float32 score's ordered bits (top
+    32), ``15 - min(grade, 15)`` (bits 28-31), ``2**28 - 1 - index`` (low 28); never 0."""
     bits = (scores + np.float32(0)).view(np.uint32)  # + 0 turns -0.0 into +0.0: they tie
     ordered = np.where(bits >> np.uint32(31), ~bits, bits | np.uint32(0x80000000))
     index = np.arange(start, start + scores.shape[1], dtype=np.uint64)
@@ -83,26 +66,12 @@ def _top(keys: np.ndarray, k: int) -> np.ndarray:
 
 
 class InformationRetrievalEvaluator:
-    """sentence-transformers' IR metrics for any encoder with ``encode_query`` and
-    ``encode_document`` (``texts, batch_size=, show_progress_bar=, convert_to_numpy=True`` ->
-    float32 ``[n, d]``; ``encode`` when it has neither), e.g. ours or a ``SentenceTransformer``.
-
-    ``relevant_docs``: ``{query id: {doc ids}}`` (binary) or ``{query id: {doc id: grade}}``
-    (grades <= 0 are not relevant). Queries without a relevant document are dropped (counted
-    in ``dropped_queries``), as in sentence-transformers; relevant ids missing from the corpus
-    still count in recall's and NDCG's denominators. With ``g_i`` the grade at rank
-    i = 1..k, ``r_i = g_i >= 1`` and R relevant docs, ``g*`` their grades sorted descending:
+    """``relevant_docs``: ``{query id: {doc ids}}`` or ``{query id: {doc id: grade}}``. With
+    ``g_i`` the grade at rank i, ``r_i = g_i >= 1``, R relevant, ``g*`` the ideal grades:
     precision = sum(r) / k, recall = sum(r) / R, MRR = 1 / (first relevant rank),
     NDCG = sum(g_i / log2(i + 1)) / sum_{i <= min(R, k)} g*_i / log2(i + 1) (pytrec_eval's),
-    MAP = sum_i r_i * precision@i / min(R, k); each averaged over the queries.
+    MAP = sum_i r_i * precision@i / min(R, k). Each process ranks its corpus rows.
 
-    ``score_functions``: names in :data:`SCORE_FUNCTIONS` or a ``{name: fn}`` mapping of
-    ``fn(queries [n, d], docs [m, d]) -> [n, m]``; scores are rounded to float32 to rank.
-    ``primary_metric``: ``{name_}{fn}_ndcg@{max ndcg_at_k}``, ``fn`` being
-    ``main_score_function`` or, as sentence-transformers does, the best one at the first call.
-
-    On several processes each encodes and ranks its rows of the corpus (``multihost``) and
-    the per-query candidates are merged; every process returns the same metrics.
     Raises ValueError: no query with relevant documents, no corpus or one of 2**28 - 1
     documents or more, a cutoff < 1, no ``ndcg_at_k``, an unknown score function.
     """
@@ -167,20 +136,18 @@ class InformationRetrievalEvaluator:
     @classmethod
     def from_beir(cls, folder: str | os.PathLike, split: str = "test",
                   **kwargs: Any) -> InformationRetrievalEvaluator:
-        """An evaluator on a BEIR folder (:func:`read_beir`); ``kwargs`` as the constructor."""
+        """On a BEIR folder (:func:`read_beir`)."""
         return cls(*read_beir(folder, split), **kwargs)
 
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike, **kwargs: Any) -> InformationRetrievalEvaluator:
-        """An evaluator on a query/positive JSONL file (:func:`read_jsonl`)."""
+        """On a query/positive JSONL file (:func:`read_jsonl`)."""
         return cls(*read_jsonl(path), **kwargs)
 
     def _prefix(self, metric: str) -> str:
         return f"{self.name}_{metric}" if self.name else metric
 
     def __call__(self, encoder: Any) -> dict[str, float]:
-        """Metric name -> value, in sentence-transformers' order (per score function:
-        accuracy, precision, recall, ndcg, mrr, map, each by cutoff)."""
         ranked = self.retrieve(encoder)
         per_fn = {f: self.compute_metrics(index) for f, (index, _) in ranked.items()}
         if self.primary_metric is None:
@@ -191,11 +158,9 @@ class InformationRetrievalEvaluator:
         return {self._prefix(f"{f}_{m}"): v for f, ms in per_fn.items() for m, v in ms.items()}
 
     def retrieve(self, encoder: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per score function: the corpus indices (int64) and float32 scores of each query's
-        top ``min(max_k, len(corpus))`` documents, best first: ``[n_queries, k]`` each.
-        Raises ValueError: embeddings of the wrong shape, non-finite scores."""
-        # A model whose params span processes encodes collectively: then every process does it
-        # all; otherwise each encodes its rows (multihost.split_map gathers the results).
+        """Per score function: int64 corpus indices and float32 scores ``[n_queries, k]``,
+        best first. Raises ValueError: embeddings of the wrong shape, non-finite scores."""
+        # Params spanning processes encode collectively: every process does it all.
         local = multihost.is_local(getattr(encoder, "params", None))
         encode_query = getattr(encoder, "encode_query", None) or encoder.encode
         n_q, n_docs = len(self.queries), len(self.corpus)
@@ -226,11 +191,8 @@ class InformationRetrievalEvaluator:
 
     def search_rows(self, encoder: Any, q_emb: np.ndarray, start: int,
                     stop: int) -> dict[str, np.ndarray]:
-        """Corpus rows ``[start, stop)`` encoded in chunks of ``corpus_chunk_size`` and ranked
-        against float32 ``q_emb`` ``[n_queries, d]`` (of ``self.queries``, in order: the keys
-        hold each row's relevance to them): per score function the uint64 keys (:func:`_keys`)
-        of each query's best ``min(max_k, stop - start)`` rows, best first.
-        No collective: merge the results of disjoint ranges with :func:`_top`."""
+        """Per score function, the :func:`_keys` of each query's best corpus rows in
+        ``[start, stop)``, best first (no collective: merge ranges with :func:`_top`)."""
         encode_doc = getattr(encoder, "encode_document", None) or encoder.encode
         best = {f: np.zeros((len(q_emb), 0), np.uint64) for f in self.score_functions}
         for a in range(start, stop, self.corpus_chunk_size):
@@ -240,9 +202,7 @@ class InformationRetrievalEvaluator:
             for f, fn in self.score_functions.items():
                 blocks = []
                 for q in range(0, len(q_emb), rows):
-                    # A matmul's rounding depends on the matrix shapes: float64 scores rounded
-                    # to float32 are (almost surely) the same whatever the chunk, so chunks
-                    # and processes do not reorder near-ties.
+                    # float64 rounded to float32: the same whatever the chunk's shape.
                     scores = np.asarray(fn(q_emb[q:q + rows], docs), dtype=np.float32)
                     if scores.shape != (min(rows, len(q_emb) - q), b - a):
                         raise ValueError(f"score function {f!r} gave shape {scores.shape}")
@@ -255,8 +215,7 @@ class InformationRetrievalEvaluator:
         return best
 
     def _relevance(self, q0: int, q1: int, a: int, b: int) -> np.ndarray:
-        """``[q1 - q0, b - a]`` int64: the grade of corpus row ``a + j`` for query ``q0 + i``
-        (0: not relevant)."""
+        """int64 ``[q1 - q0, b - a]`` grades of corpus rows ``a:b`` for queries ``q0:q1``."""
         lo, hi = np.searchsorted(self._pairs[:, 0], [a, b])
         doc, query, grade = self._pairs[lo:hi].T
         keep = (query >= q0) & (query < q1)
@@ -266,7 +225,6 @@ class InformationRetrievalEvaluator:
 
     def compute_metrics(self, index: np.ndarray) -> dict[str, float]:
         """The metrics (``accuracy@1``, ...) of ranked corpus indices ``[n_queries, k]``."""
-        # Padded with 0: fewer documents than max_k.
         gain, best = (np.zeros((len(index), self.max_k)) for _ in range(2))
         for i, (qid, row) in enumerate(zip(self.query_ids, index, strict=True)):
             grades = self.relevant_docs[qid]
@@ -298,7 +256,6 @@ class InformationRetrievalEvaluator:
 
 
 def _grades(docs: set[str] | Mapping[str, int]) -> dict[str, int]:
-    """``{doc id: grade >= 1}`` of a set of ids (grade 1 each) or an id -> grade mapping."""
     if isinstance(docs, Mapping):
         return {c: int(g) for c, g in docs.items() if int(g) > 0}
     return dict.fromkeys(docs, 1)
@@ -311,7 +268,7 @@ def _dedup(ks: Sequence[int]) -> list[int]:
 
 
 def _records(path: Any, *, jsonl: bool = True) -> Iterator[tuple[int, Any]]:
-    """(1-based line number, parsed JSON or text) of the non-blank lines of a file."""
+    """(1-based line, parsed JSON or text) of the non-blank lines."""
     with path.open("rb") as f:
         for line, raw in enumerate(f, 1):
             try:
@@ -333,8 +290,7 @@ def _records(path: Any, *, jsonl: bool = True) -> Iterator[tuple[int, Any]]:
 
 def _text(record: dict, field: str, path: Any, line: int, *, many: bool = False,
           optional: bool = False, blank: bool = False) -> Any:
-    """``record[field]``, a string (``many``: a list of them; a required one also one string
-    or a non-empty list); blank only with ``blank``; ``optional``: ``""`` or ``[]`` if missing."""
+    """``record[field]``, a string (``many``: or a list of them)."""
     if field not in record:
         if optional:
             return [] if many else ""
@@ -351,7 +307,6 @@ def _text(record: dict, field: str, path: Any, line: int, *, many: bool = False,
 
 
 def _ids(path: Any, text_of: Callable[[dict, int], str]) -> dict[str, str]:
-    """``{_id: text}`` of a BEIR JSONL file, in file order."""
     texts: dict[str, str] = {}
     for line, record in _records(path):
         key = record.get("_id")
@@ -368,17 +323,11 @@ def _ids(path: Any, text_of: Callable[[dict, int], str]) -> dict[str, str]:
 
 def read_beir(folder: str | os.PathLike, split: str = "test"
               ) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
-    """``(queries, corpus, relevant_docs)`` of a BEIR folder (local or ``gs://``):
-    ``corpus.jsonl`` (``_id``, ``text``, optional ``title``; the document is
-    ``(title + " " + text).strip()``, BEIR's join), ``queries.jsonl`` (``_id``, ``text``) and
-    ``qrels/{split}.tsv`` (header ``query-id corpus-id score``, tab-separated; rows with an
-    integer score > 0 are relevant, the score their grade: ``relevant_docs`` is
-    ``{query id: {doc id: grade}}``).
+    """``(queries, corpus, {query id: {doc id: grade}})`` of a BEIR folder
+    (``docs/evaluation.md``, "BEIR layout").
 
-    Raises: DataError: invalid UTF-8 or JSON, a missing, mistyped or empty field, a duplicate
-      id, a bad qrels row or header, a qrels id not in the queries or the corpus, a
-      query-document pair given twice with two scores.
-    """
+    Raises: FileNotFoundError; DataError: invalid UTF-8 or JSON, a missing, mistyped or empty
+    field, a duplicate id, a bad qrels row or header, an unknown id, a pair scored twice."""
     root = as_path(folder)
     paths = {name: root / f"{name}.jsonl" for name in ("corpus", "queries")}
     qrels_path = root / "qrels" / f"{split}.tsv"
@@ -433,16 +382,10 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
 
 def read_jsonl(path: str | os.PathLike
                ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
-    """``(queries, corpus, relevant_docs)`` of a JSONL file of ``{"query": str, "positive":
-    str | [str, ...], "negatives": [str, ...]}`` (``negatives`` optional).
+    """``(queries, corpus, relevant_docs)`` of ``{"query", "positive": str | [str],
+    "negatives"?: [str]}`` lines: one query per distinct text (id: its first line), the
+    corpus every distinct text (id: itself). Raises DataError."""
 
-    The corpus is every distinct positive and negative, in order of first appearance, each
-    its own id (the text). Lines with the same query text are one query (id: its first line
-    number, as a string) whose relevant documents are all their positives; a text that is a
-    positive of a query stays relevant to it even where listed as its negative.
-
-    Raises: DataError: invalid UTF-8 or JSON, a missing, mistyped or empty field.
-    """
     path = as_path(path)
     queries: dict[str, str] = {}
     corpus: dict[str, str] = {}

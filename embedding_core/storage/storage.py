@@ -1,10 +1,5 @@
-"""One path type for local files and ``gs://`` URIs (:func:`as_path`), the GCS emulator
-wiring (:func:`configure`, run on ``import embedding_core``) and the start-of-run checks of
-a ``gs://`` endpoint (:func:`check_endpoint`, :func:`check_data_paths`).
-
-``gs://`` goes through fsspec/gcsfs, which honours ``STORAGE_EMULATOR_HOST``; what stays
-local and why: ``docs/architecture.md``, "Storage".
-"""
+"""One path type for local files and ``gs://`` URIs, the GCS emulator wiring and the
+start-of-run checks of a ``gs://`` endpoint (``docs/architecture.md``, "Storage")."""
 
 from __future__ import annotations
 
@@ -50,13 +45,8 @@ def emulator_url() -> str | None:
 
 
 def configure() -> None:
-    """Routes ``gs://`` through fsspec/gcsfs and points every layer at the emulator, if any.
-
-    Idempotent. Sets ``EPATH_USE_TF=false`` and, with ``STORAGE_EMULATOR_HOST``,
-    ``TENSORSTORE_GCS_HTTP_URL``, ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` and
-    ``GOOGLE_AUTH_TOKEN_FOR_TESTING``, and gives ``STORAGE_EMULATOR_HOST`` its ``http://``
-    scheme.
-    """
+    """Routes ``gs://`` through fsspec/gcsfs and every layer to the emulator, if any
+    (idempotent)."""
     os.environ["EPATH_USE_TF"] = "false"
     # epath caches its "is TensorFlow installed" answer; a path built before this call
     # (e.g. by tensorflow-datasets) must not pin the TF backend for the whole process.
@@ -67,34 +57,24 @@ def configure() -> None:
         cached.cache_clear()
     url = emulator_url()
     if url is not None:
-        # google-cloud-storage (orbax deletes old checkpoints with it) needs the scheme that
-        # gcsfs adds itself; tensorstore has its own variable.
         os.environ[EMULATOR_ENV] = url
         os.environ[TENSORSTORE_URL_ENV] = url
-        # gcsfs >= 2025 probes each bucket's type through the storage control API, which no
-        # emulator serves (one warning per call); the plain JSON API is all we use.
+        # gcsfs >= 2025 probes bucket types through an API no emulator serves.
         os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-        # Without it tensorstore looks for Google credentials, which an emulator ignores,
-        # and logs an error-level line when it finds none.
         os.environ.setdefault(TOKEN_ENV, _EMULATOR_TOKEN)
     elif os.environ.get(TOKEN_ENV) == _EMULATOR_TOKEN:
         del os.environ[TOKEN_ENV]
 
 
 def cache_dir() -> pathlib.Path:
-    """The folder for derived, re-creatable files (token, feature, compile and GCS caches):
-    ``$EMBEDDING_JAX_CACHE``, else ``~/.cache/embedding_jax``; not created here."""
+    """``$EMBEDDING_JAX_CACHE``, else ``~/.cache/embedding_jax`` (not created)."""
     env = os.environ.get(CACHE_ENV)
     return pathlib.Path(env).expanduser() if env else (
         pathlib.Path.home() / ".cache" / "embedding_jax")
 
 
 def absolute_data_paths(config, fields: Iterable[str]):
-    """Makes the path fields of a config absolute, in place, and returns the config.
-
-    Each field: a path or comma-separated paths ("" = unset; missing = skipped); local paths
-    are resolved against the current directory, URIs (``gs://...``) kept.
-    """
+    """The config, its (comma-separated) local path ``fields`` made absolute in place."""
     for name in fields:
         if name not in config:
             continue
@@ -107,13 +87,8 @@ def absolute_data_paths(config, fields: Iterable[str]):
 
 
 def check_data_paths(config, fields: Iterable[str]) -> None:
-    """Refuses a config whose path fields (as :func:`absolute_data_paths`) name a file or
-    folder that does not exist.
-
-    Raises:
-      MissingPathError: ``config.FIELD: PATH does not exist`` (a ``FileNotFoundError``).
-      ValueError: ``config.FIELD: gs://B/ is a bucket, not a file`` (:func:`check_not_bucket`).
-    """
+    """Raises MissingPathError (``config.FIELD: PATH does not exist``) or ValueError (a
+    bucket) for a path in ``fields`` that names nothing."""
     for name in fields:
         value = str(config.get(name, "") or "") if name in config else ""
         for part in filter(None, (p.strip() for p in value.split(","))):
@@ -123,12 +98,7 @@ def check_data_paths(config, fields: Iterable[str]) -> None:
 
 
 def check_not_bucket(path: str | os.PathLike, prefix: str = "") -> None:
-    """Refuses a bare ``gs://BUCKET`` or ``gs://BUCKET/`` where data is read: fsspec would
-    list the bucket as a folder, then fail with "Attempt to open a bucket".
-
-    Raises:
-      ValueError: ``{prefix}gs://B/ is a bucket, not a file; ...`` (one line).
-    """
+    """Raises ValueError for a bare ``gs://BUCKET/`` (fsspec: "Attempt to open a bucket")."""
     text = os.fspath(path)
     if is_remote(text) and "/" not in text[len(_SCHEME):].strip("/"):
         as_path(text)  # gs:// alone: its own error (no bucket)
@@ -137,8 +107,7 @@ def check_not_bucket(path: str | os.PathLike, prefix: str = "") -> None:
 
 
 def describe_error(err: BaseException) -> str:
-    """``str(err)`` with gcsfs's request paths (``b/BUCKET/o/OBJECT``) as ``gs://`` URIs;
-    gcsfs's bare ``FileNotFoundError(path)`` as ``gs://BUCKET/OBJECT does not exist``."""
+    """``str(err)`` with gcsfs's request paths (``b/BUCKET/o/OBJECT``) as ``gs://`` URIs."""
     text = _GCSFS_PATH.sub(lambda m: f"{_SCHEME}{m[1]}" + (f"/{unquote(m[2])}" if m[2] else ""),
                            str(err))
     if isinstance(err, FileNotFoundError) and is_remote(text) and " " not in text.strip():
@@ -147,30 +116,22 @@ def describe_error(err: BaseException) -> str:
 
 
 class StorageUnavailableError(StorageError):
-    """A ``gs://`` endpoint a run cannot use: unreachable, no credentials, or an emulator
-    without object generations. The message is one line naming the URI and what to do."""
+    """A ``gs://`` endpoint a run cannot use (one line: the URI and what to do)."""
 
 
 _checked: set[str] = set()
 
 
 def gcs_timeout() -> float:
-    """How long :func:`check_endpoint` waits for an endpoint: ``$EMBEDDING_JAX_GCS_TIMEOUT``
-    seconds, default 20."""
+    """``$EMBEDDING_JAX_GCS_TIMEOUT`` seconds, default 20."""
     return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
 
 
 def check_endpoint(uris: Iterable[str | os.PathLike]) -> None:
-    """Checks, once per process, that the endpoint serving the ``gs://`` URIs among ``uris``
-    can run: with ``STORAGE_EMULATOR_HOST``, that it answers within :func:`gcs_timeout`,
-    holds the first URI's bucket and keeps object generations (a probe object, written to
-    ``.embedding-jax-probe/`` of that bucket and deleted); else that Google credentials
-    exist and ``storage.googleapis.com:443`` answers in time. Nothing to do without a URI.
+    """Once per process, that the endpoint of the ``gs://`` URIs among ``uris`` answers and
+    serves what orbax needs (``docs/architecture.md``, "Storage").
 
-    Raises:
-      StorageUnavailableError: one line naming the first URI and what to set or run.
-      ValueError: a ``gs://`` URI without a bucket (:func:`as_path`).
-    """
+    Raises: StorageUnavailableError; ValueError: a ``gs://`` URI without a bucket."""
     remote = [os.fspath(u) for u in uris if u and is_remote(u)]
     for one in remote:
         as_path(one)  # a URI without a bucket is its own error, not the endpoint's
@@ -261,8 +222,8 @@ def _http(method: str, url: str, timeout: float, data: bytes | None = None):
 
 
 def _retry(attempt, timeout: float, message):
-    """``attempt(seconds_left)`` until it returns, an ``OSError`` each time until
-    ``timeout`` seconds have passed; then ``StorageUnavailableError(message(reason))``."""
+    """``attempt(seconds_left)`` until it returns; ``OSError`` past ``timeout`` raises
+    ``StorageUnavailableError(message(reason))``."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -276,20 +237,15 @@ def _retry(attempt, timeout: float, message):
 
 
 def is_remote(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a ``gs://`` URI (a str or an ``epath.Path``)."""
+    """Whether ``path`` is a ``gs://`` URI."""
     return os.fspath(path).startswith(_SCHEME)
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
-    """A local path (``~`` expanded; relative stays relative) or ``gs://bucket/object`` URI
-    as an ``epath.Path`` (``os.fspath`` of a ``gs://`` path is the URI).
+    """A local path (``~`` expanded) or ``gs://bucket/object`` URI as an ``epath.Path``.
 
-    Raises:
-      TypeError: bytes.
-      ValueError: another URI scheme (``s3://``, ``http://``...), a ``gs://`` URI without a
-        bucket, or ``gs:/...`` with one slash (what ``pathlib.Path("gs://b/x")`` makes of a
-        URI: the caller converted it to a local path on the way).
-    """
+    Raises: TypeError: bytes. ValueError: another scheme, no bucket, or ``gs:/`` with one
+    slash (a URI that went through pathlib)."""
     text = os.fspath(path)
     if isinstance(text, bytes):
         raise TypeError(f"path must be text, got bytes {text!r}")
@@ -313,21 +269,19 @@ def display(path: str | os.PathLike) -> str:
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Writes ``data`` to a ``gs://`` object in one request-set (readers see the old or the
-    new object, never a mix: an upload becomes visible only when finalised)."""
+    """Writes ``data`` in one upload (readers see the old or the new object, never a mix)."""
     with as_path(path).open("wb") as f:
         f.write(data)
 
 
 def upload(local_file: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Copies a local file to ``dest`` (a ``gs://`` object or a local path), streaming."""
+    """Copies a local file to ``dest``, streaming."""
     with open(local_file, "rb") as src, as_path(dest).open("wb") as out:
         shutil.copyfileobj(src, out, _COPY_CHUNK)
 
 
 def _source_key(path: epath.Path) -> str:
-    """What identifies this version of a remote object: its GCS generation (new on every
-    overwrite), else its checksum, else size and modification time."""
+    """The object's GCS generation, else its checksum, else size and modification time."""
     import fsspec
 
     info = fsspec.filesystem("gs").info(os.fspath(path))
@@ -338,13 +292,10 @@ def _source_key(path: epath.Path) -> str:
 
 
 def local_copy(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> pathlib.Path:
-    """A local path for ``path``: itself when local, else a cached copy of the ``gs://``
-    file or folder under ``cache`` (default ``$EMBEDDING_JAX_CACHE/gcs/<bucket>/<object>``),
-    fetched again when its GCS generation changed, renamed into place when complete.
+    """``path`` itself when local, else a copy of the ``gs://`` file or folder under
+    ``cache`` (default ``cache_dir()/gcs``), fetched again when it changed.
 
-    Raises:
-      FileNotFoundError: nothing at ``path``.
-    """
+    Raises: FileNotFoundError: nothing at ``path``."""
     path = as_path(path)
     if not is_remote(path):
         return pathlib.Path(os.fspath(path))
@@ -372,8 +323,8 @@ def _walk_files(folder: epath.Path, prefix: str) -> Iterator[tuple[epath.Path, s
 
 
 def _fetch(src: epath.Path, cache: pathlib.Path, rel: str) -> None:
-    # The version each copy was made from is kept apart from the copies (bucket names
-    # cannot start with a dot), so a copied folder holds exactly the remote files.
+    # Versions are kept apart (bucket names cannot start with a dot): a copied folder holds
+    # exactly the remote files.
     target, stamp = cache / rel, cache / ".versions" / rel
     key = _source_key(src)
     if target.is_file() and stamp.is_file() and stamp.read_text(encoding="utf-8") == key:
@@ -391,10 +342,8 @@ def _fetch(src: epath.Path, cache: pathlib.Path, rel: str) -> None:
 
 
 class MirroredFolder:
-    """A folder to write into locally, uploaded to its ``gs://`` target on :meth:`sync`
-    (for TensorBoard's writer, which cannot reach an emulator); for a local target,
-    :attr:`local` is the target itself and :meth:`sync` does nothing.
-    """
+    """A local folder uploaded to its ``gs://`` target on :meth:`sync` (TensorBoard's writer
+    cannot reach an emulator); a local target is written directly."""
 
     def __init__(self, target: str | os.PathLike) -> None:
         self.target = as_path(target)
@@ -406,8 +355,8 @@ class MirroredFolder:
         self._sent: dict[str, tuple[int, int]] = {}
 
     def sync(self) -> list[str]:
-        """Uploads the files that are new or changed since the last sync; returns their
-        paths relative to the folder."""
+        """Uploads the files new or changed since the last sync; returns their paths."""
+
         if not self.remote or not self.local.is_dir():
             return []
         sent = []
