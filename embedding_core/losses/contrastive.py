@@ -1,10 +1,6 @@
-"""Batches beyond device memory: the chunked (GradCache) contrastive step, per-example
-dropout and gradient accumulation (``docs/architecture.md``, "Batches beyond device memory").
-
-GradCache (Gao et al. 2021): ``dL/dp = dL/dp|_E + J_E(p)^T dL/dE`` for embeddings
-``E = embed(p, batch)`` computed row by row. Chunks are cut from each device's own rows:
-the global batch ``[D*L]`` is viewed as ``[D, n, C]`` and chunk k is ``[:, k, :]``.
-"""
+"""Batches beyond device memory: GradCache (Gao et al. 2021, ``dL/dp = dL/dp|_E +
+J_E(p)^T dL/dE``), per-example dropout and gradient accumulation (``docs/architecture.md``,
+"Batches beyond device memory"). Chunk k of ``[D*L]`` rows is ``[D, n, C][:, k, :]``."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-# (params, batch rows, global row indices [n] int32, step key) -> embeddings (a pytree of
-# arrays whose leading dimension is the n rows).
+# (params, batch rows, global row indices [n] int32, step key) -> pytree of [n, ...].
 EmbedFn = Callable[[Any, Mapping[str, jax.Array], jax.Array, jax.Array], Any]
 # (params, embeddings of the whole global batch, global batch, step key) -> (loss, metrics).
 EmbeddingLossFn = Callable[[Any, Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
@@ -29,10 +24,8 @@ ValueAndGradFn = Callable[[Any, Mapping[str, jax.Array], jax.Array],
 
 @dataclasses.dataclass(frozen=True)
 class ContrastiveLoss:
-    """A loss split at its embeddings; calling it is the plain loss ``loss(params,
-    embed(params, batch, arange(rows), rng), batch, rng)`` (a ``Task.loss_fn``). ``embed``'s
-    row i depends on row i, its global index and the key only.
-    """
+    """A loss split at its embeddings (a ``Task.loss_fn``); ``embed``'s row i depends on
+    row i, its global index and the key only."""
 
     embed: EmbedFn
     loss: EmbeddingLossFn
@@ -45,20 +38,15 @@ class ContrastiveLoss:
 
 @dataclasses.dataclass(frozen=True)
 class GradAccumulation:
-    """How a task's loss may be accumulated over micro-batches (``config.grad_accum_steps``):
-    ``weight`` (``metrics -> float32 scalar``, e.g. a masked-token count; ``None``: equal)
-    and the ``summed`` metrics (the others are averaged)."""
+    """Micro-batch ``weight`` (``metrics -> float32``; ``None``: equal) and the ``summed``
+    metrics (the others are averaged) of ``config.grad_accum_steps``."""
 
     weight: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None
     summed: tuple[str, ...] = ()
 
 
 def batch_rows(batch: Mapping[str, Any]) -> int:
-    """The leading dimension the batch's array leaves share.
-
-    Raises:
-      ValueError: no array leaf, or leaves with different leading dimensions.
-    """
+    """The leading dimension every array leaf shares. Raises ValueError."""
     sizes = {int(x.shape[0]) for x in jax.tree.leaves(batch) if jnp.ndim(x) >= 1}
     if len(sizes) != 1:
         raise ValueError(f"a contrastive batch needs one leading (row) dimension shared by "
@@ -67,7 +55,7 @@ def batch_rows(batch: Mapping[str, Any]) -> int:
 
 
 def row_indices(n: int) -> jax.Array:
-    """``[n]`` int32 global row indices ``0 .. n-1`` (laid out like the batch)."""
+    """``[n]`` int32 global row indices."""
     return jnp.arange(n, dtype=jnp.int32)
 
 
@@ -84,13 +72,8 @@ def _data_size(mesh: Mesh | None) -> int:
 
 def check_split(field: str, parts_or_size: int, rows: int, mesh: Mesh, *,
                 chunk: bool, what: str = "batch_size") -> None:
-    """Refuses, before compiling, config ``field`` = ``parts_or_size`` (rows per device per
-    chunk when ``chunk``, else a number of parts) that does not split each device's share
-    of ``rows`` evenly.
-
-    Raises:
-      ValueError: naming the field, the per-device batch and the mesh.
-    """
+    """Raises ValueError (the field, the per-device batch, the mesh) where ``parts_or_size``
+    (rows per chunk when ``chunk``, else parts) does not split each device's rows evenly."""
     data = _data_size(mesh)
     per_device = rows // data
     shape = f"mesh data={data}, model={mesh.shape['model']}"
@@ -105,12 +88,8 @@ def check_split(field: str, parts_or_size: int, rows: int, mesh: Mesh, *,
 
 
 def split_rows(tree: Any, parts: int, mesh: Mesh | None) -> Any:
-    """Each leaf ``[N, ...]`` -> ``[parts, N/parts, ...]``: viewed as ``[D, parts,
-    N/(D*parts)]`` (D = data devices), part k is ``[:, k, :]`` flattened.
-
-    Raises:
-      ValueError: a leaf whose leading dimension is not divisible by ``D * parts``.
-    """
+    """Each leaf ``[N, ...]`` -> ``[parts, N/parts, ...]``, part k ``[D, parts, c][:, k]``.
+    Raises ValueError: ``N`` not divisible by ``D * parts``."""
     data = _data_size(mesh)
 
     def split(x):
@@ -147,11 +126,8 @@ def _constrain(x: jax.Array, mesh: Mesh | None, axis: int) -> jax.Array:
 
 
 def gather_keys(tree: Any, rows: int, chunk_size: int, mesh: Mesh | None = None) -> Any:
-    """``tree`` (the keys every query chunk of :func:`map_rows` scores against) on every
-    device, gathered once: closed over by the chunk loop's body, the partitioner gathers
-    them again in every iteration (``docs/performance.md``, "TPU compiler"). A no-op where
-    :func:`map_rows` of ``rows`` query rows runs no loop (one chunk a device, no
-    ``chunk_size``, no ``"data"`` axis): there it would only cost memory. Values unchanged."""
+    """``tree`` (the keys of :func:`map_rows`' query chunks) replicated once, not in every
+    iteration (``docs/performance.md``, "TPU compiler"); a no-op where no loop runs."""
     if chunk_size <= 0 or (mesh is None and not _context_data()):
         return tree
     if rows // (_data_size(mesh) * chunk_size) <= 1:
@@ -162,14 +138,8 @@ def gather_keys(tree: Any, rows: int, chunk_size: int, mesh: Mesh | None = None)
 
 
 def map_rows(fn: Callable[[Any], Any], rows: Any, chunk_size: int, mesh: Mesh | None = None) -> Any:
-    """``fn(rows)`` over chunks of ``chunk_size`` rows per data device, one at a time, each
-    recomputed in the backward (``jax.checkpoint``); ``fn``: pytree of ``[c, ...]`` rows ->
-    pytree of ``[c, ...]`` outputs; ``rows``: ``[n, ...]`` sharded over ``"data"``;
-    ``chunk_size`` 0: at once; ``mesh`` default: the current one, else one device.
-
-    Raises:
-      ValueError: rows per device not divisible by ``chunk_size``.
-    """
+    """``fn(rows)`` over chunks of ``chunk_size`` rows per data device (0: at once), each
+    recomputed in the backward. Raises ValueError: ``chunk_size`` does not divide."""
     if chunk_size <= 0:
         return fn(rows)
     n, data = batch_rows(rows), _data_size(mesh)
@@ -184,13 +154,8 @@ def map_rows(fn: Callable[[Any], Any], rows: Any, chunk_size: int, mesh: Mesh | 
 
 def per_example(apply: Callable[[Any, jax.Array | None], Any], dropout: bool
                 ) -> Callable[[Any, jax.Array, jax.Array], Any]:
-    """A batched encoder call whose dropout masks depend on (key, example) only.
-
-    ``apply(inputs, key) -> outputs`` (pytrees of ``[n, ...]``; ``key=None``:
-    deterministic). Returns ``(inputs, rows, key) -> outputs`` (``rows``: ``[n]`` int32
-    global indices): ``apply(inputs, None)`` without dropout, else ``apply`` on each example
-    alone under ``jax.vmap`` (over ``"data"``) with the key ``fold_in(key, row)``.
-    """
+    """``(inputs, rows, key) -> apply(inputs, key)`` with each example's dropout key
+    ``fold_in(key, row)`` (``jax.vmap``); ``key=None`` is deterministic."""
 
     def embed(inputs: Any, rows: jax.Array, key: jax.Array) -> Any:
         if not dropout:
@@ -212,14 +177,8 @@ def per_example(apply: Callable[[Any, jax.Array | None], Any], dropout: bool
 
 def chunked_value_and_grad(loss: ContrastiveLoss, chunk_size: int, mesh: Mesh | None,
                            param_shardings: Any = None) -> ValueAndGradFn:
-    """The GradCache gradient of ``loss``: ``(params, batch, rng) -> ((loss, metrics),
-    grads)``, equal to ``jax.value_and_grad(loss, has_aux=True)`` up to summation order,
-    holding the activations of ``chunk_size`` rows per data device at a time
-    (``param_shardings`` are kept on the accumulated gradients).
-
-    Raises:
-      ValueError: (at trace time) rows per device not divisible by ``chunk_size``.
-    """
+    """``jax.value_and_grad(loss, has_aux=True)`` up to summation order, with the
+    activations of ``chunk_size`` rows per device at a time. Raises ValueError (trace)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
@@ -258,16 +217,8 @@ def accumulated_value_and_grad(
     steps: int, mesh: Mesh | None, accumulation: GradAccumulation | None = None,
     param_shardings: Any = None,
 ) -> ValueAndGradFn:
-    """Gradient accumulation: ``(params, batch, rng) -> ((loss, metrics), grads)``.
-
-    ``steps`` micro-batches (:func:`split_rows`, each leaf on its own leading dimension),
-    micro-batch k with the key ``fold_in(rng, k)``; returns ``sum_k w_k grad_k / sum_k w_k``
-    and the same mean of the losses, ``w_k = accumulation.weight(metrics_k)`` (1 without;
-    0 when all are 0); metrics averaged, those in ``accumulation.summed`` summed.
-
-    Raises:
-      ValueError: (at trace time) a leaf's rows per device not divisible by ``steps``.
-    """
+    """``sum_k w_k grad_k / sum_k w_k`` (and loss) over ``steps`` micro-batches, key
+    ``fold_in(rng, k)``, ``w_k = accumulation.weight(metrics_k)``. Raises ValueError (trace)."""
     weight = accumulation.weight if accumulation is not None else None
 
     def value_and_grad(params, batch, rng):
@@ -306,11 +257,8 @@ def _keep(tree: Any, shardings: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class StepSplit:
-    """How a train step splits each device's rows, read from the config once
-    (:meth:`from_config`): ``chunk_size`` rows per GradCache chunk
-    (``contrastive_chunk_size``, 0 = off), ``accum_steps`` micro-batches
-    (``grad_accum_steps``) and ``loss_chunk`` query rows the loss scores at a time
-    (``loss_chunk_size``, where the method declares it; 0 = all)."""
+    """A step's split of each device's rows: GradCache ``chunk_size``, ``accum_steps``
+    micro-batches, ``loss_chunk`` query rows scored at a time (0 = off)."""
 
     chunk_size: int = 0
     accum_steps: int = 1
@@ -328,8 +276,7 @@ class StepSplit:
         return split
 
     def check(self, rows: int, mesh: Mesh) -> None:
-        """Raises ValueError (:func:`check_split`) when a split does not divide each
-        device's share of ``rows`` (``batch_size``) on ``mesh``."""
+        """Raises ValueError (:func:`check_split`)."""
         if self.chunk_size > 0:
             check_split("contrastive_chunk_size", self.chunk_size, rows, mesh, chunk=True)
         if self.accum_steps > 1:
@@ -339,12 +286,8 @@ class StepSplit:
 
     def check_task(self, name: str, loss_fn: Any, accumulation: GradAccumulation | None
                    ) -> None:
-        """Refuses ``contrastive_chunk_size`` for a loss that is no :class:`ContrastiveLoss`
-        and ``grad_accum_steps`` for a task without ``accumulation``.
-
-        Raises:
-          ValueError: naming the field, the task and what to set instead.
-        """
+        """Raises ValueError: chunking a loss that is no :class:`ContrastiveLoss`, or
+        accumulating a task without ``accumulation``."""
         if self.chunk_size > 0 and not isinstance(loss_fn, ContrastiveLoss):
             raise ValueError(
                 f"config.contrastive_chunk_size={self.chunk_size}: {name}'s loss is not split "
@@ -359,8 +302,8 @@ class StepSplit:
 
     def value_and_grad(self, loss_fn: Any, accumulation: GradAccumulation | None,
                        mesh: Mesh, param_shardings: Any = None) -> ValueAndGradFn | None:
-        """The gradient of a task's step (checked by :meth:`check_task`): chunked, accumulated
-        or ``None`` (the plain one)."""
+        """Chunked, accumulated or ``None`` (the plain gradient)."""
+
         if self.chunk_size > 0:
             return chunked_value_and_grad(loss_fn, self.chunk_size, mesh, param_shardings)
         if self.accum_steps > 1:

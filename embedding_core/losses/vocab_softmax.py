@@ -1,9 +1,5 @@
-"""Vocabulary-parallel softmax over a row-sharded table, optionally tiled in row blocks.
-
-``docs/docent.md`` ("full_vocab", "Tiling") and ``docs/pitfalls.md`` ("Large vocabularies
-and entity tables"): Megatron-LM's vocabulary-parallel cross-entropy in ``shard_map``, and
-MaxText's vocabulary tiling with an online log-sum-exp (Milakov & Gimelshein 2018).
-"""
+"""Megatron-LM's vocabulary-parallel softmax in ``shard_map``, optionally tiled with an
+online log-sum-exp (Milakov & Gimelshein 2018; ``docs/docent.md``, "Tiling")."""
 
 from __future__ import annotations
 
@@ -17,13 +13,8 @@ from embedding_core.losses.losses import l2_normalize
 
 
 class VocabParallelStats(NamedTuple):
-    """Per-query statistics of a softmax over a row-sharded table (all ``[b]`` float32).
-
-    Attributes:
-      logsumexp: ``log sum_j exp(z_ij)`` over the real rows.
-      target_logit: ``z_{i, t_i}`` (0 where the target is outside ``[0, num_classes)``).
-      max_logit: ``max_j z_ij`` (gradient stopped; for accuracies).
-    """
+    """``[b]`` float32 each: ``log sum_j exp(z_ij)``, ``z_{i, t_i}`` (0 outside the
+    classes) and ``max_j z_ij`` (gradient stopped)."""
 
     logsumexp: jax.Array
     target_logit: jax.Array
@@ -31,14 +22,12 @@ class VocabParallelStats(NamedTuple):
 
 
 def _varying_axes(x: jax.Array) -> tuple[str, ...]:
-    """The ``shard_map`` mesh axes along which ``x``'s value varies (its type's record)."""
     aval = jax.typeof(x)
     mat = getattr(aval, "mat", None)  # jax >= 0.10; older releases call it ``vma``
     return tuple(mat.varying if mat is not None else getattr(aval, "vma", ()))
 
 
 def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    """``x`` typed as varying over ``axes`` inside ``shard_map`` (a no-op on the value)."""
     have = _varying_axes(x)
     missing = tuple(a for a in axes if a not in have)
     return jax.lax.pcast(x, missing, to="varying") if missing else x
@@ -46,7 +35,7 @@ def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
 
 def _block_logits(q: jax.Array, w_block: jax.Array, bias_block: jax.Array, s: jax.Array,
                   cosine: bool) -> jax.Array:
-    """``s * q . norm(w_j) + bias_j`` for one block of rows: ``[b, block]`` float32."""
+    """``[b, block]`` float32 ``s * q . norm(w_j) + bias_j``."""
     w_block = w_block.astype(jnp.float32)
     if cosine:
         w_block = l2_normalize(w_block)
@@ -56,11 +45,8 @@ def _block_logits(q: jax.Array, w_block: jax.Array, bias_block: jax.Array, s: ja
 
 def _block_rows(k: jax.Array, block: int, rows: int,
                 limit: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Block ``k``'s first row, its rows ``[block]`` and which of them it counts.
-
-    A last block that ``block`` does not fit is shifted back to end at the last row; rows
-    it shares with the block before, and rows at or beyond ``limit``, are not counted.
-    """
+    """Block ``k``'s first row, rows and which it counts (a last block shifted back to end
+    at the last row counts no row twice; none at or beyond ``limit``)."""
     start = jnp.minimum(k * block, rows - block)
     row = start + jnp.arange(block)
     return start, row, (row >= k * block) & (row < limit)
@@ -75,8 +61,7 @@ def _all_varying_axes(*xs: jax.Array) -> tuple[str, ...]:
 
 
 def _sum_to_type_of(g: jax.Array, primal: jax.Array) -> jax.Array:
-    """``psum`` of a cotangent over the ``shard_map`` axes it varies on and its primal
-    does not."""
+    """``psum`` over the axes ``g`` varies on and its primal does not."""
     have = _varying_axes(primal)
     extra = tuple(a for a in _varying_axes(g) if a not in have)
     return jax.lax.psum(g, extra) if extra else g
@@ -111,21 +96,9 @@ def _tiled_shard_logsumexp(q: jax.Array, w: jax.Array, bias: jax.Array, s: jax.A
                            limit: jax.Array, local_t: jax.Array, block: int,
                            cosine: bool, table_grad: bool
                            ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Shard-local log-sum-exp, target logit and max of ``z = s * q . norm(w) + bias``.
-
-    Online max over blocks of ``w``; the backward recomputes each block's logits and pulls
-    ``g_lse * softmax + g_target * onehot`` back, summing the table gradient over ``data``.
-
-    Args:
-      q: ``[b, d]`` float32 (normalised for cosine); w: ``[rows, d]``; bias: ``[rows]``;
-        s: float32 scalar; limit: int32 scalar, rows at or beyond it are padding.
-      local_t: ``[b]`` int32 local target row, -1 when not in this shard.
-      block: ``1 <= block <= rows``. table_grad: False: zero cotangent, no ``[rows, d]``.
-
-    Returns:
-      ``(lse, target, top)``, each ``[b]`` float32 (lse -inf when no row counts; target 0
-      when not here; no gradient through top).
-    """
+    """Shard-local ``(lse, target, top)`` ``[b]`` of ``z = s * q . norm(w) + bias`` over
+    blocks of ``w`` rows below ``limit``; ``local_t`` -1 off this shard. The backward
+    recomputes each block and pulls ``g_lse * softmax + g_target * onehot`` back."""
     return _tiled_forward(q, w, bias, s, limit, local_t, block, cosine)
 
 
@@ -139,8 +112,7 @@ def _tiled_bwd(block, cosine, table_grad, residuals, cotangents):
     g_lse, g_target, _ = cotangents  # the max is used under stop_gradient only
     rows = w.shape[0]
     lse = _finite_or_zero(lse)
-    # q and s cotangents are summed once after the loop; each block's table gradient is
-    # summed over data as it is made (no second table-sized buffer for one all-reduce).
+    # Table gradients are summed over data per block: no second table-sized buffer.
     axes = _all_varying_axes(q, w, bias, s, limit, local_t)
     q_all, s_all = _vary(q, axes), _vary(s, axes)
 
@@ -190,31 +162,13 @@ def vocab_parallel_logsumexp(queries: jax.Array, table: jax.Array, targets: jax.
                              num_classes: int | None = None, data_axis: str = "data",
                              model_axis: str = "model", block_size: int = 0,
                              table_gradient: bool = True) -> VocabParallelStats:
-    """Log-partition, target logit and max logit of a softmax over a row-sharded table.
+    """:class:`VocabParallelStats` of ``z_ij = scale * cos(q_i, w_j) + bias_j`` (dot without
+    ``cosine``), ``[b, d]`` queries sharded over ``data_axis``, ``[V, d]`` table over
+    ``model_axis``; rows from ``num_classes`` on are padding; ``block_size`` rows per tile
+    (0: untiled); ``table_gradient=False``: zero cotangent for ``table``.
 
-    ``z_ij = scale * cos(q_i, w_j) + bias_j`` (``scale * q_i . w_j + bias_j`` without
-    ``cosine``) over every row, never built on one device: per device ``[b / data,
-    V / model]`` logits (``[b / data, block_size]`` when tiled); the max goes through
-    ``pmax`` of a stopped gradient, the sums through ``psum``. Cross-entropy is
-    ``logsumexp - target_logit``; a union with another vocabulary is ``logaddexp`` of the
-    log-partitions.
-
-    Args:
-      queries: ``[b, d]`` float (cast to float32), ``b`` divisible by ``data_axis``.
-      table: ``[V, d]`` float, ``V`` divisible by ``model_axis`` (pad it; ``num_classes``).
-      targets: ``[b]`` int32; outside ``[0, num_classes)`` gives target logit 0.
-      scale: float or float32 scalar array; bias: optional ``[V]`` float.
-      num_classes: rows at or beyond are padding; default ``V``.
-      block_size: rows per block of the tiled scan per shard; 0 = untiled.
-      table_gradient: False: zero cotangent for ``table`` (``embedding_core.losses.table_update``).
-
-    Returns:
-      :class:`VocabParallelStats`, each ``[b]`` float32, sharded over ``data_axis``.
-
-    Raises:
-      ValueError: shapes disagree, ``b`` / ``V`` are not divisible by the axis sizes, or
-        ``block_size < 0``.
-    """
+    Raises: ValueError: shapes disagree, ``b`` / ``V`` are not divisible by the axis sizes,
+    or ``block_size < 0``."""
     if queries.ndim != 2 or table.ndim != 2 or queries.shape[1] != table.shape[1]:
         raise ValueError(f"queries must be [b, d] and table [V, d]; got {queries.shape} and "
                          f"{table.shape}")
@@ -290,18 +244,9 @@ def vocab_parallel_softmax_cross_entropy(queries: jax.Array, table: jax.Array, t
                                          cosine: bool = True, num_classes: int | None = None,
                                          data_axis: str = "data", model_axis: str = "model",
                                          block_size: int = 0) -> jax.Array:
-    """Full-softmax cross-entropy over a class table sharded by rows over ``model_axis``.
+    """``[b]`` float32 ``logsumexp_j(z_ij) - z_{i, t_i}`` of :func:`vocab_parallel_logsumexp`
+    (same args; ``optax.softmax_cross_entropy_with_integer_labels`` without dense logits)."""
 
-    ``loss_i = logsumexp_j(z_ij) - z_{i, t_i}``, ``z_ij = scale * cos(q_i, w_j)`` (or
-    ``scale * q_i . w_j``): ``optax.softmax_cross_entropy_with_integer_labels`` on the
-    dense logits, which are never built (:func:`vocab_parallel_logsumexp`, same args).
-
-    Returns:
-      ``[b]`` float32 per-query losses, sharded over ``data_axis``.
-
-    Raises:
-      ValueError: shapes disagree, or ``b`` / ``V`` are not divisible by the axis sizes.
-    """
     stats = vocab_parallel_logsumexp(queries, table, targets, mesh, scale, cosine=cosine,
                                      num_classes=num_classes, data_axis=data_axis,
                                      model_axis=model_axis, block_size=block_size)
