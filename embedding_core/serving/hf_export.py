@@ -1,9 +1,4 @@
-"""Hugging Face / sentence-transformers folders from a trained encoder (``docs/export.md``).
-
-A folder loads with ``transformers.AutoModel`` / ``AutoTokenizer`` and
-``sentence_transformers.SentenceTransformer`` alone; a fixed second segment of every
-input is written into the tokenizer's post-processor (:func:`suffix_template`).
-"""
+"""Hugging Face / sentence-transformers folders from a trained encoder (``docs/export.md``)."""
 
 from __future__ import annotations
 
@@ -42,13 +37,8 @@ _SPECIAL_ROLES = {
 
 
 def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
-    """``(checkpoint tensor name, transposed?)`` of an encoder parameter path:
-    ``("encoder", "layer_3", ..., "query", "kernel")`` ->
-    ``("encoder.layer.3....query.weight", True)`` (flax ``[in, out]``, torch ``[out, in]``).
-
-    Raises:
-      ValueError: a leaf that no BERT / RoBERTa checkpoint tensor maps to.
-    """
+    """``(checkpoint tensor name, transposed?)``: ``("encoder", "layer_3", ..., "kernel")``
+    -> ``("encoder.layer.3....weight", True)``. Raises ValueError: an unknown leaf."""
     parts: list[str] = []
     for part in path[:-1]:
         if part.startswith("layer_") and part[len("layer_"):].isdigit():
@@ -66,13 +56,8 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
 
 
 def hf_tensors(params: Mapping[str, Any], config: EncoderConfig) -> dict[str, np.ndarray]:
-    """``TransformerEncoder(config)``'s params (boxed or not) as HF checkpoint tensors:
-    ``{name: float32 C-contiguous array}``, the inverse of
-    ``pretrained.load_pretrained_params`` (no prefix, pooler or ``position_ids``).
-
-    Raises:
-      ValueError: missing or extra parameters, wrong shapes (all listed).
-    """
+    """Encoder params as float32 HF checkpoint tensors, the inverse of
+    ``pretrained.load_pretrained_params``. Raises ValueError: the tree differs (all listed)."""
     import flax.linen as nn
     import jax
     from flax import traverse_util
@@ -97,9 +82,7 @@ def hf_tensors(params: Mapping[str, Any], config: EncoderConfig) -> dict[str, np
 
 
 def hf_config(config: EncoderConfig, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
-    """A ``BertConfig`` / ``RobertaConfig`` dict that ``EncoderConfig.from_hf_config``
-    reads back (dtype and dropout implementation aside); RoBERTa's bos/eos ids from
-    ``tokenizer``."""
+    """The HF ``config.json`` dict ``EncoderConfig.from_hf_config`` reads back."""
     out: dict[str, Any] = {
         "architectures": [_HF_ARCHITECTURES[config.model_type]],
         "model_type": config.model_type,
@@ -117,7 +100,6 @@ def hf_config(config: EncoderConfig, tokenizer: Tokenizer | None = None) -> dict
         "layer_norm_eps": config.layer_norm_eps,
         "pad_token_id": config.pad_token_id,
         "position_embedding_type": "absolute",
-        # float32 whatever the run computed in (transformers v4 / v5 keys).
         "torch_dtype": "float32",
         "dtype": "float32",
     }
@@ -141,14 +123,8 @@ def hf_config(config: EncoderConfig, tokenizer: Tokenizer | None = None) -> dict
 
 
 def suffix_template(tokenizer: Tokenizer, suffix: str) -> processors.TemplateProcessing:
-    """A post-processor that turns every single text ``s`` into the pair ``(s, suffix)``,
-    read off the tokenizer's own pair encoding of ``("a", suffix)`` (BERT
-    ``[CLS] $A [SEP] explicit:1 [SEP]:1``); truncation shortens only the text.
-
-    Raises:
-      ValueError: the suffix gives no token, or the tokenizer's pair template is not
-        ``specials, A, specials, B, specials``.
-    """
+    """A post-processor making each text ``s`` the pair ``(s, suffix)`` (BERT: ``[CLS] $A
+    [SEP] explicit:1 [SEP]:1``). Raises ValueError: no suffix token, or an odd template."""
     work = Tokenizer.from_str(tokenizer.to_str())
     work.no_padding()
     work.no_truncation()
@@ -176,8 +152,7 @@ def suffix_template(tokenizer: Tokenizer, suffix: str) -> processors.TemplatePro
 
 
 def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
-    """``{"cls_token": "[CLS]", ...}``: the roles transformers needs, found among the
-    tokenizer's special tokens (BERT and RoBERTa spellings)."""
+    """``{"cls_token": "[CLS]", ...}`` among the tokenizer's special tokens."""
     added = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     roles = {}
     for role, candidates in _SPECIAL_ROLES.items():
@@ -190,13 +165,8 @@ def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
 
 def tokenizer_files(tokenizer: Tokenizer, max_length: int,
                     suffix: str | None = None) -> dict[str, bytes]:
-    """``tokenizer.json`` (padding and truncation off; ``suffix``: :func:`suffix_template`),
-    ``tokenizer_config.json`` (the generic fast class, which keeps the post-processor) and
-    ``special_tokens_map.json``, for ``transformers.AutoTokenizer``.
-
-    Raises:
-      ValueError: see :func:`suffix_template`.
-    """
+    """``tokenizer.json``, ``tokenizer_config.json`` (the generic fast class keeps the
+    post-processor) and ``special_tokens_map.json``. Raises ValueError (:func:`suffix_template`)."""
     work = Tokenizer.from_str(tokenizer.to_str())
     work.no_padding()
     work.no_truncation()
@@ -214,9 +184,7 @@ def tokenizer_files(tokenizer: Tokenizer, max_length: int,
 
 @dataclass(frozen=True)
 class SentenceHead:
-    """What follows the transformer: ``pooling`` (``"cls"`` or ``"mean"``), an optional
-    dense layer (``dense_kernel`` ``[in, out]`` flax layout, ``dense_bias`` ``[out]``,
-    ``activation`` ``"identity"`` or ``"tanh"``), and ``normalize`` (unit L2 norm last)."""
+    """Pooling, an optional dense layer (``dense_kernel`` ``[in, out]``) and unit rows."""
 
     pooling: str
     dense_kernel: Any = None
@@ -236,7 +204,6 @@ class SentenceHead:
                              f"{np.shape(self.dense_kernel)}")
 
     def dim(self, hidden_size: int) -> int:
-        """Width of the vectors for an encoder of ``hidden_size``."""
         return hidden_size if self.dense_kernel is None else int(np.shape(self.dense_kernel)[1])
 
 
@@ -256,19 +223,11 @@ def write_sentence_transformer(folder: str | os.PathLike, *, encoder_params: Map
                                head: SentenceHead, similarity: str = "cosine",
                                suffix: str | None = None, pooler: tuple[Any, Any] | None = None,
                                info: Mapping[str, Any] | None = None, readme: str = "") -> None:
-    """Writes one Hugging Face + sentence-transformers folder (``docs/export.md``).
+    """Writes one Hugging Face + sentence-transformers folder; ``pooler``: BERT's
+    ``(kernel, bias)`` (None: zeros); ``info``: ``export_info.json``.
 
-    Args:
-      folder: a local folder (created; normally :func:`staged_output`'s staging).
-      max_length: tokens per input, special tokens included (``max_seq_length``).
-      pooler: ``(kernel [hidden, hidden], bias [hidden])`` as BERT's pooler; None: zeros.
-      info: JSON-serialisable provenance (``export_info.json``).
-
-    Raises:
-      ValueError: see :func:`hf_tensors` and :func:`suffix_template`; a dense kernel whose
-        input width is not the hidden size; an unknown similarity.
-      TypeError: ``info`` is not JSON-serialisable.
-    """
+    Raises: ValueError: :func:`hf_tensors`, :func:`suffix_template`, a dense kernel not
+    taking the hidden size, an unknown similarity. TypeError: ``info`` not JSON."""
     if similarity not in SIMILARITIES:
         raise ValueError(f"similarity {similarity!r}: use one of {SIMILARITIES}")
     hidden = encoder_config.hidden_size
@@ -333,7 +292,7 @@ def write_sentence_transformer(folder: str | os.PathLike, *, encoder_params: Map
 
 
 def readme(title: str, usage: str, *, step: int | None) -> str:
-    """The ``README.md`` of an exported folder: what it is, its input, how to load it."""
+    """The ``README.md`` of an exported folder."""
     return (f"# {title}\n\nExported by embedding-jax `export-hf` from a training run "
             f"(checkpoint step {step}).\n\n{usage}\n"
             "```python\nfrom sentence_transformers import SentenceTransformer\n\n"
@@ -352,13 +311,9 @@ def _check_output(out) -> None:
 
 @contextlib.contextmanager
 def staged_output(output: str | os.PathLike) -> Iterator[pathlib.Path]:
-    """A local staging folder that becomes ``output`` when the block succeeds: renamed
-    into place, or uploaded to ``gs://`` (``config.json`` and ``modules.json`` last; the
-    uploaded objects deleted if an upload fails). The staging folder is always removed.
+    """A local folder renamed or uploaded (``config.json``, ``modules.json`` last) to
+    ``output`` when the block succeeds. Raises FileExistsError: ``output`` is not empty."""
 
-    Raises:
-      FileExistsError: ``output`` is a file or a non-empty folder (checked before the block).
-    """
     out = storage.as_path(output)
     _check_output(out)
     remote = storage.is_remote(out)

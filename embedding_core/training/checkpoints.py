@@ -30,25 +30,20 @@ class IncompatibleCheckpointError(ValueError):
     """A checkpoint written by an older version of the library (one ``state`` item)."""
 
 
-BEST_FILE = "best_checkpoint.json"
-"""Beside ``checkpoints/``: ``{"metric", "value", "step"}`` of the best checkpoint by
-``config.select_metric`` (written when it improves; loaders prefer that step)."""
+BEST_FILE = "best_checkpoint.json"  # beside checkpoints/: {"metric", "value", "step"}
 
 
 def make_manager(directory: str | os.PathLike, *, max_to_keep: int = 3,
                  async_save: bool = True, select_metric: str = "") -> ocp.CheckpointManager:
-    """An ``ocp.CheckpointManager`` of :data:`ITEMS` under ``directory`` (``gs://`` as the
-    URI, a local one absolute); async saves copy device arrays to host before returning.
-    ``select_metric``: the ``max_to_keep`` newest checkpoints and the one saved with the
-    highest value of that metric (``save(..., metrics=)``) are kept."""
+    """An ``ocp.CheckpointManager`` of :data:`ITEMS` keeping the ``max_to_keep`` newest and
+    the best by ``select_metric`` (``save(..., metrics=)``)."""
     from orbax.checkpoint.checkpoint_managers import preservation_policy as policy
 
     directory = _directory(directory)
     keep: dict[str, Any] = {"max_to_keep": max_to_keep}
     if select_metric:
         best = lambda m: m[select_metric]  # noqa: E731
-        # best_fn also makes orbax write the metrics with the step and read them back
-        # after a restart, so the best survives a resume.
+        # best_fn also makes orbax keep the metrics: the best survives a resume.
         keep = {"best_fn": best, "best_mode": "max",
                 "preservation_policy": policy.AnyPreservationPolicy([
                     policy.LatestN(n=max_to_keep),
@@ -65,19 +60,13 @@ def _directory(directory: str | os.PathLike) -> epath.Path:
 
 
 class CheckpointWriteError(StorageError):
-    """A checkpoint that could not be written: one line with its folder, the storage error
-    and the checkpoint a rerun resumes from."""
+    """One line: the folder, the storage error and the checkpoint a rerun resumes from."""
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_position: dict,
          *, force: bool = True, metrics: dict[str, float] | None = None) -> bool:
-    """Saves ``state.params``, ``state.opt_state`` (with ``state.step``) and the
-    JSON-serialisable ``data_position``; ``metrics`` rank it (:func:`make_manager`). With an
-    async save in flight, :func:`wait` for it first, so that its failure names its step.
-
-    Raises:
-      CheckpointWriteError: the write (or its synchronous part) failed.
-    """
+    """Saves params, opt_state (with the step) and ``data_position``; :func:`wait` for an
+    async save in flight first. Raises CheckpointWriteError."""
     with _writing(manager, step):
         return manager.save(step, force=force, metrics=metrics, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
@@ -86,19 +75,14 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, data_position: d
 
 
 def wait(manager: ocp.CheckpointManager, step: int | None) -> None:
-    """Blocks until the async save of ``step`` (the one in flight; None: none) is complete.
-
-    Raises:
-      CheckpointWriteError: it failed (raised again by every later wait on ``manager``).
-    """
+    """Blocks until the async save of ``step`` is complete. Raises CheckpointWriteError."""
     with _writing(manager, step):
         manager.wait_until_finished()
 
 
 @contextlib.contextmanager
 def _writing(manager: ocp.CheckpointManager, step: int | None) -> Iterator[None]:
-    # orbax reports a failed write from its threads with tracebacks that run to screens
-    # (tensorstore's own message chains the driver, the array and the object): one line.
+    # orbax's tracebacks of a failed write run to screens: one line.
     try:
         yield
     except (CheckpointWriteError, MemoryError):
@@ -118,13 +102,8 @@ def _writing(manager: ocp.CheckpointManager, step: int | None) -> Iterator[None]
 
 
 class _OrphanedWriteFilter(logging.Filter):
-    """Drops asyncio's "Task/Future exception was never retrieved" records of writes into a
-    checkpoint folder whose failure was already raised as one :class:`CheckpointWriteError`.
-
-    orbax gathers one task per array; when the first fails its event loop can stop before
-    the others' failures are collected, and each is logged (a traceback apiece) whenever the
-    garbage collector reaches it: the same error again, possibly after the one-line report.
-    """
+    """Drops asyncio's "exception was never retrieved" records of a folder whose failure
+    was raised already (orbax's other array writes, logged when collected)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -148,9 +127,8 @@ def _quiet_orphaned_writes(folder: str) -> None:
 
 
 def storage_error(err: BaseException) -> str:
-    """The innermost reason of a storage error on one line, at most 300 characters:
-    tensorstore's ``CODE: Error writing X ...: Error reading Y: REASON [spec...]`` chain as
-    ``CODE: Y: REASON``."""
+    """The innermost reason on one line of at most 300 characters (tensorstore's
+    ``CODE: Error writing X ...: Error reading Y: REASON [spec...]`` as ``CODE: Y: REASON``)."""
     text = " ".join(storage.describe_error(err).split()) or type(err).__name__
     parts = re.split(r"Error (?:reading|writing|opening) ", text)
     if len(parts) > 1:
@@ -175,17 +153,13 @@ def best_step(directory: str | os.PathLike, steps: list[int]) -> int | None:
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
-    """``ShapeDtypeStruct`` tree with the target shardings, for restoring onto a mesh."""
+    """``ShapeDtypeStruct`` tree with the target shardings."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         tree, shardings)
 
 
 def check_layout(directory: str | os.PathLike) -> None:
-    """Refuses a checkpoint folder of the older single-``state`` layout.
-
-    Raises:
-      IncompatibleCheckpointError: some step folder holds ``state`` and no ``params``.
-    """
+    """Raises IncompatibleCheckpointError: a step folder of the older ``state`` layout."""
     directory = storage.as_path(directory)
     if not directory.is_dir():
         return
@@ -229,12 +203,9 @@ def _check_folder(folder: epath.Path) -> None:
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
             ) -> tuple[int, Any, dict] | None:
-    """``(step, state, data_position)`` of checkpoint ``step`` (default: the newest) on
-    ``abstract_state``'s shardings (:func:`abstract_like`), or ``None`` without one.
+    """``(step, state, data_position)`` of ``step`` (default: the newest), or ``None``.
 
-    Raises:
-      IncompatibleCheckpointError: the checkpoint predates the params/optimizer split.
-    """
+    Raises: IncompatibleCheckpointError, DamagedCheckpointError."""
     step = manager.latest_step() if step is None else step
     if step is None:
         return None
@@ -254,14 +225,9 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
 
 def restore_params(directory: str | os.PathLike, abstract_params: Any,
                    step: int | None = None) -> tuple[int, Any]:
-    """``(step, params)``: the ``params`` item alone of checkpoint ``step`` (default: the
-    best by ``config.select_metric`` (:func:`best_step`), else the newest) in the run's
-    ``checkpoints`` folder, on ``abstract_params``' shardings.
+    """``(step, params)`` of ``step`` (default: :func:`best_step`, else the newest).
 
-    Raises:
-      FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
-      IncompatibleCheckpointError: the checkpoint predates the params/optimizer split.
-    """
+    Raises: FileNotFoundError; IncompatibleCheckpointError, DamagedCheckpointError."""
     if not storage.as_path(directory).is_dir():
         raise FileNotFoundError(f"{directory} holds no checkpoint; train first")
     manager = make_manager(directory, async_save=False)
@@ -271,7 +237,7 @@ def restore_params(directory: str | os.PathLike, abstract_params: Any,
             raise FileNotFoundError(f"{directory} holds no checkpoint; train first")
         if step is not None and step not in steps:
             raise FileNotFoundError(f"{directory}: no checkpoint at step {step}; have {steps}")
-        if step is None:  # the best by config.select_metric, else the newest
+        if step is None:
             step = best_step(directory, steps) or max(steps)
         _check_layout(manager, step)
         with _readable(manager, step):
@@ -284,11 +250,8 @@ def restore_params(directory: str | os.PathLike, abstract_params: Any,
 
 def check_data_position(position: dict, *, seed: int, global_batch_size: int,
                         directory: str | os.PathLike) -> int:
-    """The next step of a restored data position.
+    """The next step. Raises CheckpointMismatchError: seed or batch size changed."""
 
-    Raises:
-      CheckpointMismatchError: seed or batch size changed (another data order).
-    """
     for key, want in (("seed", seed), ("global_batch_size", global_batch_size)):
         if position.get(key) != want:
             raise CheckpointMismatchError(
