@@ -1,16 +1,6 @@
-"""Fused table update: the optimizer step of a row-sharded softmax table, block by block.
-
-``docs/docent.md`` ("Fused table update"): the loss stops the table's gradient and returns
-:class:`SoftmaxTableStats`; the step recomputes each block's gradient from them, clips it
-with the global norm (one extra blockwise pass when clipping) and runs ``tx.update`` on
-that block of the table and its moments, so the ``[V / model, d]`` gradient never exists.
-
-Block gradient, per-query weights ``c_i = dL/dce_i``, ``p_ij = exp(z_ij - lse_i)``::
-
-    dL/dw_j = sum_i c_i (p_ij - [t_i = j]) dz_ij/dw_j,   z_ij = s cos(q_i, w_j)  (or s q_i . w_j)
-
-Rows at or beyond ``num_classes`` get zero gradient (weight decay still reaches them).
-"""
+"""The optimizer step of a row-sharded softmax table, block by block, without its
+``[V / model, d]`` gradient (``docs/docent.md``, "Fused table update"):
+``dL/dw_j = sum_i c_i (p_ij - [t_i = j]) dz_ij/dw_j``, ``p_ij = exp(z_ij - lse_i)``."""
 
 from __future__ import annotations
 
@@ -27,22 +17,14 @@ from jax.sharding import PartitionSpec as P
 from embedding_core.losses.losses import l2_normalize
 from embedding_core.losses.vocab_softmax import _block_logits, _block_rows
 
-TABLE_STATS = "table_softmax_stats"
-"""Metrics key of a loss's :class:`SoftmaxTableStats`; the train step removes it."""
+TABLE_STATS = "table_softmax_stats"  # metrics key; the train step removes it
 
 _TABLE, _PARAM, _OTHER = "table", "param", "other"
 
 
 class SoftmaxTableStats(NamedTuple):
-    """What the table's gradient is made of, per query (gradients stopped).
-
-    Attributes:
-      queries: ``[b, d]`` float32 (normalised here for the cosine form), sharded over data.
-      targets: ``[b]`` int32 target row (outside ``[0, num_classes)``: no target term).
-      weights: ``[b]`` float32 ``c_i = dL/dce_i`` (``1 / b`` for a batch mean).
-      logsumexp: ``[b]`` float32 log-partition over every real row.
-      scale: float32 scalar logit scale ``s``.
-    """
+    """Per query, gradients stopped: ``[b, d]`` float32 queries, ``[b]`` int32 targets,
+    ``[b]`` float32 ``c_i = dL/dce_i`` and log-partitions, the float32 scalar scale ``s``."""
 
     queries: jax.Array
     targets: jax.Array
@@ -63,17 +45,8 @@ def softmax_table_stats(queries: jax.Array, targets: jax.Array, weights: jax.Arr
 def block_table_gradient(q: jax.Array, w_block: jax.Array, logsumexp: jax.Array,
                          local_targets: jax.Array, weights: jax.Array, scale: jax.Array,
                          rows: jax.Array, counted: jax.Array, cosine: bool) -> jax.Array:
-    """Gradient of ``sum_i c_i ce_i`` with respect to one block of table rows.
-
-    Args:
-      q: ``[b, d]`` float32 (normalised for the cosine form); w_block: ``[block, d]``.
-      logsumexp, weights: ``[b]`` float32; local_targets: ``[b]`` int32 in ``rows``'
-        numbering; scale: float32 scalar.
-      rows: ``[block]`` int32 row indices; counted: ``[block]`` bool, False for padding.
-
-    Returns:
-      ``[block, d]`` float32 ``sum_i c_i (p_ij - [t_i = j]) dz_ij / dw_j``.
-    """
+    """``[block, d]`` float32 gradient of ``sum_i c_i ce_i`` for rows ``[block]`` of
+    ``w_block`` (``counted`` False: padding)."""
     zero_bias = jnp.zeros(w_block.shape[:1], jnp.float32)
     logits, pullback = jax.vjp(lambda w: _block_logits(q, w, zero_bias, scale, cosine), w_block)
     prob = jnp.where(counted[None, :], jnp.exp(logits - logsumexp[:, None]), 0.0)
@@ -83,7 +56,6 @@ def block_table_gradient(q: jax.Array, w_block: jax.Array, logsumexp: jax.Array,
 
 
 def _empty_like(shape: Sequence[int], dtype) -> jax.Array:
-    """A parameter's stand-in in a view: ``shape``'s rank, no elements (scalars stay)."""
     if not shape:
         return jnp.zeros((), dtype)
     return jnp.zeros((0, *shape[1:]), dtype)
@@ -105,17 +77,8 @@ def _clip(t: jax.Array, norm: jax.Array, max_norm: float | None) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class FusedTableUpdate:
-    """The optimizer step of one softmax table, folded into a blockwise pass.
-
-    ``tx`` must act elementwise given the step count after a global-norm clip (AdamW with
-    its mask and schedule, per-parameter rate factors, SGD; not LAMB or per-leaf clipping).
-
-    Attributes:
-      path: keys of the table in the parameter tree, e.g. ``("entity_embeddings",)``.
-      num_classes: real rows; rows at or beyond are padding.
-      block_size: rows per block (>= 1; capped at the rows per shard).
-      grad_clip_norm: the clip norm ``tx`` was built with (``None``: no clipping).
-    """
+    """The step of the table at ``path`` for a ``tx`` that acts elementwise after a
+    global-norm clip (``grad_clip_norm``: ``tx``'s; AdamW, SGD; not LAMB)."""
 
     path: tuple[str, ...]
     num_classes: int
@@ -154,7 +117,6 @@ class FusedTableUpdate:
 
     def _state_roles(self, tx: optax.GradientTransformation, opt_state: Any, params: Any,
                      table_index: int) -> list[str]:
-        """Each optimizer-state leaf's role: table moment, other moment, or other."""
         param_def = jax.tree.structure(params)
         marker = jax.tree.unflatten(param_def, [i == table_index
                                                 for i in range(param_def.num_leaves)])
@@ -181,15 +143,9 @@ class FusedTableUpdate:
 
     def apply_gradients(self, state: Any, grads: Any, stats: SoftmaxTableStats,
                         mesh: Mesh) -> tuple[Any, jax.Array]:
-        """``state.apply_gradients(grads)`` with the table's gradient made and used block
-        by block (``grads``' table entry is ignored: the loss stopped it).
-
-        Returns ``(new_state, grad_norm)``: grad_norm of the whole gradient before clipping.
-
-        Raises:
-          ValueError: (at trace time) table rows not divisible by ``model_axis``, a batch
-            not divisible by ``data_axis``, or an optimizer state that is not elementwise.
-        """
+        """``(state.apply_gradients(grads), grad_norm before clipping)``, the table's
+        gradient made block by block. Raises ValueError (trace): indivisible rows or
+        batch, an optimizer state that is not elementwise."""
         tx, params = state.tx, state.params
         table_index, table = self._table_leaf(params)
         param_leaves, param_def = jax.tree.flatten(params)
@@ -246,10 +202,9 @@ class FusedTableUpdate:
     def _blockwise(self, tx, param_leaves, param_def, table_index, state_leaves, state_def,
                    roles, stats: SoftmaxTableStats, mesh: Mesh, rest_sq, norm, *,
                    update: bool):
-        """One ``shard_map`` pass over every table block: the gradient's squared norm, and
-        with ``update`` the updated table and moments. The sum starts from ``rest_sq`` (on
-        model shard 0) so the pass runs after the backward and XLA updates the donated
-        table in place."""
+        """One ``shard_map`` pass over the blocks: the squared gradient norm (from
+        ``rest_sq``: after the backward, in place), with ``update`` the table and moments."""
+
         table = param_leaves[table_index]
         rows_per_shard = table.shape[0] // mesh.shape[self.model_axis]
         block = min(int(self.block_size), rows_per_shard)
