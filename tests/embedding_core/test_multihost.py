@@ -7,14 +7,7 @@ encoded per process (their sum is the single process's count, so no row is encod
 twice), the evaluation files, the export folders, and which process wrote files.
 """
 
-import csv
-import importlib.util
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -22,6 +15,7 @@ import numpy as np
 import pytest
 
 from embedding_core.distributed import multihost
+from tests import two_processes
 
 HERE = Path(__file__).parent
 
@@ -48,73 +42,41 @@ def test_one_process_computes_whole_and_keeps_params():
         multihost.agree(KeyError("mine"), "step")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def _load_worker():
-    spec = importlib.util.spec_from_file_location("multihost_worker",
-                                                  HERE / "multihost_worker.py")
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    return worker
-
-
-def _rte_file(path: Path, split: str, rows: int) -> Path:
-    from data_pipelines import inli
-
-    fields = ["premise", "explicit_entailment", "implied_entailment", "neutral",
-              "contradiction"]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(fields)
-        for ex in inli.read_inli(inli.inli_split_path(split))[:rows]:
-            writer.writerow([getattr(ex, name) for name in fields])
-    return path
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory, dualcse_tiny_run, docent_tiny_run):
+    """The inputs of ``tests/two_processes.py``'s multihost phase under a root of this
+    module, and ``multihost_worker.py`` as a module."""
+    root = two_processes.multihost_inputs(tmp_path_factory.mktemp("multihost"),
+                                          dualcse_tiny_run, docent_tiny_run)
+    return root, two_processes.load(HERE / "multihost_worker.py")
 
 
 @pytest.fixture(scope="module")
-def workdirs(tmp_path_factory, dualcse_tiny_run, docent_tiny_run):
-    """Copies of the session's shared DualCSE and DocEnt-Dual runs (tests/shared_runs.py),
-    their evaluation files (RTE: 24 val and 24 test rows; DocEnt: 10 ranking queries of
-    one or two entities), and the texts to export."""
-    from tests.shared_runs import DOCENT_WORDS
-
-    root = tmp_path_factory.mktemp("multihost")
-    shutil.copytree(dualcse_tiny_run.workdir, root / "dualcse")
-    shutil.copytree(docent_tiny_run.workdir, root / "docent")
-    _rte_file(root / "val.csv", "val", 24)
-    _rte_file(root / "test.csv", "test", 24)
-    words = DOCENT_WORDS
-    queries = [(f"which one has a {w}?", [f"E_{w}"]) for w in words]
-    queries += [(f"a long question about the {w} and the {v} nearby", [f"E_{w}", f"E_{v}"])
-                for w, v in zip(words, words[1:] + words[:1], strict=True)]
-    (root / "ranking_queries.jsonl").write_text("".join(
-        json.dumps({"query": q, "entities": e}) + "\n" for q, e in queries))
-    worker = _load_worker()
-    from data_pipelines import inli
-
-    premises = [ex.premise for ex in inli.read_inli(inli.inli_split_path("test"))[:24]]
-    (root / "sentences.txt").write_text("".join(f"{p}\n" for p in premises))
-    (root / "queries.txt").write_text("".join(f"{q}\n" for q in [
-        "river", "the castle at night", "music", "which engine?", "a forest",
-        "a river and a castle", "engine music", "forest river castle"]))
-    return root, worker
+def single(workdirs):
+    """The work of the two-process run's multihost phase in this process alone (8 devices):
+    the reference of the two-process test, and the in-process tier's run of it."""
+    root, worker = workdirs
+    return worker.run(two_processes.multihost_spec(root, "single", 1, 0, 0))
 
 
-def _spec(root: Path, name: str, nproc: int, pid: int, port: int) -> dict:
-    base = root / name
-    if pid == 0:
-        for method in ("dualcse", "docent"):  # each setting writes eval/ into its own copy
-            shutil.copytree(root / method, base / method)
-    return {"coordinator": f"localhost:{port}", "num_processes": nproc, "process_id": pid,
-            "dualcse": str(base / "dualcse"), "docent": str(base / "docent"),
-            "val_file": str(root / "val.csv"), "test_file": str(root / "test.csv"),
-            "ranking_queries": str(root / "ranking_queries.jsonl"),
-            "sentences": str(root / "sentences.txt"), "queries": str(root / "queries.txt"),
-            "out": str(base / "out"), "report": str(base / f"report_{pid}.json")}
+def test_one_process_evaluates_and_exports_every_row_itself(workdirs, single):
+    """One process: every phase encodes rows, every file is written by it, and the export
+    has the one-file layout."""
+    from embedding_core.serving.export_reader import load_export
+
+    root, _ = workdirs
+    out = root / "single"
+    assert all(n > 0 for n in single["rows"].values()), single["rows"]
+    written = {Path(p).relative_to(out).as_posix() for p in single["written"]}
+    assert {"dualcse/eval/rte.json", "dualcse/eval/eis.json", "docent/eval/ranking.json",
+            "out/dualcse/export.json", "out/docent/export.json"} <= written
+    assert not [p for p in written if "/part-" in p]
+    for method, views in (("dualcse", ("explicit", "implicit")),
+                          ("docent", ("entities", "queries"))):
+        exported = load_export(out / "out" / method)
+        assert sorted(exported) == sorted(views)
+        assert all("parts" not in meta for _, _, meta in exported.values())
+    assert json.loads((out / "dualcse/eval/rte.json").read_text())
 
 
 def _same_export(multi: Path, single: Path) -> None:
@@ -158,31 +120,14 @@ def _close_json(a, b, tol: float = 1e-6, where: str = "") -> None:
 
 
 @pytest.mark.slow
-def test_two_processes_split_the_work_and_write_one_file_set(workdirs):
-    root, worker = workdirs
-    port = _free_port()
-    # The persistent compile cache also serves a second load() of the same model in one
-    # worker (a new jit object), hence no minimum compile time.
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir)
-    procs = []
-    for pid in range(2):
-        path = root / f"spec_{pid}.json"
-        path.write_text(json.dumps(_spec(root, "multi", 2, pid, port)))
-        procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / "multihost_worker.py"), str(path)], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    # The reference: this process alone (8 devices), while the two run.
-    reference = worker.run(_spec(root, "single", 1, 0, port))
-    outs = []
-    for p in procs:
-        outs.append(p.communicate(timeout=1800)[0])
-        assert p.returncode == 0, outs[-1][-4000:]
+def test_two_processes_split_the_work_and_write_one_file_set(workdirs, single, two_processes):
+    root, _ = workdirs
+    reference = single
+    outs = [two_processes.log("multihost", pid) for pid in range(2)]
     # Per-run summaries print once, from process 0.
     for line in ("RTE accuracy (%)", "Zero-shot entity ranking (%)", "wrote "):
         assert line in outs[0] and line not in outs[1], line
-    multi, single = root / "multi", root / "single"
+    multi, single = two_processes.root / "multihost" / "multi", root / "single"
     reports = [json.loads((multi / f"report_{pid}.json").read_text()) for pid in range(2)]
 
     # The work is split: each process encodes a part, and the parts add up to the whole.
