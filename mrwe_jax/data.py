@@ -1,5 +1,4 @@
-"""MRWE's batch contract (:data:`BATCH`), the corpus features through the model's mixture, and the P
-x K triplet batches (``docs/mrwe.md``)."""
+"""MRWE's batch contract (:data:`BATCH`), corpus features through the mixture, P x K batches."""
 
 from __future__ import annotations
 
@@ -43,8 +42,8 @@ MAX_BATCH_WORDS = 64 * 512
 
 @dataclasses.dataclass
 class MultiResolutionTexts:
-    """n texts: ``word_matrices`` (n ``[num_words_i, d'']``), ``vectors [n, d'']``, ``idf_weights``
-    (n ``[num_words_i]``), ``is_empty [n]`` bool; float32."""
+    """n texts' ``word_matrices`` ``[num_words_i, d'']``, ``vectors [n, d'']``,
+    ``idf_weights``, ``is_empty [n]``."""
 
     word_matrices: list[np.ndarray]
     vectors: np.ndarray
@@ -151,8 +150,7 @@ def load_data(config: ml_collections.ConfigDict, *, use_cache: bool = True
 
 
 def pool_indices(corpus: RetrievalCorpus, pool: str) -> np.ndarray:
-    """``[n_pool]`` int64 paragraphs of the retrieval pool: ``"all"`` or ``"test"`` (the test
-    articles' paragraphs; ``docs/mrwe.md``)."""
+    """``[n_pool]`` int64 paragraphs of the pool ``"all"`` or ``"test"``."""
     if pool == "test":
         return np.flatnonzero(corpus.test_pool)
     if pool == "all":
@@ -184,8 +182,8 @@ def bucket_width(length: int, minimum: int = 16) -> int:
 
 
 def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BATCH_WORDS) -> int:
-    """Rows of a batch padded to ``width`` words: ``batch_size``, or the largest power of two below
-    it (>= 1) with ``rows x width <= max_batch_words`` (``None``: no limit)."""
+    """Rows of a batch of ``width`` words: ``batch_size`` or the largest power of two with ``rows
+    x width <= max_batch_words``."""
     batch_size = int(batch_size)
     if not max_batch_words or batch_size * int(width) <= int(max_batch_words):
         return batch_size

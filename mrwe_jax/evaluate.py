@@ -1,5 +1,4 @@
-"""Recall@k of each test question's paragraph over a pool (``"all"`` or ``"test"``), the table and
-t-SNE (``docs/mrwe.md``, "Evaluation"; ranks pessimistic)."""
+"""Recall@k of each test question's paragraph over a pool, the table and t-SNE."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ SOURCE_LABELS = {
 
 
 def targets_in_pool(question_paragraph: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    """``[n_q]`` int64 column in ``pool`` (paragraph indices) of each question's paragraph. Raises
-    ValueError: a question's paragraph is not in the pool, or the pool repeats one."""
+    """``[n_q]`` int64 pool column of each question's paragraph; ValueError: missing or repeated."""
     pool = np.asarray(pool, np.int64)
     if len(np.unique(pool)) != len(pool):
         raise ValueError("the paragraph pool repeats a paragraph")
@@ -128,8 +126,7 @@ def evaluate_retrieval(
 
 def tower_ranks(encode_rows: EncodeRows, corpus: RetrievalCorpus, pool: str = "all", *,
                 split: bool = False) -> np.ndarray:
-    """``[n_test_questions]`` ranks among the pool; ``split``: each process a slice (a loaded
-    tower's local params only)."""
+    """``[n_test_questions]`` ranks among the pool; ``split``: each process a slice."""
     q_idx = np.flatnonzero(corpus.test_questions)
     p_idx = pool_indices(corpus, pool)
     targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)
@@ -163,8 +160,8 @@ def format_table(rows: Mapping[str, Mapping[int, float]], title: str = "") -> st
 
 
 def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(question indices [m], their paragraphs [m])`` int64: the test questions of the
-    ``num_paragraphs`` test paragraphs with the most questions (ties: the earlier)."""
+    """``(questions [m], paragraphs [m])`` int64 of the ``num_paragraphs`` test paragraphs with
+    the most questions."""
     q_idx = np.flatnonzero(corpus.test_questions)
     paragraphs, counts = np.unique(corpus.question_paragraph[q_idx], return_counts=True)
     order = np.lexsort((paragraphs, -counts))[:num_paragraphs]
@@ -175,8 +172,7 @@ def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.nda
 
 def plot_tsne(panels: Sequence[tuple[str, np.ndarray]], labels: np.ndarray,
               path: str | os.PathLike, *, seed: int = 0, title: str = "") -> epath.Path:
-    """t-SNE (``sklearn.manifold.TSNE``) of each panel's ``[m, d]`` unit-normalised vectors, one
-    colour per ``labels`` entry, written atomically as a PNG at ``path``."""
+    """t-SNE of each panel's ``[m, d]`` unit vectors, a colour per label, a PNG at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")

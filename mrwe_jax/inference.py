@@ -124,8 +124,7 @@ class Retriever(SavesFolder, Encoder):
     def encode_features(self, features: FeatureSet, side: str,
                         indices: np.ndarray | None = None, *, batch_size: int | None = None,
                         show_progress_bar: bool = False, params: Any = None) -> np.ndarray:
-        """``[len(indices), d'']`` float32 unit tower outputs of ``side``'s computed rows;
-        ``params``: others of the same model (training)."""
+        """``[len(indices), d'']`` float32 unit tower outputs of ``side``'s rows."""
         if list(features.names) != list(self.features.names):
             raise ValueError(f"features of sources {features.names}, the run has "
                              f"{self.features.names}")
@@ -184,8 +183,7 @@ class Retriever(SavesFolder, Encoder):
 
     def _encode(self, texts: list[str], *, batch_size: int, show_progress_bar: bool,
                 side: str = "question") -> np.ndarray:
-        """``side``: ``"question"`` or ``"paragraph"`` (they differ with ``question_only``); a text
-        with no word (``"?!"``) raises ValueError like an empty one."""
+        """``side``: ``"question"`` or ``"paragraph"``; a text with no word: ValueError."""
         if side not in SIDES:
             raise ValueError(f"side must be one of {tuple(SIDES)}, got {side!r}")
         for i, text in enumerate(texts):
@@ -243,8 +241,7 @@ class Retriever(SavesFolder, Encoder):
             "that mrwe_jax.workflows.load_tower_export encodes with")
 
     def write_tower_files(self, stage) -> None:
-        """``tower.safetensors`` (the Flax params), ``run_config.json``, ``features.json``,
-        ``idf.json``, ``export_info.json``, ``README.md``: :func:`load_tower_export`."""
+        """The export-tower files (:func:`load_tower_export` reads them)."""
         from embedding_core.models import param_files
         from embedding_core.serving import hf_export
 
@@ -271,9 +268,8 @@ class Retriever(SavesFolder, Encoder):
 
 def load(workdir: str | os.PathLike, *, step: int | None = None,
          split: str | None = None) -> Retriever:
-    """A checkpoint's params (default latest), a whole copy per process, with ``idf.json``.
-    FileNotFoundError: not a workdir, no checkpoint, no IDF source; ValueError: a bad config,
-    recipe or IDF table."""
+    """A checkpoint's params (default latest), a whole copy per process, with ``idf.json``;
+    FileNotFoundError, ValueError: a bad config, recipe or IDF table."""
     config = read_config(workdir)
     features = FeatureSet.from_recipe(read_recipe(workdir), read_idf(workdir, config))
     model = build_model(config)

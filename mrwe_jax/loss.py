@@ -41,8 +41,7 @@ def batch_top1(q: jax.Array, p: jax.Array, q_label: jax.Array, p_label: jax.Arra
 def encode_batch(model: SiameseRetriever, params: Any, batch: Mapping[str, jax.Array],
                  features: FeatureSet, *, deterministic: bool = True,
                  rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """``(questions [b_q, d''], paragraphs [b_p, d''])`` float32 unit vectors of a
-    ``mrwe_jax.data.BATCH`` batch (the masks are there for ConvRR only)."""
+    """``(questions [b_q, d''], paragraphs [b_p, d''])`` float32 unit vectors of a batch."""
     questions = side_inputs(batch["q_features"], batch.get("q_mask"), features)
     paragraphs = side_inputs(batch["p_features"], batch.get("p_mask"), features)
     rngs = {"dropout": rng} if rng is not None else {}
@@ -51,8 +50,7 @@ def encode_batch(model: SiameseRetriever, params: Any, batch: Mapping[str, jax.A
 
 
 def make_loss_fn(model: SiameseRetriever, config: ml_collections.ConfigDict, features: FeatureSet):
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch: the triplet
-    statistics and :func:`batch_top1`."""
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` on the global batch."""
     deterministic = not float(config.dropout_rate)
 
     def loss_fn(params, batch, rng):

@@ -72,8 +72,7 @@ def ensemble_sources(mixtures: Sequence[jax.Array], source_weights: jax.Array,
 
 
 def pool_words(words: jax.Array, mask: jax.Array, aggregate: str = "average") -> jax.Array:
-    """``[..., d]`` float32 text vector of ``[..., num_words, d]`` words over the real ones
-    (``mask``): ``"average"`` (no word: zeros) or ``"sum"``."""
+    """``[..., d]`` float32 ``"average"`` (no word: zeros) or ``"sum"`` of the ``mask``ed words."""
     _check_aggregate(aggregate, WORD_AGGREGATES)
     if aggregate == "average":
         return masked_mean(words, mask)
@@ -134,8 +133,7 @@ class MultiResolutionEmbedding(nn.Module):
 
 
 class TextBatch(NamedTuple):
-    """One side's tower input: ``text [batch, d'']``, and for ConvRR ``words [batch, num_words,
-    d'']`` (zero-padded) with ``mask [batch, num_words]`` bool; float32."""
+    """A tower input: ``text [batch, d'']``; ConvRR adds ``words [batch, L, d'']``, ``mask``."""
 
     text: jax.Array
     words: jax.Array | None = None
@@ -220,8 +218,7 @@ class FCRR(nn.Module):
 
 
 class SiameseRetriever(nn.Module):
-    """One tower for questions and paragraphs; ``question_only`` (the authors' code) leaves
-    paragraphs at their unit-normalised pre-trained vectors."""
+    """One tower for both sides; ``question_only`` leaves paragraphs at their input vectors."""
 
     tower: nn.Module
     question_only: bool = False

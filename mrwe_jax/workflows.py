@@ -1,5 +1,4 @@
-"""Train, evaluate, export and the demo as functions (the CLI and notebooks call these;
-``docs/mrwe.md``)."""
+"""Train, evaluate, export and the demo as functions (``docs/mrwe.md``)."""
 
 from __future__ import annotations
 
@@ -87,8 +86,7 @@ def evaluate_workdirs(workdirs: Sequence[str | os.PathLike], *, pool: str | None
 
 def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                    split: str = "all", step: int | None = None) -> epath.Path:
-    """``mrwe-jax export``: ``output/questions`` and ``output/paragraphs`` of the corpus
-    (``split="test"``: the test questions and the ``config.eval_pool`` paragraphs)."""
+    """``mrwe-jax export``: ``output/questions``, ``output/paragraphs`` (or the test rows)."""
     if split not in inference.EXPORT_SPLITS:
         raise ValueError(f"split must be one of {inference.EXPORT_SPLITS}, got {split!r}")
     return serving.export(lambda: inference.load(workdir, step=step, split=split), output,
@@ -97,8 +95,7 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
 
 def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                       step: int | None = None) -> epath.Path:
-    """``mrwe-jax export-hf``: refused in one line (``Retriever.hf_folders`` says why and what to
-    use instead); nothing is written."""
+    """``mrwe-jax export-hf``: refused in one line; nothing is written."""
     return serving.export_hf(lambda: inference.load(workdir, step=step), output, workdir=workdir)
 
 
@@ -117,8 +114,7 @@ def export_tower_workdir(workdir: str | os.PathLike, output: str | os.PathLike, 
 
 
 def run_demo(workdir: str | os.PathLike, *, num_train_steps: int | None = None) -> dict:
-    """The shipped run: features, ConvRR and FCRR with the CPU presets, both pools' tables and the
-    t-SNE picture; returns :func:`evaluate_workdirs`' result for the test pool."""
+    """The shipped run: features, ConvRR, FCRR, tables, t-SNE (the test pool's result)."""
     from mrwe_jax.configs import convrr_cpu, fcrr_cpu
 
     workdir = storage.as_path(workdir)

@@ -1,5 +1,4 @@
-"""ConvRR on the multi-resolution word embedding: the papers' settings and our evaluation protocol
-(``docs/mrwe.md``); the fields are declared here once (``mrwe-jax config``). Lists are
+"""ConvRR with the papers' settings, the fields declared once (``docs/mrwe.md``); lists are
 comma-separated strings; a batch is P paragraphs and P x K questions."""
 
 import ml_collections

@@ -1,5 +1,4 @@
-"""Per-source word features of a retrieval corpus (mixtures ``x_i^j`` and pooled vectors), cached
-under ``cache_dir()/mrwe_features/<sha256 of the inputs>/`` (``docs/mrwe.md``)."""
+"""Per-source word features of a retrieval corpus, cached on disk (``docs/mrwe.md``)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ Mixture = Callable[..., tuple[list[np.ndarray], np.ndarray]]
 
 
 def normalized_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
-    """Non-negative weights scaled to sum 1 (u's ``sum_j u_j / ||u|| = 1`` read as the 1-norm);
-    ValueError: a negative entry or zero sum."""
+    """Non-negative weights scaled to sum 1 (m, u); ValueError: a negative entry, zero sum."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0 or np.any(w < 0) or w.sum() <= 0:
         raise ValueError(f"{what} must be non-negative with a positive sum, got {list(w)}")
@@ -52,9 +50,7 @@ def normalized_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.n
 
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
-    """One configured source, built on demand: ``name`` (its kind), ``num_layers`` L_j,
-    ``layer_weights`` m^j (sum 1), ``fingerprint`` (all that changes its output, for the cache key),
-    ``build() -> WordSource``."""
+    """One configured source: kind ``name``, L_j, m^j, the cache ``fingerprint``, ``build()``."""
 
     name: str
     num_layers: int
@@ -130,9 +126,8 @@ def source_specs(config: Any) -> list[SourceSpec]:
 
 @dataclasses.dataclass
 class TextFeatures:
-    """One source's mixture word vectors of n texts, flat: text i's ``[num_words, d_j]`` matrix is
-    ``words[offsets[i]:offsets[i + 1]]`` (float32; ``offsets [n + 1]`` int64); ``vectors [n, d_j]``
-    float32 pooled (zero for a text with no word)."""
+    """One source's mixture words of n texts, flat: text i is ``words[offsets[i]:offsets[i +
+    1]]`` (``[num_words, d_j]`` float32); ``vectors [n, d_j]`` float32 pooled."""
 
     words: np.ndarray
     offsets: np.ndarray
@@ -160,8 +155,7 @@ class TextFeatures:
 
 @dataclasses.dataclass
 class FeatureSet:
-    """Per-source features of a corpus's questions and paragraphs, ``names`` in ensemble order,
-    u ``[n_sources]`` float32, the aggregates and the ``idf_table``."""
+    """Per-source features of a corpus's questions and paragraphs, u, aggregates, IDF table."""
 
     names: list[str]
     questions: dict[str, TextFeatures]
@@ -193,8 +187,7 @@ class FeatureSet:
         return self.side(side)[self.names[0]].lengths
 
     def recipe(self) -> dict[str, Any]:
-        """What a run needs to embed new texts besides the IDF table (its ``features.json``):
-        ``sources``, ``source_dims``, ``source_weights``, the aggregates, ``dim``."""
+        """``features.json``: what embedding new texts needs besides the IDF table."""
         return {
             "sources": list(self.names),
             "source_dims": {n: self.questions[n].dim for n in self.names},
@@ -256,8 +249,8 @@ def compute_text_features(texts: Sequence[str], source: WordSource, idf_table: I
                           layer_aggregate: str = "sum", word_aggregate: str = "average",
                           batch_size: int = 64, chunk: int = 512,
                           progress: str | None = None) -> TextFeatures:
-    """``mixture`` of one source over texts, shortest first in calls of ``chunk`` texts (bounded
-    memory, few compilations), returned in input order (ValueError: no text)."""
+    """``mixture`` of one source over texts, shortest first, ``chunk`` at a time, in input
+    order; ValueError: no text."""
     if not texts:
         raise ValueError("compute_text_features needs at least one text")
     counts = np.array([len(tokenize_words(t)) for t in texts], np.int64)
@@ -325,8 +318,7 @@ def cached_text_features(texts: Sequence[str], spec: SourceSpec, idf_table: IdfT
                          word_aggregate: str = "average", use_cache: bool = True,
                          what: str = "texts",
                          source_cache: dict[str, WordSource] | None = None) -> TextFeatures:
-    """:func:`compute_text_features` through the cache entry ``<feature_cache_key>/``
-    (atomic; an unreadable entry is re-created)."""
+    """:func:`compute_text_features` through the cache (atomic; bad entries re-created)."""
     key = feature_cache_key(texts, spec, idf_fingerprint(idf_table), layer_aggregate,
                             word_aggregate)
     folder = cache_dir() / "mrwe_features" / key
@@ -379,9 +371,8 @@ def resolve_source_weights(value: str, names: Sequence[str],
 
 
 def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
-    """The word weights of ``f_mixture`` that ``config.word_weights`` names: ``"idf"`` (the paper;
-    also a config without the field) over the paragraphs, or ``"unit"`` (every word 1). ValueError:
-    another value."""
+    """``f_mixture``'s word weights, ``config.word_weights``: ``"idf"`` (the paper) over the
+    paragraphs or ``"unit"``; ValueError otherwise."""
     value = config.get("word_weights", "idf") if hasattr(config, "get") else "idf"
     if value not in WORD_WEIGHTS:
         raise ValueError(f"config.word_weights={value!r}: use one of {WORD_WEIGHTS}")
@@ -393,9 +384,8 @@ def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
 def build_features(config: Any, corpus: RetrievalCorpus, *, mixture: Mixture,
                    use_cache: bool = True, specs: Sequence[SourceSpec] | None = None
                    ) -> FeatureSet:
-    """Features of every question and paragraph of ``corpus`` for the configured sources (``specs``
-    override them), weighted by :func:`word_weight_table` over all paragraphs. Raises ValueError: a
-    sum / average ``source_aggregate`` over sources of different widths."""
+    """Features of every question and paragraph for the configured sources (``specs``
+    override); ValueError: sum / average over sources of different widths."""
     specs = list(specs) if specs is not None else source_specs(config)
     idf_table = word_weight_table(config, corpus.paragraph_texts)
     built: dict[str, WordSource] = {}

