@@ -20,8 +20,8 @@ GROUPED_INPUTS = tuple(tuple(f"{name}_{g}" for g in (0, 1)) for name in INPUTS)
 
 
 def batch_spec(config: ml_collections.ConfigDict) -> dict[str, BatchField]:
-    """Token inputs ``[batch, F(_g), seq(_g)]`` int32 (per group with ``group_padding``) and
-    ``text_ids [batch, F]`` int32, F the architecture's ``tables.FIELDS``."""
+    """Inputs ``[batch, F(_g), seq(_g)]`` int32 (per group with ``group_padding``), ``text_ids
+    [batch, F]``."""
     names = GROUPED_INPUTS if config.group_padding else tuple((n,) for n in INPUTS)
     spec = {name: BatchField("int", ("batch", f"fields{g}", f"seq{g}"))
             for group in names for g, name in enumerate(group)}
@@ -93,8 +93,8 @@ def _rte_examples(config: ml_collections.ConfigDict, split: str) -> list[inli.IN
 
 
 def val_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
-    """RTE's threshold rows: ``val_file``, else INLI val; FileNotFoundError, DataError (``neutral``
-    needed too)."""
+    """RTE's threshold rows: ``val_file`` (with ``neutral``), else INLI val; FileNotFoundError,
+    DataError."""
     return _rte_examples(config, "val")
 
 
@@ -116,8 +116,7 @@ def rte_sets_label(config: ml_collections.ConfigDict) -> str:
 
 def batch_factory(config: ml_collections.ConfigDict, table: TokenTable | shards.Manifest
                   ) -> Callable[[int], Iterator[dict[str, np.ndarray]]]:
-    """``start_step -> this process's batches``, a pure function of (``seed``, step); shards stream
-    per host."""
+    """``start_step -> this process's batches``, a pure function of (``seed``, step)."""
     groups = tables.length_groups(config.architecture) if config.group_padding else None
 
     def make(start_step: int):
@@ -145,8 +144,8 @@ def train_rows(config: ml_collections.ConfigDict, tokenizer, model_dir
 
 
 def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSource:
-    """What ``dualcse-jax preprocess`` writes: :func:`train_table`'s rows (text ids span the whole
-    data); FileNotFoundError, DataError."""
+    """What ``dualcse-jax preprocess`` writes: :func:`train_table`'s rows; FileNotFoundError,
+    DataError."""
     from data_pipelines.tokenization import load_tokenizer
     from embedding_core.models.pretrained import resolve_model_dir
 

@@ -45,8 +45,8 @@ def check_rule(rule: str) -> str:
 
 
 def parse_rules(text: str | None) -> list[str] | None:
-    """``--rte_score_rules``: ``"all"`` or comma-separated rules (ValueError for an unknown one);
-    ``None`` or blank: ``None`` (the run's own rule)."""
+    """``--rte_score_rules``: ``"all"`` or comma-separated rules (ValueError if unknown); blank:
+    None."""
     if text is None or not text.strip():
         return None
     if text.strip() == "all":
@@ -56,8 +56,7 @@ def parse_rules(text: str | None) -> list[str] | None:
 
 @dataclasses.dataclass(frozen=True)
 class RTEVectors:
-    """One RTE set encoded once: premises' r, u ``[n_premises, dim]`` float32, the sorted distinct
-    hypotheses and their r."""
+    """One RTE set encoded once: premises' r, u ``[n, dim]`` float32, sorted hypotheses, their r."""
 
     premise_r: np.ndarray
     premise_u: np.ndarray
@@ -95,14 +94,12 @@ def similarities_of(vectors: RTEVectors, examples: Sequence[INLIExample]
 
 def rte_similarities(embedder: Embedder, examples: Sequence[INLIExample],
                      progress: bool = False) -> dict[str, np.ndarray]:
-    """``{class: [n_premises, 2] float32}``: ``cos(r_p, r_h)``, ``cos(u_p, r_h)`` per pair
-    (hypotheses as r)."""
+    """``{class: [n_premises, 2] float32}``: ``cos(r_p, r_h)``, ``cos(u_p, r_h)`` per pair."""
     return similarities_of(encode_rte(embedder, examples, progress), examples)
 
 
 def one_score(sims: np.ndarray, rule: str) -> np.ndarray:
-    """A pair's score under a one-score rule from ``[..., 2]`` cosines (r_p·r_h, u_p·r_h);
-    ValueError for ``pair`` or an unknown rule."""
+    """A one-score rule's score from ``[..., 2]`` cosines; ValueError: ``pair``, unknown rules."""
     if check_rule(rule) == "pair":
         raise ValueError("rule 'pair' has two scores per pair; use rte_similarities")
     if rule == "max":
@@ -111,8 +108,7 @@ def one_score(sims: np.ndarray, rule: str) -> np.ndarray:
 
 
 def _cut(unique: np.ndarray, k: int) -> float:
-    """Threshold with ``unique[:k]`` at or below, ``unique[k:]`` above: -inf, +inf or a midpoint (as
-    ``metrics.best_threshold_accuracy``)."""
+    """Threshold between ``unique[k - 1]`` and ``unique[k]`` (-inf, +inf or a midpoint)."""
     if k == 0:
         return -np.inf
     if k == len(unique):
@@ -181,7 +177,7 @@ def _predict(sims: np.ndarray, rule: str, thresholds: tuple[float, ...]) -> np.n
 
 
 def tune_rule(val_sims: Mapping[str, np.ndarray], rule: str) -> tuple[float, ...]:
-    """``(t,)`` (``pair``: ``(t_r, t_u)``) best on the pooled val pairs; ValueError for an unknown
+    """``(t,)`` (``pair``: ``(t_r, t_u)``) best on the pooled val pairs; ValueError: unknown
     rule."""
     check_rule(rule)
     sims = np.concatenate([val_sims[c] for c in CLASSES])
@@ -194,8 +190,7 @@ def tune_rule(val_sims: Mapping[str, np.ndarray], rule: str) -> tuple[float, ...
 
 def rte_correct(val_sims: Mapping[str, np.ndarray], test_sims: Mapping[str, np.ndarray],
                 rule: str) -> tuple[dict[str, np.ndarray], tuple[float, ...]]:
-    """``({class: [n_test] bool}, thresholds)``: each test pair right under :func:`tune_rule`'s val
-    thresholds."""
+    """``({class: [n_test] bool}, thresholds)``: right under :func:`tune_rule`'s val thresholds."""
     thresholds = tune_rule(val_sims, rule)
     return ({c: _predict(test_sims[c], rule, thresholds) == ENTAILED[c] for c in CLASSES},
             thresholds)
@@ -213,8 +208,7 @@ def class_items(test_sims: Mapping[str, np.ndarray], cls: str, rule: str
 
 
 def threshold_free(test_sims: Mapping[str, np.ndarray], rule: str) -> dict[str, dict]:
-    """``{"auc": {class: v}, "ap": {class: v}}`` of :func:`class_items` (classes and ``all``);
-    ``{}`` for ``pair``."""
+    """``{"auc": {class: v}, "ap": {class: v}}`` of :func:`class_items`; ``{}`` for ``pair``."""
     if rule == "pair":
         return {}
     out: dict[str, dict] = {"auc": {}, "ap": {}}
@@ -260,8 +254,8 @@ def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[
 
 
 def rte_evaluator(model, tokenizer, config, val: list[INLIExample] | None = None):
-    """``(params, step) -> {val_rte_*}``: RTE on the first ``eval_examples`` val rows, threshold
-    tuned on them."""
+    """``(params, step) -> {val_rte_*}``: RTE on (and tuned on) the first ``eval_examples`` val
+    rows."""
     val = (data.val_examples(config) if val is None else val)[: config.eval_examples]
     embedder = Embedder(model, None, tokenizer, config)  # compiled once
 
@@ -300,8 +294,7 @@ def label_conflicts(examples: Sequence[INLIExample],
 
 
 def token_key(embedder: Embedder) -> Callable[[str], tuple[int, ...]] | None:
-    """A :func:`label_conflicts` key: a text's token ids as ``embedder`` encodes it; ``None``
-    without a tokenizer."""
+    """A :func:`label_conflicts` key: a text's token ids as ``embedder`` encodes it (or None)."""
     if getattr(embedder, "tokenizer", None) is None:
         return None
 
@@ -331,8 +324,7 @@ def _implicitness(embedder: Embedder, r: np.ndarray, u: np.ndarray) -> np.ndarra
 
 
 def implicitness(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
-    """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32 (higher: more implicit); 0 for a
-    one-vector model."""
+    """``1 - cos(r_s, u_s)`` per sentence, ``[n]`` float32; 0 for a one-vector model."""
     r = multihost.encode(embedder, texts, kind="explicit")
     u = r if embedder.model.architecture == "simcse" else multihost.encode(
         embedder, texts, kind="implicit")
@@ -365,8 +357,8 @@ def inli_eis_proxy_correct(embedder: Embedder, examples: Sequence[INLIExample],
 
 
 def inli_eis_proxy_pairs(examples: Sequence[INLIExample]) -> list[tuple[str, str]]:
-    """A PROXY for EIS: (premise, implied entailment) pairs (``docs/dualcse.md``, "EIS protocol");
-    reports must call it a proxy."""
+    """A PROXY for EIS: (premise, implied entailment) pairs (``docs/dualcse.md``, "EIS
+    protocol"); reports must call it a proxy."""
     return [(ex.premise, ex.implied_entailment) for ex in examples]
 
 
@@ -377,8 +369,7 @@ def impscore_pairs(rows) -> list[tuple[str, str]]:
 
 
 def format_rte_table(rows: dict[str, dict[str, float]]) -> str:
-    """Fixed-width table, one line per model, accuracies in percent; one-score rules add ROC-AUC per
-    class."""
+    """Fixed-width table of accuracies in percent; one-score rules add ROC-AUC per class."""
     head = f"{'model':<28}" + "".join(f"{c:>14}" for c in (*CLASSES, "average"))
     lines = [head, "-" * len(head)]
     for name, r in rows.items():

@@ -33,8 +33,7 @@ REQUIRED_FIELDS = ("model", "architecture", "pooling", "max_length", "dtype")
 
 
 class Embedder(SavesFolder, Encoder):
-    """DualCSE's r and u ``[N, dim]`` float32 (one vector, r = u, for simcse); ``params`` are
-    swapped by periodic evaluation; ``workdir`` ``None``: in memory."""
+    """DualCSE's r and u ``[N, dim]`` float32 (simcse: r = u); ``workdir`` None: in memory."""
 
     views = (View("explicit", encode_kwargs={"kind": "explicit"}),
              View("implicit", encode_kwargs={"kind": "implicit"}))
@@ -95,8 +94,7 @@ class Embedder(SavesFolder, Encoder):
                 "pooling": self.config.pooling}
 
     def hf_folders(self) -> list[HFFolder]:
-        """Cross: ``explicit/``, ``implicit/`` (indicator in each tokenizer); bi: two towers;
-        simcse: one folder."""
+        """Cross: ``explicit/``, ``implicit/``; bi: two towers; simcse: one folder."""
         from embedding_core.serving import hf_export
 
         config, arch = self.config, self.config.architecture

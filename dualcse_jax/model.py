@@ -1,5 +1,4 @@
-"""DualCSE cross and bi encoders and the one-vector SimCSE encoder (``docs/dualcse.md``, "Model and
-pooling")."""
+"""DualCSE cross and bi encoders and the one-vector SimCSE encoder (``docs/dualcse.md``)."""
 
 from __future__ import annotations
 
@@ -150,8 +149,7 @@ def init_fn(model: DualEncoder):
 
 
 def sentence_text_ids(text_ids, architecture: str):
-    """Per-sentence ids ``[batch, sentences]`` from per-field ``[batch, fields]`` ids; ValueError
-    for the wrong field count."""
+    """Per-sentence ``[batch, sentences]`` from per-field ids; ValueError: wrong field count."""
     fields = tables.FIELDS[architecture]
     if text_ids.shape[1] != len(fields):
         raise ValueError(f"{architecture} batches have {len(fields)} fields {fields}; got "

@@ -110,8 +110,7 @@ def inli_table(examples: Sequence[INLIExample], tokenizer: TokenizerLike, max_le
 
 def simcse_table(anchors: Sequence[str], positives: Sequence[str], negatives: Sequence[str],
                  tokenizer: TokenizerLike, max_length: int) -> TokenTable:
-    """Rows (anchor, positive, hard negative), F = 3, ``text_ids`` over all 3n texts; ValueError
-    when the lists differ in length."""
+    """Rows (anchor, positive, hard negative), F = 3; ValueError: lists of unequal length."""
     if not len(anchors) == len(positives) == len(negatives):
         raise ValueError(f"anchors, positives and negatives differ in length: "
                          f"{len(anchors)}, {len(positives)}, {len(negatives)}")

@@ -1,6 +1,5 @@
-"""Supervised SimCSE baseline (Gao et al. 2021) trained by the same loop: ``train_data`` snli
-(shipped triplets) or inli, or ``train_file`` rows ``anchor, positive[, hard_negative]``
-(docs/data.md)."""
+"""Supervised SimCSE baseline (Gao et al. 2021) by the same loop, on ``train_data`` or
+``train_file``."""
 
 from dualcse_jax.configs import default
 
