@@ -1,5 +1,5 @@
-"""The one strict CSV reader behind every CSV format: RFC 4180 as Python's ``csv`` or pandas writes
-it. Faults raise ``DataError`` with the file, the 1-based physical line and the column."""
+"""The one strict CSV reader (RFC 4180 as ``csv`` or pandas writes it); faults: ``DataError``
+(file, physical line, column)."""
 
 from __future__ import annotations
 
@@ -61,8 +61,7 @@ def _column(header: list[str] | None, index: int) -> str:
 
 
 def _field_index_of_quote_error(record_text: str) -> int:
-    """0-based index of the field where a record's quoting goes wrong, replaying the default dialect
-    after ``csv`` reported an error."""
+    """0-based field where a record's quoting goes wrong (the dialect replayed)."""
     field, i, n = 0, 0, len(record_text)
     at_start, in_quotes = True, False
     while i < n:
@@ -92,8 +91,8 @@ def read_csv_records(path: str | os.PathLike[str], required_columns: Sequence[st
                      ) -> list[dict[str, str | int]]:
     """One dict per record of a CSV file with a header (UTF-8, BOM dropped): header column ->
     string, ``"_line"`` -> first physical line. ``required_columns``: present, non-blank (but
-    ``allow_empty``). FileNotFoundError; DataError: invalid UTF-8, a NUL, no header, a duplicated
-    or missing column, broken quoting, a wrong field count, an empty value, too few records."""
+    ``allow_empty``). FileNotFoundError; DataError: invalid UTF-8, a NUL, no header, a duplicated or
+    missing column, broken quoting, a wrong field count, an empty value, too few records."""
     path = epath.Path(path)  # a local path or a gs:// URI
     text = _decode(path, path.read_bytes())
     # newline="" keeps line breaks inside quoted fields as they are (the csv module's rule)

@@ -1,6 +1,5 @@
-"""A user's own DocEnt data (docs/data.md, "Your own data"), read by
-:func:`~data_pipelines.records.read_records`: documents ``{"entity", "text"}`` (JSON Lines or CSV;
-entity vocabulary = the distinct ids sorted) and queries ``{"query", "entities"}``."""
+"""A user's own DocEnt data (docs/data.md, "Your own data"): documents ``{"entity", "text"}``,
+queries ``{"query", "entities"}``."""
 
 from __future__ import annotations
 
@@ -24,8 +23,8 @@ class EntityDocument:
 
 
 def read_entity_documents(path: str | os.PathLike[str]) -> list[EntityDocument]:
-    """Reads ``{"entity", "text"}`` records. Raises FileNotFoundError: no such file. DataError: see
-    ``read_records``; an entity id holding a line break."""
+    """``{"entity", "text"}`` records; FileNotFoundError, DataError (also an id with a line
+    break)."""
     docs = []
     for r in read_records(path, ("entity", "text")):
         if "\n" in r["entity"] or "\r" in r["entity"]:
@@ -38,8 +37,8 @@ def entity_sentences(
     documents: Sequence[EntityDocument],
     sentence_splitter: Callable[[str], list[str]] = split_sentences,
 ) -> tuple[list[str], list[tuple[int, str]]]:
-    """``(entity ids sorted, (entity index, sentence) pairs in file order)``, documents split by
-    ``sentence_splitter`` (default pySBD)."""
+    """``(sorted entity ids, (entity index, sentence) pairs)``, documents split by
+    ``sentence_splitter``."""
     entity_ids = sorted({d.entity for d in documents})
     index = {e: i for i, e in enumerate(entity_ids)}
     sentences = [(index[d.entity], s) for d in documents for s in sentence_splitter(d.text)]

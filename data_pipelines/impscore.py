@@ -1,6 +1,5 @@
-"""ImpScore's implicitness data (Wang et al., ICLR 2025; github audreycs/ImpScore ``all_data.csv``,
-no licence, not shipped): ``pos_implicit, pos_explicit, neg_implicit, neg_explicit``, two (implicit,
-explicit) pairs per row (``docs/dualcse.md``, "EIS protocol")."""
+"""ImpScore's implicitness data (Wang et al., ICLR 2025; ``all_data.csv``, not shipped), two
+(implicit, explicit) pairs per row (``docs/dualcse.md``, "EIS protocol")."""
 
 from __future__ import annotations
 
@@ -33,17 +32,14 @@ class ImpScoreRow:
 
 
 def read_impscore(path: str | os.PathLike[str]) -> list[ImpScoreRow]:
-    """Reads an ImpScore-format CSV (extra columns ignored). Raises DataError: see
-    :func:`~data_pipelines.csv_reader.read_csv_records`."""
+    """Reads an ImpScore-format CSV (extra columns ignored); DataError."""
     return [ImpScoreRow(*(r[k] for k in IMPSCORE_COLUMNS), line=r[LINE_KEY])
             for r in read_csv_records(path, IMPSCORE_COLUMNS)]
 
 
 def impscore_split_indices(n: int, seed: int = 42) -> tuple[list[int], list[int], list[int]]:
-    """``(train, valid, test)`` row indices as ImpScore's code draws them after ``random.seed(42)``
-    (``docs/dualcse.md``, "EIS protocol"), with a private ``random.Random``; the valid draw keeps
-    ``set`` iteration order. Sizes ``int(n*0.9)``, ``int(n*0.05)``, rest. Raises ValueError: ``n``
-    negative."""
+    """``(train, valid, test)`` rows as ImpScore's code draws them after ``random.seed(42)``
+    (sizes ``int(n*0.9)``, ``int(n*0.05)``, rest), a private generator; ValueError: ``n`` < 0."""
     if n < 0:
         raise ValueError(f"impscore_split_indices: n must be >= 0, got {n}")
     rng = random.Random(seed)

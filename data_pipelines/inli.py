@@ -1,6 +1,5 @@
-"""Implied NLI (Havaldar et al., ACL 2025; google-deepmind/inli, commit d40bfc1, CC BY-SA 4.0):
-``data/inli/{train,val,test}.csv`` (8000/1000/1000) with ``[index,] dataset, premise,
-implied_entailment, explicit_entailment, neutral, contradiction``."""
+"""Implied NLI (Havaldar et al., ACL 2025; google-deepmind/inli d40bfc1, CC BY-SA 4.0), shipped
+as ``data/inli/{train,val,test}.csv`` (``docs/data.md``)."""
 
 from __future__ import annotations
 
@@ -30,16 +29,14 @@ class INLIExample:
 
 
 def read_inli(path: str | os.PathLike[str]) -> list[INLIExample]:
-    """Reads one INLI split file, rows in file order. Raises DataError: see
-    :func:`~data_pipelines.csv_reader.read_csv_records`."""
+    """One INLI split file's rows in file order; DataError."""
     names = [f.name for f in dataclasses.fields(INLIExample)][:-1]  # all but line
     return [INLIExample(*(r[k] for k in names), line=r[LINE_KEY])
             for r in read_csv_records(path, INLI_COLUMNS)]
 
 
 def inli_split_path(split: str) -> Path:
-    """The shipped split "train", "val" (or "validation") or "test". Raises ValueError: an unknown
-    split. FileNotFoundError: the file is missing."""
+    """The shipped split (``"val"`` or ``"validation"``); ValueError, FileNotFoundError."""
     if split not in SPLITS:
         raise ValueError(f"unknown INLI split {split!r}; expected one of 'train', 'val', 'test'")
     path = data_dir() / "inli" / SPLITS[split]

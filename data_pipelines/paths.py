@@ -1,5 +1,4 @@
-"""Where the shipped data lives (``$EMBEDDING_JAX_DATA``); the cache folder and the config path
-helper are storage's, re-exported here."""
+"""Where the shipped data lives (``$EMBEDDING_JAX_DATA``), with storage's cache helpers."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ DATA_ENV = "EMBEDDING_JAX_DATA"
 
 
 def data_dir() -> Path:
-    """The shipped data sets' folder (``inli/``, ``snli/``, ``squad/``, ...):
-    ``$EMBEDDING_JAX_DATA``, else the repository's ``data/`` (source or editable install). Raises
-    FileNotFoundError: the folder does not exist; the message says what to set."""
+    """``$EMBEDDING_JAX_DATA``, else the repository's ``data/``; FileNotFoundError saying what to
+    set."""
     env = os.environ.get(DATA_ENV)
     path = Path(env).expanduser() if env else Path(__file__).resolve().parents[1] / "data"
     if not path.is_dir():

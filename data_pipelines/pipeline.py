@@ -1,5 +1,5 @@
-"""tf.data input pipeline: deterministic, resumable, per-host slices of global batches, from a table
-in memory or a sharded corpus (docs/data.md, "In-memory batches", "Sharded corpora")."""
+"""tf.data input pipeline: deterministic, resumable, per-host slices of global batches, from a
+table in memory or a sharded corpus (docs/data.md, "In-memory batches", "Sharded corpora")."""
 
 from __future__ import annotations
 
@@ -193,9 +193,8 @@ def step_batches(
     local_batch: int, num_fields: int, grouped: bool, start_step: int,
     num_steps: int | None, prefetch: int,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """The tf.data loop: ``batcher(step)`` gives per group ``input_ids``, ``attention_mask``,
-    ``token_type_ids`` [local_batch, F_g, L_g] int32, then ``text_ids``; ``lengths[g]`` fixes L_g
-    (None: varies). The batcher's exception is re-raised as itself."""
+    """The tf.data loop over ``batcher(step)`` (per group ids, mask, types, then ``text_ids``);
+    ``lengths[g]`` fixes L_g; the batcher's exception re-raised as itself."""
     names = ("input_ids", "attention_mask", "token_type_ids")
     failures: list[Exception] = []  # not tf.data's many-line wrapper: the batcher's own error
 

@@ -1,5 +1,5 @@
-"""``PROG preprocess``: tokenise a training corpus once into shard files (docs/data.md, "Sharded
-corpora"); the package supplies ``config -> sharded_corpus.CorpusSource``."""
+"""``PROG preprocess``: tokenise a training corpus once into shards (docs/data.md, "Sharded
+corpora")."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ def define_flags() -> None:
 
 
 def command(data_module: str, help_text: str, data_paths: Sequence[str] = ()):
-    """The CLI's ``preprocess`` (``embedding_core.commands.Command``): writes
-    ``data_module.corpus_source(config)``, the ``data_paths`` fields made absolute first."""
+    """The CLI's ``preprocess``: writes ``data_module.corpus_source(config)``."""
     from embedding_core.commands import Command
     from embedding_core.storage import storage
 
@@ -48,9 +47,8 @@ def run_preprocess(
     *,
     chunk_rows: int = CHUNK_ROWS,
 ):
-    """Writes ``make_source(config)`` into ``output`` (a new or empty folder, local or ``gs://``),
-    prints a summary and returns the ``shards.Manifest``. ValueError: no ``output``, a bad
-    ``num_shards`` or bad data; FileExistsError: ``output`` not empty."""
+    """Writes ``make_source(config)`` into a new or empty ``output``, prints a summary, returns
+    the manifest; ValueError: no output, bad ``num_shards``, bad data; FileExistsError."""
     from data_pipelines.sharded_corpus import write_corpus
 
     if not output:

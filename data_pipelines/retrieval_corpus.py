@@ -1,6 +1,5 @@
-"""SQuAD as a retrieval task: paragraphs (the knowledge base) and questions, split for testing by
-article (default) or with the authors' seen-paragraph split (``docs/mrwe.md``); or a JSON Lines file
-of (question, passage) pairs, each distinct passage its own article."""
+"""SQuAD (or question-passage pairs) as a retrieval task, split for testing by article or the
+authors' seen-paragraph split (``docs/mrwe.md``)."""
 
 from __future__ import annotations
 
@@ -59,10 +58,8 @@ class RetrievalCorpus:
 
 
 def read_pairs(path: str | os.PathLike[str]) -> list[SquadArticle]:
-    """A JSON Lines file of ``{"question", "passage"}`` (or ``{"query", "positive"}``) as articles:
-    each distinct passage one article of one paragraph (``p<k>``, first-seen order) holding its
-    questions (ids ``line<n>``). Raises FileNotFoundError: no such file. DataError: a bad line
-    (file, line, field); no pair."""
+    """``{"question", "passage"}`` (or ``{"query", "positive"}``) JSON Lines as articles, each
+    distinct passage one (``p<k>``); FileNotFoundError; DataError: a bad line, no pair."""
     where = storage.as_path(path)
     if not where.is_file():
         raise FileNotFoundError(f"train_file {storage.display(path)} does not exist")
@@ -93,9 +90,9 @@ def read_pairs(path: str | os.PathLike[str]) -> list[SquadArticle]:
 def load_corpus(path: str | os.PathLike[str] | None = None, *, split: str = "articles",
                 test_fraction: float = 0.2, seed: int = 0, skip_invalid: bool = False,
                 pairs_path: str | os.PathLike[str] | None = None) -> RetrievalCorpus:
-    """A SQuAD v1.1 file (default shipped dev) or ``pairs_path``, questions split by ``"articles"``
-    or ``"seen_paragraphs"``. DataError; ValueError: unknown split, no train or test question;
-    FileNotFoundError."""
+    """A SQuAD v1.1 file (default shipped dev) or ``pairs_path``, questions split by
+    ``"articles"`` or ``"seen_paragraphs"``. DataError; ValueError: unknown split, no train or test
+    question; FileNotFoundError."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if pairs_path:

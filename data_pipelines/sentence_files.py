@@ -1,6 +1,4 @@
-"""A user's own DualCSE / SimCSE rows (docs/data.md, "Your own data"), CSV or JSON Lines through
-:func:`~data_pipelines.records.read_records`: ``premise, explicit_entailment, implied_entailment,
-contradiction[, neutral, dataset]`` or ``anchor, positive[, hard_negative]``."""
+"""A user's own DualCSE / SimCSE rows, CSV or JSON Lines (docs/data.md, "Your own data")."""
 
 from __future__ import annotations
 
@@ -39,9 +37,8 @@ def _with_layout_hint(err: DataError, wanted: str, other: str, hint: str) -> Dat
 
 def read_inli_file(path: str | os.PathLike[str], *, require_neutral: bool = False
                    ) -> list[INLIExample]:
-    """Reads a DualCSE file; ``require_neutral`` for evaluation files (RTE scores four classes). An
-    absent ``neutral`` or ``dataset`` is ``""``. Raises FileNotFoundError: no such file. DataError:
-    see ``read_records`` (a SimCSE file is named as such)."""
+    """A DualCSE file (``require_neutral``: evaluation); absent ``neutral`` / ``dataset``:
+    ``""``; FileNotFoundError, DataError (a SimCSE file named as such)."""
     required = (*INLI_FIELDS, "neutral") if require_neutral else INLI_FIELDS
     optional = ("dataset",) if require_neutral else ("neutral", "dataset")
     try:
@@ -59,9 +56,7 @@ def read_inli_file(path: str | os.PathLike[str], *, require_neutral: bool = Fals
 
 
 def read_anchor_pairs(path: str | os.PathLike[str]) -> list[AnchorPair]:
-    """Reads a SimCSE file; ``hard_negative`` is None where absent, null or empty. Raises
-    FileNotFoundError: no such file. DataError: see ``read_records`` (a DualCSE file is named as
-    such)."""
+    """A SimCSE file (``hard_negative`` None if absent or empty); FileNotFoundError, DataError."""
     try:
         records = read_records(path, ANCHOR_FIELDS, ("hard_negative",))
     except DataError as err:

@@ -28,9 +28,9 @@ _READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # ArrayRecord's ran
 
 @dataclasses.dataclass
 class CorpusSource:
-    """What ``preprocess`` writes, built a chunk at a time: ``rows`` builds any subset in any order;
-    ``files``: ``{role: (file name, bytes)}`` extras; ``source``: the config fields that shaped the
-    rows (in the manifest); ``description``: the TFDS info line."""
+    """What ``preprocess`` writes, built a chunk at a time: ``rows`` builds any subset in any
+    order; ``files``: ``{role: (file name, bytes)}`` extras; ``source``: the config fields that
+    shaped the rows (in the manifest); ``description``: the TFDS info line."""
 
     fields: tuple[str, ...]
     max_length: int
@@ -185,8 +185,8 @@ def tokenizer_files(model_dir: str | os.PathLike) -> tuple[bytes, int]:
 def open_corpus(folder: str | os.PathLike, *, fields: Sequence[str], max_length: int,
                 model_dir: str | os.PathLike, what: str = "--config.train_shards"
                 ) -> shards.Manifest:
-    """A corpus's manifest checked against the run's fields, width and tokenizer; ``what`` names the
-    folder. FileNotFoundError; ValueError (file and field named)."""
+    """A corpus's manifest checked against the run's fields, width and tokenizer; ``what`` names
+    the folder. FileNotFoundError; ValueError (file and field named)."""
     manifest = shards.read_manifest(folder)
     tokenizer_json, _ = tokenizer_files(model_dir)
     manifest.check(fields=fields, max_length=max_length,

@@ -53,8 +53,8 @@ def host_shards(num_shards: int, process_index: int, process_count: int) -> rang
 
 @dataclasses.dataclass(frozen=True)
 class ShardOrder:
-    """The global batches of a sharded corpus (module docstring, "Order"). Raises ValueError: B not
-    a positive multiple of S, or a shard with fewer than B/S rows."""
+    """The global batches of a sharded corpus (module docstring, "Order"). Raises ValueError: B
+    not a positive multiple of S, or a shard with fewer than B/S rows."""
 
     shard_rows: tuple[int, ...]
     global_batch_size: int
@@ -101,8 +101,8 @@ class ShardOrder:
 
 def shard_members(num_rows: int, shard_rows: Sequence[int], assignment_seed: int
                   ) -> list[np.ndarray]:
-    """Source rows of each shard, in record order (module docstring, "Rows"). Raises ValueError: the
-    shard sizes do not add up to ``num_rows``."""
+    """Source rows of each shard, in record order (module docstring, "Rows"). Raises ValueError:
+    the shard sizes do not add up to ``num_rows``."""
     if sum(int(n) for n in shard_rows) != int(num_rows) or min(shard_rows) < 0:
         raise ValueError(f"shard sizes {list(shard_rows)} do not add up to {num_rows} rows")
     assignment = np.random.default_rng(int(assignment_seed)).permutation(int(num_rows))
@@ -157,8 +157,8 @@ class Manifest:
         return _join(self.folder, self.shards[k][0])
 
     def file_path(self, role: str) -> str:
-        """Path of the extra file registered under ``role``. Raises ValueError: the manifest has no
-        such file."""
+        """Path of the extra file registered under ``role``. Raises ValueError: the manifest has
+        no such file."""
         if role not in self.files:
             raise ValueError(f"{self.path}: field 'files': no {role!r} file (has "
                              f"{sorted(self.files)}); preprocess again with this version")

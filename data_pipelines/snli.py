@@ -1,6 +1,6 @@
-"""SNLI triplets ``sent0, sent1, hard_neg`` (premise, entailment, contradiction; SNLI 1.0, CC BY-SA
-4.0), shipped reduced as ``data/snli/snli_train_triplets.csv``; SimCSE's ``nli_for_simcse.csv``
-reads the same."""
+"""SNLI triplets ``sent0, sent1, hard_neg`` (premise, entailment, contradiction; SNLI 1.0, CC
+BY-SA 4.0), shipped reduced as ``data/snli/snli_train_triplets.csv``; SimCSE's
+``nli_for_simcse.csv`` reads the same."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""SQuAD v1.1 reader (``{"data": [{"title", "paragraphs": [{"context", "qas"}]}]}``, CC BY-SA 4.0),
-article/question splits and the Wikipedia entity corpus."""
+"""SQuAD v1.1 reader (``{"data": [{"title", "paragraphs": [{"context", "qas"}]}]}``, CC BY-SA
+4.0), article/question splits and the Wikipedia entity corpus."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ class SquadSkips:
 
 @dataclasses.dataclass(frozen=True)
 class EntityCorpus:
-    """Entities (names, ids) with ``(entity index, sentence)`` documents and ``(query, answer entity
-    index)`` queries."""
+    """Entities (names, ids) with ``(entity index, sentence)`` documents and ``(query, answer
+    entity index)`` queries."""
 
     entity_names: list[str]
     entity_ids: list[str]
@@ -124,8 +124,8 @@ def read_squad(path: str | os.PathLike[str] | None = None, *, skip_invalid: bool
                ) -> tuple[list[SquadArticle], SquadSkips]:
     """``(articles, skips)`` of a SQuAD v1.1 file, JSON or a zip of one (default shipped dev);
     ``skip_invalid`` drops and counts empty contexts and questions. DataError: invalid UTF-8 or
-    JSON, a bad field (named, e.g. ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2]
-    (id '5733...').question``), a duplicated id; FileNotFoundError."""
+    JSON, a bad field (named, e.g. ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2] (id
+    '5733...').question``), a duplicated id; FileNotFoundError."""
     path = epath.Path(path) if path is not None else epath.Path(squad_dev_path())
     root, where = _load_json(path)
     data = _get(root, "data", list, where, "")
@@ -186,8 +186,8 @@ def _test_mask(n: int, test_fraction: float, seed: int) -> np.ndarray:
 def split_articles(articles: Sequence[SquadArticle], test_fraction: float, seed: int
                    ) -> tuple[list[SquadArticle], list[SquadArticle]]:
     """``(train_articles, test_articles)``: ``round(test_fraction * n)`` articles of
-    ``default_rng(seed).permutation`` to test (``docs/mrwe.md``); ValueError: fraction not in
-    (0, 1)."""
+    ``default_rng(seed).permutation`` to test (``docs/mrwe.md``); ValueError: fraction not in (0,
+    1)."""
     mask = _test_mask(len(articles), test_fraction, seed)
     return ([a for a, t in zip(articles, mask, strict=True) if not t],
             [a for a, t in zip(articles, mask, strict=True) if t])

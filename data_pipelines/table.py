@@ -13,8 +13,8 @@ from data_pipelines.tokenization import TokenizedTexts
 @dataclasses.dataclass
 class TokenTable:
     """n examples of F token sequences: ``input_ids``, ``token_type_ids`` [n, F, max_len] int32
-    (right-padded), ``lengths`` [n, F] int32, ``text_ids`` [n, F] int32 (equal text, equal id),
-    F ``field_names``. ValueError: inconsistent shapes or lengths, not F names."""
+    (right-padded), ``lengths`` [n, F] int32, ``text_ids`` [n, F] int32 (equal text, equal id), F
+    ``field_names``. ValueError: inconsistent shapes or lengths, not F names."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
@@ -76,9 +76,9 @@ def text_identity_ids(texts: Sequence[str]) -> np.ndarray:
 
 def stack_fields(fields: Mapping[str, TokenizedTexts], text_ids: Mapping[str, np.ndarray]
                  ) -> TokenTable:
-    """A :class:`TokenTable` from ``{field: TokenizedTexts [n, max_len]}`` (mapping order = F axis)
-    and ``{field: [n] text ids}``. Raises ValueError: fields differ in n or width, or a field has no
-    text ids."""
+    """A :class:`TokenTable` from ``{field: TokenizedTexts [n, max_len]}`` (mapping order = F
+    axis) and ``{field: [n] text ids}``. Raises ValueError: fields differ in n or width, or a field
+    has no text ids."""
     names = tuple(fields)
     missing = [name for name in names if name not in text_ids]
     if missing:

@@ -1,6 +1,6 @@
 """TensorFlow for tf.data and TFDS, imported here only, GPUs hidden and start-up notices muted
-(``docs/install.md``, "TensorFlow and the extras"). ModuleNotFoundError: none installed, with
-the install command; two distributions: one warning line."""
+(``docs/install.md``, "TensorFlow and the extras"). ModuleNotFoundError: none installed, with the
+install command; two distributions: one warning line."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def installed(path: Sequence[str] | None = None) -> list[tuple[str, str]]:
 
 
 def duplicate_warning(found: Sequence[tuple[str, str]]) -> str | None:
-    """One line naming the TensorFlows of ``found`` (:func:`installed`) and the commands that keep
-    one, or None for at most one."""
+    """One line naming the TensorFlows of ``found`` (:func:`installed`) and the commands that
+    keep one, or None for at most one."""
     if len(found) < 2:
         return None
     keep_name, keep_version = next(((n, v) for n, v in found if n == "tensorflow"), found[0])

@@ -70,9 +70,9 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
 
 def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequence[str],
                         pair: str | None = None) -> None:
-    """Refuses texts that tokenise to the template alone (zero-width, control or unknown characters
-    would all embed as the same ``[CLS] [SEP]``). Raises ValueError: naming the first such text's
-    index."""
+    """Refuses texts that tokenise to the template alone (zero-width, control or unknown
+    characters would all embed as the same ``[CLS] [SEP]``). Raises ValueError: naming the first
+    such text's index."""
     fixed = tokenizer.num_special_tokens_to_add(pair is not None)
     if pair is not None:
         fixed += len(tokenizer.encode(pair, add_special_tokens=False).ids)
@@ -85,8 +85,9 @@ def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequen
 
 def tokenize(tokenizer: Tokenizer, texts: Sequence[str], max_length: int,
              pair: str | None = None) -> TokenizedTexts:
-    """:class:`TokenizedTexts` of width ``max_length``: ``[CLS] s [SEP]`` (``pair``: ``[CLS] s [SEP]
-    pair [SEP]``; RoBERTa alike), only the text truncated; ValueError: no room for a text token."""
+    """:class:`TokenizedTexts` of width ``max_length``: ``[CLS] s [SEP]`` (``pair``: ``[CLS] s
+    [SEP] pair [SEP]``; RoBERTa alike), only the text truncated; ValueError: no room for a text
+    token."""
     if max_length < 1:
         raise ValueError(f"max_length must be positive, got {max_length}")
     texts = list(texts)
@@ -136,8 +137,8 @@ def _cache_key(tokenizer_bytes: bytes, texts: Sequence[str], max_length: int,
 def token_cache_path(tokenizer_path_or_dir: str | os.PathLike[str], texts: Sequence[str],
                      max_length: int, pair: str | None = None, *, cache_key_extra: str = ""
                      ) -> Path:
-    """``cache_dir()/tokens/<sha256 of (tokenizer.json, max_length, pair, extra, texts)>.npz``, the
-    entry :func:`tokenize_cached` uses."""
+    """``cache_dir()/tokens/<sha256 of (tokenizer.json, max_length, pair, extra, texts)>.npz``,
+    the entry :func:`tokenize_cached` uses."""
     tokenizer_bytes = tokenizer_json_path(tokenizer_path_or_dir).read_bytes()
     key = _cache_key(tokenizer_bytes, texts, max_length, pair, cache_key_extra)
     return storage.cache_dir() / "tokens" / f"{key}.npz"
