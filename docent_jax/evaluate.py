@@ -129,8 +129,8 @@ def evaluate_ranks(rank_block: Callable[[int, int], tuple[np.ndarray, np.ndarray
                    block_size: int = 1024, ks: Sequence[int] = RECALL_KS,
                    ndcg_k: int = NDCG_K, per_query: bool = False,
                    split: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """:func:`evaluate_scores` from ranks alone (``rank_block(start, stop) -> (query, rank)``,
-    no score matrix); ValueError as :func:`ranking_metrics`, or no queries, a bad block size."""
+    """:func:`evaluate_scores` from ranks alone (``rank_block(start, stop) -> (query, rank)``, no
+    score matrix); ValueError as :func:`ranking_metrics`, or no queries, a bad block size."""
     if not relevant:
         raise ValueError("no queries to evaluate")
     if isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1:

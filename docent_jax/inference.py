@@ -125,8 +125,8 @@ class EntityRanker(SavesFolder, Encoder):
         return out
 
     def query_inputs(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """``[n, L]`` int32 inputs ``[CLS] text [SEP]`` (Full: ``[CLS] [MASK] [SEP] text [SEP]``);
-        ValueError: an empty, non-string or unknown-token text."""
+        """``[n, L]`` int32 inputs ``[CLS] text [SEP]`` (Full: ``[CLS] [MASK] [SEP] text
+        [SEP]``); ValueError: an empty, non-string or unknown-token text."""
         texts = check_texts(texts)
         tok = tokenize(self.tokenizer, texts, sentence_length(self.config))
         require_text_tokens(self.tokenizer, tok, texts, None)

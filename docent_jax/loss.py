@@ -201,9 +201,9 @@ def full_loss(
     vocab_block_size: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DocEnt-Full's ``L_MLM + lambda * L_E`` (sec. 3) over the union vocabulary;
-    ``single_cross_entropy``: ``(sum_words + lambda * sum_entities) / (n_words + n_entities)``
-    (the released TF1 code); lambda 0 in the head warm-up. Returns ``(loss, {mlm_loss,
-    entity_loss, mlm_accuracy, entity_accuracy, masked_words, masked_entities})``, float32."""
+    ``single_cross_entropy``: ``(sum_words + lambda * sum_entities) / (n_words + n_entities)`` (the
+    released TF1 code); lambda 0 in the head warm-up. Returns ``(loss, {mlm_loss, entity_loss,
+    mlm_accuracy, entity_accuracy, masked_words, masked_entities})``, float32."""
     mask_rng, entity_rng, dropout_rng = jax.random.split(rng, 3)
     ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
                                                          "token_type_ids"))
@@ -251,8 +251,8 @@ def hybrid_loss(
     dropout: bool = False,
     vocab_block_size: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """DocEnt-Hybrid's ``L_dual + mlm_weight * L_MLM`` (``L_dual`` 0 in the warm-up; ``clean_dual``:
-    ``f(s)`` unmasked) -> ``(loss, metrics)`` float32."""
+    """DocEnt-Hybrid's ``L_dual + mlm_weight * L_MLM`` (``L_dual`` 0 in the warm-up;
+    ``clean_dual``: ``f(s)`` unmasked) -> ``(loss, metrics)`` float32."""
     mask_rng, dropout_rng = jax.random.split(rng)
     ids, mask, types = (jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
                                                          "token_type_ids"))
@@ -288,8 +288,8 @@ def masking_config(config: ml_collections.ConfigDict, tokenizer) -> MaskingConfi
 def make_loss_fn(model: DocEntDual | DocEntFull | DocEntHybrid,
                  config: ml_collections.ConfigDict, mesh: Mesh,
                  masking: MaskingConfig | None = None) -> LossFn:
-    """``config.variant``'s ``loss_fn(params, batch, rng)``; ValueError: Full, Hybrid
-    without ``masking``."""
+    """``config.variant``'s ``loss_fn(params, batch, rng)``; ValueError: Full, Hybrid without
+    ``masking``."""
     variant = config.variant
     if variant == "dual":
         return make_dual_loss_fn(model, config, mesh)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from absl import flags
 
+import docent_jax
 from data_pipelines import preprocess
 from docent_jax.configs import DATA_PATHS, FIELDS
 from embedding_core.commands import Program, define_flags, main
@@ -18,12 +19,6 @@ flags.DEFINE_enum("task", "ranking", ["ranking", "tags"], "evaluate: zero-shot e
                   "or MovieLens tag prediction (config.tag_movielens_dir, config.mapping_path).")
 preprocess.define_flags()
 flags.adopt_module_key_flags(preprocess)  # --help lists --num_shards with our own flags
-
-
-def train(config, workdir):
-    from docent_jax.trainer import train as train_docent
-
-    return train_docent(config, workdir)
 
 
 def load(inv):
@@ -55,7 +50,7 @@ def demo(inv):
 PROGRAM = Program(
     prog="docent-jax", summary="train, evaluate and export DocEnt entity embeddings (Dual, Full, "
     "Hybrid; docs/docent.md)",
-    fields=FIELDS, default_config=DEFAULT_CONFIG, train=train, data_files=DATA_PATHS,
+    fields=FIELDS, default_config=DEFAULT_CONFIG, train=docent_jax.train, data_files=DATA_PATHS,
     load=load, evaluate=evaluate, demo=demo, text_name="query",
     usage={"evaluate": "--workdir=DIR [--task=ranking|tags] [--nobaselines]",
            "export": "--workdir=DIR [--output=OUT_DIR] [--input=QUERIES.txt]",

@@ -1,5 +1,5 @@
-"""BERT-style masking of DocEnt-Full and -Hybrid batches inside the jitted loss, drawn from the step
-key over the global array: the same masks on a resume and on any mesh (``docs/docent.md``)."""
+"""BERT-style masking of Full and Hybrid batches in the jitted loss, from the step key
+(``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,7 @@ class MaskingConfig:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, **fields: Any) -> MaskingConfig:
-        """From a BERT ``tokenizers.Tokenizer``; ``fields`` set the rates and limits. Raises
-        ValueError: the tokenizer has no ``[MASK]`` token."""
+        """From a BERT tokenizer; ValueError: no ``[MASK]`` token."""
         mask = tokenizer.token_to_id("[MASK]")
         if mask is None:
             raise ValueError("the tokenizer has no [MASK] token; DocEnt's MLM needs a BERT "
@@ -59,9 +58,8 @@ class MaskingConfig:
 
 
 class MaskedTokens(NamedTuple):
-    """Word-piece masking of a batch: ``input_ids`` ``[batch, seq_len]`` int32 after the 80/10/10
-    replacement; ``positions``, ``labels`` (original ids) ``[batch, P]`` int32; ``weights``
-    ``[batch, P]`` float32 (0: an unused slot, its position arbitrary)."""
+    """Masked ``input_ids`` ``[batch, seq]``; ``positions``, ``labels`` ``[batch, P]`` int32;
+    ``weights`` ``[batch, P]`` float32 (0: an unused slot)."""
 
     input_ids: jax.Array
     positions: jax.Array
@@ -81,8 +79,8 @@ def maskable_word_pieces(input_ids: jax.Array, attention_mask: jax.Array,
 
 def mask_word_pieces(rng: jax.Array, input_ids: jax.Array, maskable: jax.Array,
                      masking: MaskingConfig) -> MaskedTokens:
-    """BERT masked-LM corruption (Devlin et al. 2019, A.1) of ``maskable`` ids: ``k = min(floor(n *
-    rate + u), P, n)``, ``u ~ U[0, 1)``, positions uniform, each ``[MASK]``, random or kept;
+    """BERT masked-LM corruption (Devlin et al. 2019, A.1) of ``maskable`` ids: ``k = min(floor(n
+    * rate + u), P, n)``, ``u ~ U[0, 1)``, positions uniform, each ``[MASK]``, random or kept;
     :class:`MaskedTokens` with ``P = min(max_predictions, seq_len)`` slots."""
     input_ids, maskable = jnp.asarray(input_ids), jnp.asarray(maskable)
     batch, seq_len = input_ids.shape

@@ -1,5 +1,5 @@
-"""DocEnt's Flax modules, Dual, Full and Hybrid (``docs/docent.md``, "Dual encoder implementation",
-"Full and Hybrid implementation")."""
+"""DocEnt's Flax modules, Dual, Full and Hybrid (``docs/docent.md``, "Dual encoder
+implementation", "Full and Hybrid implementation")."""
 
 from __future__ import annotations
 
@@ -240,8 +240,8 @@ class DocEntFull(nn.Module):
 
 
 class DocEntHybrid(DocEntDual):
-    """:class:`DocEntDual` plus an MLM head on ``[f(s_-J)_t ; g(e)]`` -> ``(f(s), logits [batch, P,
-    vocab], g, a)`` float32; ``clean_ids``: the dual term's own pass."""
+    """:class:`DocEntDual` plus an MLM head on ``[f(s_-J)_t ; g(e)]`` -> ``(f(s), logits [batch,
+    P, vocab], g, a)`` float32; ``clean_ids``: the dual term's own pass."""
 
     def setup(self):
         super().setup()

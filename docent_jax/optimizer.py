@@ -13,8 +13,8 @@ from embedding_core.training.run import default_optimizer
 
 
 def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:
-    """Scales top-level parameter ``name``'s updates by ``factors[name]`` (AdamW is linear in
-    the rate); stateless."""
+    """Scales top-level parameter ``name``'s updates by ``factors[name]`` (AdamW is linear in the
+    rate); stateless."""
 
     def update(updates, state, params=None):
         return {key: jax.tree.map(lambda u, f=factors[key]: u * f, value) if key in factors
@@ -49,8 +49,8 @@ def head_warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> in
 
 
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """AdamW at ``learning_rate``; ``ENTITY_PARAMS`` and the MLM head at their own rates (0:
-    the encoder's); the head-only warm-up."""
+    """AdamW at ``learning_rate``; ``ENTITY_PARAMS`` and the MLM head at their own rates (0: the
+    encoder's); the head-only warm-up."""
     tx, schedule = default_optimizer(config, total_steps)
     lr = float(config.learning_rate)
     rates = {name: float(config.entity_learning_rate) for name in ENTITY_PARAMS}

@@ -26,8 +26,8 @@ def _matrix(x, name: str) -> np.ndarray:
 
 def tag_metrics(scores, counts, threshold: int = 1,
                 ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
-    """``map``, ``auc``, ``precision@K``, ``ndcg@K``, ``ndcg_log@K``, ``num_movies@K``, ...
-    of ``[n_movies, n_tags]`` scores vs counts (NaN: undefined); ValueError: shapes, sign, NaN."""
+    """``map``, ``auc``, ``precision@K``, ``ndcg@K``, ``ndcg_log@K``, ``num_movies@K``, ... of
+    ``[n_movies, n_tags]`` scores vs counts (NaN: undefined); ValueError: shapes, sign, NaN."""
     s = _matrix(scores, "scores")
     c = _matrix(counts, "counts")
     if c.shape != s.shape:

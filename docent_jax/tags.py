@@ -33,8 +33,9 @@ COSINE = "tag-text cosine (frozen)"
 
 @dataclasses.dataclass(frozen=True)
 class TagTask:
-    """A model's movie x tag matrix: ``movie_ids``, ``entity_rows`` ``[n_movies]`` int64, ``tags``
-    (``tagId`` order), ``counts`` ``[n_movies, n_tags]`` int32, every tag ``applications``."""
+    """A model's movie x tag matrix: ``movie_ids``, ``entity_rows`` ``[n_movies]`` int64,
+    ``tags`` (``tagId`` order), ``counts`` ``[n_movies, n_tags]`` int32, every tag ``applications``.
+    """
 
     movie_ids: list[int]
     entity_rows: np.ndarray
@@ -94,8 +95,8 @@ def build_tag_task(config: ml_collections.ConfigDict, entity_ids: Sequence[str])
 
 def heldout_split(n: int, requested: int, max_share: float, seed: Sequence[int], what: str,
                   paper: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """``(train, held, note)`` sorted int64; ``held = default_rng(seed).permutation(n)[:k]``,
-    ``k = min(requested, max(1, floor(max_share * n)), n - 1)``; ValueError for ``n < 2``."""
+    """``(train, held, note)`` sorted int64; ``held = default_rng(seed).permutation(n)[:k]``, ``k
+    = min(requested, max(1, floor(max_share * n)), n - 1)``; ValueError for ``n < 2``."""
     if n < 2:
         raise ValueError(f"need at least 2 {what} to hold some out, got {n}")
     cap = max(1, int(math.floor(max_share * n)))

@@ -1,5 +1,4 @@
-"""The CLI's work as plain functions (no flags parsed): evaluate a workdir, export it (the core's
-``serving`` over :class:`~docent_jax.inference.EntityRanker`'s views), the demo."""
+"""The CLI's work as plain functions: evaluate, export (``serving`` over ``EntityRanker``), demo."""
 
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ def _mesh(mesh_model: int):
 
 def loader(workdir: str | os.PathLike, *, step: int | None = None, mesh_model: int = 1,
            block_rows: int | None = None):
-    """``() -> EntityRanker`` of a workdir (for ``serving``): the table split over ``mesh_model``
-    devices, exported in blocks of ``block_rows`` rows."""
+    """``() -> EntityRanker`` of a workdir, the table over ``mesh_model`` devices."""
 
     def load():
         from docent_jax.inference import load as load_ranker
@@ -99,8 +97,7 @@ def loader(workdir: str | os.PathLike, *, step: int | None = None, mesh_model: i
 def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None = None, *,
                    input_path: str | os.PathLike | None = None, step: int | None = None,
                    block_rows: int | None = None, mesh_model: int = 1) -> epath.Path:
-    """``serving.export``: ``output`` (default ``workdir/export``) ``/entities/`` and, with
-    ``input_path`` (one query per line), ``/queries/``."""
+    """``serving.export``: ``output/entities/`` and, with ``input_path``, ``/queries/``."""
     return serving.export(loader(workdir, step=step, mesh_model=mesh_model,
                                  block_rows=block_rows),
                           output or storage.as_path(workdir) / "export", input_path=input_path,
@@ -109,8 +106,7 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike | None 
 
 def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                       step: int | None = None) -> epath.Path:
-    """``serving.export_hf``: a Dual or Hybrid run's query encoder ``f`` as one
-    sentence-transformers folder, its table in ``output/entities/`` (Full: ValueError)."""
+    """``serving.export_hf``: Dual or Hybrid's ``f`` and ``entities/`` (Full: ValueError)."""
     return serving.export_hf(loader(workdir, step=step), output, workdir=workdir)
 
 
@@ -174,8 +170,7 @@ def run_demo(workdir: str | os.PathLike, config=None, num_train_steps: int | Non
 
 def paired_intervals(details: dict, models: list[str], reference: str,
                      metric: str = "MAP") -> dict[str, str]:
-    """``{model: "+d [lo, hi]"}``: paired-bootstrap 95% intervals of ``metric``, model minus
-    ``reference``, in percentage points (``embedding_core.evaluation.stats``)."""
+    """``{model: "+d [lo, hi]"}``: paired-bootstrap 95% intervals of model minus reference."""
     from embedding_core.evaluation.stats import format_interval, paired_bootstrap
 
     return {name: format_interval(paired_bootstrap(details[name][metric],

@@ -1,6 +1,6 @@
-"""DocEnt-Hybrid at BERT-base scale for TPU pod slices: ``hybrid_paper.py`` with the BERT-base hub
-id and per-layer rematerialisation (Hybrid's two passes cannot be chunked; ``dual_tpu.py`` says what
-to pass)."""
+"""DocEnt-Hybrid at BERT-base scale for TPU pod slices: ``hybrid_paper.py`` with the BERT-base
+hub id and per-layer rematerialisation (Hybrid's two passes cannot be chunked; ``dual_tpu.py`` says
+what to pass)."""
 
 from docent_jax.configs import dual_tpu, hybrid_paper
 

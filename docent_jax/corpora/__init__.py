@@ -1,5 +1,4 @@
-"""Readers of DocEnt's corpora: Amazon reviews, Reddit suggestions, Reviews2Movielens, MovieLens
-(formats: ``docs/data.md``)."""
+"""Readers of DocEnt's corpora (formats: ``docs/data.md``)."""
 
 from __future__ import annotations
 

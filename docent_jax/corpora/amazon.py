@@ -70,9 +70,9 @@ def _optional(record: dict, key: str, kinds: tuple[type, ...], path: PathLike, l
 
 def iter_amazon_reviews(path: PathLike, *, skip_invalid: bool = False,
                         counts: Counter[str] | None = None) -> Iterator[AmazonReview]:
-    """Streams one file's reviews (blank lines ignored); ``skip_invalid`` skips (and
-    ``counts``) ones without ``reviewText``. DataError (file, line, field): invalid UTF-8 or
-    JSON, a bad ``asin`` or field, corrupt gzip; FileNotFoundError."""
+    """Streams one file's reviews (blank lines ignored); ``skip_invalid`` skips (and ``counts``)
+    ones without ``reviewText``. DataError (file, line, field): invalid UTF-8 or JSON, a bad
+    ``asin`` or field, corrupt gzip; FileNotFoundError."""
     counts = counts if counts is not None else Counter()
     with open_maybe_gzip(path) as raw:
         for line_no, raw_line in _lines(raw, path):
@@ -221,8 +221,8 @@ def select_entities(paths: PathLike | Sequence[PathLike], *, min_words: int = MI
                     min_reviews: int = MIN_REVIEWS, entity_of: Mapping[str, str] | None = None,
                     deduplicate: bool = True,
                     skip_invalid: bool = False) -> tuple[EntityVocab, ReviewCorpusStats]:
-    """First pass: ``(vocab, stats)`` of the entities keeping ``min_reviews`` reviews after
-    the filters (``entity_of``, ``deduplicate``, ``min_words``); DataError."""
+    """First pass: ``(vocab, stats)`` of the entities keeping ``min_reviews`` reviews after the
+    filters (``entity_of``, ``deduplicate``, ``min_words``); DataError."""
     stats = ReviewCorpusStats()
     per_entity: Counter[str] = Counter(
         entity for entity, _ in _filtered_reviews(

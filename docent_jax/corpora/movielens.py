@@ -1,5 +1,4 @@
-"""MovieLens readers (``docs/data.md``) and the tag-count ground truth of DocEnt's tag prediction
-(``docs/docent.md``, "Tag prediction implementation")."""
+"""MovieLens readers (``docs/data.md``) and DocEnt's tag-count ground truth (``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class TagApplication:
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-    """A row of ``links.csv``: IMDb id as written (digits, leading zeros, no ``tt``), TMDB id (None
-    when empty)."""
+    """A ``links.csv`` row: IMDb id as written (no ``tt``), TMDB id (None when empty)."""
 
     movie_id: int
     imdb_id: str
@@ -91,8 +89,7 @@ def _unique(values: Iterable[tuple[object, int]], path: PathLike, column: str) -
 
 
 def read_movies(path: PathLike | None = None) -> list[Movie]:
-    """Reads ``movies.csv`` (default: the shipped one). Raises DataError (file, line, column): a
-    missing column or empty value, a non-integer or repeated ``movieId``."""
+    """``movies.csv`` (default shipped); DataError: a missing or empty value, a bad ``movieId``."""
     path, records = _records(path, "movies.csv", ("movieId", "title", "genres"))
     movies = [Movie(movie_id=csv_int(r, "movieId", path), title=r["title"],
                     genres=tuple(r["genres"].split("|")), line=r[LINE_KEY]) for r in records]
@@ -101,8 +98,7 @@ def read_movies(path: PathLike | None = None) -> list[Movie]:
 
 
 def read_tags(path: PathLike | None = None) -> list[TagApplication]:
-    """Reads ``tags.csv`` (default: the shipped one). Raises DataError (file, line, column): a
-    missing column or empty value, a non-integer ``userId``, ``movieId`` or ``timestamp``."""
+    """``tags.csv`` (default shipped); DataError: a missing or empty value, a non-integer id."""
     path, records = _records(path, "tags.csv", ("userId", "movieId", "tag", "timestamp"))
     return [TagApplication(user_id=csv_int(r, "userId", path),
                            movie_id=csv_int(r, "movieId", path), tag=r["tag"],
@@ -111,9 +107,8 @@ def read_tags(path: PathLike | None = None) -> list[TagApplication]:
 
 
 def read_links(path: PathLike | None = None) -> list[Link]:
-    """Reads ``links.csv`` (default: the shipped one); an empty ``tmdbId`` becomes None. Raises
-    DataError (file, line, column): a missing column, an empty ``movieId`` or ``imdbId``, a
-    non-integer id, a repeated ``movieId``."""
+    """``links.csv`` (default shipped; empty ``tmdbId``: None); DataError: a missing or empty
+    value, a non-integer or repeated id."""
     path, records = _records(path, "links.csv", ("movieId", "imdbId", "tmdbId"),
                              allow_empty=("tmdbId",))
     links = []
@@ -129,8 +124,7 @@ def read_links(path: PathLike | None = None) -> list[Link]:
 
 
 def read_genome_tags(path: PathLike | None = None) -> list[GenomeTag]:
-    """Reads ``genome-tags.csv`` (default: the shipped 1,128 tags). Raises DataError: a non-integer
-    or repeated ``tagId``; a tag repeated up to letter case."""
+    """``genome-tags.csv`` (default shipped); DataError: a bad or repeated ``tagId`` or tag."""
     path, records = _records(path, "genome-tags.csv", ("tagId", "tag"))
     tags = [GenomeTag(tag_id=csv_int(r, "tagId", path), tag=r["tag"], line=r[LINE_KEY])
             for r in records]
@@ -184,8 +178,7 @@ def tag_count_matrix(tags: Sequence[TagApplication], movie_ids: Sequence[int],
 
 @dataclasses.dataclass(frozen=True)
 class HumanCVFold:
-    """One human cross-validation fold: ``users``, ``held_in`` ``[n_movies, n_tags]`` int32
-    counts of those users (labels) and ``others`` (the "human" scores)."""
+    """A human CV fold: ``users``, their ``held_in`` counts (labels), ``others`` (scores)."""
 
     users: np.ndarray
     held_in: np.ndarray
@@ -196,8 +189,8 @@ def human_cv_folds(tags: Sequence[TagApplication], movie_ids: Sequence[int],
                    tag_vocab: Sequence[str], *, seed: int = HUMAN_CV_SEED,
                    n_folds: int = HUMAN_CV_FOLDS,
                    skip_unknown_movies: bool = False) -> list[HumanCVFold]:
-    """The DocEnt authors' human cross-validation (``docs/docent.md``); DataError as
-    :func:`tag_count_matrix`, ValueError: ``n_folds`` < 2 or more folds than users."""
+    """The DocEnt authors' human cross-validation (``docs/docent.md``); DataError, ValueError:
+    ``n_folds`` < 2 or above the users."""
     users = np.unique(np.array([t.user_id for t in tags], dtype=np.int64))
     if n_folds < 2 or n_folds > len(users):
         raise ValueError(f"n_folds must be in [2, {len(users)}] (the users), got {n_folds}")

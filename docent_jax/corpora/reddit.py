@@ -67,8 +67,8 @@ def read_reddit_suggestions(path: PathLike, vocab: EntityVocab, *,
                             entity_of: Mapping[str, str] | None = None,
                             skip_invalid: bool = False) -> tuple[list[RedditQuery], RedditStats]:
     """``(queries, stats)`` of the file, movies resolved in ``vocab`` (ASINs via ``entity_of``);
-    ``skip_invalid`` drops unknown movies and empty records. DataError: invalid UTF-8 or JSON, a
-    bad field (``field`` names it, e.g. ``record[12].response.result[3].asin``)."""
+    ``skip_invalid`` drops unknown movies and empty records. DataError: invalid UTF-8 or JSON, a bad
+    field (``field`` names it, e.g. ``record[12].response.result[3].asin``)."""
     path = storage.as_path(path)
     queries: list[RedditQuery] = []
     unknown = empty = 0

@@ -17,8 +17,7 @@ COLUMNS = ("asin", "canon_asin", "imdb_id", "movielens_id", "name", "imdb_url")
 
 @dataclasses.dataclass(frozen=True)
 class MovieMapping:
-    """One row (``line``: 1-based); ``imdb_id`` and ``imdb_url`` may be empty (our reading: the join
-    key is ``movielens_id``)."""
+    """One row (``line`` 1-based); ``imdb_id``, ``imdb_url`` may be empty."""
 
     asin: str
     canon_asin: str
@@ -43,8 +42,8 @@ def read_reviews2movielens(path: PathLike, *, movie_ids: Container[int] | None =
                            asin_field: Literal["asin", "canon_asin"] = "asin",
                            skip_invalid: bool = False) -> tuple[list[MovieMapping], MappingStats]:
     """``(rows, stats)`` in file order, checked against ``movie_ids`` and ``known_asins`` (the
-    ``asin_field`` column); ``skip_invalid`` drops unknown ones. DataError (file, line, column):
-    a missing column or value, broken quoting, a non-integer id, a repeated ASIN, an unknown id."""
+    ``asin_field`` column); ``skip_invalid`` drops unknown ones. DataError (file, line, column): a
+    missing column or value, broken quoting, a non-integer id, a repeated ASIN, an unknown id."""
     rows: list[MovieMapping] = []
     records = read_csv_records(path, COLUMNS, allow_empty=("imdb_id", "imdb_url"))
     first_line: dict[str, int] = {}
@@ -88,8 +87,7 @@ def canonical_names(rows: Sequence[MovieMapping]) -> dict[str, str]:
 
 
 def canonical_movielens_ids(rows: Sequence[MovieMapping]) -> dict[str, int]:
-    """Canonical ASIN -> MovieLens id. Raises ValueError (naming both lines) for a canonical ASIN
-    mapped to two MovieLens ids."""
+    """Canonical ASIN -> MovieLens id; ValueError (both lines named): two ids."""
     out: dict[str, tuple[int, int]] = {}
     for r in rows:
         prev = out.setdefault(r.canon_asin, (r.movielens_id, r.line))
