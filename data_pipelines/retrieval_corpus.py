@@ -49,7 +49,6 @@ class RetrievalCorpus:
     skips: SquadSkips
 
     def summary(self) -> str:
-        """One line of split sizes, for logs."""
         return (f"{len(self.paragraph_ids)} paragraphs, {len(self.question_ids)} questions "
                 f"({self.split} split: {int(self.train_questions.sum())} train / "
                 f"{int(self.test_questions.sum())} test questions, "

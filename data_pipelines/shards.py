@@ -111,7 +111,6 @@ def shard_members(num_rows: int, shard_rows: Sequence[int], assignment_seed: int
 
 
 def file_sha256(data: bytes) -> str:
-    """Hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -136,7 +135,6 @@ class Manifest:
 
     @property
     def path(self) -> str:
-        """The manifest file."""
         return _join(self.folder, MANIFEST)
 
     @property
@@ -153,7 +151,6 @@ class Manifest:
         return tuple(n for _, n in self.shards)
 
     def shard_path(self, k: int) -> str:
-        """Path (or URI) of shard ``k``."""
         return _join(self.folder, self.shards[k][0])
 
     def file_path(self, role: str) -> str:

@@ -45,12 +45,10 @@ class TokenTable:
 
     @property
     def num_examples(self) -> int:
-        """n, the number of rows."""
         return int(self.input_ids.shape[0])
 
     @property
     def max_len(self) -> int:
-        """The padded width of the stored sequences."""
         return int(self.input_ids.shape[2])
 
     def take(self, n: int) -> TokenTable:

@@ -68,17 +68,12 @@ class EntityRanker(SavesFolder, Encoder):
         if len(entity_ids) != model.num_entities:
             raise ValueError(f"{len(entity_ids)} entity ids for a model of "
                              f"{model.num_entities} entities")
-        self.model = model
-        self.params = params
-        self.tokenizer = tokenizer
-        self.config = config
-        self.entity_ids = list(entity_ids)
-        self.step = step
+        self.model, self.params, self.tokenizer, self.config = model, params, tokenizer, config
+        self.entity_ids, self.step, self.pad_multiple = list(entity_ids), step, pad_multiple
         self.default_batch_size = int(batch_size or config.get("eval_batch_size", 64))
         # Ranking on the table's devices: queries per call, table rows per scoring step.
         self.query_block = int(config.get("rank_query_block", 0)) or self.default_batch_size
         self.row_block = int(config.get("rank_row_block", 0))
-        self.pad_multiple = pad_multiple
         self.variant = "full" if isinstance(model, DocEntFull) else (
             "hybrid" if isinstance(model, DocEntHybrid) else "dual")
         self._layout = FullLayout.from_tokenizer(tokenizer) if self.variant == "full" else None

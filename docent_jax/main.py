@@ -81,7 +81,6 @@ PROGRAM = Program(
 
 
 def run() -> None:
-    """Console-script entry point."""
     main(PROGRAM, sys.modules[__name__])
 
 

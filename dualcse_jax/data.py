@@ -41,7 +41,6 @@ def _field(config: ml_collections.ConfigDict, name: str) -> str:
 
 
 def has_own_file(config: ml_collections.ConfigDict, name: str) -> bool:
-    """Whether the config names a user file in field ``name``."""
     return bool(_field(config, name))
 
 
@@ -104,7 +103,7 @@ def test_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
 
 
 def test_source(config: ml_collections.ConfigDict) -> str:
-    """The RTE report file as reports name it."""
+    """``test_file``, else ``INLI test``."""
     return _field(config, "test_file") or "INLI test"
 
 

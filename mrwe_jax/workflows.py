@@ -27,7 +27,6 @@ DATA_FIELDS = ("squad_path", "train_file", "split", "test_fraction", "split_seed
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, **kwargs):
-    """See ``mrwe_jax.trainer.train``."""
     return trainer.train(config, workdir, **kwargs)
 
 

@@ -132,7 +132,6 @@ class EntityVocab:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """All keys in id order."""
         return self._keys
 
     def id_of(self, key: str) -> int:
@@ -150,7 +149,6 @@ class EntityVocab:
         return self._keys[entity_id]
 
     def save(self, path: PathLike) -> None:
-        """Writes the keys, one per line, atomically."""
         files.write_lines(path, self._keys)
 
     @classmethod

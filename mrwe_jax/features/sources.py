@@ -45,7 +45,6 @@ class IdfTable(dict):
 
     @classmethod
     def unit_weights(cls, num_documents: int = 0) -> IdfTable:
-        """The table that weighs every word 1 (IDF weighting off)."""
         return cls({}, num_documents, unit=True)
 
     @property
