@@ -23,8 +23,7 @@ class EntityDocument:
 
 
 def read_entity_documents(path: str | os.PathLike[str]) -> list[EntityDocument]:
-    """``{"entity", "text"}`` records; FileNotFoundError, DataError (also an id with a line
-    break)."""
+    """``{"entity", "text"}`` records; FileNotFoundError, DataError."""
     docs = []
     for r in read_records(path, ("entity", "text")):
         if "\n" in r["entity"] or "\r" in r["entity"]:
@@ -37,8 +36,7 @@ def entity_sentences(
     documents: Sequence[EntityDocument],
     sentence_splitter: Callable[[str], list[str]] = split_sentences,
 ) -> tuple[list[str], list[tuple[int, str]]]:
-    """``(sorted entity ids, (entity index, sentence) pairs)``, documents split by
-    ``sentence_splitter``."""
+    """``(sorted entity ids, (entity index, sentence) pairs)`` of the documents."""
     entity_ids = sorted({d.entity for d in documents})
     index = {e: i for i, e in enumerate(entity_ids)}
     sentences = [(index[d.entity], s) for d in documents for s in sentence_splitter(d.text)]
@@ -48,8 +46,7 @@ def entity_sentences(
 def read_entity_queries(
     path: str | os.PathLike[str], entity_index: Mapping[str, int]
 ) -> list[tuple[str, tuple[int, ...]]]:
-    """``(query, relevant entity indices)`` of ``{"query", "entities"}`` JSON Lines, ids via
-    ``entity_index``; FileNotFoundError; DataError as ``read_records``, an unknown id."""
+    """``(query, entity indices)`` of queries JSON Lines; FileNotFoundError, DataError."""
     queries = []
     for r in read_records(path, ("query", "entities"), list_fields=("entities",),
                           formats=("jsonl",)):

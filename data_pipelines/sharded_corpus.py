@@ -1,6 +1,4 @@
-"""Token tables too large for one host: :func:`write_corpus` writes them once into ArrayRecord
-shards (``manifest.json`` last), ``pipeline.make_batches`` streams each host's own
-(``docs/data.md``, "Sharded corpora")."""
+"""Token tables too large for one host, written once into ArrayRecord shards (``docs/data.md``)."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ class CorpusSource:
 
 @contextlib.contextmanager
 def _deterministic_examples():
-    """TFDS serialises a ``tf.train.Example``'s features in any order: made deterministic, so a
-    rebuilt corpus keeps its data fingerprint."""
+    """Deterministic ``tf.train.Example`` bytes: a rebuilt corpus keeps its fingerprint."""
     from tensorflow_datasets.core import example_serializer
 
     cls = example_serializer.ExampleSerializer
@@ -185,8 +182,8 @@ def tokenizer_files(model_dir: str | os.PathLike) -> tuple[bytes, int]:
 def open_corpus(folder: str | os.PathLike, *, fields: Sequence[str], max_length: int,
                 model_dir: str | os.PathLike, what: str = "--config.train_shards"
                 ) -> shards.Manifest:
-    """A corpus's manifest checked against the run's fields, width and tokenizer; ``what`` names
-    the folder. FileNotFoundError; ValueError (file and field named)."""
+    """A corpus's manifest checked against the run (``what`` names it); FileNotFoundError,
+    ValueError."""
     manifest = shards.read_manifest(folder)
     tokenizer_json, _ = tokenizer_files(model_dir)
     manifest.check(fields=fields, max_length=max_length,

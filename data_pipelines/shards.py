@@ -39,8 +39,7 @@ def group_lengths(longest: Sequence[int], groups: Sequence[Sequence[int]], pad_m
 
 
 def host_shards(num_shards: int, process_index: int, process_count: int) -> range:
-    """The shards host ``process_index`` of ``process_count`` reads. Raises ValueError:
-    ``process_index`` out of range, or shards not divisible by processes."""
+    """Host ``process_index``'s shards; ValueError: a bad index, shards not divisible by hosts."""
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must lie in [0, {process_count})")
     if num_shards % process_count:
@@ -53,8 +52,8 @@ def host_shards(num_shards: int, process_index: int, process_count: int) -> rang
 
 @dataclasses.dataclass(frozen=True)
 class ShardOrder:
-    """The global batches of a sharded corpus (module docstring, "Order"). Raises ValueError: B
-    not a positive multiple of S, or a shard with fewer than B/S rows."""
+    """A sharded corpus's global batches; ValueError: B not a multiple of S, a shard under B/S
+    rows."""
 
     shard_rows: tuple[int, ...]
     global_batch_size: int
@@ -83,8 +82,8 @@ class ShardOrder:
         return min(self.shard_rows) // self.per_shard
 
     def positions(self, step: int, shard: int, cache: dict | None = None) -> np.ndarray:
-        """[m] int64 record indices of ``shard`` in ``step``'s batch; ``cache`` (a caller's dict)
-        keeps each shard's permutation for the current epoch."""
+        """[m] int64 records of ``shard`` in ``step``'s batch (``cache``: the epoch's
+        permutations)."""
         epoch, b = divmod(int(step), self.steps_per_epoch)
         key = (epoch, shard)
         perm = None if cache is None else cache.get(key)
@@ -101,8 +100,7 @@ class ShardOrder:
 
 def shard_members(num_rows: int, shard_rows: Sequence[int], assignment_seed: int
                   ) -> list[np.ndarray]:
-    """Source rows of each shard, in record order (module docstring, "Rows"). Raises ValueError:
-    the shard sizes do not add up to ``num_rows``."""
+    """Source rows of each shard in record order; ValueError: sizes not adding up."""
     if sum(int(n) for n in shard_rows) != int(num_rows) or min(shard_rows) < 0:
         raise ValueError(f"shard sizes {list(shard_rows)} do not add up to {num_rows} rows")
     assignment = np.random.default_rng(int(assignment_seed)).permutation(int(num_rows))
@@ -116,9 +114,8 @@ def file_sha256(data: bytes) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """``manifest.json`` of a sharded corpus folder (written last). ``folder`` is not stored;
-    ``longest`` is the longest sequence per field; ``shards`` is ``(file name, rows)`` per shard;
-    ``files`` maps roles to extra files; ``source`` holds the producing config fields."""
+    """``manifest.json`` of a corpus folder (``folder`` not stored; ``shards``: ``(file, rows)``;
+    ``files``: role -> file; ``source``: the producing config fields)."""
 
     folder: str
     fields: tuple[str, ...]
@@ -154,8 +151,7 @@ class Manifest:
         return _join(self.folder, self.shards[k][0])
 
     def file_path(self, role: str) -> str:
-        """Path of the extra file registered under ``role``. Raises ValueError: the manifest has
-        no such file."""
+        """The extra file of ``role``; ValueError: none."""
         if role not in self.files:
             raise ValueError(f"{self.path}: field 'files': no {role!r} file (has "
                              f"{sorted(self.files)}); preprocess again with this version")
@@ -166,8 +162,7 @@ class Manifest:
         return shard_members(self.num_rows, self.shard_rows, self.assignment_seed)
 
     def order(self, global_batch_size: int, seed: int) -> ShardOrder:
-        """The :class:`ShardOrder` for a batch size and seed. Raises ValueError: see
-        :class:`ShardOrder` (the folder is named)."""
+        """The :class:`ShardOrder` of a batch size and seed; ValueError (the folder named)."""
         try:
             return ShardOrder(self.shard_rows, int(global_batch_size), int(seed))
         except ValueError as err:
@@ -186,8 +181,7 @@ class Manifest:
 
     def check(self, *, fields: Sequence[str], max_length: int, tokenizer_sha256: str,
               what: str) -> None:
-        """Refuses a corpus made for other fields, width or tokenizer than the run's. Raises
-        ValueError: ``"<manifest>: field '<name>': ..."`` naming both values and ``what``."""
+        """ValueError (``<manifest>: field '<name>': ...``) for other fields, width or tokenizer."""
         want = {"fields": list(fields), "max_length": int(max_length),
                 "tokenizer_sha256": tokenizer_sha256}
         have = {"fields": list(self.fields), "max_length": self.max_length,
@@ -209,8 +203,7 @@ def _bad(path: str, field: str, reason: str) -> ValueError:
 
 
 def manifest_from_json(folder: str, obj: Mapping[str, Any]) -> Manifest:
-    """A checked :class:`Manifest` from the parsed ``manifest.json``. Raises DataError: another
-    format or version, a missing or mistyped field, inconsistent counts."""
+    """A checked :class:`Manifest`; DataError: format, version, a bad field or count."""
     path = _join(folder, MANIFEST)
     if obj.get("format") != FORMAT:
         raise _bad(path, "format", f"{obj.get('format')!r} is not {FORMAT!r}; is {folder} a "
@@ -248,9 +241,7 @@ def manifest_from_json(folder: str, obj: Mapping[str, Any]) -> Manifest:
 
 
 def read_manifest(folder: str | os.PathLike) -> Manifest:
-    """Opens the manifest of a corpus folder (local or ``gs://``). Raises FileNotFoundError: no
-    folder, or no ``manifest.json`` (an unfinished ``preprocess``). DataError: a malformed manifest.
-    """
+    """A corpus folder's manifest; FileNotFoundError (no folder or manifest), DataError."""
     root = storage.as_path(folder)
     path = root / MANIFEST
     if not path.is_file():

@@ -34,8 +34,7 @@ class SquadQuestion:
 
 @dataclasses.dataclass(frozen=True)
 class SquadParagraph:
-    """One context paragraph and its questions; ``paragraph_id`` is ``"{title}#{p_index}"``
-    (position in the article, stable when ``skip_invalid`` drops a neighbour)."""
+    """A paragraph and its questions; ``paragraph_id`` ``"{title}#{p_index}"`` (stable)."""
 
     paragraph_id: str
     context: str
@@ -62,8 +61,7 @@ class SquadSkips:
 
 @dataclasses.dataclass(frozen=True)
 class EntityCorpus:
-    """Entities (names, ids) with ``(entity index, sentence)`` documents and ``(query, answer
-    entity index)`` queries."""
+    """Entities with ``(entity, sentence)`` documents and ``(query, entity)`` queries."""
 
     entity_names: list[str]
     entity_ids: list[str]
@@ -216,8 +214,7 @@ def split_seen_paragraphs(articles: Sequence[SquadArticle], test_fraction: float
 def wikipedia_entity_corpus(articles: Sequence[SquadArticle],
                             sentence_splitter: Callable[[str], list[str]] = split_sentences
                             ) -> EntityCorpus:
-    """One entity per article: its paragraphs' sentences with the title removed
-    (:func:`~data_pipelines.text.remove_entity_name`), its questions as queries; ValueError: a
+    """One entity per article: sentences without the title, questions as queries; ValueError: a
     repeated title."""
     entity_ids = [a.title for a in articles]
     if len(set(entity_ids)) != len(entity_ids):

@@ -74,9 +74,8 @@ def text_identity_ids(texts: Sequence[str]) -> np.ndarray:
 
 def stack_fields(fields: Mapping[str, TokenizedTexts], text_ids: Mapping[str, np.ndarray]
                  ) -> TokenTable:
-    """A :class:`TokenTable` from ``{field: TokenizedTexts [n, max_len]}`` (mapping order = F
-    axis) and ``{field: [n] text ids}``. Raises ValueError: fields differ in n or width, or a field
-    has no text ids."""
+    """A :class:`TokenTable` from ``{field: TokenizedTexts}`` (order = F axis) and text ids;
+    ValueError: fields differ in n or width, or lack ids."""
     names = tuple(fields)
     missing = [name for name in names if name not in text_ids]
     if missing:

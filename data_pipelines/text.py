@@ -1,5 +1,5 @@
-"""Sentence splitting, entity-name removal and word counts for entity corpora (DocEnt,
-Zemlyanskiy et al. 2021, sec. 4.4; ``docs/docent.md``)."""
+"""Sentence splitting, entity-name removal and word counts for entity corpora
+(``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -106,8 +106,7 @@ def _name_pattern(name: str) -> re.Pattern[str] | None:
 
 
 def remove_entity_name(sentence: str, name: str) -> str:
-    """Removes every whole-phrase, case-insensitive occurrence of any
-    :func:`entity_name_variants` form ("Toy Storyline" is kept), then collapses whitespace."""
+    """Removes whole-phrase, case-insensitive :func:`entity_name_variants`, collapses spaces."""
     pattern = _name_pattern(name)
     if pattern is not None:
         sentence = pattern.sub(" ", sentence)

@@ -29,8 +29,7 @@ _NOTICES = re.compile(r"All log messages before absl::InitializeLog\(\) is calle
 
 
 def installed(path: Sequence[str] | None = None) -> list[tuple[str, str]]:
-    """The TensorFlow distributions (:data:`DISTRIBUTIONS`) installed on ``path`` (default
-    ``sys.path``) as ``(name, version)``, the one imported first of each name."""
+    """``(name, version)`` of each TensorFlow distribution on ``path`` (default ``sys.path``)."""
     where = {} if path is None else {"path": list(path)}
     found = []
     for name in DISTRIBUTIONS:
@@ -41,8 +40,7 @@ def installed(path: Sequence[str] | None = None) -> list[tuple[str, str]]:
 
 
 def duplicate_warning(found: Sequence[tuple[str, str]]) -> str | None:
-    """One line naming the TensorFlows of ``found`` (:func:`installed`) and the commands that
-    keep one, or None for at most one."""
+    """One line naming two TensorFlows and the commands that keep one, or None."""
     if len(found) < 2:
         return None
     keep_name, keep_version = next(((n, v) for n, v in found if n == "tensorflow"), found[0])
@@ -56,8 +54,7 @@ def duplicate_warning(found: Sequence[tuple[str, str]]) -> str | None:
 
 @contextlib.contextmanager
 def _without_notices() -> Iterator[None]:
-    """Sends file descriptor 2 (C++ logs) to a temporary file while TensorFlow loads, then writes
-    its lines back to stderr, TensorFlow's start-up notices left out."""
+    """fd 2 to a file while TensorFlow loads, then back to stderr without its notices."""
     if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
         yield
         return

@@ -65,8 +65,7 @@ class Inli(_ShippedDataBuilder):
 
 
 class SnliTriplets(_ShippedDataBuilder):
-    """SNLI 1.0 (Bowman et al. 2015) as supervised-SimCSE triplets (premise, entailment,
-    contradiction), reduced from the first 100,000 training pairs."""
+    """SNLI 1.0 (Bowman et al. 2015) as SimCSE triplets, the first 100,000 training pairs."""
 
     name = "snli_triplets"
     VERSION = tfds.core.Version("1.0.0")
@@ -91,9 +90,8 @@ class SnliTriplets(_ShippedDataBuilder):
 
 
 def tokenized_corpus_features() -> tfds.features.FeaturesDict:
-    """One token-table row of a :class:`TokenizedCorpus` shard: ``row`` int64, ``lengths`` [F]
-    int32, ``input_ids`` / ``token_type_ids`` int32 bytes (the real tokens of fields 0..F-1
-    concatenated), ``text_ids`` [F] int32."""
+    """A shard record: ``row`` int64, ``lengths`` [F], the real tokens' ``input_ids`` /
+    ``token_type_ids`` int32 bytes, ``text_ids`` [F] int32."""
     tokens = {"shape": (None,), "dtype": np.int32, "encoding": tfds.features.Encoding.BYTES}
     return tfds.features.FeaturesDict({
         "row": tfds.features.Scalar(np.int64),
@@ -105,9 +103,7 @@ def tokenized_corpus_features() -> tfds.features.FeaturesDict:
 
 
 class TokenizedCorpus(_ShippedDataBuilder, skip_registration=True):
-    """A token table as ArrayRecord shards (one ``train`` split, in ``examples()`` order; not
-    registered). ``examples() -> (key, record)`` in :func:`tokenized_corpus_features` layout;
-    ``description``: one line."""
+    """A token table as ArrayRecord shards (one ``train`` split, ``examples()`` order)."""
 
     name = "tokenized_corpus"
     VERSION = tfds.core.Version("1.0.0")

@@ -1,5 +1,4 @@
-"""Tokenisation with Hugging Face ``tokenizers`` and an on-disk cache of the token arrays
-(``cache_dir()/tokens/<sha256>.npz``), so no tokenisation happens in the training loop."""
+"""Tokenisation with ``tokenizers`` and an on-disk cache (``cache_dir()/tokens/<sha256>.npz``)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,7 @@ _PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")
 
 @dataclasses.dataclass
 class TokenizedTexts:
-    """Token arrays of n texts: ``input_ids`` [n, max_length] int32 (padded with the pad id),
-    ``lengths`` [n] int32 real tokens (special tokens included), ``token_type_ids`` [n, max_length]
-    int32 segment ids (0 on padding)."""
+    """``input_ids``, ``token_type_ids`` [n, max_length] int32 (padded), ``lengths`` [n] int32."""
 
     input_ids: np.ndarray
     lengths: np.ndarray
@@ -31,9 +28,7 @@ class TokenizedTexts:
 
 
 def tokenizer_json_path(model_dir: str | os.PathLike[str]) -> Path:
-    """``model_dir/tokenizer.json`` (or ``model_dir`` if it is that file); ``gs://`` is copied to
-    the local cache first. Raises FileNotFoundError: no tokenizer.json there (nothing is
-    downloaded)."""
+    """``model_dir/tokenizer.json`` (``gs://``: a cached local copy); FileNotFoundError."""
     if storage.is_remote(model_dir):
         model_dir = storage.local_copy(model_dir)
     path = Path(model_dir)
@@ -48,9 +43,7 @@ def tokenizer_json_path(model_dir: str | os.PathLike[str]) -> Path:
 
 
 def load_tokenizer(model_dir: str | os.PathLike[str]) -> Tokenizer:
-    """Loads ``model_dir/tokenizer.json`` with padding and truncation off (MiniLM's pads and
-    truncates to 128; :func:`tokenize` sets its own). Raises FileNotFoundError: see
-    :func:`tokenizer_json_path`."""
+    """``model_dir``'s tokenizer, padding and truncation off; FileNotFoundError."""
     tokenizer = Tokenizer.from_file(str(tokenizer_json_path(model_dir)))
     tokenizer.no_padding()
     tokenizer.no_truncation()
@@ -70,9 +63,7 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
 
 def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequence[str],
                         pair: str | None = None) -> None:
-    """Refuses texts that tokenise to the template alone (zero-width, control or unknown
-    characters would all embed as the same ``[CLS] [SEP]``). Raises ValueError: naming the first
-    such text's index."""
+    """ValueError (the first index named) for texts that tokenise to the template alone."""
     fixed = tokenizer.num_special_tokens_to_add(pair is not None)
     if pair is not None:
         fixed += len(tokenizer.encode(pair, add_special_tokens=False).ids)
@@ -137,8 +128,7 @@ def _cache_key(tokenizer_bytes: bytes, texts: Sequence[str], max_length: int,
 def token_cache_path(tokenizer_path_or_dir: str | os.PathLike[str], texts: Sequence[str],
                      max_length: int, pair: str | None = None, *, cache_key_extra: str = ""
                      ) -> Path:
-    """``cache_dir()/tokens/<sha256 of (tokenizer.json, max_length, pair, extra, texts)>.npz``,
-    the entry :func:`tokenize_cached` uses."""
+    """The cache entry of (tokenizer, max_length, pair, extra, texts)."""
     tokenizer_bytes = tokenizer_json_path(tokenizer_path_or_dir).read_bytes()
     key = _cache_key(tokenizer_bytes, texts, max_length, pair, cache_key_extra)
     return storage.cache_dir() / "tokens" / f"{key}.npz"
