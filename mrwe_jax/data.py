@@ -42,8 +42,7 @@ MAX_BATCH_WORDS = 64 * 512
 
 @dataclasses.dataclass
 class MultiResolutionTexts:
-    """n texts' ``word_matrices`` ``[num_words_i, d'']``, ``vectors [n, d'']``,
-    ``idf_weights``, ``is_empty [n]``."""
+    """n texts' word matrices, ``vectors [n, d'']``, idf weights, ``is_empty [n]``."""
 
     word_matrices: list[np.ndarray]
     vectors: np.ndarray
@@ -55,8 +54,8 @@ def embed_texts(texts: Sequence[str], sources: Sequence[WordSource], idf_table: 
                 module: MultiResolutionEmbedding | None = None, *, batch_size: int = 128,
                 max_batch_words: int | None = MAX_BATCH_WORDS) -> MultiResolutionTexts:
     """Sources, ``f_mixture``, ``f_ensemble`` and pooling with fixed coefficients (``module``
-    default uniform; calls of ``rows x width <= max_batch_words``); ValueError: a learning
-    module, sources disagreeing on word counts."""
+    default uniform; calls of ``rows x width <= max_batch_words``); ValueError: a learning module,
+    sources disagreeing on word counts."""
     if module is None:
         module = MultiResolutionEmbedding(tuple(s.num_layers for s in sources))
     if module.learn_layer_weights or module.learn_source_weights:
@@ -160,8 +159,7 @@ def pool_indices(corpus: RetrievalCorpus, pool: str) -> np.ndarray:
 
 def ensemble_vectors(features: FeatureSet, side: str, names: Sequence[str] | None = None,
                      indices: np.ndarray | None = None) -> np.ndarray:
-    """``[n, d'']`` float32 ``f_ensemble`` of the pooled per-source vectors (both linear);
-    ``names``: a subset, u renormalised."""
+    """``[n, d'']`` float32 ``f_ensemble`` of pooled vectors (``names``: a subset)."""
     names = list(features.names if names is None else names)
     keep = [features.names.index(n) for n in names]
     u = normalized_weights(features.source_weights[keep], "source weights")
@@ -195,8 +193,8 @@ def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BA
 
 def side_arrays(features: FeatureSet, side: str, indices: np.ndarray, *, with_words: bool,
                 width: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(features, mask)`` of one side's rows for ``model.text_batch``: ``[b, width, sum_j d_j]``
-    float32 with ``[b, width]`` bool, or pooled ``[b, sum_j d_j]`` and None."""
+    """``(features, mask)`` of one side's rows for ``model.text_batch``: ``[b, width, sum_j
+    d_j]`` float32 with ``[b, width]`` bool, or pooled ``[b, sum_j d_j]`` and None."""
     feats = features.side(side)
     indices = np.asarray(indices, np.int64)
     if not with_words:
@@ -210,9 +208,8 @@ def side_arrays(features: FeatureSet, side: str, indices: np.ndarray, *, with_wo
 
 
 class PKBatches:
-    """P x K batches of :data:`BATCH` plus ``"step"`` from ``pk_sampler``, a pure function of
-    ``(seed, step)``; paragraph widths powers of two from 64. ValueError: no training question,
-    too few paragraphs, P or P*K not divisible by ``process_count``."""
+    """P x K batches of :data:`BATCH` (+ ``"step"``), a pure function of ``(seed, step)``;
+    ValueError: no question, too few paragraphs, P or P*K not divisible by processes."""
 
     def __init__(self, features: FeatureSet, question_paragraph: np.ndarray,
                  train_questions: np.ndarray, *, P: int, K: int, seed: int, with_words: bool,

@@ -51,8 +51,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def cosine_ranks(question_vectors: np.ndarray, pool_vectors: np.ndarray, targets: np.ndarray,
                  *, block: int = 1024, split: bool = True) -> np.ndarray:
-    """``[n_q]`` int64 1-based pessimistic cosine rank of each ``targets`` column among ``[n_pool,
-    d]`` vectors (zero vector: worst); ``split``: each process a slice (a collective)."""
+    """``[n_q]`` int64 1-based pessimistic cosine rank of each ``targets`` column among
+    ``[n_pool, d]`` vectors (zero vector: worst); ``split``: each process a slice (a collective)."""
     q, p = _unit(question_vectors), _unit(pool_vectors)
     targets = np.asarray(targets)
 
@@ -81,8 +81,7 @@ def evaluate_retrieval(
     ensemble_variants: Sequence[str] = (),
     progress: bool = False,
 ) -> dict[str, dict[int, float]]:
-    """``{row label: {k: recall}}``: TF-IDF, BM25, each source, the ensemble (and each
-    ``ensemble_variants`` u), each tower."""
+    """``{row label: {k: recall}}``: TF-IDF, BM25, sources, ensembles, towers."""
     q_idx = np.flatnonzero(corpus.test_questions)
     p_idx = pool_indices(corpus, pool)
     targets = targets_in_pool(corpus.question_paragraph[q_idx], p_idx)

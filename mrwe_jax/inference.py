@@ -54,8 +54,8 @@ def read_recipe(workdir: str | os.PathLike) -> dict[str, Any]:
 
 def read_idf(workdir: str | os.PathLike,
              config: ml_collections.ConfigDict | None = None) -> IdfTable:
-    """The run's ``idf.json`` (older runs: rebuilt from the corpus, with a warning);
-    FileNotFoundError (both named), ValueError: not an IDF table."""
+    """The run's ``idf.json`` (older runs: rebuilt, with a warning); FileNotFoundError,
+    ValueError."""
     path = storage.as_path(workdir) / IDF_FILE
     if path.is_file():
         return IdfTable.from_json(read_json_object(path), str(path))
@@ -282,8 +282,7 @@ def load(workdir: str | os.PathLike, *, step: int | None = None,
 
 
 def load_tower_export(folder: str | os.PathLike) -> Retriever:
-    """The ``Retriever`` of an export-tower folder; FileNotFoundError: a file missing;
-    ValueError: ``tower.safetensors`` unlike the config's tower."""
+    """An export-tower folder's ``Retriever``; FileNotFoundError, ValueError."""
     import flax.linen as nn
     from flax import traverse_util
 

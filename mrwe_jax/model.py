@@ -83,8 +83,8 @@ def pool_words(words: jax.Array, mask: jax.Array, aggregate: str = "average") ->
 
 class MultiResolutionEmbedding(nn.Module):
     """Mixture, ensemble, pooling with fixed or learned (``softmax(logits)``) m^j and u: n
-    ``[batch, words, L_j, d_j]``, idf and mask ``[batch, words]`` -> ``(words [batch, words,
-    d''], text [batch, d''])`` float32; ValueError: inputs unlike the configuration."""
+    ``[batch, words, L_j, d_j]``, idf and mask ``[batch, words]`` -> ``(words [batch, words, d''],
+    text [batch, d''])`` float32; ValueError: inputs unlike the configuration."""
 
     layer_counts: tuple[int, ...]
     layer_weights: tuple[tuple[float, ...], ...] | None = None
@@ -255,8 +255,8 @@ def build_model(config: ml_collections.ConfigDict) -> SiameseRetriever:
 
 def text_batch(features: jax.Array, mask: jax.Array | None, widths: Sequence[int],
                source_weights: Any, source_aggregate: str, word_aggregate: str) -> TextBatch:
-    """One side's tower input: ``f_ensemble`` of ``[b, L, sum_j d_j]`` word matrices (with
-    ``mask [b, L]``) or ``[b, sum_j d_j]`` vectors, then pooling; ``source_weights`` ``[n]`` u."""
+    """One side's tower input: ``f_ensemble`` of ``[b, L, sum_j d_j]`` word matrices (with ``mask
+    [b, L]``) or ``[b, sum_j d_j]`` vectors, then pooling; ``source_weights`` ``[n]`` u."""
     u = jnp.asarray(source_weights, jnp.float32)
     parts = jnp.split(features, np.cumsum(widths)[:-1].tolist(), axis=-1)
     mixed = ensemble_sources(parts, u, source_aggregate)

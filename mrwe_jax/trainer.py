@@ -23,8 +23,8 @@ from mrwe_jax.model import build_model, init_fn, with_words
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh, *,
                corpus: RetrievalCorpus | None = None,
                features: FeatureSet | None = None) -> Task:
-    """The task of ``config``; ``corpus``, ``features`` skip loading. ValueError (before data):
-    P not divisible by data devices or processes, or P per device by ``grad_accum_steps``."""
+    """The task of ``config``; ``corpus``, ``features`` skip loading. ValueError (before data): P
+    not divisible by data devices or processes, or P per device by ``grad_accum_steps``."""
     P, K = int(config.paragraphs_per_batch), int(config.questions_per_paragraph)
     data_size = mesh.shape["data"]
     if P % data_size or P % jax.process_count():

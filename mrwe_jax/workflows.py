@@ -100,8 +100,8 @@ def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
 
 def export_tower_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
                          step: int | None = None) -> epath.Path:
-    """``mrwe-jax export-tower``: tower and recipe as plain files in a new or empty
-    ``output``; FileExistsError otherwise."""
+    """``mrwe-jax export-tower``: tower and recipe as plain files in a new or empty ``output``;
+    FileExistsError otherwise."""
     from embedding_core.serving import hf_export
 
     with hf_export.staged_output(output) as stage:

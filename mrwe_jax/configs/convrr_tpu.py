@@ -1,8 +1,5 @@
-"""ConvRR on a BERT-base multi-resolution embedding for TPU pod slices: the authors' settings
-(``default.py``) with BERT-base's last four layers as the contextual source (the hub id: each worker
-downloads it) and 64 paragraphs x 4 questions per step. The contextual encoder only extracts
-features (float32, forward only), so ``remat`` and ``dtype`` do not apply; the tower is small. On
-CPU, ``--config.contextual_model=`` a small BERT runs the same preset."""
+"""ConvRR on a BERT-base multi-resolution embedding for TPU pod slices: BERT-base's last four
+layers (hub id) as the contextual source, 64 paragraphs x 4 questions per step."""
 
 from mrwe_jax.configs import default
 

@@ -1,5 +1,5 @@
-"""FCRR on the BERT-base multi-resolution embedding for TPU pod slices: ``convrr_tpu.py`` with the
-FCRR tower of the authors' logged run (2 residual blocks, 1,024 wide)."""
+"""FCRR on the BERT-base multi-resolution embedding for TPU pod slices: ``convrr_tpu.py`` with
+the FCRR tower of the authors' logged run (2 residual blocks, 1,024 wide)."""
 
 from mrwe_jax.configs import convrr_tpu
 

