@@ -28,8 +28,7 @@ WORD = re.compile(r"\w+")
 
 def add_to_entities(sums: np.ndarray, sentence_vectors: np.ndarray,
                     entity_of: np.ndarray) -> None:
-    """Adds ``[b, dim]`` vectors to rows ``entity_of`` of float64 ``sums``, in place; ValueError:
-    shapes or an index out of range."""
+    """Adds ``[b, dim]`` vectors to rows ``entity_of`` of ``sums`` in place; ValueError."""
     vectors = np.asarray(sentence_vectors)
     entity_of = np.asarray(entity_of)
     if vectors.ndim != 2 or entity_of.shape != (vectors.shape[0],) or \
@@ -48,8 +47,7 @@ def entity_means(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
                      num_entities: int) -> np.ndarray:
-    """``[num_entities, dim]`` float32 means of ``[n, dim]`` vectors by entity (zero without);
-    ValueError: shapes or an index out of range."""
+    """``[num_entities, dim]`` float32 means of vectors by entity (zero without); ValueError."""
     vectors = np.asarray(sentence_vectors)
     sums = np.zeros((num_entities, vectors.shape[-1] if vectors.ndim == 2 else 0))
     add_to_entities(sums, vectors, entity_of)
@@ -59,8 +57,7 @@ def bag_of_sentences(sentence_vectors: np.ndarray, entity_of: np.ndarray,
 def encode_bag_of_sentences(encoder: Encoder, texts: Sequence[str], entity_of: np.ndarray,
                             num_entities: int, *, block_size: int = 8192,
                             progress: bool = False) -> np.ndarray:
-    """:func:`bag_of_sentences` of ``encoder``'s vectors, ``block_size`` texts at a time into
-    float64 sums (processes add theirs: a collective)."""
+    """:func:`bag_of_sentences` of ``encoder``'s vectors, ``block_size`` texts at a time."""
     entity_of = np.asarray(entity_of)
     n = len(texts)
     start, stop = multihost.process_rows(n) if multihost.splits(n) else (0, n)
@@ -112,8 +109,7 @@ class MeanPoolingEncoder(Encoder):
 
 
 class GloveAverageEncoder(Encoder):
-    """Mean GloVe 6B 50d vector of a sentence's lowercase ``\\w+`` words (zero without any);
-    FileNotFoundError: package or files missing; ValueError: the two files disagree."""
+    """Mean GloVe 6B 50d vector of a sentence's words; FileNotFoundError, ValueError."""
 
     def __init__(self, data_dir: str | os.PathLike | None = None):
         self.vectors = GloveVectors(data_dir)

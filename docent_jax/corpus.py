@@ -1,5 +1,4 @@
-"""The entity corpus every DocEnt source yields, the shipped SQuAD task's paragraph split
-(``docs/docent.md``, "Shipped task") and the run's ``entity_ids.txt``."""
+"""DocEnt's entity corpus, the SQuAD task's paragraph split, the run's ``entity_ids.txt``."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def squad_entity_data(
     seed: int = 0,
     sentence_splitter: Callable[[str], list[str]] = split_sentences,
 ) -> EntityData:
-    """The Wikipedia entity ranking task of a SQuAD v1.1 file (cached); DataError,
-    FileNotFoundError as ``squad.read_squad``."""
+    """The SQuAD entity ranking task (cached); DataError, FileNotFoundError."""
     articles, _ = squad.read_squad(path)
     train, heldout = paragraph_split(articles, heldout_fraction, seed)
     corpus = squad.wikipedia_entity_corpus(train, sentence_splitter)
@@ -83,8 +81,7 @@ def squad_entity_data(
 
 
 def own_entity_data(path: str) -> EntityData:
-    """``config.train_file``'s entities (sorted ids), sentences, no queries; FileNotFoundError,
-    DataError."""
+    """``train_file``'s entities, sentences, no queries; FileNotFoundError, DataError."""
     docs = entity_documents.read_entity_documents(path)
     entity_ids, sentences = entity_documents.entity_sentences(docs)
     description = (f"{path}: {len(docs)} documents of {len(entity_ids)} entities (ids "
@@ -109,15 +106,13 @@ def check_entity_ids(entity_ids: Sequence[str]) -> None:
 
 
 def write_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
-    """One id per line (UTF-8, line i = row i), atomically, readable by others. Raises
-    ValueError: see :func:`check_entity_ids`."""
+    """One id per line (line i = row i), atomically; ValueError as :func:`check_entity_ids`."""
     check_entity_ids(entity_ids)
     write_lines(path, entity_ids)
 
 
 def keep_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
-    """Writes ``entity_ids.txt`` on the first start; on a resume ValueError if it names other
-    entities."""
+    """Writes ``entity_ids.txt`` once; on a resume ValueError if it names other entities."""
     path = storage.as_path(path)
     if not path.is_file():
         write_entity_ids(path, entity_ids)
@@ -133,8 +128,7 @@ def keep_entity_ids(path: str | os.PathLike, entity_ids: Sequence[str]) -> None:
 
 
 def read_entity_ids(path: str | os.PathLike) -> list[str]:
-    """Reads a file written by :func:`write_entity_ids`. Raises FileNotFoundError: no such file.
-    DataError: invalid UTF-8, an empty line or a repeated id (with its 1-based line)."""
+    """:func:`write_entity_ids`'s file; FileNotFoundError, DataError (1-based line)."""
     path = storage.as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"entity id file {path} does not exist")

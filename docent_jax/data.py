@@ -54,8 +54,7 @@ def batch_spec(variant: str, warmup_steps: int = 0) -> dict[str, BatchField]:
 
 
 def load_data(config: ml_collections.ConfigDict) -> EntityData:
-    """Entities, sentences, queries of ``train_file`` or ``train_data`` (+
-    ``eval_queries_file``)."""
+    """Entities, sentences, queries of ``train_file`` or ``train_data``."""
     train_file = str(config.get("train_file", "") or "").strip()
     if train_file:
         data = own_entity_data(train_file)
@@ -72,9 +71,8 @@ def load_data(config: ml_collections.ConfigDict) -> EntityData:
 
 def entity_sentence_table(sentences: Sequence[tuple[int, str]], num_entities: int,
                           tokenizer: TokenizerLike, max_length: int) -> TokenTable:
-    """``(entity_index, sentence)`` pairs -> ``input_ids [n, 1, max_length]``, ``text_ids [n,
-    1]``; ValueError: no sentences, an entity out of range, an empty or non-string sentence (named).
-    """
+    """``(entity, sentence)`` pairs -> ``input_ids [n, 1, max_length]``, ``text_ids [n, 1]``;
+    ValueError: no sentences, a bad entity or sentence (named)."""
     if not sentences:
         raise ValueError("no training sentences")
     entities = np.empty(len(sentences), np.int64)
@@ -210,8 +208,7 @@ def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSou
 
 def training_data(config: ml_collections.ConfigDict, model_dir: str | os.PathLike
                   ) -> tuple[EntityData, TokenTable | shards.Manifest]:
-    """A run's entities and rows: ``train_shards``'s corpus (checked), else in memory;
-    FileNotFoundError, ValueError, DataError."""
+    """A run's entities and rows (``train_shards`` or in memory); OSError, ValueError."""
     folder = str(config.get("train_shards", "") or "").strip()
     if not folder:
         data = load_data(config)

@@ -103,8 +103,7 @@ def evaluate_scores(score_block: Callable[[int, int], np.ndarray],
                     ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
                     per_query: bool = False,
                     split: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """:func:`ranking_metrics` over blocks of queries; ``score_block(start, stop)`` -> scores;
-    ``split``: each process a slice (a collective)."""
+    """:func:`ranking_metrics` over query blocks (``split``: a slice each, a collective)."""
     if not relevant:
         raise ValueError("no queries to evaluate")
     if isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1:
@@ -160,8 +159,7 @@ def evaluate_ranks(rank_block: Callable[[int, int], tuple[np.ndarray, np.ndarray
 
 
 def eval_subset(queries: Sequence, limit: int) -> list:
-    """Items ``floor(i * n / limit)`` of ``queries`` (all when ``limit`` is 0 or larger): spread
-    over the articles, not a prefix."""
+    """Items ``floor(i * n / limit)`` of ``queries`` (all when ``limit`` is 0 or larger)."""
     n = len(queries)
     return list(queries) if limit <= 0 or limit >= n else [queries[i * n // limit]
                                                            for i in range(limit)]
@@ -185,8 +183,7 @@ def evaluate_embeddings(query_vectors: np.ndarray, entity_vectors: np.ndarray,
 
 def evaluate_ranker(ranker, queries: Sequence[tuple[str, Sequence[int]]],
                     progress: bool = False, **kwargs) -> dict[str, float]:
-    """Ranking metrics of an ``EntityRanker`` on ``(text, relevant)`` queries, ranked where the
-    table lies; with process-local params each process ranks a slice."""
+    """Ranking metrics of an ``EntityRanker``, ranked where the table lies."""
     texts = [q for q, _ in queries]
     relevant = [r for _, r in queries]
     kwargs.setdefault("split", multihost.is_local(ranker.params))

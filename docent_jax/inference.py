@@ -267,8 +267,7 @@ class EntityRanker(SavesFolder, Encoder):
                                    for _, ids, v in self.iter_entity_blocks(self.block_rows))
 
     def hf_folders(self) -> list[HFFolder]:
-        """Dual, Hybrid: ``f`` as one sentence-transformers folder (scale a in
-        ``export_info.json``); ValueError for Full."""
+        """Dual, Hybrid: ``f`` as a sentence-transformers folder; ValueError for Full."""
         if self.variant == "full":
             raise ValueError(
                 f"{self.workdir or self.name} is a DocEnt-Full run: its query vector is the "

@@ -96,8 +96,7 @@ def full_vocab_entity_loss(
 
 def make_dual_loss_fn(model: DocEntDual, config: ml_collections.ConfigDict,
                       mesh: Mesh) -> ContrastiveLoss:
-    """Dual's loss on the global batch split at ``f(s)`` (``ContrastiveLoss``); sentence i's
-    dropout key: ``fold_in(step key, i)``."""
+    """Dual's loss split at ``f(s)``; sentence i's dropout key ``fold_in(step key, i)``."""
     block_size = int(config.vocab_block_size)
     row_chunk = int(config.loss_chunk_size)
     fused_table = bool(config.fused_table_update)

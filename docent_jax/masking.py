@@ -1,5 +1,4 @@
-"""BERT-style masking of Full and Hybrid batches in the jitted loss, from the step key
-(``docs/docent.md``)."""
+"""BERT-style masking in the jitted loss, from the step key (``docs/docent.md``)."""
 
 from __future__ import annotations
 
