@@ -1,5 +1,4 @@
-"""DocEnt's optimizer: the shared AdamW, a separate learning rate for the entity side and the
-optional head-only MLM warm-up (``docs/docent.md``)."""
+"""DocEnt's optimizer: AdamW, the entity side's rate, the head-only warm-up (``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from embedding_core.training.run import default_optimizer
 
 
 def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:
-    """Scales top-level parameter ``name``'s updates by ``factors[name]`` (AdamW is linear in the
-    rate); stateless."""
+    """Scales parameter ``name``'s updates by ``factors[name]`` (AdamW is linear in the rate)."""
 
     def update(updates, state, params=None):
         return {key: jax.tree.map(lambda u, f=factors[key]: u * f, value) if key in factors
@@ -24,8 +22,7 @@ def scale_updates(factors: dict[str, float]) -> optax.GradientTransformation:
 
 
 def head_only_warmup(steps: int) -> optax.GradientTransformation:
-    """Zeroes every update but the MLM head's (``MLM_HEAD_PARAMS``) in the first ``steps`` steps;
-    the count lives in the state (a resume freezes the same steps)."""
+    """Only the MLM head updates in the first ``steps`` steps (counted in the state)."""
 
     def init(params):
         return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
@@ -41,8 +38,7 @@ def head_only_warmup(steps: int) -> optax.GradientTransformation:
 
 
 def head_warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> int:
-    """``mlm_warmup_steps`` (Full/Hybrid, ``mlm_head_init="warmup"``), at most half of
-    ``total_steps`` (a short run still trains its encoder and table)."""
+    """``mlm_warmup_steps`` (``mlm_head_init="warmup"``), at most half the run."""
     if config.variant == "dual" or config.mlm_head_init != "warmup":
         return 0
     return min(int(config.mlm_warmup_steps), int(total_steps) // 2)

@@ -1,5 +1,4 @@
-"""DocEnt's own training data, ``train_data = "amazon"``: Amazon Movies & TV reviews joined to
-Reviews2Movielens (``docs/docent_tags.md``, "Training corpus")."""
+"""DocEnt's Amazon training data (``docs/docent_tags.md``, "Training corpus")."""
 
 from __future__ import annotations
 

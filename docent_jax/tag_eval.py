@@ -1,5 +1,4 @@
-"""DocEnt's MovieLens tag-prediction metrics and frozen-embedding baselines (sec. 5; definitions
-in ``docs/docent.md``, "Tag prediction implementation")."""
+"""DocEnt's tag-prediction metrics and frozen-embedding baselines (``docs/docent.md``)."""
 
 from __future__ import annotations
 
@@ -107,8 +106,7 @@ def _prepare(embeddings, normalize: bool) -> np.ndarray:
 
 def fit_tag_head(embeddings, labels, *, steps: int = 500, learning_rate: float = 1e-2,
                  weight_decay: float = 1e-4, normalize: bool = True) -> TagHead:
-    """Per-tag logistic regression on ``[n, dim]`` embeddings and ``[n, n_tags]`` labels:
-    full-batch BCE, AdamW from zero; ValueError: shapes."""
+    """Per-tag logistic regression (full-batch BCE, AdamW from zero); ValueError: shapes."""
     x = _prepare(embeddings, normalize)
     y = np.asarray(labels, dtype=np.float32)
     if y.ndim != 2 or y.shape[0] != x.shape[0]:

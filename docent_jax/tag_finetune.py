@@ -1,5 +1,4 @@
-"""Fine-tuning a trained DocEnt model on MovieLens tags, ``logit = score_with(f(tag) + delta_h,
-movie) + b_h`` (*our choice*; ``docs/docent_tags.md``, "Fine-tuning")."""
+"""Fine-tuning a DocEnt model on MovieLens tags (*our choice*; ``docs/docent_tags.md``)."""
 
 from __future__ import annotations
 
@@ -279,8 +278,7 @@ def _minibatches(n: int, batch: int, steps: int, seed: int) -> list[np.ndarray]:
 def finetune_closed(scorer: TagScorer, tag_texts: Sequence[str], counts: np.ndarray,
                     entity_rows: np.ndarray, train_rows: np.ndarray, test_rows: np.ndarray, *,
                     train_threshold: int, settings: FinetuneSettings) -> FinetuneResult:
-    """Closed vocabulary: every tag on ``train_rows`` (labels ``count > train_threshold``), a
-    head row per tag; ValueError: overlapping rows or shapes."""
+    """Closed vocabulary: every tag on ``train_rows``, a head row per tag; ValueError."""
     counts = np.asarray(counts)
     train_rows, test_rows = np.asarray(train_rows), np.asarray(test_rows)
     check_disjoint(train_rows, test_rows, "train_rows and test_rows", "movies")

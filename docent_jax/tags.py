@@ -33,9 +33,8 @@ COSINE = "tag-text cosine (frozen)"
 
 @dataclasses.dataclass(frozen=True)
 class TagTask:
-    """A model's movie x tag matrix: ``movie_ids``, ``entity_rows`` ``[n_movies]`` int64,
-    ``tags`` (``tagId`` order), ``counts`` ``[n_movies, n_tags]`` int32, every tag ``applications``.
-    """
+    """A model's movie x tag matrix: ``movie_ids``, ``entity_rows`` int64, ``tags``, ``counts``
+    ``[n_movies, n_tags]`` int32, ``applications``."""
 
     movie_ids: list[int]
     entity_rows: np.ndarray
@@ -273,8 +272,8 @@ def _with_overrides(config: ml_collections.ConfigDict,
 def evaluate_tags_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                           progress: bool = True,
                           overrides: Mapping[str, Any] | None = None) -> dict:
-    """:func:`evaluate_tags` of a workdir's checkpoint with ``tag_*`` ``overrides``: prints,
-    writes ``workdir/eval/tags.json``; FileNotFoundError, ValueError."""
+    """:func:`evaluate_tags` of a checkpoint (``tag_*`` overrides), written to
+    ``eval/tags.json``."""
     from docent_jax.inference import load
 
     ranker = load(workdir) if step is None else load(workdir, step=step)

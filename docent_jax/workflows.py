@@ -19,10 +19,8 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baselines: bool = True, progress: bool = True,
                      per_query: bool = False, overrides: dict | None = None,
                      mesh_model: int = 1) -> dict:
-    """Held-out ranking of a checkpoint and the baselines: prints, writes
-    ``workdir/eval/ranking.json``; ``mesh_model > 1`` splits the table. Returns ``{model:
-    metrics}``. FileNotFoundError; ValueError: a non-``eval_*`` override, no queries, other
-    entities."""
+    """Held-out ranking of a checkpoint beside the baselines, written to ``eval/ranking.json``
+    (``mesh_model > 1``: the table split); FileNotFoundError, ValueError."""
     from docent_jax import data as docent_data
     from docent_jax import evaluate
     from docent_jax.inference import load

@@ -1,5 +1,4 @@
-"""Amazon review readers (plain or gzip JSON lines, 2014 or 2018 format; ``docs/data.md``) and
-DocEnt's two-pass review filters (sec. 4.4; ``docs/docent.md``)."""
+"""Amazon review readers (plain or gzip; ``docs/data.md``) and DocEnt's review filters."""
 
 from __future__ import annotations
 
@@ -153,8 +152,7 @@ class EntityVocab:
 
     @classmethod
     def load(cls, path: PathLike) -> EntityVocab:
-        """Reads :meth:`save`'s file; DataError: bad UTF-8, an empty line, a CR, unsorted keys;
-        FileNotFoundError."""
+        """Reads :meth:`save`'s file; DataError (bad line, unsorted keys), FileNotFoundError."""
         lines = decode_utf8(path, storage.as_path(path).read_bytes(), "key").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
@@ -239,8 +237,7 @@ def iter_entity_sentences(paths: PathLike | Sequence[PathLike], vocab: EntityVoc
                           skip_invalid: bool = False,
                           sentence_splitter: Callable[[str], list[str]] = split_sentences,
                           stats: ReviewCorpusStats | None = None) -> Iterator[tuple[int, str]]:
-    """Second pass: ``(entity id, sentence)`` in file order, ``names`` removed, empty ones
-    skipped; DataError."""
+    """Second pass: ``(entity id, sentence)`` in file order, names removed; DataError."""
     stats = stats if stats is not None else ReviewCorpusStats()
     scratch = ReviewCorpusStats()  # pass-1 counters are not counted twice
     for entity, review in _filtered_reviews(

@@ -1,5 +1,4 @@
-"""Reader for DocEnt's Reddit Movie Suggestions (Zemlyanskiy et al., EACL 2021, sec. 4.3; format:
-``docs/data.md``)."""
+"""Reader for DocEnt's Reddit Movie Suggestions (sec. 4.3; ``docs/data.md``)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ QUERY_FIELDS = ("query_original", "query_full", "query_title")
 
 @dataclasses.dataclass(frozen=True)
 class RedditQuery:
-    """One query (``record``: 0-based; ``query_full``: the text) and its known recommendations:
-    ``asins``, ``entity_ids``, ``scores``."""
+    """One query (``record`` 0-based) with its known ``asins``, ``entity_ids``, ``scores``."""
 
     record: int
     query_original: str

@@ -1,5 +1,4 @@
-"""Reader for Reviews2Movielens, DocEnt's Amazon ASIN -> MovieLens mapping (sec. 4.2; format:
-``docs/data.md``)."""
+"""Reader for Reviews2Movielens, ASIN -> MovieLens (sec. 4.2; ``docs/data.md``)."""
 
 from __future__ import annotations
 
