@@ -117,9 +117,7 @@ def _clean(value: Any) -> Any:
         return [_clean(v) for v in value]
     if isinstance(value, (np.floating, float)):
         return None if math.isnan(float(value)) else float(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
+    return int(value) if isinstance(value, np.integer) else value
 
 
 def format_tag_table(rows: Mapping[str, Mapping[str, float]]) -> str:

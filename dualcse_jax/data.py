@@ -1,5 +1,4 @@
-"""DualCSE's batches (:func:`batch_spec`), training rows (``train_shards``, ``train_file`` or
-shipped ``train_data``) and RTE sets (``val_file`` / ``test_file``, else INLI)."""
+"""DualCSE's batches, training rows and RTE sets (``val_file`` / ``test_file``, else INLI)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ GROUPED_INPUTS = tuple(tuple(f"{name}_{g}" for g in (0, 1)) for name in INPUTS)
 
 
 def batch_spec(config: ml_collections.ConfigDict) -> dict[str, BatchField]:
-    """Inputs ``[batch, F(_g), seq(_g)]`` int32 (per group with ``group_padding``), ``text_ids
-    [batch, F]``."""
+    """Inputs ``[batch, F(_g), seq(_g)]`` int32 (per ``group_padding`` group), ``text_ids``."""
     names = GROUPED_INPUTS if config.group_padding else tuple((n,) for n in INPUTS)
     spec = {name: BatchField("int", ("batch", f"fields{g}", f"seq{g}"))
             for group in names for g, name in enumerate(group)}
@@ -92,8 +90,7 @@ def _rte_examples(config: ml_collections.ConfigDict, split: str) -> list[inli.IN
 
 
 def val_examples(config: ml_collections.ConfigDict) -> list[inli.INLIExample]:
-    """RTE's threshold rows: ``val_file`` (with ``neutral``), else INLI val; FileNotFoundError,
-    DataError."""
+    """RTE's threshold rows: ``val_file``, else INLI val; FileNotFoundError, DataError."""
     return _rte_examples(config, "val")
 
 
@@ -143,8 +140,7 @@ def train_rows(config: ml_collections.ConfigDict, tokenizer, model_dir
 
 
 def corpus_source(config: ml_collections.ConfigDict) -> sharded_corpus.CorpusSource:
-    """What ``dualcse-jax preprocess`` writes: :func:`train_table`'s rows; FileNotFoundError,
-    DataError."""
+    """What ``dualcse-jax preprocess`` writes; FileNotFoundError, DataError."""
     from data_pipelines.tokenization import load_tokenizer
     from embedding_core.models.pretrained import resolve_model_dir
 

@@ -45,8 +45,7 @@ def check_rule(rule: str) -> str:
 
 
 def parse_rules(text: str | None) -> list[str] | None:
-    """``--rte_score_rules``: ``"all"`` or comma-separated rules (ValueError if unknown); blank:
-    None."""
+    """``--rte_score_rules``: ``"all"`` or comma-separated rules; blank: None; ValueError."""
     if text is None or not text.strip():
         return None
     if text.strip() == "all":
@@ -102,9 +101,7 @@ def one_score(sims: np.ndarray, rule: str) -> np.ndarray:
     """A one-score rule's score from ``[..., 2]`` cosines; ValueError: ``pair``, unknown rules."""
     if check_rule(rule) == "pair":
         raise ValueError("rule 'pair' has two scores per pair; use rte_similarities")
-    if rule == "max":
-        return sims.max(axis=-1)
-    return sims[..., SIMILARITIES.index(rule)]
+    return sims.max(axis=-1) if rule == "max" else sims[..., SIMILARITIES.index(rule)]
 
 
 def _cut(unique: np.ndarray, k: int) -> float:
@@ -177,8 +174,7 @@ def _predict(sims: np.ndarray, rule: str, thresholds: tuple[float, ...]) -> np.n
 
 
 def tune_rule(val_sims: Mapping[str, np.ndarray], rule: str) -> tuple[float, ...]:
-    """``(t,)`` (``pair``: ``(t_r, t_u)``) best on the pooled val pairs; ValueError: unknown
-    rule."""
+    """``(t,)`` (``pair``: ``(t_r, t_u)``) best on the pooled val pairs; ValueError."""
     check_rule(rule)
     sims = np.concatenate([val_sims[c] for c in CLASSES])
     y = np.concatenate([np.full(len(val_sims[c]), ENTAILED[c]) for c in CLASSES])
@@ -254,8 +250,7 @@ def evaluate_rte(embedder: Embedder, val: Sequence[INLIExample], test: Sequence[
 
 
 def rte_evaluator(model, tokenizer, config, val: list[INLIExample] | None = None):
-    """``(params, step) -> {val_rte_*}``: RTE on (and tuned on) the first ``eval_examples`` val
-    rows."""
+    """``(params, step) -> {val_rte_*}`` on the first ``eval_examples`` val rows."""
     val = (data.val_examples(config) if val is None else val)[: config.eval_examples]
     embedder = Embedder(model, None, tokenizer, config)  # compiled once
 
@@ -357,8 +352,7 @@ def inli_eis_proxy_correct(embedder: Embedder, examples: Sequence[INLIExample],
 
 
 def inli_eis_proxy_pairs(examples: Sequence[INLIExample]) -> list[tuple[str, str]]:
-    """A PROXY for EIS: (premise, implied entailment) pairs (``docs/dualcse.md``, "EIS
-    protocol"); reports must call it a proxy."""
+    """A PROXY for EIS, (premise, implied entailment) pairs: reports must say so."""
     return [(ex.premise, ex.implied_entailment) for ex in examples]
 
 

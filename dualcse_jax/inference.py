@@ -132,8 +132,7 @@ def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
 
 
 def load(workdir: str | os.PathLike, *, step: int | None = None) -> Embedder:
-    """The latest (or ``step``'s) params, a whole copy per process; FileNotFoundError, ValueError,
-    ``checkpoints.IncompatibleCheckpointError``."""
+    """The latest (or ``step``'s) params, a whole copy per process; OSError, ValueError."""
     config = read_config(workdir)
     # Shape and tokenizer from the workdir's copy (older runs: the base model), never weights.
     model_dir = workdir_model_dir(workdir, config.model)

@@ -101,9 +101,9 @@ def dualcse_loss(
 def simcse_loss(
     e: jax.Array, text_ids: jax.Array, *, temperature: float = 0.05, row_chunk: int = 0
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Supervised SimCSE (Gao et al. 2021, eq. 5) over the global batch: ``l_i = -log v(h_i, h+_i) /
-    sum_j [v(h_i, h+_j) + v(h_i, h-_j)]``; a hard negative equal to its row's positive and a sibling
-    row's positive (equal anchor ids) leave row i's sum. ``e``: ``[batch, 3, dim]`` (anchor,
+    """Supervised SimCSE (Gao et al. 2021, eq. 5) over the global batch: ``l_i = -log v(h_i,
+    h+_i) / sum_j [v(h_i, h+_j) + v(h_i, h-_j)]``; a hard negative equal to its row's positive and a
+    sibling row's positive (equal anchor ids) leave row i's sum. ``e``: ``[batch, 3, dim]`` (anchor,
     positive, hard negative); ``text_ids`` ``[batch, 3]`` int32. Returns ``(loss, {})``, float32."""
     _check_ids(e, text_ids)
     e = e.astype(jnp.float32)

@@ -1,5 +1,5 @@
-"""DualCSE's field layout and token tables (DualCSE, supervised SimCSE): each text tokenised once;
-text ids span the table, so a sentence in two roles has one id (``docs/dualcse.md``)."""
+"""DualCSE's field layout and token tables (DualCSE, supervised SimCSE): each text tokenised
+once; text ids span the table, so a sentence in two roles has one id (``docs/dualcse.md``)."""
 
 from __future__ import annotations
 

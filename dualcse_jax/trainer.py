@@ -26,8 +26,8 @@ from embedding_core.training import training
 
 
 def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> ContrastiveLoss:
-    """``(params, batch, rng) -> (loss, metrics)`` split at ``(r, u)`` ``[rows, sentences, hidden]``
-    float32 (simcse: ``(r,)``); row i's dropout key: ``fold_in(step key, i)``."""
+    """``(params, batch, rng) -> (loss, metrics)`` split at ``(r, u)`` ``[rows, sentences,
+    hidden]`` float32 (simcse: ``(r,)``); row i's dropout key: ``fold_in(step key, i)``."""
     simcse = config.architecture == "simcse"
     row_chunk, tau = int(config.loss_chunk_size), config.temperature
 
@@ -50,8 +50,8 @@ def make_loss_fn(model: DualEncoder, config: ml_collections.ConfigDict) -> Contr
 
 
 def build_task(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Task:
-    """The task of a config; the user's RTE files are read first. ValueError: fewer rows than
-    a batch; FileNotFoundError: model, RTE file; DataError (file, line, field)."""
+    """The task of a config; the user's RTE files are read first. ValueError: fewer rows than a
+    batch; FileNotFoundError: model, RTE file; DataError (file, line, field)."""
     val = data.val_examples(config) if data.has_own_file(config, "val_file") else None
     if data.has_own_file(config, "test_file"):
         data.test_examples(config)

@@ -133,8 +133,8 @@ def export_hf_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *,
 
 def run_demo(workdir: str | os.PathLike, num_train_steps: int | None = None, *,
              config=None) -> dict:
-    """The README's main job: train (``config``, else ``configs/cross_cpu.py``), evaluate RTE beside
-    MiniLM off the shelf, export the INLI test premises' r and u."""
+    """The README's main job: train (``config``, else ``configs/cross_cpu.py``), evaluate RTE
+    beside MiniLM off the shelf, export the INLI test premises' r and u."""
     workdir = storage.as_path(workdir)
 
     from data_pipelines import inli

@@ -373,9 +373,7 @@ def word_weight_table(config: Any, paragraph_texts: Sequence[str]) -> IdfTable:
     value = config.get("word_weights", "idf") if hasattr(config, "get") else "idf"
     if value not in WORD_WEIGHTS:
         raise ValueError(f"config.word_weights={value!r}: use one of {WORD_WEIGHTS}")
-    if value == "unit":
-        return IdfTable.unit_weights(len(paragraph_texts))
-    return idf(paragraph_texts)
+    return IdfTable.unit_weights(len(paragraph_texts)) if value == "unit" else idf(paragraph_texts)
 
 
 def build_features(config: Any, corpus: RetrievalCorpus, *, mixture: Mixture,
