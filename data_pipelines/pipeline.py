@@ -105,25 +105,15 @@ def make_batches(
     length_groups: Sequence[Sequence[int]] | None = None,
     shards: Sequence[np.ndarray] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """This host's slice of each global batch from ``start_step`` on (``num_steps`` None: no
-    end), from a table in memory or streamed from a sharded corpus's own shards.
-
-    Args:
-      global_batch_size: B over all hosts (a corpus: a multiple of its S shards); host p of P
-        gets rows ``[p*B/P, (p+1)*B/P)`` (a corpus: ``S % P == 0``).
-      pad_multiple: a step pads to its global batch's longest sequence rounded up to this
-        (a corpus: the corpus's longest); ``fixed_length``: exactly that instead.
-      length_groups: a partition of the fields padded apart, yielded as ``*_g``.
-      shards: a table's rows of each shard (``Manifest.members()``): the corpus order.
-
-    Yields:
-      ``input_ids``, ``attention_mask``, ``token_type_ids`` [B/P, F, L] int32 (``*_g``
-      [B/P, F_g, L_g] with ``length_groups``), ``text_ids`` [B/P, F] int32, ``step`` int64.
-
-    Raises:
-      ValueError: inconsistent B, P, S, rows, steps, pad_multiple, fixed_length or
-        length_groups. DataError: a shard file missing or damaged (named in one line).
-    """
+    """This host's slice of each global batch from ``start_step`` (``num_steps`` None: no end),
+    from a table or streamed from a sharded corpus's own shards: ``input_ids``, ``attention_mask``,
+    ``token_type_ids`` [B/P, F, L] int32 (``*_g`` [B/P, F_g, L_g] per ``length_groups``),
+    ``text_ids`` [B/P, F] int32, ``step`` int64. Host p of P gets rows ``[p*B/P, (p+1)*B/P)`` (a
+    corpus: B a multiple of its S shards, ``S % P == 0``); a step pads to its global batch's longest
+    sequence (a corpus: its longest) rounded up to ``pad_multiple``, or to ``fixed_length``;
+    ``shards``: a table's rows per shard (``Manifest.members()``), the corpus order. ValueError:
+    inconsistent B, P, S, rows, steps, padding or groups; DataError: a shard file missing or damaged
+    (named)."""
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must lie in [0, {process_count})")
     if global_batch_size % process_count:

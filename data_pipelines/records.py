@@ -136,12 +136,9 @@ def read_records(path: str | os.PathLike[str], required: Sequence[str],
                  optional: Sequence[str] = (), *, list_fields: Sequence[str] = (),
                  file_format: str = "auto", formats: Sequence[str] = FORMATS,
                  min_records: int = 1) -> list[dict[str, Any]]:
-    """One dict per record (field -> ``str`` / ``list[str]`` / None, ``"_line"`` -> first line);
-    ``required`` / ``optional`` fields (absent, null, empty: None), ``list_fields`` (JSON arrays of
-    strings), ``file_format`` ``"csv"`` | ``"jsonl"`` | ``"auto"``. FileNotFoundError; ValueError:
-    a bad list field or format name; DataError: a folder, a format not allowed, invalid UTF-8 or
-    JSON, a non-object, a duplicated key, a missing or empty required field, a wrong type, a NUL,
-    a lone surrogate, broken CSV, under ``min_records`` records."""
+    """One dict per record (field -> str, list or None; ``"_line"``); ``required`` / ``optional`` /
+    ``list_fields``, ``file_format`` csv | jsonl | auto. FileNotFoundError; ValueError: a bad
+    list field or format; DataError: the file, a line, a field or the record count (named)."""
     fields = [*required, *optional]
     if not set(list_fields) <= set(fields):
         raise ValueError(f"list_fields {sorted(set(list_fields) - set(fields))} are not "

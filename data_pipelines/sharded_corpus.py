@@ -26,9 +26,8 @@ _READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # ArrayRecord's ran
 
 @dataclasses.dataclass
 class CorpusSource:
-    """What ``preprocess`` writes, built a chunk at a time: ``rows`` builds any subset in any
-    order; ``files``: ``{role: (file name, bytes)}`` extras; ``source``: the config fields that
-    shaped the rows (in the manifest); ``description``: the TFDS info line."""
+    """What ``preprocess`` writes, a chunk at a time (``rows``: any subset, any order; ``files``:
+    extras; ``source``: the config fields kept in the manifest)."""
 
     fields: tuple[str, ...]
     max_length: int
@@ -68,10 +67,8 @@ def _check_output(output) -> None:
 
 def write_corpus(source: CorpusSource, output: str | os.PathLike, *, num_shards: int,
                  chunk_rows: int = 4096, assignment_seed: int = 0) -> shards.Manifest:
-    """Tokenises ``source`` into ``num_shards`` shards under ``output`` (rows by
-    ``default_rng(assignment_seed).permutation(n)``, ``chunk_rows`` at a time); on error nothing is
-    left. ValueError: ``num_shards`` not in [1, n], ``chunk_rows`` < 1, a chunk unlike ``source``;
-    FileExistsError: ``output`` a file or a non-empty folder."""
+    """Tokenises ``source`` into ``num_shards`` shards under ``output``, ``chunk_rows`` at a time
+    (nothing left on error); ValueError: bad counts or chunk; FileExistsError: ``output`` in use."""
     import tensorflow_datasets as tfds
 
     from data_pipelines.tfds_builders import TokenizedCorpus

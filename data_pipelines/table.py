@@ -12,9 +12,8 @@ from data_pipelines.tokenization import TokenizedTexts
 
 @dataclasses.dataclass
 class TokenTable:
-    """n examples of F token sequences: ``input_ids``, ``token_type_ids`` [n, F, max_len] int32
-    (right-padded), ``lengths`` [n, F] int32, ``text_ids`` [n, F] int32 (equal text, equal id), F
-    ``field_names``. ValueError: inconsistent shapes or lengths, not F names."""
+    """n examples of F token sequences: ``input_ids``, ``token_type_ids`` [n, F, max_len] int32,
+    ``lengths``, ``text_ids`` [n, F] int32; ValueError: inconsistent shapes or names."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray

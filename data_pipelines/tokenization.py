@@ -76,9 +76,8 @@ def require_text_tokens(tokenizer: Tokenizer, tok: TokenizedTexts, texts: Sequen
 
 def tokenize(tokenizer: Tokenizer, texts: Sequence[str], max_length: int,
              pair: str | None = None) -> TokenizedTexts:
-    """:class:`TokenizedTexts` of width ``max_length``: ``[CLS] s [SEP]`` (``pair``: ``[CLS] s
-    [SEP] pair [SEP]``; RoBERTa alike), only the text truncated; ValueError: no room for a text
-    token."""
+    """:class:`TokenizedTexts` of width ``max_length``, ``[CLS] s [SEP]`` (``pair``: ``[CLS] s
+    [SEP] pair [SEP]``), only s truncated; ValueError: no room for a text token."""
     if max_length < 1:
         raise ValueError(f"max_length must be positive, got {max_length}")
     texts = list(texts)

@@ -89,10 +89,8 @@ def _summary(per_query: PerQuery, num_queries: int) -> Summary:
 def ranking_metrics(scores: np.ndarray, relevant: Sequence[Sequence[int]],
                     ks: Sequence[int] = RECALL_KS, ndcg_k: int = NDCG_K,
                     per_query: bool = False) -> Summary | tuple[Summary, PerQuery]:
-    """MAP, MRR, recall@k, NDCG@k and ``num_queries`` of ``[n_queries, n_entities]`` scores
-    (ties: ``metrics.ranks_of_relevant``); ``per_query``: also ``{metric: [n_queries]}``.
-    ValueError: a query without relevant entity, an index out of range, a shape mismatch, NaN
-    scores, a non-positive cut-off."""
+    """MAP, MRR, recall@k, NDCG@k, ``num_queries`` of ``[n_queries, n_entities]`` scores
+    (``per_query``: also per query); ValueError: a bad relevant list, shapes, NaN, a cut-off < 1."""
     values = _per_query_metrics(scores, relevant, ks, ndcg_k)
     summary = _summary(values, len(relevant))
     return (summary, values) if per_query else summary

@@ -323,10 +323,8 @@ def _check_fits(workdir, model, config, device_bytes: int | None) -> None:
 
 def load(workdir: str | os.PathLike, *, step: int | None = None,
          mesh: Mesh | None = None, device_bytes: int | None = None) -> EntityRanker:
-    """The latest (or ``step``'s) checkpoint's params: ``mesh=None`` a whole copy per process
-    (refused for a table over ``device_bytes``), else the table split by rows over ``"model"``.
-    FileNotFoundError: no workdir, config, ``entity_ids.txt``, checkpoint or model; ValueError:
-    ``model`` not dividing the rows, or the table too large (one line, with the fix)."""
+    """The latest (or ``step``'s) params: ``mesh=None`` a whole copy per process (refused over
+    ``device_bytes``), else the table split over ``"model"``; FileNotFoundError, ValueError."""
     config = read_config(workdir)
     entity_ids = read_entity_ids(storage.as_path(workdir) / ENTITY_IDS_FILE)
     # The encoder's shape and tokenizer: the workdir's copy, or the base model for older

@@ -14,9 +14,8 @@ ENTITY_POSITION = 1
 
 @dataclasses.dataclass(frozen=True)
 class MaskingConfig:
-    """How word pieces and entity tokens are masked: ids from ``word_vocab_size`` on are
-    entities; ``special_token_ids`` never masked; rates as ``docs/docent.md``; ``mask_prob``,
-    ``random_prob``: BERT's 80/10/10."""
+    """How word pieces and entity tokens (ids from ``word_vocab_size``) are masked; specials
+    never."""
 
     mask_token_id: int
     word_vocab_size: int
@@ -78,9 +77,8 @@ def maskable_word_pieces(input_ids: jax.Array, attention_mask: jax.Array,
 
 def mask_word_pieces(rng: jax.Array, input_ids: jax.Array, maskable: jax.Array,
                      masking: MaskingConfig) -> MaskedTokens:
-    """BERT masked-LM corruption (Devlin et al. 2019, A.1) of ``maskable`` ids: ``k = min(floor(n
-    * rate + u), P, n)``, ``u ~ U[0, 1)``, positions uniform, each ``[MASK]``, random or kept;
-    :class:`MaskedTokens` with ``P = min(max_predictions, seq_len)`` slots."""
+    """BERT's masking (Devlin et al. 2019, A.1): ``k = min(floor(n * rate + u), P, n)`` of the
+    ``maskable`` ids, 80/10/10; :class:`MaskedTokens` of ``P = min(max_predictions, seq_len)``."""
     input_ids, maskable = jnp.asarray(input_ids), jnp.asarray(maskable)
     batch, seq_len = input_ids.shape
     slots = min(masking.max_predictions, seq_len)

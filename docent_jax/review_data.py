@@ -55,10 +55,8 @@ def mapping_path(config: ml_collections.ConfigDict) -> str:
 
 
 def load_review_data(config: ml_collections.ConfigDict) -> EntityData:
-    """:class:`docent_jax.corpus.EntityData` of ``amazon_paths``, ``mapping_path``, the
-    thresholds and ``eval_reddit_path``, cached per process on paths, sizes and mtimes. ValueError:
-    empty paths, thresholds below 1, no movie left, an ASIN on two MovieLens ids; FileNotFoundError
-    (field named); DataError (file, line, field)."""
+    """``EntityData`` of the config's Amazon files (cached on paths, sizes, mtimes); ValueError
+    (empty paths, thresholds, no movie, an ASIN on two ids), FileNotFoundError, DataError."""
     paths = tuple(_file_key(p, "amazon_paths") for p in review_paths(config))
     mapping = _file_key(mapping_path(config), "mapping_path")
     reddit_file = _field(config, "eval_reddit_path")

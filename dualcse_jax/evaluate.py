@@ -120,11 +120,9 @@ def _cut(unique: np.ndarray, k: int) -> float:
 
 def best_threshold_pair_accuracy(explicit, implicit, labels, *, chunk: int = 256
                                  ) -> tuple[float, float, float]:
-    """``(t_r, t_u, accuracy)`` of the best "``explicit > t_r`` or ``implicit > t_u``" over
-    every distinct classification; ties: smallest ``t_r``, then ``t_u``; O(n^2) in blocks.
-
-    Args: ``explicit``, ``implicit`` ``[n]`` float; ``labels`` ``[n]`` bool or 0/1.
-    Raises: ValueError for empty or NaN input, differing shapes, non-binary labels."""
+    """``(t_r, t_u, accuracy)`` of the best "``explicit > t_r`` or ``implicit > t_u``" over every
+    distinct classification of ``[n]`` scores and bool labels (ties: smallest ``t_r``, ``t_u``);
+    ValueError: empty or NaN input, differing shapes, non-binary labels."""
     s_r = np.asarray(explicit, np.float64)
     s_u = np.asarray(implicit, np.float64)
     y = np.asarray(labels)
@@ -269,10 +267,8 @@ def rte_evaluator(model, tokenizer, config, val: list[INLIExample] | None = None
 
 def label_conflicts(examples: Sequence[INLIExample],
                     key: Callable[[str], Hashable] | None = None) -> dict:
-    """Rows giving one sentence (equal under ``key``; default whitespace collapsed) under an
-    entailed and a non-entailed class (``docs/dualcse.md``).
-
-    Returns: ``{"rows": n, "index": [row], "line": [file line or None], "classes": [[c, c]]}``."""
+    """Rows giving one sentence (equal under ``key``) under an entailed and a non-entailed class:
+    ``{"rows", "index", "line", "classes"}`` (``docs/dualcse.md``)."""
     key = key or (lambda text: " ".join(text.split()))
     out: dict = {"rows": 0, "index": [], "line": [], "classes": []}
     for i, ex in enumerate(examples):

@@ -53,9 +53,8 @@ class MultiResolutionTexts:
 def embed_texts(texts: Sequence[str], sources: Sequence[WordSource], idf_table: IdfTable,
                 module: MultiResolutionEmbedding | None = None, *, batch_size: int = 128,
                 max_batch_words: int | None = MAX_BATCH_WORDS) -> MultiResolutionTexts:
-    """Sources, ``f_mixture``, ``f_ensemble`` and pooling with fixed coefficients (``module``
-    default uniform; calls of ``rows x width <= max_batch_words``); ValueError: a learning module,
-    sources disagreeing on word counts."""
+    """Sources, mixture, ensemble and pooling with fixed coefficients, ``max_batch_words`` a
+    call; ValueError: a learning module, sources disagreeing on word counts."""
     if module is None:
         module = MultiResolutionEmbedding(tuple(s.num_layers for s in sources))
     if module.learn_layer_weights or module.learn_source_weights:

@@ -29,9 +29,8 @@ def _check_aggregate(aggregate: str, allowed: tuple[str, ...]) -> None:
 
 def mix_layers(layers: jax.Array, layer_weights: jax.Array, idf_weights: jax.Array,
                aggregate: str = "sum") -> jax.Array:
-    """``x_i^j = f_mixture(m^j, E_i^j, w_idf)``: ``"sum"`` ``w sum_l m_l e_l``, ``"average"``
-    ``w/L sum_l m_l e_l`` or ``"concatenate"``; ``[..., words, L, d]`` -> ``[..., words, d']``
-    float32."""
+    """``x_i^j = f_mixture(m^j, E_i^j, w_idf)`` (sum, average or concatenate of ``m_l e_l``,
+    times ``w``): ``[..., words, L, d]`` -> ``[..., words, d']`` float32."""
     _check_aggregate(aggregate, AGGREGATES)
     weighted = (
         layers.astype(jnp.float32)
@@ -82,9 +81,8 @@ def pool_words(words: jax.Array, mask: jax.Array, aggregate: str = "average") ->
 
 
 class MultiResolutionEmbedding(nn.Module):
-    """Mixture, ensemble, pooling with fixed or learned (``softmax(logits)``) m^j and u: n
-    ``[batch, words, L_j, d_j]``, idf and mask ``[batch, words]`` -> ``(words [batch, words, d''],
-    text [batch, d''])`` float32; ValueError: inputs unlike the configuration."""
+    """Mixture, ensemble, pooling with fixed or learned (softmax) m^j and u -> ``(words [batch,
+    words, d''], text [batch, d''])`` float32; ValueError: inputs unlike the configuration."""
 
     layer_counts: tuple[int, ...]
     layer_weights: tuple[tuple[float, ...], ...] | None = None
