@@ -89,10 +89,9 @@ def _field_index_of_quote_error(record_text: str) -> int:
 def read_csv_records(path: str | os.PathLike[str], required_columns: Sequence[str], *,
                      allow_empty: Sequence[str] = (), min_records: int = 1
                      ) -> list[dict[str, str | int]]:
-    """One dict per record of a CSV file with a header (UTF-8, BOM dropped): header column ->
-    string, ``"_line"`` -> first physical line. ``required_columns``: present, non-blank (but
-    ``allow_empty``). FileNotFoundError; DataError: invalid UTF-8, a NUL, no header, a duplicated or
-    missing column, broken quoting, a wrong field count, an empty value, too few records."""
+    """One dict per record of a headed CSV (UTF-8, BOM dropped): column -> string, ``"_line"``;
+    ``required_columns`` non-blank unless ``allow_empty``. FileNotFoundError; DataError (file, line,
+    column): encoding, a NUL, the header, quoting, field counts, empty values, too few rows."""
     path = epath.Path(path)  # a local path or a gs:// URI
     text = _decode(path, path.read_bytes())
     # newline="" keeps line breaks inside quoted fields as they are (the csv module's rule)

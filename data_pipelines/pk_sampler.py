@@ -9,10 +9,8 @@ SMALL_GROUP_POLICIES = ("replace", "skip")
 
 def pk_sample_batches(group_of_item: np.ndarray, P: int, K: int, seed: int, epoch: int, *,
                       small_groups: str = "replace") -> list[np.ndarray]:
-    """One epoch of ``[P * K]`` int64 batches from ``default_rng([seed, epoch])``: groups
-    shuffled in runs of P (short last run dropped), K items each (fewer: ``small_groups``
-    ``"replace"`` or ``"skip"``). ValueError: not 1-D integers, P or K < 1, unknown policy, under P
-    groups."""
+    """One epoch of ``[P * K]`` int64 batches from ``default_rng([seed, epoch])`` (runs of P
+    shuffled groups, K items each; ``small_groups``: replace or skip); ValueError."""
     groups = np.asarray(group_of_item)
     if groups.ndim != 1 or not np.issubdtype(groups.dtype, np.integer):
         raise ValueError(f"group_of_item must be a 1-D integer array, got shape "

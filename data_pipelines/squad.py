@@ -120,10 +120,9 @@ def _get(obj: Any, key: str, kind: type, where: str, record: str) -> Any:
 
 def read_squad(path: str | os.PathLike[str] | None = None, *, skip_invalid: bool = False
                ) -> tuple[list[SquadArticle], SquadSkips]:
-    """``(articles, skips)`` of a SQuAD v1.1 file, JSON or a zip of one (default shipped dev);
-    ``skip_invalid`` drops and counts empty contexts and questions. DataError: invalid UTF-8 or
-    JSON, a bad field (named, e.g. ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2] (id
-    '5733...').question``), a duplicated id; FileNotFoundError."""
+    """``(articles, skips)`` of a SQuAD v1.1 file, JSON or a one-file zip (default shipped dev);
+    ``skip_invalid`` drops empty ones. DataError: bad UTF-8 or JSON, a bad field (named, e.g.
+    ``data[3] 'Nikola_Tesla'.paragraphs[5].qas[2] (id '5733...').question``), a repeated id."""
     path = epath.Path(path) if path is not None else epath.Path(squad_dev_path())
     root, where = _load_json(path)
     data = _get(root, "data", list, where, "")

@@ -1,6 +1,5 @@
-"""DocEnt's objectives, one function per equation (``docs/docent.md``): Dual's ``-log P(e | s)``
-over ``config.softmax``'s denominator, Full's ``L_MLM + lambda * L_E``, Hybrid's dual term +
-MLM; masks are drawn in the loss from the step key (the same on a resume and any mesh)."""
+"""DocEnt's objectives, one function per equation (``docs/docent.md``); masks are drawn in the
+loss from the step key (the same on a resume and any mesh)."""
 
 from __future__ import annotations
 

@@ -31,10 +31,9 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
                      baseline: bool = False, eis_data: str | None = None,
                      progress: bool = True, overrides: dict | None = None,
                      rules: Sequence[str] | None = None) -> dict:
-    """RTE (+ EIS) of a checkpoint, printed and written to ``workdir/eval/`` (``rte.json``,
-    ``eis.json``, ``rte_baseline.json``); ``overrides``: ``val_file``, ``test_file``,
-    ``eval_rte_score_rule`` for this call; ``rules``: a table each (``None``: the run's). ValueError
-    (before the model loads): an unknown rule or override field."""
+    """RTE (+ EIS) of a checkpoint, printed and written to ``workdir/eval/``; ``overrides``:
+    ``val_file``, ``test_file``, ``eval_rte_score_rule``; ``rules``: a table each. ValueError
+    (before loading): an unknown rule or override."""
     from data_pipelines import impscore
     from dualcse_jax import data, evaluate
     from dualcse_jax.baselines import baseline as make_baseline

@@ -179,8 +179,8 @@ def bucket_width(length: int, minimum: int = 16) -> int:
 
 
 def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BATCH_WORDS) -> int:
-    """Rows of a batch of ``width`` words: ``batch_size`` or the largest power of two with ``rows
-    x width <= max_batch_words``."""
+    """Rows of a batch of ``width`` words: ``batch_size``, or a power of two within
+    ``max_batch_words``."""
     batch_size = int(batch_size)
     if not max_batch_words or batch_size * int(width) <= int(max_batch_words):
         return batch_size
@@ -192,8 +192,8 @@ def batch_rows(width: int, batch_size: int, max_batch_words: int | None = MAX_BA
 
 def side_arrays(features: FeatureSet, side: str, indices: np.ndarray, *, with_words: bool,
                 width: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(features, mask)`` of one side's rows for ``model.text_batch``: ``[b, width, sum_j
-    d_j]`` float32 with ``[b, width]`` bool, or pooled ``[b, sum_j d_j]`` and None."""
+    """``(features, mask)`` of one side's rows: word matrices and mask, or pooled vectors and
+    None."""
     feats = features.side(side)
     indices = np.asarray(indices, np.int64)
     if not with_words:

@@ -51,8 +51,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def cosine_ranks(question_vectors: np.ndarray, pool_vectors: np.ndarray, targets: np.ndarray,
                  *, block: int = 1024, split: bool = True) -> np.ndarray:
-    """``[n_q]`` int64 1-based pessimistic cosine rank of each ``targets`` column among
-    ``[n_pool, d]`` vectors (zero vector: worst); ``split``: each process a slice (a collective)."""
+    """``[n_q]`` int64 pessimistic cosine ranks of ``targets`` in the pool (``split``: a
+    collective)."""
     q, p = _unit(question_vectors), _unit(pool_vectors)
     targets = np.asarray(targets)
 
@@ -159,8 +159,7 @@ def format_table(rows: Mapping[str, Mapping[int, float]], title: str = "") -> st
 
 
 def tsne_selection(corpus: RetrievalCorpus, num_paragraphs: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(questions [m], paragraphs [m])`` int64 of the ``num_paragraphs`` test paragraphs with
-    the most questions."""
+    """``(questions, paragraphs)`` int64 of the test paragraphs with the most questions."""
     q_idx = np.flatnonzero(corpus.test_questions)
     paragraphs, counts = np.unique(corpus.question_paragraph[q_idx], return_counts=True)
     order = np.lexsort((paragraphs, -counts))[:num_paragraphs]

@@ -85,8 +85,8 @@ def tower_label(config: ml_collections.ConfigDict, step: int | None) -> str:
 
 
 class Retriever(SavesFolder, Encoder):
-    """A ConvRR / FCRR tower with its feature recipe; ``name``: its table label; ``split``: the
-    corpus rows its export views hold (``"all"``, ``"test"``, ``None``)."""
+    """A ConvRR / FCRR tower with its feature recipe; ``split``: its export rows (all, test,
+    None)."""
 
     default_normalize = True  # the tower's outputs are unit rows
 
@@ -268,8 +268,7 @@ class Retriever(SavesFolder, Encoder):
 
 def load(workdir: str | os.PathLike, *, step: int | None = None,
          split: str | None = None) -> Retriever:
-    """A checkpoint's params (default latest), a whole copy per process, with ``idf.json``;
-    FileNotFoundError, ValueError: a bad config, recipe or IDF table."""
+    """A checkpoint's params (default latest), a whole copy per process; OSError, ValueError."""
     config = read_config(workdir)
     features = FeatureSet.from_recipe(read_recipe(workdir), read_idf(workdir, config))
     model = build_model(config)

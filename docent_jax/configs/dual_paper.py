@@ -1,12 +1,5 @@
-"""DocEnt-Dual at the paper's scale: BERT-base on Amazon Movies & TV reviews, for pod slices
-(``docs/docent.md``). Batch, steps and rates are our choice for a v4-32 slice. Nothing
-downloads at run time: pass a local BERT-base folder and your review files::
-
-  docent-jax train --config=docent_jax/configs/dual_paper.py --workdir=runs/dual \\
-      --config.model=/models/bert-base-uncased \\
-      --config.amazon_paths=/data/Movies_and_TV_5.json.gz \\
-      --config.mapping_path=/data/Reviews2Movielens.csv
-"""
+"""DocEnt-Dual at the paper's scale, BERT-base on Amazon reviews for pod slices (command:
+``docs/docent.md``, "Paper-scale presets")."""
 
 from docent_jax.configs import default
 

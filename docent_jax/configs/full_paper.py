@@ -1,6 +1,5 @@
-"""DocEnt-Full at the paper's scale (see ``dual_paper.py`` for data, model and command): ``[CLS]
-<entity> [SEP] sentence [SEP]`` in 128 tokens, BERT's masking, ``L_MLM + L_E``; the 81,057 entity
-rows and their softmax are split over ``model`` as Dual's table."""
+"""DocEnt-Full at the paper's scale (``dual_paper.py``'s data): 81,057 entity rows over
+``model``."""
 
 from docent_jax.configs import dual_paper
 

@@ -1,6 +1,4 @@
-"""DocEnt-Hybrid on the shipped SQuAD corpus, CPU-sized: ``dual_cpu.py`` plus the
-entity-conditioned MLM head on ``[f(s_-J)_t ; g(e)]`` (about twice Dual's step: the dual term
-encodes the clean sentence again), with a 50-step head-only warm-up."""
+"""DocEnt-Hybrid on the shipped SQuAD corpus, CPU-sized: ``dual_cpu.py`` plus the MLM head."""
 
 from docent_jax.configs import dual_cpu
 

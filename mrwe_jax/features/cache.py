@@ -125,8 +125,8 @@ def source_specs(config: Any) -> list[SourceSpec]:
 
 @dataclasses.dataclass
 class TextFeatures:
-    """One source's mixture words of n texts, flat: text i is ``words[offsets[i]:offsets[i +
-    1]]`` (``[num_words, d_j]`` float32); ``vectors [n, d_j]`` float32 pooled."""
+    """One source's words of n texts, flat (text i: ``words[offsets[i]:offsets[i + 1]]``),
+    ``vectors``."""
 
     words: np.ndarray
     offsets: np.ndarray
@@ -350,8 +350,7 @@ def cached_text_features(texts: Sequence[str], spec: SourceSpec, idf_table: IdfT
 
 def resolve_source_weights(value: str, names: Sequence[str],
                            paragraph_vectors: Mapping[str, np.ndarray]) -> np.ndarray:
-    """u ``[n_sources]`` float32 (sum 1) of ``config.source_weights``: ``"uniform"``,
-    ``"balanced"`` (``u_j ~ 1 / RMS ||v^j||``) or ``"a,b,c"``; ValueError: count, sign, zero sum."""
+    """u (sum 1) of ``config.source_weights``: uniform, balanced or ``"a,b,c"``; ValueError."""
     if value in ("", "uniform"):
         return normalized_weights(np.ones(len(names)), "config.source_weights")
     if value == "balanced":

@@ -130,8 +130,7 @@ class GloveSource:
 
 
 class HashedTfidfSource:
-    """Word w -> fixed Gaussian code ``r(w) ~ N(0, I/dim)`` seeded by ``hash(seed, w)``: with IDF
-    weights and a sum the text vector is ``R^T tfidf(text)`` (our reading, ``docs/mrwe.md``)."""
+    """Word w -> fixed code ``r(w) ~ N(0, I/dim)``: the text vector is ``R^T tfidf(text)``."""
 
     name = "tfidf"
     num_layers = 1
@@ -200,8 +199,7 @@ def best_window(num_pieces: int, starts: Sequence[int], content: int) -> np.ndar
 
 
 class ContextualSource:
-    """A word's vector per layer: mean hidden state of the pieces overlapping its span (none:
-    zeros); long texts in half-overlapping windows, each piece from its :func:`best_window`."""
+    """A word's vector per layer: mean hidden state of its pieces, long texts in windows."""
 
     def __init__(self, tokenizer: Any, hidden_states_fn: HiddenStatesFn, *, num_layers: int,
                  dim: int, max_length: int = 512, pad_id: int = 0, batch_size: int = 16,
