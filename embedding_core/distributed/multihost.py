@@ -1,9 +1,5 @@
 """Evaluation and export on several processes: each computes its slice, process 0 writes
-(``docs/architecture.md``, "Several processes").
-
-Every function that gathers is a collective (same order, same ``total`` on all processes);
-an exception in one process's slice is raised on all of them.
-"""
+(``docs/architecture.md``, "Several processes"). Gathers are collectives."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ _STATUS_BYTES = 4096  # of the status each process sends before a gather (longer
 # Re-raised under their own name on the processes that did not fail.
 _KNOWN_ERRORS = {cls.__name__: cls for cls in (ValueError, TypeError, KeyError,
                                                 FileNotFoundError, OSError, RuntimeError)}
-# A host that compiles a large step minutes after its peers (a loaded machine, a slower
-# host) must not fail the run; a process that never comes ends it after this long.
+# A host compiling minutes after its peers must not fail the run; one that never comes does.
 BARRIER_TIMEOUT_S = 30 * 60
 _barriers = itertools.count()  # every process passes the same barriers in the same order
 
@@ -39,13 +34,8 @@ def is_primary() -> bool:
 
 
 def barrier(what: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
-    """Returns once every process has called it (the same ``what``, in the same order); a
-    no-op alone. JAX's coordination service waits, not a collective: gloo gives those 30 s.
-
-    Raises:
-      TimeoutError: a process did not come within ``timeout_s`` (one line naming ``what``);
-        RuntimeError: the coordination service failed (a process ended).
-    """
+    """Returns once every process has called it, through JAX's coordination service (a
+    gloo collective gives up after 30 s). Raises TimeoutError, RuntimeError."""
     if jax.process_count() == 1:
         return
     from jax._src import distributed
@@ -71,13 +61,8 @@ def barrier(what: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
 
 
 def process_rows(total: int, index: int | None = None, count: int | None = None) -> tuple[int, int]:
-    """Process ``index``'s (default: this one's) contiguous slice ``[start, stop)`` of
-    ``total`` rows, the first ``total % count`` one row longer (10 on 3: ``[0, 4)``,
-    ``[4, 7)``, ``[7, 10)``).
-
-    Raises:
-      ValueError: a negative ``total`` or an ``index`` outside ``[0, count)``.
-    """
+    """Process ``index``'s ``[start, stop)`` of ``total`` rows (10 on 3: ``[0, 4)``,
+    ``[4, 7)``, ``[7, 10)``). Raises ValueError: negative ``total``, ``index`` outside."""
     index = jax.process_index() if index is None else int(index)
     count = jax.process_count() if count is None else int(count)
     if total < 0 or not 0 <= index < count:
@@ -113,12 +98,8 @@ def _status(payload: bytes) -> dict[str, Any]:
 
 
 def agree(error: BaseException | None, what: str, **info: Any) -> list[dict[str, Any]]:
-    """Exchanges every process's outcome (``error`` or None, JSON-serialisable ``info``).
-
-    Returns every process's ``{"ok": True, **info}`` when all succeeded; otherwise a
-    failed process re-raises its own error and the others the same type (or
-    :class:`PeerProcessError`) with the first failed peer's message, naming ``what``.
-    """
+    """Every process's ``{"ok": True, **info}``; where one failed, it raises its ``error``
+    and the others its type (or :class:`PeerProcessError`) with its message."""
     if jax.process_count() == 1:
         if error is not None:
             raise error
@@ -138,9 +119,17 @@ def agree(error: BaseException | None, what: str, **info: Any) -> list[dict[str,
     raise cls(f"{what}: process {index} failed: {peer.get('message', '(message cut)')}")
 
 
-def _gather_leaf(local: np.ndarray, total: int) -> np.ndarray:
+def _allgather_raw(raw: np.ndarray, size: int) -> np.ndarray:
+    # Bytes survive JAX's 32-bit default types. A power of two (few compiled gathers), never
+    # the status size: a process one exchange behind fails on the shape.
     from jax.experimental import multihost_utils
 
+    buf = np.zeros(max(2 * _STATUS_BYTES, 1 << (size - 1).bit_length()), np.uint8)
+    buf[:raw.size] = raw
+    return np.asarray(multihost_utils.process_allgather(buf))
+
+
+def _gather_leaf(local: np.ndarray, total: int) -> np.ndarray:
     local = np.ascontiguousarray(local)
     count = jax.process_count()
     per = -(-total // count)
@@ -149,22 +138,14 @@ def _gather_leaf(local: np.ndarray, total: int) -> np.ndarray:
     width = int(np.prod(row_shape, dtype=np.int64)) * local.dtype.itemsize
     if width == 0:
         return np.zeros((total, *row_shape), local.dtype)
-    # Bytes survive JAX's 32-bit default types. A power of two (few compiled gathers), never
-    # the status size: a process one exchange behind fails on the shape.
-    raw = np.zeros(max(2 * _STATUS_BYTES, 1 << (per * width - 1).bit_length()), np.uint8)
-    raw[:len(local) * width] = local.reshape(-1).view(np.uint8)
-    stacked = np.asarray(multihost_utils.process_allgather(raw))
+    stacked = _allgather_raw(local.reshape(-1).view(np.uint8), per * width)
     rows = np.concatenate([stacked[i, :n * width] for i, n in enumerate(sizes)])
     return rows.view(local.dtype).reshape(total, *row_shape)
 
 
 def sum_over_processes(local: np.ndarray, block_rows: int = 4096) -> np.ndarray:
-    """The sum of every process's ``local`` (same shape and dtype everywhere, kept exact:
-    float64 stays float64), added in process order; exchanged ``block_rows`` rows at a
-    time, so no process receives more than ``process_count x block_rows`` rows at once.
-    A collective."""
-    from jax.experimental import multihost_utils
-
+    """Every process's ``local`` summed in process order, in its dtype, ``block_rows`` rows
+    exchanged at a time (a collective)."""
     local = np.ascontiguousarray(local)
     if jax.process_count() == 1 or local.size == 0:
         return local
@@ -172,10 +153,7 @@ def sum_over_processes(local: np.ndarray, block_rows: int = 4096) -> np.ndarray:
     for start in range(0, len(local), block_rows):
         part = local[start:start + block_rows]
         raw = part.reshape(-1).view(np.uint8)
-        # As _gather_leaf: bytes, a power-of-two size that is never a status's.
-        buf = np.zeros(max(2 * _STATUS_BYTES, 1 << (raw.size - 1).bit_length()), np.uint8)
-        buf[:raw.size] = raw
-        stacked = np.asarray(multihost_utils.process_allgather(buf))[:, :raw.size]
+        stacked = _allgather_raw(raw, raw.size)[:, :raw.size]
         parts = [row.view(local.dtype).reshape(part.shape) for row in stacked]
         total = parts[0].copy()
         for other in parts[1:]:
@@ -185,14 +163,8 @@ def sum_over_processes(local: np.ndarray, block_rows: int = 4096) -> np.ndarray:
 
 
 def split_map(fn: Callable[[int, int], T], total: int, *, what: str = "rows") -> T:
-    """``fn(0, total)`` computed as one slice per process, gathered on every process.
-
-    ``fn(start, stop)``: a pytree of arrays with ``stop - start`` leading rows; no collective.
-
-    Raises:
-      Whatever ``fn`` raised (on the others: the same type, :func:`agree`); ValueError:
-        results of another shape.
-    """
+    """``fn(0, total)`` as one ``fn(start, stop)`` slice per process, gathered everywhere.
+    Raises what ``fn`` raised (:func:`agree`); ValueError: results of another shape."""
     if not splits(total):
         return fn(0, total)
     start, stop = process_rows(total)
@@ -244,12 +216,8 @@ def _spec_axes(spec: PartitionSpec) -> set[str]:
 
 
 def localize(tree: Any) -> Any:
-    """``tree``'s global arrays re-wrapped, without copying, on this process's block of the
-    mesh with the same partition spec (a jitted call on them is then no collective).
-
-    Raises:
-      ValueError: an array split across processes (a ``model`` axis spanning hosts).
-    """
+    """``tree``'s global arrays re-wrapped, not copied, on this process's block of the mesh.
+    Raises ValueError: an array split across processes."""
     if jax.process_count() == 1:
         return tree
 
@@ -275,9 +243,9 @@ def localize(tree: Any) -> Any:
 
 
 def encode(encoder: Any, texts: Sequence[str], **kwargs: Any) -> np.ndarray:
-    """``encoder.encode(texts, **kwargs)`` as ``[len(texts), dim]`` float32 on every
-    process, each encoding its slice (all of it when the encoder's params are global).
-    ``texts`` (the same everywhere) are checked whole first (``errors.check_texts``)."""
+    """``encoder.encode(texts)`` float32 on every process, each encoding its slice (all of
+    it when the params are global)."""
+
     from embedding_core.errors import check_texts
 
     texts = check_texts(texts)

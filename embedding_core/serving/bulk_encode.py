@@ -1,13 +1,6 @@
-"""``embedding-jax encode``: text files encoded by any pretrained encoder
-(``st_models.load_encoder``), data-parallel over this host's devices, split across hosts,
-written block by block and resumable; the finished blocks become one export
-(``export.export_view``; ``docs/models.md``, "Bulk encoding").
-
-Layout while it runs: ``OUTPUT/_blocks/encode.json`` (what the run encodes: inputs with
-size and mtime, field, model, block size, settings) and ``OUTPUT/_blocks/<i>.npz`` (block
-``i``: rows ``[i * block_rows, (i + 1) * block_rows)``), each written atomically; a re-run
-skips the blocks it finds and refuses other inputs or settings.
-"""
+"""``embedding-jax encode``: text files into one export, block by block over devices and
+hosts, resumable (``docs/models.md``, "Bulk encoding"): ``OUTPUT/_blocks/encode.json``
+(the settings) and ``OUTPUT/_blocks/<i>.npz`` (rows ``[i * block_rows, ...)``)."""
 
 from __future__ import annotations
 
@@ -30,13 +23,8 @@ SETTINGS_FILE = "encode.json"
 
 
 def input_files(pattern: str) -> list[str]:
-    """The files of a path or glob (local or ``gs://``), sorted.
-
-    Raises:
-      FileNotFoundError: nothing matches (one line naming the pattern).
-      IsADirectoryError: ``pattern`` is a folder (the line shows the glob to give).
-      ValueError: a recursive ``**`` glob.
-    """
+    """The files of a path or glob, sorted. Raises FileNotFoundError, IsADirectoryError,
+    ValueError (a recursive ``**`` glob)."""
     path = storage.as_path(pattern)
     if path.is_dir():
         raise IsADirectoryError(f"--input={pattern} is a folder, not a file; give a file or "
@@ -59,14 +47,10 @@ def input_files(pattern: str) -> list[str]:
 
 
 def texts(files: Sequence[str], field: str | None) -> Iterator[tuple[str, str]]:
-    """``(id, text)`` of every line (``FILE:LINE``), in file order; JSON Lines with
-    ``field``. Lines are strict UTF-8 (a leading byte-order mark is dropped).
+    """``(FILE:LINE, text)`` of every line (JSON Lines with ``field``), strict UTF-8.
 
-    Raises:
-      DataError: invalid UTF-8, a NUL byte (binary or UTF-16 input), a carriage return
-        inside a plain-text line, an empty text, bad JSON or a missing field
-        (``FILE:LINE: ...``).
-    """
+    Raises: DataError: invalid UTF-8, a NUL byte, a carriage return inside a plain-text
+    line, an empty text, bad JSON or a missing field."""
     for name in files:
         with storage.as_path(name).open("rb") as f:
             for number, raw in enumerate(f, 1):
@@ -97,12 +81,7 @@ def texts(files: Sequence[str], field: str | None) -> Iterator[tuple[str, str]]:
 
 
 def count_rows(pattern: str, files: Sequence[str], field: str | None) -> int:
-    """The number of rows of ``files``, every line checked as :func:`texts` reads it.
-
-    Raises:
-      DataError: as :func:`texts`; no row at all (the file, or ``--input`` and the count
-        of its files, named).
-    """
+    """The rows of ``files``, each checked. Raises DataError: as :func:`texts`; no row."""
     rows = sum(1 for _ in texts(files, field))
     if not rows:
         if len(files) == 1:
@@ -145,15 +124,8 @@ def _save_block(path, ids: list[str], vectors: np.ndarray) -> None:
 
 
 class Progress:
-    """Rows of this process encoded out of ``total``, updated per encode batch: a tqdm bar
-    on a terminal; elsewhere (logs, nohup, CI) one plain line at the start, at each tenth
-    of the rows to encode, at least every ``interval`` seconds, and at the end.
-
-    Args:
-      total: this process's rows; done: those in blocks kept from before.
-      stream: where to write (default ``sys.stderr``); bar: a tqdm bar (default: whether
-        ``stream`` is a terminal); prefix: what each line starts with.
-    """
+    """This process's rows done of ``total`` (``done`` kept from before): a tqdm bar on a
+    terminal, else a line at each tenth and at least every ``interval`` seconds."""
 
     def __init__(self, total: int, done: int, *, stream: TextIO | None = None,
                  bar: bool | None = None, prefix: str = "encode", interval: float = 60.0,
@@ -199,19 +171,11 @@ class Progress:
 
 
 def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict[str, Any]:
-    """Encodes ``args.input`` into ``args.output`` (see the module docstring); progress
-    (:class:`Progress`) goes to ``stream`` (default ``sys.stderr``).
+    """Encodes ``args.input`` into ``args.output``; returns this process's ``{"rows",
+    "blocks", "skipped", "encoded", "seconds", "finished_before"}``.
 
-    The input is read and checked in full before the model loads, and ``encode.json`` is
-    written only before this process's first block: a failed start leaves nothing that
-    refuses the corrected command. ``encode.json`` beside no block is not a run to resume.
+    Raises: FileNotFoundError, DataError, ValueError: bad input, other settings."""
 
-    Returns ``{"rows", "blocks", "skipped", "encoded", "seconds", "finished_before"}`` of
-    this process.
-
-    Raises:
-      FileNotFoundError, DataError, ValueError: one line each (bad input, other settings).
-    """
     import jax
 
     from embedding_core.distributed import multihost

@@ -1,8 +1,4 @@
-"""Train state, optimizer, sharded state creation and the jitted train step.
-
-A package supplies ``init_params``, ``loss_fn(params, batch, rng) -> (loss, metrics)`` on
-the global batch and its batches; the loop is ``embedding_core.training.loop``.
-"""
+"""Train state, optimizer, sharded state creation and the jitted train step."""
 
 from __future__ import annotations
 
@@ -28,23 +24,14 @@ LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, di
 
 
 class TrainState(train_state.TrainState):
-    """flax's TrainState; ``apply_fn`` is unused (losses close over their modules).
-
-    ``first_nonfinite_step``: int32 scalar, -1 while everything was finite, else the first
-    (1-based) non-finite step; never saved; ``None`` turns it off (``docs/architecture.md``,
-    "Stopping a run").
-    """
+    """``first_nonfinite_step``: int32, -1 while all is finite, else the first non-finite
+    step (never saved; ``None``: off; ``docs/architecture.md``, "Stopping a run")."""
 
     first_nonfinite_step: Any = None
 
 
 def check_workdir(workdir: str | os.PathLike) -> epath.Path:
-    """``workdir`` (local or ``gs://``) as a path.
-
-    Raises:
-      NotADirectoryError: ``workdir`` exists and is not a folder.
-      ValueError: not a local path or ``gs://`` URI.
-    """
+    """``workdir`` as a path. Raises NotADirectoryError; ValueError: not a path or URI."""
     path = storage.as_path(workdir)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"--workdir {path} exists and is not a folder")
@@ -54,12 +41,8 @@ def check_workdir(workdir: str | os.PathLike) -> epath.Path:
 def learning_rate_schedule(
     peak: float, total_steps: int, warmup_steps: int, decay: str = "linear"
 ) -> optax.Schedule:
-    """Linear warm-up from 0 to ``peak``, then ``linear`` (HF
-    ``get_linear_schedule_with_warmup``), ``cosine`` or ``constant`` to the end.
-
-    Raises:
-      ValueError: an unknown ``decay``.
-    """
+    """Linear warm-up to ``peak``, then ``linear`` (HF's), ``cosine`` or ``constant``.
+    Raises ValueError: an unknown ``decay``."""
     warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
     decay_steps = max(total_steps - warmup_steps, 1)
     if decay == "linear":
@@ -99,15 +82,8 @@ def create_sharded_state(init_params: Callable[[jax.Array], Any], tx: optax.Grad
                          mesh: Mesh, rng: jax.Array, *,
                          rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
                          pretrained: Mapping[str, Any] | None = None) -> tuple[TrainState, Any]:
-    """Builds the train state directly in its sharded layout.
-
-    ``init_params``: ``rng -> params`` with ``nn.LogicallyPartitioned`` leaves;
-    ``pretrained``: ``{param path: numpy tree}`` replacing the fresh subtree at each path.
-    Returns ``(state, state_shardings)`` (params unboxed).
-
-    Raises:
-      ValueError: a pretrained subtree whose structure or shapes differ from the model's.
-    """
+    """``(state, state_shardings)`` built in place; ``pretrained``: ``{param path: numpy
+    tree}`` replacing those subtrees. Raises ValueError: a pretrained tree that differs."""
     init_state = _state_initializer(init_params, tx)
     shardings = state_shardings(init_params, tx, mesh, rules)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -138,24 +114,12 @@ def state_shardings(init_params: Callable[[jax.Array], Any], tx: optax.GradientT
     return parallel.logical_shardings(abstract, mesh, rules)
 
 
-def params_shardings(init_params: Callable[[jax.Array], Any], mesh: Mesh,
-                     rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES) -> Any:
-    """Shardings of the params alone (from their logical names; nothing is initialised)."""
-    return parallel.logical_shardings(jax.eval_shape(init_params, jax.random.key(0)), mesh, rules)
-
 
 def restore_params(directory: str | os.PathLike, init_params: Callable[[jax.Array], Any],
                    mesh: Mesh, *, step: int | None = None,
                    rules: parallel.LogicalRules = parallel.LOGICAL_AXIS_RULES,
                    sizes: Mapping[str, int] | None = None) -> tuple[int, Any]:
-    """``(step, params)`` of checkpoint ``step`` (default: latest), params alone, onto
-    ``mesh`` whatever mesh wrote them; ``init_params`` is only traced for the structure
-    and logical names (rules fitted with ``sizes``).
-
-    Raises:
-      FileNotFoundError: no checkpoint (at ``step``) under ``directory``.
-      checkpoints.IncompatibleCheckpointError: a checkpoint of an older layout.
-    """
+    """:func:`checkpoints.restore_params` onto ``mesh`` (``init_params`` is only traced)."""
     boxed = jax.eval_shape(init_params, jax.random.key(0))
     shardings = parallel.logical_shardings(boxed, mesh, rules, sizes)
     abstract = nn.unbox(boxed)
@@ -197,18 +161,11 @@ def make_train_step(loss_fn: LossFn, state_shardings: Any, mesh: Mesh, *,
                     table_update: FusedTableUpdate | None = None
                     ) -> Callable[[TrainState, Mapping[str, jax.Array], jax.Array],
                                   tuple[TrainState, dict]]:
-    """The pure train step, jitted with shardings and a donated state.
+    """``step(state, batch, rng) -> (state, metrics)``, jitted, state donated; dropout key
+    ``fold_in(rng, state.step)``; ``table_update`` consumes ``metrics[TABLE_STATS]``.
 
-    Gradients of the global mean loss; dropout key ``fold_in(rng, state.step)``;
-    ``value_and_grad`` replaces ``jax.value_and_grad(loss_fn, has_aux=True)``;
-    ``table_update`` updates a softmax table from ``metrics[TABLE_STATS]``.
-    Returns ``step(state, batch, rng) -> (state, metrics)`` (replicated scalars, with
-    ``loss``, ``grad_norm`` and ``learning_rate``).
+    Raises: ValueError: a table not split by rows; (trace) stats without a table update."""
 
-    Raises:
-      ValueError: ``table_update``'s table is not split by rows over ``model``; (at trace
-        time) table statistics without ``table_update``, or none with it.
-    """
     grad_fn = value_and_grad or jax.value_and_grad(loss_fn, has_aux=True)
     if table_update is not None:
         table_update.check_sharding(state_shardings.params)
