@@ -245,7 +245,6 @@ def localize(tree: Any) -> Any:
 def encode(encoder: Any, texts: Sequence[str], **kwargs: Any) -> np.ndarray:
     """``encoder.encode(texts)`` float32 on every process, each encoding its slice (all of
     it when the params are global)."""
-
     from embedding_core.errors import check_texts
 
     texts = check_texts(texts)

@@ -355,7 +355,6 @@ def average_precision_rows(scores, labels, sample_weight=None) -> np.ndarray:
     distinct thresholds; ``sample_weight`` as in :func:`roc_auc_rows`.
 
     Raises: ValueError: NaN scores, shape mismatch, negative weights, a one-class row."""
-
     wp, wn, _, end = _sorted_weights(scores, labels, sample_weight, "average_precision_rows",
                                      True)
     # Each item takes the precision at the end of its tie group (the threshold it enters at).

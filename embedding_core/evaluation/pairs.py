@@ -292,7 +292,6 @@ class TripletEvaluator:
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> TripletEvaluator:
         """From ``anchor``, ``positive``, ``negative`` records. Raises DataError,
         FileNotFoundError."""
-
         (anchors, positives, negatives), _ = read_columns(
             path, ("anchor", "positive", "negative"))
         return cls(anchors, positives, negatives, **kwargs)

@@ -385,7 +385,6 @@ def read_jsonl(path: str | os.PathLike
     """``(queries, corpus, relevant_docs)`` of ``{"query", "positive": str | [str],
     "negatives"?: [str]}`` lines: one query per distinct text (id: its first line), the
     corpus every distinct text (id: itself). Raises DataError."""
-
     path = as_path(path)
     queries: dict[str, str] = {}
     corpus: dict[str, str] = {}

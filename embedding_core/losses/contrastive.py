@@ -303,7 +303,6 @@ class StepSplit:
     def value_and_grad(self, loss_fn: Any, accumulation: GradAccumulation | None,
                        mesh: Mesh, param_shardings: Any = None) -> ValueAndGradFn | None:
         """Chunked, accumulated or ``None`` (the plain gradient)."""
-
         if self.chunk_size > 0:
             return chunked_value_and_grad(loss_fn, self.chunk_size, mesh, param_shardings)
         if self.accum_steps > 1:

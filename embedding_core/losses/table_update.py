@@ -204,7 +204,6 @@ class FusedTableUpdate:
                    update: bool):
         """One ``shard_map`` pass over the blocks: the squared gradient norm (from
         ``rest_sq``: after the backward, in place), with ``update`` the table and moments."""
-
         table = param_leaves[table_index]
         rows_per_shard = table.shape[0] // mesh.shape[self.model_axis]
         block = min(int(self.block_size), rows_per_shard)

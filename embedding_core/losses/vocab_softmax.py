@@ -246,7 +246,6 @@ def vocab_parallel_softmax_cross_entropy(queries: jax.Array, table: jax.Array, t
                                          block_size: int = 0) -> jax.Array:
     """``[b]`` float32 ``logsumexp_j(z_ij) - z_{i, t_i}`` of :func:`vocab_parallel_logsumexp`
     (same args; ``optax.softmax_cross_entropy_with_integer_labels`` without dense logits)."""
-
     stats = vocab_parallel_logsumexp(queries, table, targets, mesh, scale, cosine=cosine,
                                      num_classes=num_classes, data_axis=data_axis,
                                      model_axis=model_axis, block_size=block_size)

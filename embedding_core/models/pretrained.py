@@ -1,8 +1,5 @@
-"""Finding and reading pretrained BERT / RoBERTa checkpoints for ``embedding_core.models.encoders``.
-
-Weights come from a folder (local or ``gs://``), an installed package's ``model/``, or a
-Hugging Face hub id through the hub cache (``embedding_core.models.hub``).
-"""
+"""Finding and reading pretrained checkpoints: a folder (local or ``gs://``), an installed
+package's ``model/`` or a hub id (``docs/models.md``)."""
 
 from __future__ import annotations
 
@@ -71,15 +68,8 @@ ENCODER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.
 
 
 def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
-    """The absolute local model folder of ``name_or_path``: a folder holding
-    ``config.json`` or ``model/config.json`` (``gs://``: copied into the local cache), an
-    installed package's (distribution or import name) ``model/`` folder, or a hub id's
-    snapshot in the hub cache (``embedding_core.models.hub``; downloaded when missing).
-
-    Raises:
-      FileNotFoundError: none of these, or a file (the message says what to pass; offline,
-        ``packages.installed_model_packages`` are named).
-    """
+    """The absolute local folder of ``name_or_path`` (with ``config.json`` or
+    ``model/config.json``). Raises FileNotFoundError, saying what to pass."""
     if isinstance(name_or_path, str) and not name_or_path.strip():
         raise FileNotFoundError(f"The model name is empty. {WHAT_TO_PASS}")
     if storage.is_remote(name_or_path):
@@ -114,7 +104,7 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> pathlib.Path:
 
 
 def param_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-    """Flattened parameter paths and shapes of ``TransformerEncoder(config)`` (no compute)."""
+    """Flat parameter paths and shapes of ``TransformerEncoder(config)`` (no compute)."""
     from flax import traverse_util
 
     model = TransformerEncoder(config)
@@ -125,7 +115,7 @@ def param_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]
 
 
 def _flax_path(hf_name: str, model_type: str = "bert") -> tuple[tuple[str, ...], bool] | None:
-    """Our parameter path for an HF tensor name and whether to transpose it; None: skip."""
+    """``(our path, transpose?)`` of an HF tensor name; None: skip."""
     for prefix in _PREFIXES:
         if hf_name.startswith(prefix):
             hf_name = hf_name[len(prefix) :]
@@ -153,13 +143,11 @@ def _flax_path(hf_name: str, model_type: str = "bert") -> tuple[tuple[str, ...],
                                or parent == "relative_attention_bias"):
         leaf = "embedding"
     elif leaf == "weight":
-        # torch Linear stores [out, in]; flax Dense kernels are [in, out].
         leaf, transpose = "kernel", True
     return (*path[:-1], leaf), transpose
 
 
 def _load_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-    """The tensors of one safetensors file; a truncated or foreign file is one line."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -196,14 +184,9 @@ def _read_safetensors(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def load_pretrained_params(model_dir: str | os.PathLike, config: EncoderConfig) -> dict[str, Any]:
-    """HF ``model.safetensors`` (or a sharded index) as ``TransformerEncoder(config)``'s
-    parameter tree of numpy float32 arrays (``bert.`` / ``roberta.`` prefixes, buffers,
-    pooler and task heads dropped; dense kernels transposed to ``[in, out]``).
+    """``model.safetensors`` (or a sharded index) as the encoder's float32 numpy tree.
 
-    Raises:
-      FileNotFoundError: no safetensors weights in ``model_dir``.
-      ValueError: listing every missing parameter, unexpected tensor and shape mismatch.
-    """
+    Raises: FileNotFoundError; ValueError: every missing, unexpected or misshapen tensor."""
     from flax import traverse_util
 
     model_dir = pathlib.Path(model_dir)
@@ -247,7 +230,7 @@ def load_pretrained_params(model_dir: str | os.PathLike, config: EncoderConfig) 
 
 @dataclasses.dataclass
 class Pretrained:
-    """A loaded checkpoint: its folder, config and numpy float32 parameter tree."""
+    """A loaded checkpoint: folder, config, float32 numpy params."""
 
     model_dir: pathlib.Path
     config: EncoderConfig
@@ -255,20 +238,14 @@ class Pretrained:
 
     @property
     def module(self) -> TransformerEncoder:
-        """The encoder module for ``config`` (apply it with ``{"params": params}``)."""
         return TransformerEncoder(self.config)
 
 
 def load_pretrained(
     name_or_path: str | os.PathLike, dtype: str = "float32", dropout: bool | None = None
 ) -> Pretrained:
-    """Config and weights of a local HF BERT / RoBERTa checkpoint (:func:`resolve_model_dir`);
-    ``dtype``: compute dtype; ``dropout=False`` sets both dropout rates to 0.
-
-    Raises:
-      FileNotFoundError, ValueError: as :func:`resolve_model_dir`,
-      :meth:`EncoderConfig.from_hf_config` and :func:`load_pretrained_params`.
-    """
+    """A checkpoint of :func:`resolve_model_dir`; ``dropout=False`` sets its rates to 0.
+    Raises FileNotFoundError, ValueError."""
     model_dir = resolve_model_dir(name_or_path)
     config = EncoderConfig.from_hf_config(model_dir).replace(dtype=dtype)
     if dropout is False:
@@ -277,13 +254,8 @@ def load_pretrained(
 
 
 def save_encoder_files(model_dir: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Copies each of :data:`ENCODER_FILES` that ``model_dir`` holds into ``dest``,
-    atomically, ``config.json`` last (no weights: the checkpoint holds them).
-
-    Raises:
-      FileNotFoundError: ``model_dir`` lacks ``config.json`` or ``tokenizer.json``
-        (nothing is written).
-    """
+    """Copies the :data:`ENCODER_FILES` of ``model_dir`` into ``dest``, ``config.json``
+    last. Raises FileNotFoundError: no ``config.json`` or ``tokenizer.json``."""
     from embedding_core.storage.files import write_bytes_atomic
 
     model_dir = storage.as_path(model_dir)
@@ -298,21 +270,14 @@ def save_encoder_files(model_dir: str | os.PathLike, dest: str | os.PathLike) ->
 
 
 def encoder_run_files(model_dir: str | os.PathLike) -> dict[str, Callable[[Any], None]]:
-    """``Task.run_files`` entry that keeps ``model_dir``'s config and tokenizer in the
-    workdir's :data:`ENCODER_DIR` (see :func:`save_encoder_files`)."""
+    """``Task.run_files`` entry keeping ``model_dir``'s files in :data:`ENCODER_DIR`."""
     return {ENCODER_DIR: lambda path: save_encoder_files(model_dir, path)}
 
 
 def workdir_model_dir(workdir: str | os.PathLike,
                       model: str | os.PathLike | None = None) -> pathlib.Path:
-    """A local folder with the ``config.json`` and ``tokenizer.json`` a run trained with:
-    ``workdir/encoder`` when complete, else (older workdirs) the run config's ``model``
-    through :func:`resolve_model_dir`.
-
-    Raises:
-      FileNotFoundError: no complete copy and ``model`` is None or cannot be found (the
-        message names both places).
-    """
+    """``workdir/encoder`` when complete, else (older workdirs) ``model``'s folder.
+    Raises FileNotFoundError naming both places."""
     copy = storage.as_path(workdir) / ENCODER_DIR
     if (copy / "config.json").is_file() and (copy / "tokenizer.json").is_file():
         return storage.local_copy(copy).resolve()

@@ -175,7 +175,6 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
     "blocks", "skipped", "encoded", "seconds", "finished_before"}``.
 
     Raises: FileNotFoundError, DataError, ValueError: bad input, other settings."""
-
     import jax
 
     from embedding_core.distributed import multihost

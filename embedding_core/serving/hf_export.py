@@ -313,7 +313,6 @@ def _check_output(out) -> None:
 def staged_output(output: str | os.PathLike) -> Iterator[pathlib.Path]:
     """A local folder renamed or uploaded (``config.json``, ``modules.json`` last) to
     ``output`` when the block succeeds. Raises FileExistsError: ``output`` is not empty."""
-
     out = storage.as_path(output)
     _check_output(out)
     remote = storage.is_remote(out)

@@ -230,9 +230,7 @@ class Encoder:
         texts = check_texts(texts)
         if truncate_dim is None:
             truncate_dim = self.truncate_dim
-        if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(
-                truncate_dim, (int, np.integer)) or truncate_dim < 1):
-            raise ValueError(f"truncate_dim must be None or an int >= 1, got {truncate_dim!r}")
+        check_truncate_dim(truncate_dim)
         if normalize is not None:
             normalize_embeddings = normalize
         if not isinstance(normalize_embeddings, (bool, np.bool_)):
@@ -329,7 +327,6 @@ class Encoder:
 
     def get_sentence_embedding_dimension(self) -> int:
         """The width of :meth:`encode`'s rows (:attr:`truncate_dim` when set)."""
-
         return self.dim if self.truncate_dim is None else min(self.dim, self.truncate_dim)
 
     get_embedding_dimension = get_sentence_embedding_dimension
@@ -351,7 +348,15 @@ class Encoder:
             self.config.max_length = int(value)
 
 
-def _truncate_normalize(out: np.ndarray, truncate_dim: int | None, normalize: bool
+def check_truncate_dim(truncate_dim: Any) -> None:
+    """Raises ValueError unless ``truncate_dim`` is None or an int >= 1."""
+    if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(
+            truncate_dim, (int, np.integer)) or truncate_dim < 1):
+        raise ValueError(f"truncate_dim must be None or an int >= 1, got {truncate_dim!r}")
+
+
+def _truncate_normalize(
+out: np.ndarray, truncate_dim: int | None, normalize: bool
                         ) -> np.ndarray:
     if truncate_dim is not None:
         out = out[:, :int(truncate_dim)]

@@ -1,9 +1,6 @@
-"""Pretrained models as they are: a sentence-transformers folder (``modules.json``:
-Transformer, Pooling, Dense, Normalize; prompts from ``config_sentence_transformers.json``)
-or a plain Hugging Face encoder folder (mean pooling), loaded by :func:`load_encoder` as an
-``inference.Encoder`` whose ``encode`` gives sentence-transformers' numbers
-(``docs/models.md``, "load_encoder").
-"""
+"""A sentence-transformers folder (Transformer, Pooling, Dense, Normalize) or a plain HF
+encoder folder (mean pooling) as an ``inference.Encoder`` with sentence-transformers'
+numbers (``docs/models.md``, "load_encoder")."""
 
 from __future__ import annotations
 
@@ -19,7 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from embedding_core.models import pretrained
-from embedding_core.serving.inference import Encoder, encode_in_batches, masked_mean
+from embedding_core.serving.inference import (
+    Encoder,
+    check_truncate_dim,
+    encode_in_batches,
+    masked_mean,
+)
 from embedding_core.serving.st_tokenizer import CallableTokenizer
 from embedding_core.storage import storage
 
@@ -35,10 +37,8 @@ _ACTIVATIONS = {"Identity": lambda x: x, "Tanh": jnp.tanh, "ReLU": jax.nn.relu,
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """What a folder's modules do after the transformer: ``pooling`` modes (concatenated),
-    ``include_prompt``, ``dense`` layers ``(kernel [in, out], bias [out] | None, activation
-    name)``, ``normalize``; the tokenizer's ``max_seq_length``, ``do_lower_case`` and
-    ``model_max_length`` (``tokenizer_config.json``, at most the positions)."""
+    """A folder's modules after the transformer; ``dense``: ``(kernel [in, out], bias,
+    activation)`` each."""
 
     pooling: tuple[str, ...] = ("mean",)
     include_prompt: bool = True
@@ -87,12 +87,8 @@ def _dense(folder: pathlib.Path) -> tuple[np.ndarray, np.ndarray | None, str]:
 
 
 def read_pipeline(model_dir: pathlib.Path, max_positions: int) -> Pipeline:
-    """The modules of ``model_dir`` (no ``modules.json``: mean pooling, as
-    sentence-transformers does for a plain transformers folder).
-
-    Raises:
-      ValueError: a module type we do not run, or a bad module config (file named).
-    """
+    """The modules of ``model_dir`` (none: mean pooling). Raises ValueError: a module type
+    we do not run, or a bad module config."""
     bert_config = model_dir / "sentence_bert_config.json"
     settings = _json(bert_config) if bert_config.is_file() else {}
     tokenizer_config = model_dir / "tokenizer_config.json"
@@ -125,8 +121,8 @@ def read_pipeline(model_dir: pathlib.Path, max_positions: int) -> Pipeline:
 
 
 def pool(hidden: jax.Array, mask: jax.Array, modes: tuple[str, ...]) -> jax.Array:
-    """Sentence vectors ``[b, len(modes) * d]`` float32 from ``hidden`` ``[b, L, d]`` and a
-    right-padded ``mask`` ``[b, L]`` (sentence-transformers' ``Pooling``, modes concatenated)."""
+    """sentence-transformers' ``Pooling``: ``[b, L, d]``, mask ``[b, L]`` -> float32
+    ``[b, len(modes) * d]``."""
     m = mask.astype(jnp.float32)
     h = hidden.astype(jnp.float32)
     out = []
@@ -152,13 +148,7 @@ def pool(hidden: jax.Array, mask: jax.Array, modes: tuple[str, ...]) -> jax.Arra
 
 
 class PretrainedEncoder(Encoder):
-    """A pretrained encoder folder as an :class:`Encoder` (built by :func:`load_encoder`).
-
-    Attributes:
-      model_dir: the local folder; pretrained: the transformer (``pretrained.Pretrained``);
-      pipeline: its :class:`Pipeline`; tokenizer: called as sentence-transformers'
-      (``st_tokenizer.CallableTokenizer``: ``tokenizer("hi")["input_ids"]``).
-    """
+    """A pretrained encoder folder (:func:`load_encoder`)."""
 
     default_batch_size = 32
 
@@ -215,8 +205,7 @@ class PretrainedEncoder(Encoder):
         self._sharding = None
 
     def use_local_devices(self) -> None:
-        """Split each batch over this process's devices (data parallel, parameters
-        replicated); batches are padded to a multiple of the device count."""
+        """Split each batch over this process's devices, parameters replicated."""
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         devices = jax.local_devices()
@@ -247,12 +236,8 @@ class PretrainedEncoder(Encoder):
         self._max_length = int(value)
 
     def save(self, folder: str) -> None:
-        """The folder as loaded (its weights are unchanged), with the current
-        ``max_seq_length``; local or ``gs://``, written atomically.
-
-        Raises:
-          FileExistsError: ``folder`` is a file or not empty.
-        """
+        """The folder as loaded, with the current ``max_seq_length``. Raises
+        FileExistsError: ``folder`` is a file or not empty."""
         from embedding_core.serving import hf_export
 
         with hf_export.staged_output(folder) as stage:
@@ -277,10 +262,8 @@ class PretrainedEncoder(Encoder):
         return super().encode(sentences, prompt_name, prompt, *args, **kwargs)
 
     def tokenize(self, texts: Sequence[str | tuple[str, str]]) -> dict[str, np.ndarray]:
-        """sentence-transformers' ``tokenize``: texts (or pairs) stripped, lower-cased where
-        the folder says ``do_lower_case``, cut to :attr:`max_seq_length` tokens and padded to
-        the longest; ``input_ids``, ``token_type_ids`` (models with token types),
-        ``attention_mask``, each int64 ``[len(texts), L]`` (numpy, not torch)."""
+        """sentence-transformers' ``tokenize`` of texts or pairs: int64 ``[len(texts), L]``
+        numpy arrays."""
         if isinstance(texts, str) or texts is None or not hasattr(texts, "__iter__"):
             raise TypeError("tokenize takes a list of texts or of (text, text) pairs, got "
                             f"{type(texts).__name__}")
@@ -323,9 +306,7 @@ class PretrainedEncoder(Encoder):
     token_outputs = True
 
     def _token_ids(self, texts: list[str]) -> tuple[list, np.ndarray]:
-        """The tokenizer's encodings (ids and token types: a template may give a suffix
-        type 1, as export-hf's DualCSE views do) and their lengths."""
-        # max_seq_length counts the special tokens, as sentence-transformers' truncation.
+        """The encodings (a template may give a suffix type 1) and their lengths."""
         self._tokenizer.enable_truncation(max_length=self._max_length)
         try:
             encodings = self._tokenizer.encode_batch([self._case(t) for t in texts])
@@ -383,23 +364,14 @@ def _pad_id(tokenizer, fallback: int) -> int:
 
 def load_encoder(name_or_path: str | os.PathLike, *, truncate_dim: int | None = None
                  ) -> Encoder:
-    """Any encoder a user names, as an ``Encoder`` with ``SentenceTransformer.encode``'s
-    arguments: a sentence-transformers or transformers folder (local or ``gs://``), an
-    installed package carrying one, or a hub id (``org/name[@revision]``).
-    ``truncate_dim``: ``encode`` keeps the first columns only unless a call says otherwise
-    (``SentenceTransformer(..., truncate_dim=)``).
+    """A folder (local or ``gs://``), installed package, hub id or workdir of ours as an
+    ``Encoder`` (``docs/models.md``, "load_encoder").
 
-    Raises:
-      FileNotFoundError, ValueError: as ``pretrained.resolve_model_dir`` and
-        :func:`read_pipeline` (one line each); ``truncate_dim`` not an int >= 1.
-    A workdir of ours (local or ``gs://``) loads as its package's ``load`` gives it
-    (``embedding_core.serving.workdirs``), its views chosen with ``kind=`` / ``side=``.
+    Raises: FileNotFoundError, ValueError: one line each; ``truncate_dim`` not an int >= 1.
     """
     from embedding_core.serving import workdirs
 
-    if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(
-            truncate_dim, (int, np.integer)) or truncate_dim < 1):
-        raise ValueError(f"truncate_dim must be None or an int >= 1, got {truncate_dim!r}")
+    check_truncate_dim(truncate_dim)
     if not isinstance(name_or_path, str) or "://" in name_or_path \
             or os.path.exists(name_or_path):
         if workdirs.is_workdir(name_or_path):

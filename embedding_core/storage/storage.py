@@ -356,7 +356,6 @@ class MirroredFolder:
 
     def sync(self) -> list[str]:
         """Uploads the files new or changed since the last sync; returns their paths."""
-
         if not self.remote or not self.local.is_dir():
             return []
         sent = []

@@ -251,7 +251,6 @@ def restore_params(directory: str | os.PathLike, abstract_params: Any,
 def check_data_position(position: dict, *, seed: int, global_batch_size: int,
                         directory: str | os.PathLike) -> int:
     """The next step. Raises CheckpointMismatchError: seed or batch size changed."""
-
     for key, want in (("seed", seed), ("global_batch_size", global_batch_size)):
         if position.get(key) != want:
             raise CheckpointMismatchError(
