@@ -1,16 +1,6 @@
-"""What a run trained on: ``WORKDIR/data_fingerprint.json``, the size, modification time
-and content hash of every file behind the config's training-data fields (declared
-``Field(data=True)``; hidden files in folders skipped), so that a resume on changed data
-is refused
-(``docs/architecture.md``, "Resuming on changed data").
-
-A file's hash is SHA-256 of its bytes, streamed; a ``gs://`` object's is the checksum GCS
-keeps with it (``md5Hash``, else ``crc32c``: no download). A local file is taken as
-unchanged without reading it again only when its size, mtime, ctime and inode are all as
-recorded (git's index check): ``touch -r``, ``cp -p`` and ``rsync -t`` restore an mtime but
-not a ctime, which only the kernel sets. A file whose ctime was within :data:`RACY_S` of
-the recording may have been written again in the same clock tick: it is hashed next time.
-"""
+"""``WORKDIR/data_fingerprint.json``: size, mtime and content hash of every training-data
+file, so that a resume on changed data is refused (``docs/architecture.md``, "Resuming on
+changed data")."""
 
 from __future__ import annotations
 
@@ -26,8 +16,7 @@ from embedding_core.storage import storage
 
 FILE = "data_fingerprint.json"
 _BLOCK = 1 << 22
-RACY_S = 2.0
-"""Seconds: a ctime this close to the recording is not trusted (timestamps are coarse)."""
+RACY_S = 2.0  # seconds: a ctime this close to the recording is not trusted
 
 
 class DataChangedError(ValueError):
@@ -45,12 +34,8 @@ def _paths(value: str) -> list[str]:
 
 
 def _files(path: str, above: frozenset[str] = frozenset()) -> Iterator[tuple[str, object]]:
-    """``(uri, epath.Path)`` of ``path`` or, for a folder, of every file under it, sorted.
-
-    Raises:
-      FileNotFoundError: ``path`` does not exist, or is a broken symbolic link.
-      ValueError: a symbolic link to a folder above it (a loop).
-    """
+    """``(uri, epath.Path)`` of ``path`` or every file under it, sorted. Raises
+    FileNotFoundError (also a broken link); ValueError: a link to a folder above it."""
     root = storage.as_path(path)
     local = not storage.is_remote(path)
     if root.is_dir():
@@ -71,9 +56,8 @@ def _files(path: str, above: frozenset[str] = frozenset()) -> Iterator[tuple[str
 
 
 def _stat(path) -> dict:
-    """``size``, ``mtime`` and, for a local file, ``stamp`` (``"inode:mtime_ns:ctime_ns"``,
-    ``None`` while racy); a ``gs://`` object's ``mtime`` is its generation (any rewrite
-    changes it), its stamp that generation."""
+    """``size``, ``mtime`` and ``stamp`` (``"inode:mtime_ns:ctime_ns"``, None while racy;
+    on ``gs://`` the generation)."""
     if storage.is_remote(path):
         import fsspec
 
@@ -88,8 +72,7 @@ def _stat(path) -> dict:
 
 
 def content_hash(path) -> str:
-    """``sha256:HEX`` of a local file's bytes (streamed), or the checksum GCS keeps with a
-    ``gs://`` object (``md5:``/``crc32c:``; streamed SHA-256 where it has neither)."""
+    """``sha256:HEX`` of the bytes, or GCS's ``md5:``/``crc32c:`` of a ``gs://`` object."""
     if storage.is_remote(path):
         import fsspec
 
@@ -106,17 +89,8 @@ def content_hash(path) -> str:
 
 def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
                 known: Mapping[str, dict] | None = None) -> dict[str, dict[str, dict]]:
-    """``{field: {file: {"size", "mtime", "stamp", "hash"}}}`` for the named fields' files.
-
-    ``known``: an earlier fingerprint; a file with its recorded size and stamp (see the
-    module docstring; a record without one never matches) keeps its recorded hash, not
-    read again: a stat per file. Any other file is hashed (SHA-256 reads all of it).
-
-    Raises:
-      FileNotFoundError: ``config.FIELD: PATH does not exist`` (or, under a folder, is a
-        broken symbolic link).
-      ValueError: ``config.FIELD: PATH`` is a link to a folder above it.
-    """
+    """``{field: {file: {"size", "mtime", "stamp", "hash"}}}``; a file with ``known``'s size
+    and stamp keeps its hash unread. Raises FileNotFoundError, ValueError (a link loop)."""
     out: dict[str, dict[str, dict]] = {}
     for name in names:
         files: dict[str, dict] = {}
@@ -137,12 +111,7 @@ def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
 
 
 def read(file) -> dict[str, dict[str, dict]]:
-    """A saved fingerprint.
-
-    Raises:
-      ValueError: not JSON or not ``{field: {file: {"size", "mtime", "hash"}}}`` (one line
-        naming the file and the way out).
-    """
+    """A saved fingerprint. Raises ValueError: not JSON or not a fingerprint."""
     from embedding_core.storage.files import read_json_object
 
     way_out = "delete it to record the data as it is now, or use a new --workdir"
@@ -159,8 +128,7 @@ def read(file) -> dict[str, dict[str, dict]]:
 
 
 def changes(saved: Mapping[str, dict], now: Mapping[str, dict]) -> list[str]:
-    """One phrase per changed field: ``config.F: FILE (what changed)``, [] when equal.
-    Files added or removed under a folder count as a change; mtime alone does not."""
+    """``config.F: FILE (what changed)`` per change (mtime alone is none)."""
     out = []
     for name in sorted(set(saved) | set(now)):
         before, after = saved.get(name) or {}, now.get(name) or {}

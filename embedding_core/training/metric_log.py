@@ -24,12 +24,8 @@ _RESERVED = ("step", "split", "wall_time")
 
 
 def parse_metrics(text: str, source: str = METRICS_FILE) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` text, in file order; an unfinished last line (a run
-    killed while writing it) is skipped.
-
-    Raises:
-      ValueError: ``"<source>, line N: ..."`` for a malformed line.
-    """
+    """The rows of a ``metrics.jsonl`` text (an unfinished last line skipped).
+    Raises ValueError: ``"<source>, line N: ..."``."""
     lines = text.split("\n")
     complete = lines[:-1]  # the part after the last "\n": empty, or an unfinished line
     rows = []
@@ -49,12 +45,8 @@ def parse_metrics(text: str, source: str = METRICS_FILE) -> list[dict[str, Any]]
 
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of ``workdir/metrics.jsonl`` (local or ``gs://``; ``[]`` when absent):
-    ``step`` int, ``split``, ``wall_time`` float, metrics float or None (non-finite).
-
-    Raises:
-      ValueError: a malformed line (file and line named).
-    """
+    """The rows of ``workdir/metrics.jsonl`` (``[]`` when absent; non-finite: None).
+    Raises ValueError: a malformed line."""
     path = storage.as_path(workdir) / METRICS_FILE
     if not path.exists():
         return []
@@ -62,12 +54,8 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class MetricLog:
-    """The metrics of one training invocation from ``start_step``; ``active``: this process
-    writes the files (process 0), others only log.
-
-    Raises:
-      ValueError: the existing ``metrics.jsonl`` is malformed (file and line named).
-    """
+    """The metrics of one invocation from ``start_step``; ``active``: this process writes
+    the files. Raises ValueError: a malformed ``metrics.jsonl``."""
 
     def __init__(self, workdir: str | os.PathLike, *, start_step: int = 0,
                  active: bool = True) -> None:
@@ -96,12 +84,8 @@ class MetricLog:
             session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
     def write(self, step: int, metrics: Mapping[str, float], split: str = TRAIN) -> None:
-        """Logs ``metrics`` at ``step`` to the event file, ``metrics.jsonl`` and the log.
-
-        Raises:
-          ValueError: ``split`` not ``"train"``/``"eval"``, or a metric named ``step``,
-            ``split`` or ``wall_time`` (the file's own fields).
-        """
+        """Logs ``metrics`` at ``step``. Raises ValueError: an unknown ``split``, a metric
+        named ``step``, ``split`` or ``wall_time``."""
         if split not in (TRAIN, EVAL):
             raise ValueError(f"split must be {TRAIN!r} or {EVAL!r}, got {split!r}")
         clash = sorted(set(metrics) & set(_RESERVED))
@@ -140,8 +124,7 @@ class MetricLog:
         self._mirror.sync()
 
     def close(self, *, plot: bool = True) -> None:
-        """Flushes and closes the files, draws ``plots/training.png`` (``plot``; a failure
-        is only a warning), uploads."""
+        """Closes the files, draws ``plots/training.png`` (a failure only warns), uploads."""
         if not self.active or self._writer is None:
             return
         try:
@@ -177,12 +160,8 @@ def _series(rows: Sequence[Mapping[str, Any]], split: str, name: str
 
 
 def plot_metrics(rows: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
-    """PNG bytes of the curves in ``rows`` (:func:`read_metrics`) against the step: training
-    ``loss``, ``learning_rate`` and the evaluation metrics whose values lie in [0, 1].
-
-    Raises:
-      ValueError: no training loss in ``rows``.
-    """
+    """PNG of training loss, learning rate and the [0, 1] evaluation metrics by step.
+    Raises ValueError: no training loss in ``rows``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -234,23 +213,16 @@ def plot_metrics(rows: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
 
 def write_training_plot(workdir: str | os.PathLike, path: str | os.PathLike | None = None,
                         *, title: str = "") -> None:
-    """Draws ``workdir/metrics.jsonl`` into ``path`` (default ``workdir/plots/training.png``),
-    atomically, local or ``gs://``.
-
-    Raises:
-      ValueError: a malformed ``metrics.jsonl`` or no training loss in it.
-    """
+    """Draws ``workdir/metrics.jsonl`` into ``path`` (default :data:`PLOT_FILE`).
+    Raises ValueError: a malformed ``metrics.jsonl`` or no training loss in it."""
     target = storage.as_path(path) if path is not None else \
         storage.as_path(workdir) / PLOT_FILE
     files.write_bytes_atomic(target, plot_metrics(read_metrics(workdir), title=title))
 
 
 def _sort_last(writer, folder) -> None:
-    """Renames ``writer``'s new event file to sort after every earlier one. TensorBoard
-    reads a run's files in name order and drops redone steps only from files read before
-    the START event; the names hold the second and a per-process counter, which do not
-    always sort in creation order (two files in one second with counter 9 and 10)."""
-    import os
+    """Renames ``writer``'s new event file to sort after every earlier one: TensorBoard
+    drops redone steps only from files read before the START event, in name order."""
     import pathlib
 
     mine = pathlib.Path(writer._file_name)  # the open handle survives the rename

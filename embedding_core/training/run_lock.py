@@ -1,13 +1,6 @@
 """One training run per workdir: ``WORKDIR/run.lock``, a JSON record with a heartbeat,
-local or on ``gs://`` (``docs/architecture.md``, "Stopping a run", "One run per workdir").
-
-Created exclusively (``O_EXCL``, ``ifGenerationMatch=0``) and read back after creation;
-stale when its heartbeat is older than ``stale_after_s`` or its process here is gone. Every
-later change (heartbeat, take-over, removal) is a compare-and-write: it happens only if the
-record is still the one just read, under ``flock`` of ``.run.lock.guard`` beside a local
-lock, or with ``ifGenerationMatch`` of the generation read on ``gs://``; so a heartbeat
-never overwrites a lock another run took over meanwhile.
-"""
+created exclusively, changed by compare-and-write only (``docs/architecture.md``, "One
+run per workdir")."""
 
 from __future__ import annotations
 
@@ -47,8 +40,7 @@ def _boot_id() -> str:
 
 
 def _process_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (Linux), or None where /proc cannot tell."""
-    try:
+    try:  # the kernel's start time (Linux), None where /proc cannot tell
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
@@ -78,8 +70,7 @@ def _is_local(path: epath.Path) -> bool:
 
 
 class WorkdirLock:
-    """The lock of one workdir (created if missing), held by this process; a context
-    manager, or :meth:`acquire` / :meth:`release`. Raises ValueError unless
+    """The lock of one workdir, a context manager. Raises ValueError unless
     ``stale_after_s > heartbeat_s``."""
 
     def __init__(self, workdir: str | os.PathLike, *, heartbeat_s: float = HEARTBEAT_S,
@@ -104,11 +95,7 @@ class WorkdirLock:
                 "started": self._started, "heartbeat": time.time()}
 
     def read(self) -> dict | None:
-        """The lock's record, None when there is no lock file.
-
-        Raises:
-          WorkdirInUseError: the file is not a lock record (it is left alone).
-        """
+        """The record, or None. Raises WorkdirInUseError: not a lock record."""
         try:
             text = self.path.read_text()
         except FileNotFoundError:
@@ -137,8 +124,7 @@ class WorkdirLock:
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
-        """Exclusive, between processes and threads, for one compare-and-write of a local
-        lock (nothing to do on ``gs://``: generations guard it)."""
+        """Exclusive for one compare-and-write of a local lock (``gs://``: generations)."""
         if not _is_local(self.path):
             yield
             return
@@ -159,7 +145,7 @@ class WorkdirLock:
             os.close(fd)  # drops the flock
 
     def _read_versioned(self) -> tuple[dict | None, str | None]:
-        """The record and, on ``gs://``, the generation it was read at (one request)."""
+        """The record and, on ``gs://``, its generation (one request)."""
         if _is_local(self.path):
             return self.read(), None
         import fsspec
@@ -174,8 +160,7 @@ class WorkdirLock:
 
     def _replace_if(self, match: Callable[[dict], bool], record: dict | None
                     ) -> tuple[bool, dict | None]:
-        """Writes ``record`` (None: deletes the lock) only if the lock exists and ``match``es
-        it; ``(done, the record found)``."""
+        """``(done, found)``: ``record`` written (None: deleted) if the lock ``match``es."""
         if _is_local(self.path) and not self.path.exists():
             return False, None  # nothing to compare with (nor a folder for the guard)
         with self._guard():
@@ -219,7 +204,6 @@ class WorkdirLock:
             fs.invalidate_cache(os.fspath(self.path))
 
     def _create(self, record: dict) -> bool:
-        """Creates the lock file if absent; False when it exists."""
         data = json.dumps(record).encode()
         if _is_local(self.path):
             try:
@@ -267,22 +251,15 @@ class WorkdirLock:
             f"{self.stale_after_s:.0f} s is taken over automatically")
 
     def check_free(self) -> None:
-        """Refuses early, writing nothing, when a live run holds the lock.
-
-        Raises:
-          WorkdirInUseError: naming the holder and the lock file.
-        """
+        """Raises WorkdirInUseError (writing nothing) when a live run holds the lock."""
         record = self.read()
         if record is not None and record["token"] != self.token and (
                 self.stale_reason(record) is None):
             raise self._in_use(record)
 
     def acquire(self) -> None:
-        """Takes the lock (creating the workdir), or takes over a stale one.
-
-        Raises:
-          WorkdirInUseError: a live run holds it, or another run won a simultaneous take-over.
-        """
+        """Takes the lock, or over a stale one. Raises WorkdirInUseError: a live run holds
+        it, or another won a simultaneous take-over."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._started = time.time()
         record = self._record()
@@ -325,11 +302,7 @@ class WorkdirLock:
                 logging.warning("could not refresh %s: %s", self.path, err)
 
     def check(self) -> None:
-        """Raises when another run took the lock over (read between steps; no I/O).
-
-        Raises:
-          WorkdirInUseError: naming the run that holds it now.
-        """
+        """Raises WorkdirInUseError when another run took the lock over (no I/O)."""
         if self.lost is not None:
             raise WorkdirInUseError(
                 f"{self.workdir}: another run (host {self.lost.get('host')}, pid "
@@ -386,12 +359,8 @@ def on_process_zero(fn: Callable[[], _T]) -> _T | None:
 
 @contextlib.contextmanager
 def hold(workdir: str | os.PathLike, **kwargs: Any) -> Iterator[WorkdirLock | None]:
-    """Holds ``workdir``'s lock on process 0 for the block (``None`` on other processes),
-    released on every way out.
-
-    Raises:
-      WorkdirInUseError: on every process, when process 0 cannot take the lock.
-    """
+    """``workdir``'s lock held on process 0 for the block (``None`` elsewhere). Raises
+    WorkdirInUseError on every process when process 0 cannot take it."""
     lock = WorkdirLock(workdir, **kwargs)
     on_process_zero(lock.acquire)
     try:
