@@ -24,8 +24,8 @@ from embedding_core.storage import storage
 from embedding_core.storage.files import read_json_object
 
 LR_DECAYS = ("linear", "cosine", "constant")
+# parallel.LOGICAL_AXIS_RULES as the config stores them ("" = replicated).
 DEFAULT_AXIS_RULES = tuple((name, axis or "") for name, axis in parallel.LOGICAL_AXIS_RULES)
-"""``parallel.LOGICAL_AXIS_RULES`` as the config stores them (``""`` = replicated)."""
 
 BASE = Fields(dict(
     # Optimisation (AdamW, decoupled weight decay on matrices only).
@@ -77,23 +77,18 @@ BASE = Fields(dict(
         DEFAULT_AXIS_RULES, "logical axis -> 'data' | 'model' | '' (replicated); names "
         "given override the defaults, e.g. \"(('heads', ''),)\"", resumable=True),
 ))
-"""The loop, optimizer, mesh and logical-axis-rule fields of every model's config."""
 
 REMAT = Field("none", "per-layer rematerialisation of the trained transformer: none | dots "
               "(dense outputs kept, attention recomputed) | full (layer inputs kept); same "
               "gradients, less memory, more compute (docs/performance.md)",
               choices=REMAT_POLICIES, resumable=True)
-"""The ``remat`` field of the packages that train a transformer encoder."""
 LOSS_CHUNK_SIZE = Field(
     0, "loss: query rows per data device scored at a time (same loss, less memory; divides "
-    "the per-device batch); 0 = all at once", min=0, resumable=True)
-"""The ``loss_chunk_size`` field of the packages whose loss scores its query rows in chunks
-(``contrastive.map_rows``); ``contrastive.StepSplit`` fits it to the mesh."""
+    "the per-device batch); 0 = all at once", min=0, resumable=True)  # contrastive.map_rows
 
 
 def declare(**fields: Field | object) -> Fields:
-    """:data:`BASE` extended with a package's fields (a plain value changes a shared
-    field's default); see :meth:`Fields.extend`."""
+    """:data:`BASE` extended (:meth:`Fields.extend`)."""
     return BASE.extend(**fields)
 
 
@@ -103,9 +98,8 @@ def base() -> ml_collections.ConfigDict:
 
 
 def axis_rules(config: ml_collections.ConfigDict) -> parallel.LogicalRules:
-    """The rules in force: ``parallel.LOGICAL_AXIS_RULES`` with the config's
-    ``logical_axis_rules`` entries replacing those of the same name (others appended), as
-    flax expects them (``""`` -> ``None``)."""
+    """``parallel.LOGICAL_AXIS_RULES`` with the config's ``logical_axis_rules`` replacing
+    those of the same name (others appended), ``""`` -> ``None``."""
     given = {str(name): (str(axis) if axis else None) for name, axis in
              (config.get("logical_axis_rules") or ())}
     rules = [(name, given.pop(name, axis)) for name, axis in parallel.LOGICAL_AXIS_RULES]
@@ -113,12 +107,7 @@ def axis_rules(config: ml_collections.ConfigDict) -> parallel.LogicalRules:
 
 
 def check_rule_names(config: ml_collections.ConfigDict, model_axes) -> None:
-    """Refuses a ``logical_axis_rules`` name that neither the defaults
-    (``parallel.LOGICAL_AXIS_RULES``) nor any of ``model_axes`` carries (a typo).
-
-    Raises:
-      ValueError: naming the unknown names and the known ones.
-    """
+    """Raises ValueError for a ``logical_axis_rules`` name nothing carries (a typo)."""
     known = {name for name, _ in parallel.LOGICAL_AXIS_RULES} | set(model_axes)
     given = [str(name) for name, _ in (config.get("logical_axis_rules") or ())]
     unknown = [name for name in given if name not in known]
@@ -150,12 +139,8 @@ def _check_axis_rules(rules) -> None:
 
 
 def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = None) -> None:
-    """Checks every field against its declaration (``fields``, else the shared ones, with
-    unknown fields let through) and the shared cross-field rules, before anything loads.
-
-    Raises:
-      ValueError: one line naming the field and what it must be.
-    """
+    """Checks the fields (``fields``, else the shared ones, unknown ones let through) and
+    the shared cross-field rules. Raises ValueError: one line naming the field."""
     (fields or BASE).check(config, allow_unknown=fields is None)
     if config.num_train_steps == 0 and not config.num_epochs > 0:
         raise ValueError("config.num_epochs must be positive when num_train_steps is 0")
@@ -174,9 +159,8 @@ def validate_base(config: ml_collections.ConfigDict, fields: Fields | None = Non
 
 def validator(fields: Fields, extra: Callable[[ml_collections.ConfigDict], None] | None = None
               ) -> Callable[[ml_collections.ConfigDict], None]:
-    """A package's whole config check: its declared fields, the shared rules, then its
-    cross-field ``extra``; ``saved=True`` (a run's saved config, :func:`read_config`) lets
-    fields a later version dropped through, so old workdirs load."""
+    """A package's config check: fields, shared rules, ``extra``; ``saved=True`` lets
+    fields a later version dropped through (old workdirs)."""
 
     def validate(config: ml_collections.ConfigDict, *, saved: bool = False) -> None:
         fields.check(config, allow_unknown=saved)
@@ -197,15 +181,8 @@ def num_train_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> 
 
 def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
                  fields: Fields | None = None) -> None:
-    """Refuses to train into a workdir whose saved config describes another run.
-
-    Fields declared ``resumable`` (in ``fields``, else :data:`BASE`) may change.
-
-    Raises:
-      ValueError: the saved run config (:func:`config_path`) is unreadable, belongs to
-        another model (other field names) or differs in a field that is not resumable
-        (each such field named with both values).
-    """
+    """Raises ValueError when the saved config is unreadable, of another model, or differs
+    in a field not declared ``resumable`` (each named with both values)."""
     path = config_path(workdir)
     if not path.is_file():
         return
@@ -229,8 +206,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
-    """Writes ``workdir/run_config.json`` atomically (an older ``config.json`` stays; this
-    file takes precedence: :func:`config_path`)."""
+    """Writes ``workdir/run_config.json`` (before an older ``config.json``)."""
     from embedding_core.storage.files import write_json
 
     write_json(storage.as_path(workdir) / CONFIG_FILE, config.to_dict())
@@ -244,16 +220,10 @@ def read_config(
     required: Iterable[str] = (),
     validate: Callable[[ml_collections.ConfigDict], None] | None = None,
 ) -> ml_collections.ConfigDict:
-    """The config a run saved in its workdir (:func:`config_path`), on today's defaults.
+    """The config a run saved (:func:`config_path`) on today's defaults.
 
-    Fields added to the defaults later keep their default; fields only the saved config
-    has are kept. ``required``: fields without which the model cannot be rebuilt.
-
-    Raises:
-      FileNotFoundError: the workdir or its run config is missing.
-      ValueError: not a JSON object, missing a required field, or an impossible setting
-        (the message names the file).
-    """
+    Raises: FileNotFoundError: no workdir or run config. NotADirectoryError. ValueError:
+    not a JSON object, a ``required`` field missing, an impossible setting."""
     workdir = storage.as_path(workdir)
     path = config_path(workdir)
     if workdir.exists() and not workdir.is_dir():

@@ -1,8 +1,5 @@
-"""Device mesh, logical-axis rules, host batch <-> global arrays, multi-host start-up.
-
-``docs/architecture.md`` ("Mesh and logical axes"): a ``("data", "model")`` mesh with
-Auto axes; logical names map to mesh axes by rules fitted to the mesh (:func:`fit_rules`).
-"""
+"""Device mesh, logical-axis rules, host batch <-> global arrays, multi-host start-up
+(``docs/architecture.md``, "Mesh and logical axes")."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 LogicalRules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
-MESH_AXES = ("data", "model")
-"""The mesh axes every run has (:func:`make_mesh`); rules may name only these."""
+MESH_AXES = ("data", "model")  # every run's (make_mesh); rules may name only these
 
 # Defaults of config.logical_axis_rules (the table in docs/architecture.md).
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
@@ -46,8 +42,7 @@ def _axis_size(mesh: Mesh, axes: str | tuple[str, ...]) -> int:
 
 
 def logical_dims(abstract_tree: Any) -> dict[str, set[int]]:
-    """``{logical axis name: sizes of the dimensions carrying it}`` over the
-    ``nn.LogicallyPartitioned`` leaves of ``abstract_tree``."""
+    """``{logical axis: sizes of the dimensions carrying it}`` of the boxed leaves."""
     dims: dict[str, set[int]] = {}
     boxes = jax.tree.leaves(abstract_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
     for box in boxes:
@@ -61,15 +56,9 @@ def logical_dims(abstract_tree: Any) -> dict[str, set[int]]:
 
 def fit_rules(rules: LogicalRules, mesh: Mesh, abstract_tree: Any = None,
               sizes: Mapping[str, int] | None = None) -> tuple[tuple[str, Any], ...]:
-    """The rules, with every logical axis the mesh cannot split evenly replicated.
-
-    A rule ``(name, mesh axis)`` is kept when the mesh axis size divides every dimension
-    named ``name`` in ``abstract_tree`` and ``sizes[name]`` (e.g. ``{"heads": 12}``);
-    otherwise it becomes ``(name, None)`` with one warning.
-
-    Raises:
-      ValueError: a rule names a mesh axis the mesh lacks.
-    """
+    """The rules, each logical axis the mesh cannot split evenly (in ``abstract_tree`` or
+    ``sizes``, e.g. ``{"heads": 12}``) replicated with one warning. Raises ValueError: a
+    mesh axis the mesh lacks."""
     dims = logical_dims(abstract_tree) if abstract_tree is not None else {}
     for name, count in (sizes or {}).items():
         dims.setdefault(name, set()).add(int(count))
@@ -96,11 +85,8 @@ def fit_rules(rules: LogicalRules, mesh: Mesh, abstract_tree: Any = None,
 
 
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """The ``("data", "model")`` mesh with Auto axis types; ``data=-1`` takes the rest.
-
-    Raises:
-      ValueError: ``data * model`` is not the number of devices.
-    """
+    """The ``("data", "model")`` Auto mesh; ``data=-1`` takes the rest. Raises ValueError:
+    ``data * model`` is not the number of devices."""
     devices = list(devices if devices is not None else jax.devices())
     n = len(devices)
     if model < 1 or n % model:
@@ -119,8 +105,7 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | No
 
 def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES,
                       sizes: Mapping[str, int] | None = None):
-    """NamedShardings for a tree of ``nn.LogicallyPartitioned`` boxes, rules fitted to the
-    mesh (:func:`fit_rules`); unboxed leaves are replicated."""
+    """NamedShardings of boxed leaves by :func:`fit_rules`; unboxed ones replicated."""
     rules = fit_rules(rules, mesh, abstract_tree, sizes)
     specs = nn.get_partition_spec(abstract_tree)
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
@@ -136,8 +121,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def check_global_batch(global_batch_size: int, mesh: Mesh) -> None:
-    """Raises ValueError (before any compilation) when the batch does not split over the
-    data axis or the processes."""
+    """Raises ValueError when the batch does not split over data devices or processes."""
     data = mesh.shape["data"]
     if global_batch_size % data:
         raise ValueError(
@@ -149,8 +133,7 @@ def check_global_batch(global_batch_size: int, mesh: Mesh) -> None:
 
 
 def host_to_global(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """This process's rows (``[global_batch / process_count, ...]``, contiguous slices in
-    process order) as global ``[global_batch, ...]`` arrays sharded over ``data``."""
+    """This process's contiguous rows as global arrays sharded over ``data``."""
     sharding = batch_sharding(mesh)
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
             for k, v in batch.items()}
@@ -158,15 +141,8 @@ def host_to_global(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax
 
 def iter_row_blocks(array: Any, num_rows: int | None = None, block_rows: int = 8192
                     ) -> Iterator[tuple[int, np.ndarray]]:
-    """Rows ``[0, num_rows)`` of a ``[rows, ...]`` array as ``(start, numpy block)``.
-
-    A ``jax.Array`` split by rows is read shard by shard (no device gathers the table);
-    blocks end every ``block_rows`` rows and at shard boundaries.
-
-    Raises:
-      ValueError: ``block_rows < 1``, ``num_rows`` out of range, or rows held only by
-        another process's devices.
-    """
+    """``(start, numpy block)`` of rows ``[0, num_rows)``, shard by shard (nothing
+    gathered). Raises ValueError: bad arguments, rows on another process's devices."""
     total = int(array.shape[0])
     num_rows = total if num_rows is None else int(num_rows)
     if isinstance(block_rows, bool) or int(block_rows) != block_rows or block_rows < 1:
@@ -213,11 +189,8 @@ def _device_rows(size: int):
 def maybe_initialize_distributed(coordinator_address: str | None = None,
                                  num_processes: int | None = None, process_id: int | None = None,
                                  local_device_ids: Sequence[int] | None = None) -> None:
-    """``jax.distributed.initialize`` when a multi-process run is asked for.
-
-    ``"auto"``: JAX finds everything (TPU pods); on CPU gloo. A no-op without
-    ``coordinator_address`` / ``JAX_COORDINATOR_ADDRESS``, or when already initialised.
-    """
+    """``jax.distributed.initialize`` (``"auto"``: TPU pods; CPU: gloo) where an address or
+    ``JAX_COORDINATOR_ADDRESS`` is given and it has not run."""
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if not coordinator_address or jax.distributed.is_initialized():
         return
@@ -234,8 +207,7 @@ def maybe_initialize_distributed(coordinator_address: str | None = None,
 
 
 def mesh_from_config(config: Any) -> Mesh:
-    """Multi-host start-up (if asked) and the mesh from ``coordinator_address``,
-    ``num_processes``, ``process_id`` (-1 = unset), ``mesh_data``, ``mesh_model``."""
+    """Multi-host start-up (if asked) and the mesh of the config's fields."""
     maybe_initialize_distributed(
         config.coordinator_address or None,
         config.num_processes or None,

@@ -1,7 +1,5 @@
-"""The inference-side seam: an :class:`~embedding_core.serving.inference.Encoder` declares its
-views; ``export`` (numpy folders) and ``export-hf`` (Hugging Face / sentence-transformers
-folders) are written here once for every model (``docs/export.md``).
-"""
+"""``export`` (numpy folders) and ``export-hf`` (sentence-transformers folders) of any
+``Encoder``'s declared views, once for every model (``docs/export.md``)."""
 
 from __future__ import annotations
 
@@ -21,15 +19,8 @@ SIMILARITIES = ("cosine", "dot", "euclidean")  # as embedding_core.serving.expor
 
 @dataclasses.dataclass(frozen=True)
 class View:
-    """One kind of vector a model gives; an export writes one folder per view.
-
-    Attributes:
-      name: the export sub-folder (``explicit``, ``entities``, ``questions``, ...).
-      similarity: ``cosine``, ``dot`` or ``euclidean``.
-      encode_kwargs: ``encoder.encode(texts, **encode_kwargs)`` gives this view of texts;
-        ``None``: not encodable from texts.
-      table: ``encoder.table(name, normalize)`` yields this view's rows (an entity table).
-    """
+    """One kind of vector, one export folder: ``encoder.encode(texts, **encode_kwargs)``
+    (``None``: not from texts) and/or, with ``table``, ``encoder.table(name, normalize)``."""
 
     name: str
     similarity: str = "cosine"
@@ -45,8 +36,7 @@ class View:
 
 @dataclasses.dataclass(frozen=True)
 class HFFolder:
-    """One sentence-transformers folder ``subdir`` (``""``: the output itself), written by
-    ``hf_export.write_sentence_transformer(**kwargs)``."""
+    """``hf_export.write_sentence_transformer(**kwargs)`` into ``subdir`` (``""``: output)."""
 
     subdir: str
     kwargs: Mapping[str, Any]
@@ -56,13 +46,7 @@ class SavesFolder:
     """``save(folder)`` for a trained model's ``Encoder`` (mixed in by the packages)."""
 
     def save(self, folder: str | os.PathLike) -> epath.Path:
-        """Writes this model as :func:`export_hf` does: sentence-transformers folder(s),
-        one per view a model has two of (DualCSE's ``explicit/`` and ``implicit/``).
-
-        Raises:
-          FileExistsError: ``folder`` is a file or a non-empty folder.
-          ValueError: the model has no sentence-encoder form.
-        """
+        """:func:`export_hf`. Raises FileExistsError, ValueError (no sentence form)."""
         return export_hf(lambda: self, folder)
 
 
@@ -71,9 +55,8 @@ TableRows = tuple[int, Iterator[tuple[Sequence[str], np.ndarray]]]
 
 
 def _text_blocks(encoder, view: View, texts: list[str], normalize: bool, chunk: int):
-    """The view's blocks of ``texts``: a function of a row range when this process holds
-    the whole model (each process encodes and writes its own rows, nothing is gathered),
-    else every chunk on every process (each call a collective)."""
+    """A function of a row range where this process holds the whole model (each writes its
+    rows), else every chunk on every process (collectives)."""
     kwargs = {"normalize": normalize, **dict(view.encode_kwargs or {})}
 
     def rows(start: int, stop: int):
@@ -89,16 +72,9 @@ def export(load: Callable[[], Any], output: str | os.PathLike, *,
            input_path: str | os.PathLike | None = None, normalize: bool | None = None,
            workdir: str | os.PathLike | None = None, chunk: int = 4096,
            text_name: str = "text") -> epath.Path:
-    """Writes every view of ``load()``'s encoder under ``output/<view>/`` (``embeddings.npy``
-    float32 ``[N, dim]``, ``ids.txt``, ``meta.json``; ``export.json`` last).
-
-    Views encodable from texts are written for ``input_path``'s lines (ids = the lines);
-    table views from the model's rows when there is no input or they take no texts.
-
-    Raises:
-      FileExistsError: ``output`` is a file. ValueError: nothing to export without
-        ``--input``. FileNotFoundError, DataError: a bad input file (before any work).
-    """
+    """Every view of ``load()`` under ``output/<view>/``: of ``input_path``'s lines, or the
+    table views' rows. Raises FileExistsError; ValueError: no view without ``--input``;
+    FileNotFoundError, DataError: a bad input file (before any work)."""
     from embedding_core.serving.export import ExportFolder
     from embedding_core.storage.text_lines import read_text_lines
 
@@ -135,14 +111,8 @@ def export(load: Callable[[], Any], output: str | os.PathLike, *,
 
 def export_hf(load: Callable[[], Any], output: str | os.PathLike, *,
               workdir: str | os.PathLike | None = None) -> epath.Path:
-    """Writes ``load()``'s encoder's ``hf_folders()`` as sentence-transformers folders,
-    its text-free table views as export views beside them, and its ``write_hf_files``
-    extras (``docs/export.md``).
-
-    Raises:
-      FileExistsError: ``output`` is a file or a non-empty folder (before any work).
-      ValueError: the model has no sentence-encoder form (its ``hf_folders`` says why).
-    """
+    """``load()``'s ``hf_folders()``, its text-free table views beside them and its
+    ``write_hf_files``. Raises FileExistsError; ValueError: no sentence-encoder form."""
     from embedding_core.serving import hf_export
     from embedding_core.serving.export import export_view
 
