@@ -38,20 +38,15 @@ class Spec:
 
 
 def split_field(text: str) -> list[str]:
-    """``config.eval_files`` as ``KIND:PATH`` strings: split at commas, except ``\\,``,
-    which is a comma inside a path (``sts:data/a\\,b.csv``)."""
+    """``config.eval_files`` as ``KIND:PATH`` strings (``\\,`` is a comma in a path)."""
     parts = re.split(r"(?<!\\),", str(text or ""))
     return [p.strip().replace("\\,", ",") for p in parts if p.strip()]
 
 
 def parse(given: str | Mapping[str, Sequence[str]], *, batch_size: int = DEFAULT_BATCH_SIZE,
           split: str = "test") -> list[Spec]:
-    """``config.eval_files`` (a string of ``KIND:PATH``, :func:`split_field`) or the CLIs'
-    ``--KIND`` flags (``{kind: [path, ...]}``) as specs, labelled (:func:`_labels`).
-
-    Raises:
-      ValueError: no ``KIND:``, an unknown kind or no path (the spec named).
-    """
+    """Specs of ``config.eval_files`` or the CLIs' ``{kind: [path, ...]}``. Raises
+    ValueError: no ``KIND:``, an unknown kind or no path."""
     field = isinstance(given, str)
     pairs = []
     for spec in split_field(given) if field else [f"{kind}:{path}" for kind in KINDS
@@ -68,12 +63,8 @@ def parse(given: str | Mapping[str, Sequence[str]], *, batch_size: int = DEFAULT
 
 
 def build(spec: Spec) -> Any:
-    """The evaluator of ``spec``, its file read now (so bad input fails before any work).
-
-    Raises:
-      FileNotFoundError, ValueError: ``SOURCE PATH does not exist``, a bare ``gs://``
-        bucket, a folder for a kind that reads one file; DataError: a bad row.
-    """
+    """The evaluator of ``spec``, its file read now. Raises FileNotFoundError, ValueError
+    (a bucket, a folder where a file is read), DataError (a bad row)."""
     from embedding_core.errors import DataError
     from embedding_core.evaluation import pairs, retrieval
 
@@ -107,8 +98,7 @@ def build_all(specs: Iterable[Spec]) -> list[tuple[Spec, Any]]:
 
 
 class ViewOf:
-    """An encoder with fixed keyword arguments on every encode (one view of a two-view
-    model: DualCSE's ``kind``, MRWE's ``side``)."""
+    """An encoder with fixed keyword arguments on every encode (one view)."""
 
     def __init__(self, encoder: Any, kwargs: Mapping[str, Any]) -> None:
         self.encoder, self.kwargs = encoder, dict(kwargs)
@@ -124,11 +114,8 @@ class ViewOf:
 
 
 def view_of(encoder: Any, view: str | None) -> Any:
-    """``encoder`` as its export view ``view`` encodes (``None``: as it is).
-
-    Raises:
-      ValueError: a view the model does not have or that takes no texts (names listed).
-    """
+    """``encoder`` as its view ``view`` (``None``: as it is). Raises ValueError: a view
+    the model lacks or that takes no texts."""
     if view is None:
         return encoder
     views = {v.name: v for v in getattr(encoder, "views", ()) if v.encode_kwargs is not None}
@@ -139,9 +126,7 @@ def view_of(encoder: Any, view: str | None) -> Any:
 
 
 def evaluate(encoder: Any, built: Iterable[tuple[Spec, Any]]) -> dict[str, dict[str, Any]]:
-    """Scores ``encoder`` with every built spec (:func:`build_all`): ``{label: {"kind",
-    "file", "primary_metric", "metrics": {name: float}}}``, for retrieval with
-    ``"dropped_queries"`` (queries without a relevant document, not scored)."""
+    """``{label: {"kind", "file", "primary_metric", "metrics", "dropped_queries"?}}``."""
     results = {}
     for spec, evaluator in built:
         metrics = {k: float(v) for k, v in evaluator(encoder).items()}
@@ -155,14 +140,9 @@ def evaluate(encoder: Any, built: Iterable[tuple[Spec, Any]]) -> dict[str, dict[
 def run_specs(specs: Sequence[Spec], load: Callable[[], Any], *, view: str | None = None,
               output: str | None = None, about: Callable[[Any], tuple[str, dict]],
               primary: bool = True) -> dict[str, dict[str, Any]]:
-    """Both CLIs' ``evaluate --ir/...``: every file read, ``load()``, its ``view`` scored;
-    with ``primary``, ``about(model) = (name, record)``'s name and the results printed and
-    ``{**record, "view", "results"}`` written to ``output`` (JSON).
-
-    Raises:
-      IsADirectoryError: ``output`` is a folder (before any work: a result that cannot be
-        written is lost); whatever :func:`build` and ``load`` raise.
-    """
+    """Both CLIs' ``evaluate --ir/...``: files read, ``load()``'s ``view`` scored; on the
+    ``primary`` process printed and written to ``output`` with ``about(model)``'s record.
+    Raises IsADirectoryError (before any work), and what :func:`build` and ``load`` raise."""
     from embedding_core.storage.files import write_json
 
     if output and storage.as_path(output).is_dir():
@@ -182,8 +162,7 @@ def run_specs(specs: Sequence[Spec], load: Callable[[], Any], *, view: str | Non
 
 
 def _labels(specs: Sequence[tuple[str, str]]) -> list[str]:
-    """The kind alone when it comes once, else ``kind:stem``, numbered ``#2, #3, ...``
-    when two files share a stem, so no result overwrites another."""
+    """The kind alone when once, else ``kind:stem``, numbered ``#2, #3`` on shared stems."""
     kinds = [kind for kind, _ in specs]
     labels = [kind if kinds.count(kind) == 1 else
               f"{kind}:{os.path.splitext(os.path.basename(str(path).rstrip('/')))[0]}"
@@ -211,8 +190,7 @@ def flat_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
 
 
 def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """One block per evaluator: its file (and the retrieval queries dropped), then every
-    metric (primary first), 4 decimals."""
+    """One block per evaluator, primary metric first, 4 decimals."""
     lines = []
     for label, r in results.items():
         dropped = r.get("dropped_queries")

@@ -1,8 +1,5 @@
-"""Ranking the rows of a row-sharded table on device: merged top-k and exact ranks
-(``docs/architecture.md``, "Several processes"). Scores are computed where the rows lie
-(over ``"model"``, queries over ``"data"``); only small results leave the devices. Rows at
-or beyond ``num_rows`` (padding) never rank.
-"""
+"""Merged top-k and exact ranks of a row-sharded table's rows, scored where they lie
+(``docs/architecture.md``, "Several processes"); padding rows never rank."""
 
 from __future__ import annotations
 
@@ -23,11 +20,7 @@ P = PartitionSpec
 
 
 def table_mesh(table: Any, data_axis: str = "data", model_axis: str = "model") -> Mesh:
-    """The table's ``NamedSharding`` mesh, else a 1 x 1 mesh of its (first) device.
-
-    Raises:
-      ValueError: a mesh without ``data_axis`` and ``model_axis``.
-    """
+    """The table's mesh, else a 1 x 1 mesh of its device. Raises ValueError: other axes."""
     sharding = getattr(table, "sharding", None)
     if isinstance(sharding, NamedSharding):
         mesh = sharding.mesh
@@ -77,10 +70,8 @@ def _block_size(row_block: int, per_shard: int, least: int = 1) -> int:
 
 
 def _block_scores(score_fn, q, w, row_args, consts, num_rows, per_shard, block, i, model_axis):
-    """Scores ``[n, block]`` of shard rows ``[begin, begin + block)``, ``begin`` clamped so
-    the block stays inside the shard (no padded copy of it); rows before ``i * block``
-    (scored by an earlier block) and padding rows are ``-inf``. Also the rows' global
-    indices ``[block]``."""
+    """``[n, block]`` scores of block ``i`` (clamped into the shard; rows of an earlier
+    block and padding ``-inf``) and its rows' global indices."""
     begin = jnp.minimum(i * block, per_shard - block)
     rows = jax.lax.dynamic_slice_in_dim(w, begin, block, 0)
     args = tuple(jax.lax.dynamic_slice_in_dim(a, begin, block, 0) for a in row_args)
@@ -95,19 +86,10 @@ def top_k(score_fn: ScoreFn, queries: jax.Array, table: jax.Array, k: int, *,
           num_rows: int | None = None, row_args: tuple = (), consts: tuple = (),
           mesh: Mesh | None = None, data_axis: str = "data",
           model_axis: str = "model", row_block: int = 0) -> tuple[jax.Array, jax.Array]:
-    """The ``k`` best rows for each query: each shard's top ``k``, gathered over
-    ``model_axis`` and reduced; equal to ``lax.top_k`` of the whole score matrix (ties:
-    lower row first).
+    """``(scores [n, k] float32, rows [n, k] int32)``: ``lax.top_k`` of the whole score
+    matrix (ties: lower row first) from each shard's running top k over ``row_block`` rows.
 
-    ``queries`` ``[n, d]`` float; ``1 <= k <= num_rows``; ``table`` ``[rows, d]`` (rows
-    divisible by ``model_axis``); ``row_args``: ``[rows, ...]`` sliced like the table;
-    ``row_block``: rows scored at once per shard (at least ``k``; 0 = the whole shard),
-    a running top ``k`` merged over the blocks, so a device holds ``[n, row_block]`` scores.
-    Returns ``(scores [n, k] float32, rows [n, k] int32)``, best first.
-
-    Raises:
-      ValueError: shapes, ``k`` or ``num_rows`` out of range, rows not divisible.
-    """
+    Raises: ValueError: shapes, ``k`` or ``num_rows`` out of range, rows not divisible."""
     mesh = mesh or table_mesh(table, data_axis, model_axis)
     num_rows = int(table.shape[0] if num_rows is None else num_rows)
     per_shard, _ = _check(queries, table, num_rows, mesh, model_axis)
@@ -160,17 +142,10 @@ def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
                     row_args: tuple = (), consts: tuple = (), mesh: Mesh | None = None,
                     data_axis: str = "data", model_axis: str = "model", row_block: int = 0
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Each relevant row's score and how many real rows (itself included) score ``>=`` it,
-    counted per shard and summed over ``model_axis``; arguments as :func:`top_k`, with
-    ``relevant`` ``[n, R]`` int rows (``-1`` = none; each once, below ``num_rows``). With
-    ``row_block``, two passes over each shard's blocks: the relevant rows' scores, then
-    the counts.
+    """``(scores [n, R] float32, at_least [n, R] int64)``: each of ``relevant`` ``[n, R]``
+    rows' (-1: none) score and the real rows scoring ``>=`` it; arguments as :func:`top_k`.
 
-    Returns ``(scores [n, R] float32, at_least [n, R] int64)`` on the host.
-
-    Raises:
-      ValueError: shapes, a relevant row out of range or repeated in a query.
-    """
+    Raises: ValueError: shapes, a relevant row out of range or repeated in a query."""
     mesh = mesh or table_mesh(table, data_axis, model_axis)
     num_rows = int(table.shape[0] if num_rows is None else num_rows)
     per_shard, _ = _check(queries, table, num_rows, mesh, model_axis)

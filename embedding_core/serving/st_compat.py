@@ -1,7 +1,5 @@
-"""sentence-transformers' habits for every :class:`embedding_core.serving.inference.Encoder`: its
-``encode`` arguments (prompts, precision, truncation, tensors), ``similarity`` and
-``similarity_pairwise``, with the same results (``docs/models.md``, "Encoding").
-"""
+"""sentence-transformers' ``encode`` arguments, ``similarity`` and ``similarity_pairwise``
+for every ``Encoder``, same results (``docs/models.md``, "Encoding")."""
 
 from __future__ import annotations
 
@@ -18,14 +16,9 @@ SIMILARITY_FNS = ("cosine", "dot", "euclidean", "manhattan")
 
 def quantize(embeddings: np.ndarray, precision: str, *, ranges: np.ndarray | None = None,
              calibration_embeddings: np.ndarray | None = None) -> np.ndarray:
-    """``[n, d]`` float embeddings at ``precision`` (sentence-transformers'
-    ``quantize_embeddings``): int8 / uint8 bucket each dimension's ``[min, max]`` (from
-    ``ranges`` ``[2, d]``, else ``calibration_embeddings``, else the embeddings) into 256
-    steps; binary / ubinary pack ``x > 0`` into ``[n, ceil(d / 8)]`` bits (int8: minus 128).
-
-    Raises:
-      ValueError: an unknown precision.
-    """
+    """sentence-transformers' ``quantize_embeddings`` of ``[n, d]`` floats (int8 / uint8:
+    256 steps of ``ranges`` ``[2, d]``, else of the calibration rows or the embeddings;
+    binary: ``x > 0`` packed). Raises ValueError: an unknown precision."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: use one of {PRECISIONS}")
     x = np.asarray(embeddings)
@@ -70,18 +63,12 @@ def as_matrix(x: Any) -> np.ndarray:
 
 
 def similarity(a: Any, b: Any, fn: str = "cosine") -> np.ndarray:
-    """``[n, m]`` float32 similarities of rows of ``a`` ``[n, d]`` and ``b`` ``[m, d]``
-    (1-D: one row); euclidean and manhattan are negated distances (larger = closer), as
-    sentence-transformers' ``similarity``."""
+    """``[n, m]`` float32 similarities of ``[n, d]`` and ``[m, d]`` rows (distances negated)."""
     return _pairwise_matrix(as_matrix(a), as_matrix(b), check_fn(fn)).astype(np.float32)
 
 
 def similarity_pairwise(a: Any, b: Any, fn: str = "cosine") -> np.ndarray:
-    """``[n]`` float32 similarity of row i of ``a`` with row i of ``b``.
-
-    Raises:
-      ValueError: different row counts or an unknown function.
-    """
+    """``[n]`` float32 similarity of rows i. Raises ValueError: other shapes, unknown fn."""
     a, b = as_matrix(a), as_matrix(b)
     if a.shape != b.shape:
         raise ValueError(f"similarity_pairwise needs equal shapes, got {a.shape} and {b.shape}")
@@ -99,12 +86,8 @@ def similarity_pairwise(a: Any, b: Any, fn: str = "cosine") -> np.ndarray:
 
 def resolve_prompt(prompts: dict[str, str], prompt: str | None, prompt_name: str | None,
                    default_prompt_name: str | None = None) -> str:
-    """The text prepended to every input: ``prompt``, else ``prompts[prompt_name]``, else
-    the default prompt, else ``""`` (sentence-transformers' rule).
-
-    Raises:
-      ValueError: an unknown ``prompt_name`` (the known names listed).
-    """
+    """``prompt``, else ``prompts[prompt_name or default]``, else ``""``. Raises
+    ValueError: an unknown ``prompt_name``."""
     if prompt is not None:
         return prompt
     name = prompt_name if prompt_name is not None else default_prompt_name
@@ -118,10 +101,8 @@ def resolve_prompt(prompts: dict[str, str], prompt: str | None, prompt_name: str
 
 def finish(rows: np.ndarray, *, single: bool, precision: str, convert_to_numpy: bool,
            convert_to_tensor: bool, device: str | None) -> Any:
-    """The encoded ``[n, d]`` float32 rows in the form sentence-transformers returns:
-    quantized, then a ``jax.Array`` (``convert_to_tensor``, on ``device``'s first device),
-    a numpy array, or a list of 1-D arrays (``convert_to_numpy=False``); one row for a
-    single input string."""
+    """``[n, d]`` rows as sentence-transformers returns them: quantized, as a ``jax.Array``,
+    numpy array or list; one row for a single string."""
     out = quantize(rows, precision)
     if convert_to_tensor:
         target = jax.devices(device)[0] if device else None
@@ -134,11 +115,7 @@ def finish(rows: np.ndarray, *, single: bool, precision: str, convert_to_numpy: 
 
 
 def check_device(device: str | None) -> None:
-    """``None`` or a JAX platform name with devices (``cpu``, ``gpu``, ``tpu``).
-
-    Raises:
-      ValueError: a platform without devices here.
-    """
+    """Raises ValueError unless ``device`` is None or a JAX platform with devices here."""
     if device is None:
         return
     try:
