@@ -1,7 +1,5 @@
-"""The one training loop: resume, steps, metrics, evaluation, checkpoints and stops.
-
-``docs/architecture.md`` ("Stopping a run", "What a workdir holds").
-"""
+"""The one training loop: resume, steps, metrics, evaluation, checkpoints and stops
+(``docs/architecture.md``, "Stopping a run")."""
 
 from __future__ import annotations
 
@@ -33,12 +31,8 @@ EvalFn = Callable[[TrainState, int], Mapping[str, float]]
 
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
-    """How long the loop runs and how often it logs, evaluates and saves.
-
-    ``seed`` and ``global_batch_size`` identify the data order (saved with each
-    checkpoint and checked on resume); ``stop_after``: stop with a checkpoint after this
-    many steps of this invocation (tests of resumption).
-    """
+    """How long the loop runs and how often it logs, evaluates and saves; ``seed`` and
+    ``global_batch_size`` identify the data order; ``stop_after``: steps of this call."""
 
     num_train_steps: int
     seed: int
@@ -53,7 +47,6 @@ class LoopSettings:
     @classmethod
     def from_config(cls, config: Any, num_train_steps: int, global_batch_size: int,
                     stop_after: int | None = None) -> LoopSettings:
-        """The settings from the shared fields of ``configs.base()``."""
         return cls(num_train_steps=num_train_steps, seed=int(config.seed),
                    global_batch_size=global_batch_size, log_every=int(config.log_every),
                    checkpoint_every=int(config.checkpoint_every),
@@ -74,30 +67,16 @@ def train_loop(*, workdir: str | os.PathLike, state: TrainState, state_shardings
                stops: run_control.StopSignals | None = None,
                lock: WorkdirLock | None = None,
                compile_step: Callable | None = None) -> TrainState:
-    """Runs (or resumes from ``workdir/checkpoints``) training to ``num_train_steps``.
+    """Trains (or resumes) to ``num_train_steps``, saving every ``checkpoint_every`` steps,
+    on a stop and at the end, never a non-finite state; ``make_batches(start_step)``:
+    this process's host batches; ``compile_step`` compiles before the first barrier.
 
-    Saves every ``checkpoint_every`` steps, on a stop and at the end, never a non-finite
-    state; waits for pending saves before it returns or raises.
-
-    Args:
-      make_batches: ``start_step -> iterator`` of this process's numpy host batches
-        (``global_batch_size / process_count`` rows); a ``"step"`` entry is checked.
-      eval_fn: ``(state, step) -> {name: float}``, every ``eval_every`` steps and at the end.
-      compile_step: ``(state, batch, rng)`` compiles ``train_step`` for the first batch, so
-        that every process has compiled before any starts the step (its collectives).
-
-    Raises:
-      run_control.DivergedError: a non-finite loss, gradient norm, parameter or metric.
-      run_control.Preempted / run_control.Interrupted: SIGTERM / Ctrl-C, after saving.
-      run_control.Aborted: a second Ctrl-C (names the latest complete checkpoint).
-      run_control.WorkdirInUseError: another run took the workdir's lock over.
+    Raises: run_control's DivergedError, Preempted, Interrupted, Aborted, WorkdirInUseError.
     """
     workdir = storage.as_path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     loop = _Loop(workdir, settings, train_step, mesh, rng, eval_fn, lock)
     state = loop.restore(state, state_shardings)
-    # A gs:// workdir's events, metrics.jsonl and plot are written locally and uploaded
-    # with each checkpoint and at the end (TensorBoard's writer needs local files).
     loop.writer = metric_log.MetricLog(workdir, start_step=loop.start_step,
                                        active=jax.process_index() == 0)
     if hparams and loop.start_step == 0:
@@ -118,8 +97,7 @@ def train_loop(*, workdir: str | os.PathLike, state: TrainState, state_shardings
     except KeyboardInterrupt as err:
         if isinstance(err, run_control.Interrupted):
             raise
-        # A second Ctrl-C (or the first, in a multi-process run): the step or the save in
-        # flight is lost; a rerun resumes from the latest complete checkpoint.
+        # A second Ctrl-C (or the first, multi-process): the step or save in flight is lost.
         raise run_control.Aborted(_aborted(loop.step, loop.where)) from None
     if stops.requested:
         raise stops.stopped(loop.last_saved, str(loop.where))
@@ -167,9 +145,8 @@ class _Loop:
 
     def ready(self, state: TrainState, batches: Iterator,
               compile_step: Callable | None) -> Iterator:
-        """Compiles the step on the first batch, then waits for every process: a host that
-        compiles minutes later than another would fail the other's first collective.
-        Returns ``batches`` with that batch back in front."""
+        """``batches`` after compiling the step on the first and waiting for every process
+        (a host compiling minutes later would fail the others' first collective)."""
         # A stop asked for alone skips the compile; several processes all pass the barrier.
         if self.step >= self.settings.num_train_steps or (
                 self.stops.requested and not self.stops.multiprocess):
@@ -258,8 +235,7 @@ class _Loop:
             "--config.learning_rate (or more warmup_steps, a grad_clip_norm), or check the data")
 
     def select(self, state: TrainState, results: Mapping[str, float]) -> None:
-        """Saves this step's checkpoint ranked by ``select_metric``; records it in
-        ``checkpoints.BEST_FILE`` when it is the best so far."""
+        """Saves this step ranked by ``select_metric``, in ``BEST_FILE`` when the best."""
         name = self.settings.select_metric
         if name not in results:
             self.save(state)  # the steps trained so far are kept: fix the name and resume
@@ -296,8 +272,7 @@ class _Loop:
             self.write_failed = True
             raise
         finally:
-            # After a failed write the storage may fail the metric upload too: the write's
-            # error is the one to report.
+            # After a failed write, the write's error is the one to report.
             with contextlib.suppress(Exception) if self.write_failed else \
                     contextlib.nullcontext():
                 self.writer.close()

@@ -48,22 +48,12 @@ def run(
     validate: Callable[[ml_collections.ConfigDict], None] | None = None,
     stop_after: int | None = None,
 ) -> training.TrainState:
-    """Trains (or resumes) the task ``make_task(config, mesh)`` into ``workdir``.
+    """Trains (or resumes) ``make_task(config, mesh)`` into ``workdir``; nothing is written
+    before the task has loaded its data.
 
-    Checks every config field and the workdir before anything compiles, and writes nothing
-    before the task has loaded its data (``docs/architecture.md``, "The Task seam").
-
-    Raises:
-      ValueError: a bad config; NotADirectoryError: ``workdir`` is a file; whatever the
-        task raises for bad data or missing models.
-      run_control.WorkdirInUseError: another live run holds ``workdir``.
-      run_control.DivergedError: a non-finite loss or gradient (nothing saved from it).
-      run_control.Preempted / run_control.Interrupted: SIGTERM / Ctrl-C, after saving
-        (or before the first step, with nothing to save).
-      run_control.Aborted: a second Ctrl-C (names the latest complete checkpoint).
-    """
-    # SIGTERM / Ctrl-C from here on exit 75 / 130. Multi-process is decided from the config:
-    # asking JAX would start its backend too early.
+    Raises: ValueError, NotADirectoryError, what the task raises; run_control's
+    WorkdirInUseError, DivergedError, Preempted, Interrupted, Aborted."""
+    # Multi-process is decided from the config: asking JAX would start its backend too early.
     distributed = bool(config.coordinator_address
                        or os.environ.get("JAX_COORDINATOR_ADDRESS")
                        or jax.distributed.is_initialized())
@@ -85,8 +75,7 @@ def run(
         if "batch_size" in config:
             parallel.check_global_batch(int(config.batch_size), mesh)
             split.check(int(config.batch_size), mesh)
-        # A workdir in use is refused before the data loads; the lock itself is taken only
-        # after it (nothing is written before the task has loaded its data).
+        # A workdir in use is refused before the data loads; the lock is taken after it.
         run_lock.on_process_zero(run_lock.WorkdirLock(workdir).check_free)
         eval_files = _eval_files(config)  # bad files fail here, before anything loads
         _log_loading(config, fields)
@@ -109,8 +98,7 @@ def run(
 
 
 def _log_loading(config: ml_collections.ConfigDict, fields) -> None:
-    # TensorFlow's import, the model and the data take seconds to minutes before the
-    # summary line: a new user should see that the run has started.
+    # Loading takes seconds to minutes: a new user should see that the run has started.
     fields = fields or {}
     models = [f"{n}={config[n]}" for n, f in fields.items() if f.pretrained and n in config]
     data = ", ".join(f"{n}={config[n]}" for n in data_fingerprint.data_fields(config, fields))
@@ -133,8 +121,7 @@ def _pin_models(config: ml_collections.ConfigDict, workdir, fields) -> None:
 
 
 def _check_resume(config: ml_collections.ConfigDict, workdir, fields=None) -> None:
-    # A run that stopped before its first checkpoint left its config and nothing to resume:
-    # a retry with corrected settings is a fresh run, whose config replaces the saved one.
+    # Without a checkpoint a retry with corrected settings is a fresh run.
     where = workdir / "checkpoints"
     if where.is_dir() and ocp.utils.checkpoint_steps(where):
         configs.check_resume(config, workdir, fields)
@@ -151,14 +138,8 @@ def _saved_step(workdir) -> int | None:
 
 def _check_data(config: ml_collections.ConfigDict, workdir, fields
                 ) -> tuple[dict, list[str]]:
-    """The fingerprint of the training data (:mod:`embedding_core.training.data_fingerprint`),
-    checked against the run's own when resuming, and the changes
-    ``resume_changed_data`` accepts (the caller warns of them).
-
-    Raises:
-      FileNotFoundError: a data file is missing (``config.FIELD: PATH does not exist``).
-      data_fingerprint.DataChangedError: a file changed and ``resume_changed_data`` is off.
-    """
+    """``(fingerprint, changes resume_changed_data accepts)``. Raises FileNotFoundError;
+    DataChangedError: a file changed and ``resume_changed_data`` is off."""
     names = data_fingerprint.data_fields(config, fields)
     file = data_fingerprint.path(workdir)
     step = _saved_step(workdir)
@@ -189,31 +170,21 @@ def _check_target(workdir, num_steps: int) -> None:
 
 
 def _eval_files(config: ml_collections.ConfigDict) -> list:
-    """``config.eval_files`` read into ``(spec, evaluator)`` (``evaluation.run.build_all``).
-
-    Raises:
-      FileNotFoundError, ValueError: a bad spec, a missing file or a bucket
-        (``config.eval_files: ...``); DataError: a bad row (file, line, field).
-      storage.StorageUnavailableError: ``gs://`` that cannot be reached (the URI named).
-    """
+    """``config.eval_files`` as ``(spec, evaluator)``. Raises FileNotFoundError, ValueError,
+    DataError, StorageUnavailableError."""
     if int(config.eval_every) <= 0 or not config.get("eval_files"):
         return []
     from embedding_core.evaluation import run as evaluation
 
     specs = evaluation.parse(str(config.eval_files), batch_size=int(config.eval_batch_size))
-    # The trainers' start check: without it a gs:// URI with no credentials retries for a
-    # minute, then fails without naming the URI.
+    # Without it a gs:// URI with no credentials retries for a minute, naming nothing.
     storage.check_endpoint([spec.file for spec in specs])
     return evaluation.build_all(specs)
 
 
 def _eval_fn(task: Task, config: ml_collections.ConfigDict, built: list):
-    """``(state, step) -> metrics``: the task's own evaluation and the ``built`` eval files
-    (:func:`_eval_files`; metrics ``[VIEW/]LABEL/NAME``), or ``None``.
-
-    Raises:
-      ValueError: eval files for a model without ``encoder_of``.
-    """
+    """``(state, step) -> metrics`` of the task's evaluation and ``built`` (``[VIEW/]LABEL/
+    NAME``), or ``None``. Raises ValueError: eval files without ``encoder_of``."""
     if int(config.eval_every) <= 0:
         return None
     parts = []
@@ -249,8 +220,7 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
                  "batch %d, mesh %s%s", task.name, num_steps, task.num_examples,
                  task.steps_per_epoch, task.global_batch_size, dict(mesh.shape),
                  f"; {task.summary}" if task.summary else "")
-    # Rules fitted to this mesh once, so that the state and the step's constraints agree;
-    # checked before the config is written, so a mistyped rule leaves no run behind.
+    # Rules fitted once (state and step agree), before the config is written.
     abstract_params = jax.eval_shape(task.init_params, jax.random.key(0))
     configs.check_rule_names(config, parallel.logical_dims(abstract_params))
     rules = parallel.fit_rules(configs.axis_rules(config), mesh, abstract_params,
@@ -273,8 +243,7 @@ def _train(task: Task, config: ml_collections.ConfigDict, workdir, mesh: Mesh,
     eval_fn = _eval_fn(task, config, eval_files)
 
     def compile_step(state, batch, rng):
-        # The context of make_train_step's own call, so that the first step finds this
-        # executable in jit's cache (benchmarks/accelerator.py lowers the same way).
+        # make_train_step's context: the first step finds this executable in jit's cache.
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             step_fn.jitted.lower(state, batch, rng).compile()
 
