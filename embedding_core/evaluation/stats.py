@@ -1,7 +1,6 @@
 """Paired percentile bootstrap of a mean per-query difference (Efron & Tibshirani 1993,
-ch. 13; Koehn 2004): both systems scored on the same resampled queries; and of a
-difference of whole-sample statistics (ROC-AUC, AP) with class-stratified resampling.
-"""
+ch. 13; Koehn 2004), and of a difference of whole-sample statistics (ROC-AUC, AP) with
+class-stratified resampling."""
 
 from __future__ import annotations
 
@@ -46,28 +45,34 @@ def _positive_int(x, name: str) -> int:
     return int(x)
 
 
+def _samples_confidence(num_samples, confidence) -> tuple[int, float]:
+    num_samples = _positive_int(num_samples, "num_samples")
+    if not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    return num_samples, float(confidence)
+
+
+def _interval(point: float, samples: np.ndarray, confidence: float, shift: float = 0.0
+              ) -> BootstrapInterval:
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(samples, [alpha, 1.0 - alpha])
+    return BootstrapInterval(mean_difference=float(point), low=float(shift + low),
+                             high=float(shift + high), num_samples=samples.size,
+                             confidence=confidence)
+
+
 def paired_bootstrap(a, b, *, num_samples: int = 10_000, confidence: float = 0.95, seed: int = 0,
                      chunk_size: int | None = None) -> BootstrapInterval:
-    """Percentile bootstrap interval of ``mean(a - b)`` over paired queries.
+    """Percentile interval (as ``scipy.stats.bootstrap(..., method='percentile')``) of
+    ``mean(a - b)`` over ``[n_queries]`` paired scores, whatever ``chunk_size``.
 
-    Each resample draws ``n`` indices with replacement, the same for ``a`` and ``b``; the
-    interval is numpy's linearly interpolated quantiles (as ``scipy.stats.bootstrap(...,
-    method='percentile')``); the result does not depend on ``chunk_size``. ``a``, ``b``:
-    ``[n_queries]`` real per-query scores of two systems. Returns a
-    :class:`BootstrapInterval` of Python floats.
-
-    Raises:
-      ValueError: ``a`` or ``b`` not 1-D, empty, non-numeric or not finite (NaN, inf);
-        different lengths; ``confidence`` outside (0, 1); non-positive ``num_samples`` or
-        ``chunk_size``.
-    """
+    Raises: ValueError: ``a`` or ``b`` not 1-D, empty, non-numeric or not finite; other
+    lengths; ``confidence`` outside (0, 1); non-positive ``num_samples`` or ``chunk_size``."""
     a_arr, b_arr = _per_query(a, "a"), _per_query(b, "b")
     if a_arr.shape != b_arr.shape:
         raise ValueError(f"a and b must have the same length (paired queries), got "
                          f"{a_arr.size} and {b_arr.size}")
-    num_samples = _positive_int(num_samples, "num_samples")
-    if not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    num_samples, confidence = _samples_confidence(num_samples, confidence)
     n = a_arr.size
     chunk = (max(1, _MAX_ENTRIES // n) if chunk_size is None
              else _positive_int(chunk_size, "chunk_size"))
@@ -91,15 +96,7 @@ def paired_bootstrap(a, b, *, num_samples: int = 10_000, confidence: float = 0.9
         del u
         np.minimum(idx, n - 1, out=idx)  # u * n can round up to n for u just below 1
         means[start : start + rows] = centred[idx].mean(axis=1)
-    alpha = (1.0 - float(confidence)) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    return BootstrapInterval(
-        mean_difference=float(shift + centred.mean()),
-        low=float(shift + low),
-        high=float(shift + high),
-        num_samples=num_samples,
-        confidence=float(confidence),
-    )
+    return _interval(shift + centred.mean(), means, confidence, shift)
 
 
 def _seed_columns(x, name: str) -> np.ndarray:
@@ -116,21 +113,12 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
                                a, b, labels, *, num_samples: int = 10_000,
                                confidence: float = 0.95, seed: int = 0,
                                chunk_size: int | None = None) -> BootstrapInterval:
-    """Percentile bootstrap interval of ``S(a) - S(b)`` for a statistic of a whole sample
-    (ROC-AUC, average precision), not a per-item mean.
+    """Percentile interval of ``S(a) - S(b)``, ``S`` the mean over seed columns of ``[n]``
+    or ``[n, seeds]`` scores of ``statistic(scores [n], labels [n], sample_weight=counts
+    [B, n]) -> [B]`` (``metrics.roc_auc_rows``); resampled within each class (pROC's
+    default), the same items for every seed and both systems, whatever ``chunk_size``.
 
-    ``a``, ``b``: ``[n]`` or ``[n, seeds]`` scores of two systems on the same items (a
-    system's ``S`` is the mean of ``statistic`` over its seed columns); ``labels``: ``[n]``
-    bool. ``statistic(scores [n], labels [n], sample_weight=counts [B, n]) -> [B]``
-    (``metrics.roc_auc_rows``, ``average_precision_rows``): each resample is given as the
-    count of every item in it, so the scores are sorted once, not once per resample.
-    Resampling is stratified (positives and negatives drawn with replacement within their
-    own class, pROC's default), so every resample keeps both classes and their counts; the
-    same items for every seed and both systems; independent of ``chunk_size``.
-
-    Raises:
-      ValueError: as :func:`paired_bootstrap`; labels of another length or of one class.
-    """
+    Raises: ValueError: as :func:`paired_bootstrap`; labels of another length or one class."""
     a_arr, b_arr = _seed_columns(a, "a"), _seed_columns(b, "b")
     y = np.asarray(labels)
     n = a_arr.shape[1]
@@ -144,9 +132,7 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
     y = y.astype(bool)
     if y.all() or not y.any():
         raise ValueError("labels need both classes")
-    num_samples = _positive_int(num_samples, "num_samples")
-    if not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    num_samples, confidence = _samples_confidence(num_samples, confidence)
     chunk = (max(1, _MAX_ENTRIES // (8 * n)) if chunk_size is None
              else _positive_int(chunk_size, "chunk_size"))
     groups = (np.flatnonzero(y), np.flatnonzero(~y))
@@ -170,12 +156,8 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
         counts = np.bincount((idx + n * np.arange(rows)[:, None]).ravel(),
                              minlength=rows * n).reshape(rows, n)
         diffs[start:start + rows] = s_of(a_arr, counts) - s_of(b_arr, counts)
-    alpha = (1.0 - float(confidence)) / 2.0
-    low, high = np.quantile(diffs, [alpha, 1.0 - alpha])
     whole = np.ones((1, n))
-    point = s_of(a_arr, whole)[0] - s_of(b_arr, whole)[0]
-    return BootstrapInterval(mean_difference=float(point), low=float(low), high=float(high),
-                             num_samples=num_samples, confidence=float(confidence))
+    return _interval(s_of(a_arr, whole)[0] - s_of(b_arr, whole)[0], diffs, confidence)
 
 
 def format_interval(interval: BootstrapInterval, scale: float = 100, digits: int = 2) -> str:

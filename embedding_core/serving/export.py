@@ -1,7 +1,6 @@
-"""Streaming, atomic export of embeddings: ``<name>.npy`` ``[num_rows, dim]``, ``ids.txt``
-(line i = id of row i), ``meta.json``; views and ``export.json`` (``docs/architecture.md``,
-"One export layout"). The readers (``export_reader``) are re-exported here.
-"""
+"""Streaming, atomic export of embeddings: ``<name>.npy``, ``ids.txt``, ``meta.json``,
+views and ``export.json`` (``docs/architecture.md``, "One export layout"); the readers
+(``export_reader``) are re-exported here."""
 
 from __future__ import annotations
 
@@ -48,16 +47,9 @@ def export_embeddings(out_dir: str | os.PathLike, batches: export_parts.Batches,
                       meta: Mapping[str, Any] | None = None,
                       ids_filename: str = "ids.txt", *, split: bool = True
                       ) -> dict[str, epath.Path]:
-    """Writes ``batches`` (``(ids, {name: [b, dim]})``, rows in order; or a function
-    ``(start, stop) ->`` those of rows ``[start, stop)``) as one export folder. One process,
-    or ``split=False`` (every process gives every row, process 0 writes): one file per
-    array, with a progress bar. Several processes: one part each (``export_parts``).
-
-    Returns ``{array name: <name>.npy path, "ids": path, "meta": path}`` (parts: ``meta``).
-
-    Raises:
-      ValueError: as :class:`EmbeddingWriter`; nothing new is left in ``out_dir``.
-    """
+    """Writes ``(ids, {name: [b, dim]})`` batches (or ``(start, stop) ->`` them) as one
+    folder: one file per array, or with several processes and ``split`` one part each.
+    Returns ``{name: path, "ids": path, "meta": path}``. Raises ValueError (nothing left)."""
     if split and jax.process_count() > 1:
         return export_parts.write_parts(out_dir, batches, num_rows, dims, meta, ids_filename)
     if callable(batches):
@@ -79,17 +71,8 @@ def export_embeddings(out_dir: str | os.PathLike, batches: export_parts.Batches,
 
 def export_view(out_dir: str | os.PathLike, blocks: ViewBlocks, *, num_rows: int, dim: int,
                 meta: Mapping[str, Any], split: bool = True) -> dict[str, epath.Path]:
-    """Writes one view folder: ``embeddings.npy`` ``[num_rows, dim]``, ``ids.txt``,
-    ``meta.json``, from ``(ids, vectors [b, dim])`` blocks as :func:`export_embeddings`'s.
-
-    ``meta`` must hold :data:`VIEW_META_KEYS` (``normalized``: bool; ``similarity``: one
-    of :data:`SIMILARITIES`) and may add anything JSON-serialisable.
-
-    Returns ``{"embeddings": .npy path, "ids": ..., "meta": ...}``.
-
-    Raises:
-      ValueError: missing meta keys, an unknown similarity, or as :class:`EmbeddingWriter`.
-    """
+    """One view folder from ``(ids, [b, dim])`` blocks (:func:`export_embeddings`); ``meta``
+    holds :data:`VIEW_META_KEYS`. Raises ValueError: missing keys, an unknown similarity."""
     missing = [k for k in VIEW_META_KEYS if k not in meta]
     if missing:
         raise ValueError(f"export meta lacks {missing}")
@@ -105,17 +88,8 @@ def export_view(out_dir: str | os.PathLike, blocks: ViewBlocks, *, num_rows: int
 
 
 class ExportFolder:
-    """An export of several views, consistent as a whole (``docs/architecture.md``).
-
-    Each view's ``meta.json`` carries this export's id; ``export.json`` says incomplete on
-    entry and complete on a clean exit (a failure with no view written restores the old
-    one). Every process runs the block and writes its part of each view (several
-    processes), process 0 the rest; all leave or raise together.
-
-    Raises:
-      FileExistsError: ``output`` or a folder above it is a file (also a file where a view
-        goes, from :meth:`tag`).
-    """
+    """An export of several views, consistent as a whole: ``export.json`` incomplete on
+    entry, complete on a clean exit. Raises FileExistsError: a file in the way."""
 
     def __init__(self, output: str | os.PathLike) -> None:
         self.output = storage.as_path(output)
@@ -130,7 +104,7 @@ class ExportFolder:
         self.views: list[str] = []
 
     def tag(self, name: str) -> dict[str, str]:
-        """Registers view ``name``; returns the meta entries that tie it to this export."""
+        """Registers view ``name``; returns the meta entries tying it to this export."""
         _check_filename(name, "view name")
         if name == MANIFEST_FILENAME or name in self.views:
             raise ValueError(f"view name {name!r} is reserved or used twice")
