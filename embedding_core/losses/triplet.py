@@ -11,17 +11,9 @@ TRIPLET_DISTANCES = ("euclidean", "squared", "cosine")
 
 
 def pairwise_distances(embeddings: jax.Array, distance: str = "euclidean") -> jax.Array:
-    """All pairwise distances between the rows of ``[n, dim]`` float ``embeddings``.
-
-    ``"squared"``: ``||a - b||^2`` from the Gram matrix, clipped at 0; ``"euclidean"``:
-    its square root in double-where form (0 with gradient 0 where the rows coincide);
-    ``"cosine"``: ``1 - cos(a, b)`` (an all-zero row has cosine 0 to all).
-
-    Returns ``[n, n]`` float32, zero on the diagonal.
-
-    Raises:
-      ValueError: unknown ``distance``.
-    """
+    """``[n, n]`` float32 distances of ``[n, dim]`` rows, 0 on the diagonal: ``squared``
+    (from the Gram matrix), ``euclidean`` (gradient 0 where rows coincide) or ``1 - cos``.
+    Raises ValueError: unknown ``distance``."""
     if distance not in TRIPLET_DISTANCES:
         raise ValueError(f"distance must be one of {TRIPLET_DISTANCES}, got {distance!r}")
     x = embeddings.astype(jnp.float32)
@@ -46,28 +38,11 @@ def batch_hard_triplet_loss(embeddings: jax.Array, labels: jax.Array, *, margin:
                             valid: jax.Array | None = None, anchors: jax.Array | None = None,
                             candidates: jax.Array | None = None
                            ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Batch-hard triplet loss (Hermans et al. 2017, eq. (5); ``docs/mrwe.md``)::
+    """Hermans et al. 2017, eq. (5): mean over anchors with a positive and a negative of
+    ``max(max_p D(a, p) - min_n D(a, n) + margin, 0)`` (or softplus); ``[n, dim]``,
+    ``[n]`` int32 labels, optional ``[n]`` bool masks. Returns float32 ``(loss, stats)``.
 
-        d_ap = max_{p: label_p == label_a, p != a} D(a, p)
-        d_an = min_{n: label_n != label_a}        D(a, n)
-        loss_a = max(d_ap - d_an + margin, 0)   or   softplus(d_ap - d_an)  (soft margin)
-
-    The mean runs over valid anchors (valid, with a valid positive and negative); 0 when
-    there is none. No NaN or inf in value or gradient for rows without a positive.
-
-    Args:
-      embeddings: ``[n, dim]`` float (cast to float32); labels: ``[n]`` int32.
-      margin: >= 0, in units of ``distance`` (:func:`pairwise_distances`).
-      valid, anchors, candidates: optional ``[n]`` bool: non-padding rows, rows that act as
-        anchors, rows that may be positives or negatives (default: every valid row).
-
-    Returns:
-      ``(loss, stats)``, float32 scalars: stats ``active_fraction`` (anchors with ``d_ap -
-      d_an + margin > 0``), ``mean_d_ap``, ``mean_d_an``, ``num_valid_anchors``.
-
-    Raises:
-      ValueError: shapes disagree, unknown ``distance`` or negative ``margin``.
-    """
+    Raises: ValueError: shapes disagree, unknown ``distance`` or negative ``margin``."""
     if embeddings.ndim != 2 or labels.shape != embeddings.shape[:1]:
         raise ValueError(f"embeddings must be [n, dim] and labels [n]; got {embeddings.shape} "
                          f"and {labels.shape}")

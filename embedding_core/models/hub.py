@@ -1,10 +1,5 @@
-"""Models named by a Hugging Face hub id, ``org/name[@revision]``: fetched through
-``huggingface_hub`` into its cache (only the files an encoder needs), and pinned to the
-commit a run started from (``docs/models.md``).
-
-``huggingface_hub`` reads ``HF_HOME``, ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``, ``HF_TOKEN`` and
-``HF_ENDPOINT`` itself; nothing here overrides them.
-"""
+"""Hub ids ``org/name[@revision]``: fetched through ``huggingface_hub`` (its ``HF_*``
+variables) and pinned to the commit a run started from (``docs/models.md``)."""
 
 from __future__ import annotations
 
@@ -20,16 +15,13 @@ MODEL_FILES = (
     "spiece.model", "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
     "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
     "*_Pooling/config.json", "*_Dense/config.json", "*_Dense/model.safetensors",
-)
-"""What is downloaded: config, tokenizer, safetensors weights and the sentence-transformers
-module files (no ONNX, TF, Flax or PyTorch-pickle weights)."""
+)  # no ONNX, TF, Flax or PyTorch-pickle weights
 CONVERT_COMMAND = "python -m embedding_core.models.convert_weights FOLDER"
 
 
 @dataclasses.dataclass(frozen=True)
 class HubModel:
-    """A resolved hub model: its snapshot ``folder`` in the cache, ``repo_id`` and the
-    ``commit`` (40 hex digits) the requested revision pointed at."""
+    """A snapshot ``folder`` and the ``commit`` the requested revision pointed at."""
 
     folder: pathlib.Path
     repo_id: str
@@ -37,13 +29,12 @@ class HubModel:
 
     @property
     def pinned(self) -> str:
-        """``org/name@<commit>``: the same weights wherever and whenever it is resolved."""
+        """``org/name@<commit>``."""
         return f"{self.repo_id}@{self.commit}"
 
 
 def parse(name: str) -> tuple[str, str | None] | None:
-    """``(repo_id, revision or None)`` of a hub id, ``None`` for anything else (a path
-    that exists locally, ``gs://``, a name without exactly one ``/``)."""
+    """``(repo_id, revision or None)`` of a hub id, ``None`` for anything else."""
     text = str(name)
     if "://" in text or text.startswith((".", "/", "~")) or pathlib.Path(text).exists():
         return None
@@ -52,7 +43,6 @@ def parse(name: str) -> tuple[str, str | None] | None:
 
 
 def cache_dir() -> str:
-    """The hub cache ``huggingface_hub`` uses (``HF_HUB_CACHE``, else ``HF_HOME/hub``)."""
     from huggingface_hub import constants
 
     return str(constants.HF_HUB_CACHE)
@@ -65,14 +55,10 @@ def _offline() -> bool:
 
 
 def download(name: str) -> HubModel:
-    """The snapshot of hub id ``name`` (``org/name[@revision]``) in the hub cache,
-    downloading :data:`MODEL_FILES` that are missing.
+    """The cached snapshot of ``name``, missing :data:`MODEL_FILES` downloaded.
 
-    Raises:
-      FileNotFoundError: one line: offline and not cached (names the id, the cache and
-        ``HF_HUB_OFFLINE``), no such repo or revision (or private: ``HF_TOKEN``), the hub
-        unreachable and not cached, or no safetensors weights (names the conversion).
-    """
+    Raises: ValueError: not a hub id. FileNotFoundError (one line): offline and not cached,
+    no such repo or revision, the hub unreachable, no safetensors weights."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -109,8 +95,6 @@ def download(name: str) -> HubModel:
 
 
 def _what_works_here() -> str:
-    """What a model argument may name without the hub: the installed model packages
-    (``packages.installed_model_packages``) or a local folder."""
     from embedding_core.models.packages import installed_model_packages
 
     names = installed_model_packages()
@@ -126,8 +110,7 @@ def _endpoint() -> str:
 
 
 def _with_weights(model: HubModel) -> HubModel:
-    """``model`` itself when it has safetensors weights; a checkpoint with only
-    ``pytorch_model.bin`` is converted (``convert_weights``) into a folder of its own."""
+    """``model``, or its ``pytorch_model.bin`` converted into a folder of its own."""
     if any(model.folder.glob("*.safetensors")) or not (model.folder / "config.json").exists():
         return model
     from embedding_core.models import convert_weights
@@ -137,14 +120,8 @@ def _with_weights(model: HubModel) -> HubModel:
 
 
 def pin(value: str, saved: str | None = None) -> str:
-    """The value a run records for a model field: a hub id pinned to its commit
-    (``org/name@<commit>``), anything else unchanged. A resumed run whose saved value pins
-    the same repo (``saved``) keeps that pin when ``value`` names no revision (the same
-    weights as before, without a network call).
-
-    Raises:
-      FileNotFoundError: as :func:`download`.
-    """
+    """A hub id pinned to its commit (``saved``'s pin of the same repo kept when ``value``
+    names no revision), anything else unchanged. Raises FileNotFoundError."""
     parsed = parse(value)
     if parsed is None:
         return value
