@@ -1,6 +1,5 @@
-"""Declared config fields: the core derives the config, its validation, the resume rule
-and the ``PROG config`` listing from them (``docs/architecture.md``, "Configs").
-"""
+"""Declared config fields, from which the config, its validation, the resume rule and the
+``PROG config`` listing derive (``docs/architecture.md``, "Configs")."""
 
 from __future__ import annotations
 
@@ -15,19 +14,9 @@ import ml_collections
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-    """One config field.
-
-    Attributes:
-      default: the value, and its type (an int default also accepts ints only; a float
-        default accepts ints; tuples hold tuples).
-      choices: the allowed values (empty: any value of the type).
-      min, max: inclusive bounds; ``above``, ``below``: exclusive bounds.
-      resumable: a resumed run may change it (how long, how often, evaluation only).
-      pretrained: it names a pretrained model (folder, ``gs://``, installed package or hub
-        id); a run records a hub id pinned to its commit (``embedding_core.models.hub.pin``).
-      data: it names training data (files or folders, comma-separated); a resume refuses
-        them changed (``embedding_core.training.data_fingerprint``).
-    """
+    """One config field: ``default`` gives its type (a float accepts ints); ``min``/``max``
+    inclusive, ``above``/``below`` exclusive bounds; ``resumable``: a resume may change it;
+    ``pretrained``: a model (a hub id is pinned); ``data``: training data (fingerprinted)."""
 
     default: Any
     help: str = ""
@@ -93,12 +82,8 @@ class Fields(Mapping[str, Field]):
         return len(self._fields)
 
     def extend(self, **fields: Field | Any) -> Fields:
-        """These fields plus ``fields``; a plain value replaces an existing field's default
-        (keeping its help and bounds), a :class:`Field` replaces or adds a field.
-
-        Raises:
-          KeyError: a plain value for a name that is not declared yet.
-        """
+        """Plus ``fields``: a :class:`Field` replaces or adds one, a plain value a default.
+        Raises KeyError: a plain value for a name not declared yet."""
         out = dict(self._fields)
         for name, value in fields.items():
             if isinstance(value, Field):
@@ -114,12 +99,8 @@ class Fields(Mapping[str, Field]):
         return ml_collections.ConfigDict({k: f.default for k, f in self._fields.items()})
 
     def check(self, config: ml_collections.ConfigDict, *, allow_unknown: bool = False) -> None:
-        """Refuses unknown fields (unless ``allow_unknown``) and values that break their
-        field's type, choices or bounds.
-
-        Raises:
-          ValueError: one line naming the first bad field.
-        """
+        """Raises ValueError naming the first unknown (unless ``allow_unknown``) or bad
+        field."""
         for name in config.keys():
             if name not in self._fields:
                 if allow_unknown:

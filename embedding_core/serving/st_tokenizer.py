@@ -1,8 +1,5 @@
-"""A ``tokenizers.Tokenizer`` that is called as transformers' tokenizers are, so that
-``load_encoder(...).tokenizer`` works as ``SentenceTransformer(...).tokenizer`` does
-(``tok("hi")``, ``tok(["a", "b"], padding=True, return_tensors="np")``) without
-transformers, which is not a dependency of the library.
-"""
+"""A ``tokenizers.Tokenizer`` called as transformers' tokenizers are (``tok("hi")``,
+``tok(["a", "b"], padding=True, return_tensors="np")``), without transformers."""
 
 from __future__ import annotations
 
@@ -13,8 +10,7 @@ import numpy as np
 
 
 class Encoded(dict):
-    """``input_ids``, ``token_type_ids`` (models with token types) and ``attention_mask``;
-    keys are also attributes (``enc.input_ids``), as transformers' ``BatchEncoding``."""
+    """Keys also as attributes (``enc.input_ids``), as transformers' ``BatchEncoding``."""
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -24,11 +20,7 @@ class Encoded(dict):
 
 
 def _texts(value: Any, name: str) -> list[str]:
-    """``value`` as a list of texts: one str, or a sequence of them.
-
-    Raises:
-      TypeError: naming the argument (and the item) that is not a str.
-    """
+    """``value`` (a str or a sequence of them) as a list. Raises TypeError."""
     if isinstance(value, str):
         return [value]
     if value is None or isinstance(value, (bytes, bytearray, dict)) or not hasattr(
@@ -42,14 +34,7 @@ def _texts(value: Any, name: str) -> list[str]:
 
 
 class CallableTokenizer:
-    """``backend`` called as a transformers tokenizer.
-
-    Attributes:
-      backend_tokenizer: the ``tokenizers.Tokenizer`` (transformers' name for it).
-      model_max_length: tokens a text may have (``truncation=True`` without ``max_length``).
-      model_input_names: the keys a call returns.
-      pad_token_id: the id padding uses.
-    """
+    """``backend`` called as a transformers tokenizer."""
 
     def __init__(self, backend: Any, *, model_max_length: int, token_types: bool,
                  pad_token_id: int) -> None:
@@ -64,18 +49,9 @@ class CallableTokenizer:
                  add_special_tokens: bool = True, padding: bool | str = False,
                  truncation: bool | str = False, max_length: int | None = None,
                  return_tensors: str | None = None) -> Encoded:
-        """One text gives lists of ints, a list of texts lists of lists (``np``: int64
-        ``[n, L]`` arrays, ``[L]`` for one text), with ``model_input_names`` as keys.
-
-        Args:
-          padding: ``True`` / ``"longest"`` (right-padded to the longest), ``"max_length"``.
-          truncation: ``True`` (or a transformers strategy name): at most ``max_length``
-            tokens, special tokens included (default :attr:`model_max_length`).
-
-        Raises:
-          ValueError: ``return_tensors`` other than ``None`` / ``"np"``, or ``"np"`` on
-            texts of different lengths without ``padding``.
-        """
+        """``model_input_names`` -> lists of ints per text (``np``: int64 ``[n, L]``).
+        Raises ValueError: ``return_tensors`` not None / ``"np"``, or ``"np"`` on texts of
+        different lengths without ``padding``."""
         single = isinstance(text, str)
         texts = _texts(text, "text")
         pairs = None if text_pair is None else _texts(text_pair, "text_pair")
@@ -109,7 +85,6 @@ class CallableTokenizer:
 
     def encode(self, text: str, text_pair: str | None = None, *,
                add_special_tokens: bool = True) -> list[int]:
-        """The token ids of one text (transformers' ``encode``)."""
         return self.backend_tokenizer.encode(text, text_pair,
                                              add_special_tokens=add_special_tokens).ids
 
@@ -118,7 +93,6 @@ class CallableTokenizer:
                                              skip_special_tokens=skip_special_tokens)
 
     def tokenize(self, text: str) -> list[str]:
-        """The tokens of one text, without special tokens."""
         return self.backend_tokenizer.encode(text, add_special_tokens=False).tokens
 
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int] | None:

@@ -1,21 +1,7 @@
-"""A local ``gs://`` for trying runs before a pod: ``gcp-storage-emulator`` with the object
-generations orbax's checkpoint writer (tensorstore) needs.
-
-    python -m embedding_core.storage.gcs_emulator --port=9023 --bucket=bucket
-    export STORAGE_EMULATOR_HOST=localhost:9023
-
-The stock emulator ignores ``ifGenerationMatch`` / ``ifGenerationNotMatch`` and sends no
-``x-goog-generation`` with a download; tensorstore's OCDBT writer reads that header back
-after each write and fails with "Malformed StorageGeneration" without it (runs refuse such
-an endpoint at start: ``storage.check_endpoint``). :class:`GcsEmulator` adds:
-
-- a download carries ``x-goog-generation`` / ``x-goog-metageneration``;
-- ``ifGenerationNotMatch=G`` on a read of generation ``G`` answers 304 Not Modified;
-- ``ifGenerationMatch`` on a read or an upload that does not hold answers 412
-  (``0``: the object must not exist).
-
-Needs the ``gcs-emulator`` extra (``pip install embedding-jax[gcs-emulator]``).
-"""
+"""A local ``gs://`` (the ``gcs-emulator`` extra): ``gcp-storage-emulator`` plus the object
+generations tensorstore needs: ``x-goog-generation`` on downloads, 304 on
+``ifGenerationNotMatch``, 412 on a failed ``ifGenerationMatch`` (``docs/architecture.md``,
+"Storage")."""
 
 from __future__ import annotations
 
@@ -29,20 +15,13 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from urllib.parse import parse_qs, unquote, urlparse
 
-BUCKET = "test-bucket"
-"""The tests' bucket (the default of :class:`GcsEmulator`)."""
+BUCKET = "test-bucket"  # the tests' bucket
 DEFAULT_PORT = 9023  # gcp-storage-emulator's own default
 
 
 class GcsEmulator:
-    """The emulator, serving from a thread of this process on ``host:port`` (``port=0``: a
-    free one), with ``buckets`` created; objects in memory unless ``data_dir`` is given.
-
-    Test hooks: ``pause(at, after)`` holds the first request whose URL contains ``at``,
-    once a write whose URL contains ``after`` has completed (a test kills a writer at a
-    known point: the server is single-threaded, so nothing else is served meanwhile);
-    ``fail(at)`` answers every request whose URL contains ``at`` with an error.
-    """
+    """The emulator on a thread of this process (``port=0``: a free one); objects in memory
+    unless ``data_dir``. Test hooks: :meth:`pause`, :meth:`fail`."""
 
     def __init__(self, host: str = "localhost", port: int = 0,
                  buckets: Sequence[str] = (BUCKET,), data_dir: str | None = None) -> None:
@@ -103,8 +82,8 @@ class GcsEmulator:
         self._server.start()
 
     def pause(self, at: str, after: str) -> dict:
-        """A gate: ``gate["reached"]`` is set when the request is held; clear_gates() lets
-        it through."""
+        """Holds the first request whose URL has ``at`` once a write to ``after`` is done:
+        ``gate["reached"]`` set; :meth:`clear_gates` lets it through."""
         gate = {"at": at, "after": after, "armed": False,
                 "reached": threading.Event(), "release": threading.Event()}
         self._gates.append(gate)
@@ -116,8 +95,7 @@ class GcsEmulator:
         self._gates.clear()
 
     def fail(self, at: str, status: int = HTTPStatus.FORBIDDEN) -> None:
-        """Answers every request whose URL contains ``at`` with ``status`` (403: not
-        retried by the clients) until :meth:`clear_faults`."""
+        """Answers requests whose URL has ``at`` with ``status`` until :meth:`clear_faults`."""
         self._faults.append((at, int(status)))
 
     def clear_faults(self) -> None:
