@@ -19,11 +19,8 @@ _NOISY = ("orbax", "xla_bridge", "jax/_src", "gcsfs")
 
 
 def enable_compilation_cache() -> None:
-    """JAX's persistent compile cache: a second run skips most of its warm-up.
-
-    Location: ``$JAX_COMPILATION_CACHE_DIR``, else ``$EMBEDDING_JAX_CACHE/jax_compile``
-    (local even for a ``gs://`` workdir).
-    """
+    """JAX's persistent compile cache in ``$JAX_COMPILATION_CACHE_DIR``, else
+    ``$EMBEDDING_JAX_CACHE/jax_compile`` (local even for a ``gs://`` workdir)."""
     import jax
 
     from embedding_core.storage.storage import cache_dir
@@ -34,10 +31,8 @@ def enable_compilation_cache() -> None:
 
 
 def quiet_library_logs() -> None:
-    """INFO lines from this project (metrics, progress); only warnings from orbax/XLA/gcsfs;
-    gcsfs's retry messages without their tracebacks; fsspec's readahead-cache line once;
-    without ``EMBEDDING_JAX_DEBUG``, none of orbax's tracebacks of a failed checkpoint
-    write (``user_errors`` reports it in one line)."""
+    """This project's INFO lines; warnings only from orbax/XLA/gcsfs, without gcsfs's retry
+    tracebacks or (without ``EMBEDDING_JAX_DEBUG``) orbax's of a failed write."""
     logging.set_verbosity(logging.INFO)
     logging.get_absl_handler().addFilter(
         lambda record: record.levelno >= pylogging.WARNING
@@ -50,15 +45,13 @@ def quiet_library_logs() -> None:
 
 
 def _drop_storage_traceback(record: pylogging.LogRecord) -> bool:
-    # gcsfs logs every retried request with its whole traceback; the message line says
-    # what failed, and a request out of retries reaches the user as one line anyway.
+    # gcsfs logs every retried request with its traceback; the message line says enough.
     if record.name.startswith("gcsfs"):
         record.exc_info, record.exc_text = None, None
     return True
 
 
-# orbax logs a failed async write with its traceback in each thread it passes through,
-# then raises it: the caller's one line (checkpoints.CheckpointWriteError) is the report.
+# orbax logs a failed async write in each thread it passes through, then raises it.
 _WRITE_THREADS = ("future.py", "async_checkpointer.py", "checkpoint_manager.py")
 
 
@@ -69,8 +62,7 @@ def _drop_reraised_write_errors(record: pylogging.LogRecord) -> bool:
 
 
 class _ReadaheadSummary(pylogging.Filter):
-    """fsspec logs its readahead cache for every gs:// file it opens: the first line, as a
-    summary, and no more."""
+    """fsspec's readahead-cache line of every gs:// file it opens, once."""
 
     seen = False
 
@@ -87,8 +79,7 @@ class _ReadaheadSummary(pylogging.Filter):
 
 
 def _quiet_closed_loop_callbacks() -> None:
-    # After a failed write, tensorstore completes the write's other futures on the asyncio
-    # loop orbax has closed and prints each "Event loop is closed" from its own thread.
+    # After a failed write tensorstore prints "Event loop is closed" from its threads.
     import threading
 
     def quiet(value: BaseException | None) -> bool:
@@ -102,11 +93,8 @@ def _quiet_closed_loop_callbacks() -> None:
 
 
 def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None:
-    """Runs an absl ``main`` with the project's defaults.
-
-    ``--help`` prints ``module``'s docstring and its flags, the shared ones included
-    (console scripts run a generated ``__main__``, so both are adopted from the CLI module).
-    """
+    """Runs an absl ``main`` with the project's defaults; ``--help`` prints ``module``'s
+    docstring and flags, the shared ones included."""
     from embedding_core.training.run_control import EXIT_CODES_HELP
 
     # Every CLI's help ends with the exit codes of train, written once in the core.
@@ -115,8 +103,7 @@ def run_app(main: Callable[[list[str]], None], module: types.ModuleType) -> None
     main_module = sys.modules.get("__main__")
     if main_module is not None and main_module is not module:
         main_module.__doc__ = module.__doc__
-    # absl lists the key flags of the module named sys.argv[0]: the CLI module's own flags
-    # and the shared ones defined here.
+    # absl lists the key flags of the module named sys.argv[0].
     for name in {module.__name__, __name__, "embedding_core.commands", sys.argv[0]}:
         for flag in flags.FLAGS.get_key_flags_for_module(name):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
@@ -131,13 +118,8 @@ DEBUG_ENV = "EMBEDDING_JAX_DEBUG"
 
 @contextlib.contextmanager
 def user_errors(prog: str, command: str) -> Iterator[None]:
-    """Bad paths, bad data and bad settings are the user's to fix: exit with status 1 and
-    the message (which names file, line and field), not a traceback.
-
-    ``OSError`` and ``ValueError`` (``DataError``, config checks) are reported this way
-    (``EMBEDDING_JAX_DEBUG=1``: with their traceback). A stopped run is one line with its
-    exit code: diverged or workdir in use 1, SIGTERM 75 (resume me), Ctrl-C 130.
-    """
+    """``OSError``, ``ValueError`` and stopped runs as one line and an exit code (1; SIGTERM
+    75, Ctrl-C 130), not a traceback (``EMBEDDING_JAX_DEBUG=1``: with it)."""
     from embedding_core.training import run_control
 
     try:
@@ -162,8 +144,7 @@ def user_errors(prog: str, command: str) -> Iterator[None]:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    # absl reports unknown flags itself, but a bad --config file or --config.FIELD override
-    # surfaces as a chain of ml_collections tracebacks: check and word them here.
+    # A bad --config file or override would surface as ml_collections tracebacks.
     argv = list(argv)
     for i, arg in enumerate(argv[1:], start=1):
         if arg.startswith("--config="):
@@ -188,8 +169,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def _local_config(value: str) -> str:
-    # ml_collections imports the config file as a Python module, which needs a local file:
-    # a gs:// one is copied into the cache (":ARG" after the file name is kept).
+    # ml_collections imports the config file: a gs:// one is copied (":ARG" kept).
     head, sep, extra = value[len("gs://"):].partition(":")
     try:
         local = storage.local_copy("gs://" + head)
@@ -199,8 +179,7 @@ def _local_config(value: str) -> str:
 
 
 def bad_override(argv: Sequence[str], err: Exception) -> None:
-    """Exits with one line for a bad ``--config.FIELD=VALUE`` (the same line as
-    ``Fields.check`` gives a Python config with an unknown field)."""
+    """Exits with one line for a bad ``--config.FIELD=VALUE`` (as ``Fields.check``'s)."""
     from embedding_core.fields import unknown_field_message
 
     overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
@@ -208,8 +187,7 @@ def bad_override(argv: Sequence[str], err: Exception) -> None:
         # ml_collections nests reprs: "'\\'name\\'\\nDid you mean ...'"; unwrap them.
         name = str(err).replace("\\n", "\n").replace("\\", "").partition("\n")[0]
         name = name.strip(chr(34) + chr(39) + " ")
-        # Before the config is parsed its fields are unknown here: ml_collections' own
-        # suggestion (never the name itself) is the one to give.
+        # Before the config is parsed, ml_collections' own suggestion is all there is.
         known = re.findall(r'Did you mean "([^"]+)"', str(err).replace("\\", ""))
         try:
             known = list(flags.FLAGS["config"].value.keys())

@@ -1,7 +1,5 @@
 """The streaming, atomic writer of one export folder: ``<name>.npy`` ``[num_rows, dim]``,
-``ids.txt`` (line i = id of row i), ``meta.json`` (``docs/architecture.md``, "One export
-layout"); ``export`` runs one, ``export_parts`` one per process.
-"""
+``ids.txt``, ``meta.json`` (``docs/architecture.md``, "One export layout")."""
 
 from __future__ import annotations
 
@@ -74,17 +72,9 @@ class _Runs:
 
 
 class EmbeddingWriter:
-    """Context manager that streams embedding blocks into an export folder.
-
-    Args:
-      out_dir: output folder; created if missing (removed again on failure if empty).
-      arrays: ``{name: dim}``: ``<name>.npy`` ``[num_rows, dim]`` (not ``"ids"``, ``"meta"``).
-      num_rows: >= 1. meta: JSON-serialisable, without the writer's keys.
-
-    Raises:
-      ValueError: bad names, dims, row count, dtype, or meta keys; TypeError: meta is not
-        JSON-serialisable.
-    """
+    """Streams blocks of ``arrays`` (``{name: dim}``) into ``out_dir`` (created; removed on
+    failure if empty). Raises ValueError: bad names, dims, row count, dtype or meta keys;
+    TypeError: meta is not JSON-serialisable."""
 
     def __init__(self, out_dir: str | os.PathLike, arrays: Mapping[str, int], num_rows: int,
                  dtype: npt.DTypeLike = np.float32, *, ids_filename: str = "ids.txt",
@@ -136,7 +126,7 @@ class EmbeddingWriter:
 
     @property
     def output_paths(self) -> dict[str, epath.Path]:
-        """Final paths: ``{array name: <name>.npy, "ids": ids file, "meta": meta.json}``."""
+        """``{array name: <name>.npy, "ids": ids file, "meta": meta.json}``."""
         paths = {name: self.out_dir / f"{name}.npy" for name in self.dims}
         paths["ids"] = self.out_dir / self.ids_filename
         paths["meta"] = self.out_dir / META_FILENAME
@@ -186,15 +176,10 @@ class EmbeddingWriter:
         return False
 
     def write(self, start_row: int, blocks: Mapping[str, np.ndarray], ids: Sequence[str]) -> None:
-        """Writes rows ``[start_row, start_row + b)``: ``blocks`` ``{name: [b, dim]}`` of
-        every array (any float dtype, cast) and ``b`` ids without line breaks.
+        """Rows ``[start_row, start_row + b)`` of every array (``{name: [b, dim]}``) and ids.
 
-        Raises:
-          RuntimeError: outside the ``with`` block.
-          ValueError: missing/extra arrays, wrong shapes, rows out of range or already
-            written, NaN/inf (also after the cast), ids with line breaks.
-          TypeError: an id that is not a ``str``.
-        """
+        Raises: RuntimeError: outside the ``with``. ValueError: missing arrays, wrong
+        shapes, rows out of range or written, NaN/inf, ids with line breaks. TypeError."""
         if self._state != "open":
             raise RuntimeError("EmbeddingWriter.write must be called inside its `with` block")
         if set(blocks) != set(self.dims):
@@ -301,10 +286,7 @@ class EmbeddingWriter:
         if self._ids_spool is not None and not self._ids_spool.closed:
             self._ids_spool.close()
         for path in self._tmp_paths:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+            path.unlink(missing_ok=True)
         self._tmp_paths.clear()
         if self._remote and self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
@@ -316,8 +298,7 @@ class EmbeddingWriter:
 
 
 class _CheckingWriter(EmbeddingWriter):
-    """The writer's checks without its files: processes other than 0 check their blocks
-    so that a bad block stops every process at once."""
+    """The checks without the files: a bad block on any process stops them all."""
 
     def __enter__(self) -> EmbeddingWriter:
         if self._state != "new":
