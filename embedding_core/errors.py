@@ -1,6 +1,5 @@
-"""The one exception type for bad input data (it names the file, the line and the field),
-the storage errors whose message is the whole report, and the one check of the texts given
-to ``encode``."""
+"""``DataError`` (bad input data: file, line, field), the one-line storage errors, and the
+one check of the texts given to ``encode``."""
 
 from __future__ import annotations
 
@@ -9,20 +8,8 @@ from collections.abc import Sequence
 
 
 class DataError(ValueError):
-    """Bad input data, located as precisely as the reader can.
-
-    Attributes:
-      path: the file, as given to the reader (str).
-      line: 1-based physical line number, as a text editor shows it; None when the fault is
-        not on one line (for example a file with no rows).
-      field: the column name (or, in a header, a description of the column); None when the
-        fault is not in one field (for example a row with the wrong number of fields).
-      reason: what is wrong, in words.
-
-    The message is ``"{path}:{line}: field '{field}': {reason}"``; the ``:{line}`` and the
-    ``field '...'`` parts are left out when they are None, so editors and terminals can still
-    jump to ``path:line``.
-    """
+    """``"{path}:{line}: field '{field}': {reason}"`` (1-based physical line; parts that are
+    None left out), so editors jump to ``path:line``."""
 
     def __init__(
         self,
@@ -45,23 +32,17 @@ class DataError(ValueError):
 
 
 class StorageError(OSError):
-    """A path that does not exist, a ``gs://`` endpoint a run cannot use, or a write that
-    failed: the message is one line (the path, the storage error, what to do) and the CLIs
-    print only it."""
+    """A missing path, an unusable ``gs://`` endpoint or a failed write: one line, which the
+    CLIs print alone."""
 
 
 class MissingPathError(StorageError, FileNotFoundError):
-    """A config field names a file or folder that does not exist:
-    ``config.FIELD: PATH does not exist``."""
+    """``config.FIELD: PATH does not exist``."""
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:
-    """The texts as a list, checked the same way for every model.
-
-    Raises:
-      TypeError: a single string instead of a list, or a non-string item.
-      ValueError: an empty or whitespace-only text (its index is given).
-    """
+    """The texts as a list. Raises TypeError: a single string, a non-string item;
+    ValueError: an empty or whitespace-only text (its index given)."""
     if isinstance(texts, (str, bytes)):
         raise TypeError("encode takes a list of texts, not a single string: encode([text])")
     texts = list(texts)

@@ -1,8 +1,5 @@
-"""How a training run stops: signals, the exit codes of ``train`` (0 finished; 1 bad
-input or settings, diverged, workdir in use; 75 preempted; 130 Ctrl-C) and the errors
-behind them (``docs/architecture.md``, "Stopping a run"). Imports nothing heavy, so the
-CLI can name these errors before JAX loads.
-"""
+"""How a training run stops: signals, ``train``'s exit codes and the errors behind them
+(``docs/architecture.md``, "Stopping a run"); imports nothing heavy (the CLI, before JAX)."""
 
 from __future__ import annotations
 
@@ -23,8 +20,7 @@ before the first step: run the same command to resume); {EXIT_INTERRUPTED} Ctrl-
 
 
 class DivergedError(FloatingPointError):
-    """The loss, a gradient or a parameter became non-finite; no checkpoint was written from
-    that state."""
+    """A non-finite loss, gradient or parameter; nothing was saved from that state."""
 
 
 class WorkdirInUseError(RuntimeError):
@@ -42,8 +38,7 @@ class Preempted(Exception):  # noqa: N818 - an outcome, not a fault
 
 
 class Interrupted(KeyboardInterrupt):
-    """Training stopped on Ctrl-C after saving the checkpoint of ``step`` (a
-    ``KeyboardInterrupt``, as notebooks expect)."""
+    """Stopped on Ctrl-C after saving ``step`` (a ``KeyboardInterrupt``, for notebooks)."""
 
     exit_code = EXIT_INTERRUPTED
 
@@ -53,15 +48,14 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Aborted(KeyboardInterrupt):
-    """A second Ctrl-C stopped training at once; the message names the latest complete
-    checkpoint (or none)."""
+    """A second Ctrl-C stopped training at once (names the latest complete checkpoint)."""
 
     exit_code = EXIT_INTERRUPTED
 
 
 class StopRequested(BaseException):
-    """A signal in start-up mode; :class:`StopSignals` turns it into :class:`Preempted` or
-    :class:`Interrupted`. A ``BaseException``: readers wrapping ``Exception`` keep it."""
+    """A signal in start-up mode (a ``BaseException``: readers wrapping ``Exception`` keep
+    it); :class:`StopSignals` turns it into :class:`Preempted` or :class:`Interrupted`."""
 
 
 def _drop_orbax(record: logging.LogRecord) -> bool:
@@ -69,21 +63,16 @@ def _drop_orbax(record: logging.LogRecord) -> bool:
 
 
 def quiet_orbax() -> None:
-    """Drops orbax's log records from now on (after a second Ctrl-C its failing threads
-    would log ~140 lines of tracebacks)."""
+    """Drops orbax's log records (after a second Ctrl-C, ~140 lines of tracebacks)."""
     for handler in [*logging.getLogger().handlers, logging.lastResort]:
         if handler is not None and _drop_orbax not in handler.filters:
             handler.addFilter(_drop_orbax)
 
 
 class StopSignals:
-    """Turns SIGTERM and the first Ctrl-C into a request the loop reads between steps; a
-    second Ctrl-C raises ``KeyboardInterrupt`` at once. A context manager; ``signum`` is
-    the signal that asked to stop, or None.
-
-    Handlers go in from the main thread only (multi-process: SIGTERM via JAX's preemption
-    service). ``immediate``: a signal stops at once (until :meth:`defer`).
-    """
+    """SIGTERM and the first Ctrl-C as a request read between steps (``immediate``: at once,
+    until :meth:`defer`); a second Ctrl-C raises ``KeyboardInterrupt``. Multi-process:
+    SIGTERM through JAX's preemption service."""
 
     def __init__(self, *, multiprocess: bool = False, immediate: bool = False):
         self.multiprocess = multiprocess
@@ -96,7 +85,7 @@ class StopSignals:
         return self
 
     def install(self) -> None:
-        """Installs the handlers (main thread, single process; a no-op when installed)."""
+        """Installs the handlers (main thread, single process, once)."""
         if threading.current_thread() is not threading.main_thread() or self._previous:
             return
         wanted = () if self.multiprocess else (signal.SIGTERM, signal.SIGINT)
@@ -104,7 +93,7 @@ class StopSignals:
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def defer(self) -> None:
-        """Leaves start-up mode: from now on a signal is read by the loop between steps."""
+        """Leaves start-up mode: a signal is read by the loop between steps."""
         self.immediate = False
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -136,8 +125,7 @@ class StopSignals:
         return self.signum is not None
 
     def should_stop(self, step: int) -> bool:
-        """Stop after ``step``? Multi-process: all agree on the step (call after every
-        step: JAX's preemption sync counts them)."""
+        """Stop after ``step``? (multi-process: all agree; call after every step)."""
         if self.multiprocess:
             from jax.experimental import multihost_utils
 
@@ -148,8 +136,7 @@ class StopSignals:
         return self.requested
 
     def stopped(self, step: int, where: str) -> Preempted | Interrupted:
-        """The exception to raise once the checkpoint of ``step`` is saved in ``where``
-        (``step < 0``: before the first step, nothing to save)."""
+        """The exception once ``step`` is saved in ``where`` (``step < 0``: nothing saved)."""
         saved = (f"at step {step}: checkpoint saved in {where}" if step >= 0
                  else "before the first step (nothing to save)")
         if self.signum == signal.SIGINT:

@@ -1,6 +1,4 @@
-"""The Task seam: what a model package tells the core (:func:`embedding_core.training.run.run`) so
-that the core can train it (``docs/architecture.md``).
-"""
+"""The Task seam: what a model package tells ``run`` (``docs/architecture.md``)."""
 
 from __future__ import annotations
 
@@ -19,11 +17,8 @@ from embedding_core.losses.table_update import FusedTableUpdate
 
 @dataclasses.dataclass(frozen=True)
 class BatchField:
-    """One field of a package's batch contract: dtype kind and named dimensions.
-
-    ``kind``: ``"int"``, ``"float"`` or ``"bool"``; ``shape``: names (``"batch"``,
-    ``"seq"``: equal wherever the same name appears) or fixed ints.
-    """
+    """A batch field: ``kind`` ``"int"``, ``"float"`` or ``"bool"``; ``shape``: names (equal
+    wherever the same name appears) or fixed ints."""
 
     kind: str
     shape: tuple[str | int, ...]
@@ -34,11 +29,7 @@ _KINDS = {"int": "iu", "float": "f", "bool": "b"}
 
 
 def check_batch(spec: BatchSpec, batch: Mapping[str, np.ndarray], what: str) -> None:
-    """Checks a host batch against its contract (fields, kinds, ranks, named sizes).
-
-    Raises:
-      ValueError: one line naming ``what`` and the first bad field.
-    """
+    """Raises ValueError naming ``what`` and the first field that breaks ``spec``."""
     extra = sorted(set(batch) - set(spec) - {"step"})
     missing = sorted(set(spec) - set(batch))
     if extra or missing:
@@ -89,23 +80,8 @@ OptimizerFactory = Callable[[ml_collections.ConfigDict, int],
 
 @dataclasses.dataclass
 class Task:
-    """One model's training, as the core needs it (``docs/architecture.md``, "The Task seam").
-
-    Attributes:
-      init_params: ``rng -> params`` with ``nn.LogicallyPartitioned`` leaves.
-      loss_fn: :data:`LossFn` on the global batch; a ``contrastive.ContrastiveLoss`` can be
-        chunked by ``config.contrastive_chunk_size`` (GradCache).
-      global_batch_size: recorded with the data position (a resume may not change it).
-      pretrained: ``{param path: numpy tree}`` placed over the fresh init.
-      run_files: ``{file name: writer(path)}`` kept beside the config (process 0).
-      grad_accumulation: ``None`` refuses ``config.grad_accum_steps``.
-      logical_axis_sizes: axis counts shapes do not show (``{"heads": 12}``).
-      table_update: a softmax table the step updates block by block, its gradient stopped
-        in the loss (``table_update.FusedTableUpdate``; ``None``: the plain step).
-      encoder_of: ``(params, step) -> inference.Encoder`` on the training params, or
-        ``{view: encoder}`` (metrics ``VIEW/LABEL/NAME``), for ``config.eval_files``
-        (``None``: the model takes no such files).
-    """
+    """One model's training, as the core needs it (``docs/architecture.md``, "The Task
+    seam", names each field)."""
 
     name: str
     init_params: Callable[[jax.Array], Any]
