@@ -1,8 +1,5 @@
-"""Contrastive losses on the global batch: L2 normalisation, cosine matrix, InfoNCE.
-
-Inputs are cast to float32; under ``jax.jit`` with sharded inputs the negatives are the
-global batch's (``docs/pitfalls.md``, "Contrastive training across devices").
-"""
+"""L2 normalisation, cosine matrix and InfoNCE in float32 over the global batch
+(``docs/pitfalls.md``, "Contrastive training across devices")."""
 
 from __future__ import annotations
 
@@ -11,11 +8,8 @@ import jax.numpy as jnp
 
 
 def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
-    """``x / ||x||`` along ``axis``; ``||x|| <= eps`` maps to 0 with gradient 0.
-
-    Double-where form: ``rsqrt`` never sees 0, so the gradient is finite everywhere.
-    Returns an array of ``x``'s shape and dtype.
-    """
+    """``x / ||x||`` along ``axis``; ``||x|| <= eps`` maps to 0 with gradient 0 (double
+    where: ``rsqrt`` never sees 0)."""
     sq = jnp.sum(x * x, axis=axis, keepdims=True)
     big = sq > eps * eps
     inv = jnp.where(big, jax.lax.rsqrt(jnp.where(big, sq, 1.0)), 0.0)
@@ -31,17 +25,9 @@ def cosine_similarity_matrix(a: jax.Array, b: jax.Array) -> jax.Array:
 
 def info_nce(queries: jax.Array, keys: jax.Array, positive_index: jax.Array, *, temperature: float,
              key_ids: jax.Array | None = None, key_valid: jax.Array | None = None) -> jax.Array:
-    """InfoNCE with cosine similarity, in-batch negatives and identity masking.
-
-    ``loss_i = -log( v(q_i, k_{p_i}) / sum_j v(q_i, k_j) )``,
-    ``v(a, b) = exp(cos(a, b) / temperature)``; keys with ``key_ids[j] == key_ids[p_i]``,
-    ``j != p_i`` (copies of the positive) leave the denominator.
-
-    ``queries`` ``[n, dim]``, ``keys`` ``[m, dim]`` float (cast to float32);
-    ``positive_index`` ``[n]`` int32; ``key_ids`` optional ``[m]`` int32; ``key_valid``
-    optional ``[m]`` bool (False keys leave every denominator; positives must be valid).
-    Returns ``[n]`` float32 per-query losses.
-    """
+    """``[n]`` float32 ``-log(v(q_i, k_{p_i}) / sum_j v(q_i, k_j))``, ``v(a, b) =
+    exp(cos(a, b) / temperature)``, of ``[n, dim]`` queries and ``[m, dim]`` keys; copies
+    of the positive (equal ``key_ids``) and ``key_valid`` False keys leave the sum."""
     logits = cosine_similarity_matrix(queries, keys) / temperature  # [n, m]
     n, m = logits.shape
     columns = jnp.arange(m)[None, :]

