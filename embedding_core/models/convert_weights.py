@@ -1,9 +1,5 @@
-"""``pytorch_model.bin`` -> ``model.safetensors``: for checkpoints that ship only PyTorch
-pickles (we read safetensors only). Needs torch, which the conversion alone imports.
-
-Usage: ``python -m embedding_core.models.convert_weights FOLDER`` writes
-``FOLDER/model.safetensors`` from ``FOLDER/pytorch_model.bin``.
-"""
+"""``python -m embedding_core.models.convert_weights FOLDER``: ``pytorch_model.bin`` ->
+``model.safetensors`` (we read safetensors only; needs torch)."""
 
 from __future__ import annotations
 
@@ -27,12 +23,8 @@ def _torch_available() -> bool:
 
 
 def convert(bin_file: str | pathlib.Path, out_file: str | pathlib.Path) -> None:
-    """Writes ``out_file`` (safetensors, atomically) with every tensor of ``bin_file``
-    (loaded with ``weights_only=True``: no code in the pickle runs), dtypes kept.
-
-    Raises:
-      ModuleNotFoundError: torch is not installed. FileNotFoundError: no ``bin_file``.
-    """
+    """Every tensor of ``bin_file`` (``weights_only=True``: no pickled code runs) into
+    ``out_file``. Raises ModuleNotFoundError (no torch), FileNotFoundError."""
     import torch
     from safetensors.numpy import save
 
@@ -46,14 +38,8 @@ def convert(bin_file: str | pathlib.Path, out_file: str | pathlib.Path) -> None:
 
 
 def converted_snapshot(repo_id: str, commit: str, snapshot: pathlib.Path) -> pathlib.Path:
-    """A folder beside the hub cache holding ``snapshot``'s files (linked) and
-    ``model.safetensors`` converted from the repo's ``pytorch_model.bin`` (downloaded into
-    the hub cache); made once per commit.
-
-    Raises:
-      FileNotFoundError: one line: the repo has no ``pytorch_model.bin`` either, or torch
-        is missing (the message gives the command to convert with).
-    """
+    """A folder beside the hub cache: ``snapshot``'s files linked and the repo's
+    ``pytorch_model.bin`` converted, once per commit. Raises FileNotFoundError (one line)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
 

@@ -12,13 +12,8 @@ import numpy as np
 
 def save_param_tree(path: str | os.PathLike, params: Mapping[str, Any],
                     metadata: Mapping[str, str] | None = None) -> None:
-    """Writes a Flax parameter tree (boxed or not) as one local safetensors file: float32
-    leaves in Flax layout named by their ``/``-joined paths, ``metadata`` strings in the
-    header.
-
-    Raises:
-      ValueError: a key holding ``/`` or an empty tree.
-    """
+    """float32 leaves named by ``/``-joined paths, ``metadata`` in the header.
+    Raises ValueError: a key holding ``/`` or an empty tree."""
     import flax.linen as nn
     import jax
     from flax import traverse_util
@@ -37,12 +32,7 @@ def save_param_tree(path: str | os.PathLike, params: Mapping[str, Any],
 
 
 def load_param_tree(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(nested dict of float32 numpy arrays, header metadata)`` of a
-    :func:`save_param_tree` file.
-
-    Raises:
-      FileNotFoundError: no such file.
-    """
+    """``(nested float32 numpy tree, metadata)``. Raises FileNotFoundError."""
     from flax import traverse_util
     from safetensors import safe_open
     from safetensors.numpy import load_file

@@ -1,8 +1,5 @@
-"""One export folder written by several processes: each writes its contiguous slice of the
-rows (``multihost.process_rows``) as a part folder of the export layout, process 0 then the
-folder's ``meta.json`` listing the parts (``docs/architecture.md``, "One export layout").
-No process holds or receives another's rows.
-"""
+"""One export folder written by several processes, each its rows as a part folder, then
+process 0 the ``meta.json`` listing them (``docs/architecture.md``, "One export layout")."""
 
 from __future__ import annotations
 
@@ -33,14 +30,12 @@ Batches = Blocks | Callable[[int, int], Blocks]
 
 
 def part_name(index: int, count: int) -> str:
-    """A part folder's name; the random tail keeps an older export's parts intact until the
-    new ``meta.json`` replaces them."""
+    """A part folder's name (a random tail: an older export's parts stay until replaced)."""
     return f"part-{index:05d}-of-{count:05d}.{uuid.uuid4().hex[:8]}"
 
 
 def listed_files(out_dir: epath.Path) -> list[epath.Path]:
-    """What ``out_dir``'s current ``meta.json`` lists (its part folders, or its array and
-    ids files); nothing when there is no readable one."""
+    """The part folders or files ``out_dir``'s readable ``meta.json`` lists."""
     try:
         meta = json.loads((out_dir / META_FILENAME).read_text(encoding="utf-8"))
         if "parts" in meta:
@@ -99,16 +94,8 @@ def write_parts(out_dir: str | os.PathLike, batches: Batches, num_rows: int,
                 dims: Mapping[str, int], meta: Mapping[str, Any] | None = None,
                 ids_filename: str = "ids.txt",
                 dtype: npt.DTypeLike = np.float32) -> dict[str, epath.Path]:
-    """Writes ``out_dir`` as parts, one per process with rows (a collective: every process
-    calls it with the same arguments); ``meta.json`` last, by process 0, after which the
-    files of the export it replaces are removed.
-
-    Returns ``{"meta": meta.json}``.
-
-    Raises:
-      As ``EmbeddingWriter``, on every process (the failed one its own error, the others
-        the same type, ``multihost.agree``); nothing of this export is left in ``out_dir``.
-    """
+    """``out_dir`` as one part per process with rows (a collective), ``meta.json`` last;
+    returns ``{"meta": path}``. Raises as ``EmbeddingWriter``, on every process."""
     out_dir = storage.as_path(out_dir)
     index, count = jax.process_index(), jax.process_count()
     start, stop = multihost.process_rows(num_rows)

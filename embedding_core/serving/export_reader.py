@@ -19,15 +19,8 @@ VIEW_ARRAY = "embeddings"
 
 def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
                 ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
-    """``(arrays, ids, meta)`` of an array folder: ``{name: [num_rows, dim]}``, the
-    ``num_rows`` ids (``ids[i]`` names row i) and ``meta.json`` (``mmap_mode``: not for
-    ``gs://``). A folder written as parts (``meta.json`` lists ``parts``): each part read
-    so (memory-mapped with ``mmap_mode``), concatenated in order.
-
-    Raises:
-      FileNotFoundError: ``meta.json`` or a listed file is missing.
-      ValueError: a file disagrees with ``meta.json`` (shape, dtype, number of ids).
-    """
+    """``({name: [num_rows, dim]}, ids, meta)`` of an array folder (parts concatenated).
+    Raises FileNotFoundError; ValueError: a file disagrees with ``meta.json``."""
     out_dir = storage.as_path(out_dir)
     meta_path = out_dir / META_FILENAME
     if not meta_path.is_file():
@@ -111,15 +104,10 @@ def load_view(out_dir: str | os.PathLike, mmap_mode: str | None = None
 
 def load_export(out_dir: str | os.PathLike, mmap_mode: str | None = None
                 ) -> dict[str, tuple[np.ndarray, list[str], dict[str, Any]]]:
-    """``{view name: (embeddings, ids, meta)}`` of an export folder (or of one view folder,
-    under its own name): the views ``export.json`` lists, each with its export id;
-    without a manifest, every sub-folder holding a ``meta.json``.
+    """``{view name: (embeddings, ids, meta)}`` of an export (or one view) folder.
 
-    Raises:
-      FileNotFoundError: no ``meta.json`` and no view folders, or a listed view missing.
-      ValueError: an unfinished export, a view from another export (re-run it), or files
-        that disagree with their ``meta.json``.
-    """
+    Raises: FileNotFoundError: no view, or a listed one missing. ValueError: an unfinished
+    export, a view of another export, files that disagree with their ``meta.json``."""
     out_dir = storage.as_path(out_dir)
     if (out_dir / META_FILENAME).is_file():
         return {out_dir.name: load_view(out_dir, mmap_mode)}
