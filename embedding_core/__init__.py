@@ -1,15 +1,6 @@
 """The core's public surface: what a method package imports (``docs/architecture.md``, "The
-public surface"); the subpackages behind it may change.
-
-A method declares its fields (``Field``, ``configs.declare``), builds a ``Task`` (``BatchField``
-contract, ``ContrastiveLoss`` or plain loss) that ``run`` trains, loads its trained model as
-an ``Encoder`` with ``View`` / ``HFFolder`` exports, and names its CLI in a
-``commands.Program``. ``multihost`` and ``parallel`` are the device and process modules.
-Every name loads its module on first use, so ``import embedding_core`` loads no JAX.
-
-Importing the package wires storage first (``storage.configure``), so a ``gs://`` path and
-``STORAGE_EMULATOR_HOST`` work the same for library users and the CLIs.
-"""
+public surface"). Each name loads its module on first use (no JAX on import); importing
+wires storage first (``storage.configure``: ``gs://`` and the emulator)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The command table every package's CLI is made of: a package declares a :class:`Program`
-(its fields, config, train / load / evaluate / demo functions, extra commands); train,
-evaluate, export, export-hf, demo and config, the flags, ``--help`` and the error
-handling are written here once (``docs/architecture.md``, "Commands").
-"""
+"""The command table every package's CLI is made of: a package declares a :class:`Program`;
+the commands, flags, ``--help`` and error handling are here once (``docs/architecture.md``,
+"Commands")."""
 
 from __future__ import annotations
 
@@ -50,15 +48,8 @@ class Command:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """A package's CLI, declared.
-
-    Attributes:
-      prog: the console script (``dualcse-jax``).
-      load: ``invocation -> Encoder`` for export and export-hf.
-      data_files: path fields made absolute at train (resume and evaluate from anywhere).
-      usage: ``{command: flags}`` shown after the command in the usage lines.
-      text_name: what a line of export's ``--input`` is, in errors (``query``).
-    """
+    """A package's CLI: ``load(invocation) -> Encoder``; ``data_files``: path fields made
+    absolute at train; ``text_name``: what a line of export's ``--input`` is, in errors."""
 
     prog: str
     summary: str
@@ -184,8 +175,8 @@ def define_flags(default_config: str) -> None:
 
 
 def evaluate_files(program_load: Callable[[Invocation], Any], inv: Invocation) -> dict:
-    """``evaluate --ir/--sts/--pairs/--triplets``: those evaluators on the workdir's model,
-    printed and written to ``--output`` (default ``WORKDIR/eval/evaluators.json``)."""
+    """``evaluate --ir/...`` on the workdir's model (``--output`` default
+    ``WORKDIR/eval/evaluators.json``)."""
     from embedding_core.distributed import multihost
 
     specs = evaluation.parse({kind: FLAGS[kind].value for kind in evaluation.KINDS},
@@ -205,9 +196,8 @@ def overrides() -> dict[str, Any]:
 
 
 def _paths_given(given) -> list[str]:
-    """The paths of a command line, the workdir first, then --output, --input, the
-    evaluation files (flags and ``config.eval_files``, without ``KIND:``) and the config's
-    other text fields (comma-separated ones split)."""
+    """The paths of a command line: the workdir first, the flags', the evaluation files',
+    the config's text fields (comma-separated ones split)."""
     values = [given.workdir, given.output, given.input]
     values += [path for kind in evaluation.KINDS for path in given[kind].value]
     paths = [part.strip() for v in values if v for part in str(v).split(",")]

@@ -21,9 +21,8 @@ def _gs_values(argv: Sequence[str]) -> list[str]:
 
 
 def check_storage(command: str, argv: Sequence[str]) -> int:
-    """The trainers' ``gs://`` start check (``storage.check_endpoint``) on the URIs of a
-    command line: 0 when there is none or its endpoint answers, else 1 after one line on
-    stderr naming the URI."""
+    """``storage.check_endpoint`` of a command line's ``gs://`` URIs: 0, or 1 after one
+    line on stderr."""
     uris = _gs_values(argv)
     if not uris:
         return 0
@@ -38,8 +37,7 @@ def check_storage(command: str, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Runs ``embedding-jax COMMAND ...`` (``argv`` without the program name); the exit
-    status."""
+    """``embedding-jax COMMAND ...`` (without the program name); the exit status."""
     argv = list(argv)
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE, end="")

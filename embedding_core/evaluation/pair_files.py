@@ -1,8 +1,5 @@
-"""Reading the files of the pair and triplet evaluators (``embedding_core.evaluation.pairs``):
-CSV with a header row, or JSON Lines (one object a line), local or ``gs://``.
-
-Every fault raises ``DataError(path, line, field, reason)``; lines are 1-based physical lines.
-"""
+"""The pair and triplet evaluators' files: CSV with a header row, or JSON Lines; every
+fault a ``DataError(path, line, field, reason)``."""
 
 from __future__ import annotations
 
@@ -114,21 +111,11 @@ def _label(where: str, line: int, field: str, value: Any) -> int:
 def read_columns(path: str | os.PathLike, text_fields: Sequence[str],
                  score_field: str | None = None, *, binary: bool = False
                  ) -> tuple[list[list[str]], list[float] | list[int] | None]:
-    """Reads a CSV (header row) or JSON Lines file into columns.
+    """``(texts, numbers)``: ``texts[k][i]`` = ``text_fields[k]`` of record i; ``numbers``
+    the float ``score_field`` (``binary``: 0/1 int), None without one.
 
-    Args:
-      text_fields: fields holding non-empty texts, one list each in the result.
-      score_field: a numeric field (float), or with ``binary`` a 0/1 label (int).
-
-    Returns:
-      ``(texts, numbers)``: ``texts[k][i]`` is ``text_fields[k]`` of record i, ``numbers``
-      the score column (None without ``score_field``). Other fields are ignored.
-
-    Raises:
-      FileNotFoundError: no such file.
-      DataError: invalid UTF-8, CSV or JSON; a field missing (from the header or a record);
-        an empty text; a non-numeric or non-finite score; a label not 0/1; no records.
-    """
+    Raises: FileNotFoundError; DataError: invalid UTF-8, CSV or JSON; a missing field, an
+    empty text, a bad score or label; no records."""
     where = os.fspath(path)
     file = storage.as_path(path)
     if not file.is_file():

