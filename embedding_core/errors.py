@@ -3,6 +3,7 @@ one check of the texts given to ``encode``."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 
@@ -29,6 +30,20 @@ class DataError(ValueError):
     def __reduce__(self):
         # Keep the attributes when the error crosses a process boundary (multiprocessing).
         return (type(self), (self.path, self.line, self.field, self.reason))
+
+
+def json_object(path: str | os.PathLike[str], line: int, text: str, *,
+                invalid: str = "invalid JSON: {msg}",
+                not_object: str = "a JSON {type}, not an object") -> dict:
+    """``text`` as a JSON object. Raises DataError: ``invalid`` (with the parser's ``msg``,
+    ``colno``) or ``not_object`` (with the value's ``type``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(path, line, None, invalid.format(msg=err.msg, colno=err.colno)) from None
+    if not isinstance(value, dict):
+        raise DataError(path, line, None, not_object.format(type=type(value).__name__))
+    return value
 
 
 class StorageError(OSError):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
-from embedding_core.errors import DataError
+from embedding_core.errors import DataError, json_object
 from embedding_core.storage import storage
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -39,41 +38,34 @@ def _csv_rows(where: str, text: str, fields: Sequence[str]):
     # newline="" keeps line breaks inside quoted fields, so reader.line_num counts physical lines.
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     header: list[str] | None = None
-    while True:
-        start = reader.line_num + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as err:
-            raise DataError(where, start, None, f"malformed CSV record: {err}") from None
-        if not any(cell.strip() for cell in row):
-            continue
-        if header is None:
-            header = [name.strip() for name in row]
-            for name in fields:
-                if name not in header:
-                    raise DataError(where, start, name, f"missing from the header {header}")
-            continue
-        if len(row) != len(header):
-            raise DataError(where, start, None,
-                            f"{len(row)} fields, the header has {len(header)}")
-        yield start, dict(zip(header, row, strict=True))
+    start = 1
+    try:
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                pass
+            elif header is None:
+                header = [name.strip() for name in row]
+                missing = [name for name in fields if name not in header]
+                if missing:
+                    raise DataError(where, start, missing[0],
+                                    f"missing from the header {header}")
+            elif len(row) != len(header):
+                raise DataError(where, start, None,
+                                f"{len(row)} fields, the header has {len(header)}")
+            else:
+                yield start, dict(zip(header, row, strict=True))
+            start = reader.line_num + 1
+    except csv.Error as err:
+        raise DataError(where, start, None, f"malformed CSV record: {err}") from None
 
 
 def _jsonl_rows(where: str, text: str):
     """Yields ``(line, object)`` for each non-blank line."""
     for line, raw in enumerate(text.split("\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise DataError(where, line, None, f"invalid JSON: {err.msg} at character "
-                            f"{err.colno}") from None
-        if not isinstance(obj, dict):
-            raise DataError(where, line, None, "expected one JSON object per line")
-        yield line, obj
+        if raw.strip():
+            yield line, json_object(where, line, raw,
+                                    invalid="invalid JSON: {msg} at character {colno}",
+                                    not_object="expected one JSON object per line")
 
 
 def _text(where: str, line: int, field: str, value: Any) -> str:

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from embedding_core.distributed import multihost
-from embedding_core.errors import DataError
+from embedding_core.errors import DataError, json_object
 from embedding_core.storage.storage import as_path
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -279,13 +279,7 @@ def _records(path: Any, *, jsonl: bool = True) -> Iterator[tuple[int, Any]]:
                 if text.strip():
                     yield line, text.rstrip("\r\n")
                 continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DataError(path, line, None, f"invalid JSON: {err.msg}") from None
-            if not isinstance(record, dict):
-                raise DataError(path, line, None, f"a JSON {type(record).__name__}, not an object")
-            yield line, record
+            yield line, json_object(path, line, text)
 
 
 def _text(record: dict, field: str, path: Any, line: int, *, many: bool = False,
