@@ -221,7 +221,6 @@ def read_config(
     validate: Callable[[ml_collections.ConfigDict], None] | None = None,
 ) -> ml_collections.ConfigDict:
     """The config a run saved (:func:`config_path`) on today's defaults.
-
     Raises: FileNotFoundError: no workdir or run config. NotADirectoryError. ValueError:
     not a JSON object, a ``required`` field missing, an impossible setting."""
     workdir = storage.as_path(workdir)

@@ -63,7 +63,6 @@ def _pessimistic_order(scores: np.ndarray, tie_key: np.ndarray) -> np.ndarray:
 
 def accuracy_at_threshold(scores, labels, threshold: float) -> float:
     """Accuracy of ``score > threshold``, ``[n]`` scores and bool (or 0/1) labels.
-
     Raises: ValueError: empty input, NaN scores, shape mismatch or non-binary labels."""
     s = _scores(scores, 1)
     y = _binary(labels, s.shape, "labels")
@@ -75,7 +74,6 @@ def accuracy_at_threshold(scores, labels, threshold: float) -> float:
 def best_threshold_accuracy(scores, labels) -> tuple[float, float]:
     """``(threshold, accuracy)`` maximising :func:`accuracy_at_threshold` over ``-inf``,
     the midpoints of consecutive distinct scores and ``+inf``; the smallest best wins.
-
     Raises: ValueError: empty input, NaN scores, shape mismatch or non-binary labels."""
     s = _scores(scores, 1)
     y = _binary(labels, s.shape, "labels")
@@ -112,7 +110,6 @@ def best_threshold_accuracy(scores, labels) -> tuple[float, float]:
 def ranks_of_targets(scores, targets) -> np.ndarray:
     """``rank_i = 1 + #{j != t_i : scores[i, j] >= scores[i, t_i]}``, ``[n_queries]`` int64,
     from ``[n_queries, n_items]`` scores and ``[n_queries]`` int targets.
-
     Raises: ValueError: NaN scores, wrong shapes, non-integer or out-of-range targets."""
     s = _scores(scores, 2)
     t = np.asarray(targets)
@@ -129,7 +126,6 @@ def ranks_of_targets(scores, targets) -> np.ndarray:
 
 def recall_at_k_from_ranks(ranks, ks: Iterable[int] = DEFAULT_RECALL_KS) -> dict[int, float]:
     """``{k: #{i : rank_i <= k} / n_queries}`` from ``[n_queries]`` int 1-based ranks.
-
     Raises: ValueError: empty or non-positive ranks, bad ``k``."""
     r = _ranks(ranks)
     return {_positive_int(k): float(np.mean(r <= k)) for k in ks}
@@ -162,7 +158,6 @@ def ranks_of_relevant(scores, relevant) -> tuple[np.ndarray, np.ndarray]:
     """``rank_j = j + 1 + #{non-relevant i : score_i >= score_j}`` of a query's ``j``-th
     relevant item (0-based, by descending score): ``(query, rank)``, ``[n_pairs]`` int64
     each, sorted by query then rank, from ``[n_queries, n_items]`` scores and relevance.
-
     Raises: ValueError: NaN scores, wrong shapes or non-binary relevance."""
     s = _scores(scores, 2)
     rel = _binary(relevant, s.shape, "relevant")
@@ -201,7 +196,6 @@ def _ap_rows(sorted_relevant: np.ndarray) -> np.ndarray:
 def average_precision(scores, relevant) -> float:
     """``AP = (1 / R) sum_{r: rank r relevant} precision@r`` of ``[n_items]`` scores and
     relevance (Manning et al., IIR sec. 8.4).
-
     Raises: ValueError: NaN scores, shape mismatch, or no relevant item."""
     s = _scores(scores, 1)
     rel = _binary(relevant, s.shape, "relevant")
@@ -212,7 +206,6 @@ def average_precision(scores, relevant) -> float:
 
 def mean_average_precision(scores, relevant) -> float:
     """Mean :func:`average_precision` over the rows with a relevant item.
-
     Raises: ValueError: NaN scores, shape mismatch, or no query with a relevant item."""
     s, rel = _queries_with_relevant(scores, relevant, "mean_average_precision")
     return float(np.mean(_ap_rows(_relevance_in_rank_order(s, rel))))
@@ -221,7 +214,6 @@ def mean_average_precision(scores, relevant) -> float:
 def ndcg_at_k(scores, gains, k: int) -> float:
     """Mean ``DCG@k / IDCG@k``, ``DCG@k = sum_{r<=k} gain_(r) / log2(r + 1)`` (Jarvelin &
     Kekalainen 2002) over queries with a positive IDCG; ``[n_queries, n_items]`` gains >= 0.
-
     Raises: ValueError: NaN, negative gains, shape mismatch, bad ``k``, no positive gain."""
     s = _scores(scores, 2)
     g = np.asarray(gains)
@@ -244,7 +236,6 @@ def ndcg_at_k(scores, gains, k: int) -> float:
 def precision_at_k(scores, relevant, k: int, min_positives: int | None = None) -> float:
     """Mean ``#{relevant in the top k} / k`` over the queries with at least
     ``min_positives`` (default ``k``; ``docs/docent.md``) relevant items.
-
     Raises: ValueError: NaN scores, shape mismatch, bad ``k``, or no query qualifies."""
     s = _scores(scores, 2)
     rel = _binary(relevant, s.shape, "relevant")
@@ -261,7 +252,6 @@ def precision_at_k(scores, relevant, k: int, min_positives: int | None = None) -
 
 def label_ranking_average_precision(scores, relevant) -> float:
     """sklearn's LRAP (DocEnt's tag "MAP") over the queries with a relevant item.
-
     Raises: ValueError: NaN scores, shape mismatch, or no query with a relevant item."""
     s, rel = _queries_with_relevant(scores, relevant, "label_ranking_average_precision")
     return float(sklearn.metrics.label_ranking_average_precision_score(rel, s))
@@ -269,7 +259,6 @@ def label_ranking_average_precision(scores, relevant) -> float:
 
 def roc_auc(scores, labels) -> float:
     """``sklearn.metrics.roc_auc_score`` over all entries of ``scores`` and ``labels``.
-
     Raises: ValueError: NaN scores, shape mismatch, or only one class present."""
     s_any, y_any = np.asarray(scores), np.asarray(labels)
     if s_any.shape != y_any.shape:
@@ -339,7 +328,6 @@ def roc_auc_rows(scores, labels, sample_weight=None) -> np.ndarray:
     """Row-wise ``roc_auc_score`` of ``[..., n]`` scores, ``sum_i w_i+ (N_below(i) +
     N_tied(i) / 2) / (P N)``; ``sample_weight`` ``[..., n]`` broadcasts (the bootstrap's
     resample counts). Returns float64 of the leading shape.
-
     Raises: ValueError: NaN scores, shape mismatch, negative weights, a one-class row."""
     wp, wn, start, end = _sorted_weights(scores, labels, sample_weight, "roc_auc_rows", False)
     # Each class's weights as fractions of its total: no overflow or underflow in P * N.
@@ -353,7 +341,6 @@ def roc_auc_rows(scores, labels, sample_weight=None) -> np.ndarray:
 def average_precision_rows(scores, labels, sample_weight=None) -> np.ndarray:
     """Row-wise ``average_precision_score``, ``sum_t (R_t - R_{t-1}) P_t`` over descending
     distinct thresholds; ``sample_weight`` as in :func:`roc_auc_rows`.
-
     Raises: ValueError: NaN scores, shape mismatch, negative weights, a one-class row."""
     wp, wn, _, end = _sorted_weights(scores, labels, sample_weight, "average_precision_rows",
                                      True)

@@ -105,7 +105,6 @@ def read_columns(path: str | os.PathLike, text_fields: Sequence[str],
                  ) -> tuple[list[list[str]], list[float] | list[int] | None]:
     """``(texts, numbers)``: ``texts[k][i]`` = ``text_fields[k]`` of record i; ``numbers``
     the float ``score_field`` (``binary``: 0/1 int), None without one.
-
     Raises: FileNotFoundError; DataError: invalid UTF-8, CSV or JSON; a missing field, an
     empty text, a bad score or label; no records."""
     where = os.fspath(path)

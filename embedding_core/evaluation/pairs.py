@@ -132,7 +132,6 @@ def best_f1(scores: np.ndarray, labels: np.ndarray, greater_is_similar: bool
 class EmbeddingSimilarityEvaluator:
     """``pearson_{fn}``, ``spearman_{fn}`` (and ``*_max``) against gold scores, for
     ``similarity_fn_names``, else ``[main_similarity]``, else all four.
-
     Raises: ValueError: columns of different lengths or empty; an unknown function name, or
     a ``main_similarity`` not among ``similarity_fn_names``."""
 
@@ -201,7 +200,6 @@ class EmbeddingSimilarityEvaluator:
 class BinaryClassificationEvaluator:
     """``{fn}_{metric}`` of :attr:`METRICS` (and ``max_*``) for pairs labelled similar (1)
     or not (0); distance thresholds are distances.
-
     Raises: ValueError: columns of different lengths or empty; a label not 0/1; an unknown
     function."""
 
@@ -263,7 +261,6 @@ class BinaryClassificationEvaluator:
 class TripletEvaluator:
     """``{fn}_accuracy`` (and ``max_accuracy``): the share of triplets with
     ``sim(anchor, positive) > sim(anchor, negative) + margin`` (one, or per function).
-
     Raises: ValueError: columns of different lengths or empty; an unknown function or
     margin key."""
 

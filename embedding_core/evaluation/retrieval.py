@@ -319,7 +319,6 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
               ) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
     """``(queries, corpus, {query id: {doc id: grade}})`` of a BEIR folder
     (``docs/evaluation.md``, "BEIR layout").
-
     Raises: FileNotFoundError; DataError: invalid UTF-8 or JSON, a missing, mistyped or empty
     field, a duplicate id, a bad qrels row or header, an unknown id, a pair scored twice."""
     root = as_path(folder)

@@ -65,7 +65,6 @@ def paired_bootstrap(a, b, *, num_samples: int = 10_000, confidence: float = 0.9
                      chunk_size: int | None = None) -> BootstrapInterval:
     """Percentile interval (as ``scipy.stats.bootstrap(..., method='percentile')``) of
     ``mean(a - b)`` over ``[n_queries]`` paired scores, whatever ``chunk_size``.
-
     Raises: ValueError: ``a`` or ``b`` not 1-D, empty, non-numeric or not finite; other
     lengths; ``confidence`` outside (0, 1); non-positive ``num_samples`` or ``chunk_size``."""
     a_arr, b_arr = _per_query(a, "a"), _per_query(b, "b")
@@ -117,7 +116,6 @@ def paired_bootstrap_statistic(statistic: Callable[[np.ndarray, np.ndarray], np.
     or ``[n, seeds]`` scores of ``statistic(scores [n], labels [n], sample_weight=counts
     [B, n]) -> [B]`` (``metrics.roc_auc_rows``); resampled within each class (pROC's
     default), the same items for every seed and both systems, whatever ``chunk_size``.
-
     Raises: ValueError: as :func:`paired_bootstrap`; labels of another length or one class."""
     a_arr, b_arr = _seed_columns(a, "a"), _seed_columns(b, "b")
     y = np.asarray(labels)

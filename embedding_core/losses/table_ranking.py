@@ -88,7 +88,6 @@ def top_k(score_fn: ScoreFn, queries: jax.Array, table: jax.Array, k: int, *,
           model_axis: str = "model", row_block: int = 0) -> tuple[jax.Array, jax.Array]:
     """``(scores [n, k] float32, rows [n, k] int32)``: ``lax.top_k`` of the whole score
     matrix (ties: lower row first) from each shard's running top k over ``row_block`` rows.
-
     Raises: ValueError: shapes, ``k`` or ``num_rows`` out of range, rows not divisible."""
     mesh = mesh or table_mesh(table, data_axis, model_axis)
     num_rows = int(table.shape[0] if num_rows is None else num_rows)
@@ -144,7 +143,6 @@ def relevant_counts(score_fn: ScoreFn, queries: jax.Array, table: jax.Array,
                     ) -> tuple[np.ndarray, np.ndarray]:
     """``(scores [n, R] float32, at_least [n, R] int64)``: each of ``relevant`` ``[n, R]``
     rows' (-1: none) score and the real rows scoring ``>=`` it; arguments as :func:`top_k`.
-
     Raises: ValueError: shapes, a relevant row out of range or repeated in a query."""
     mesh = mesh or table_mesh(table, data_axis, model_axis)
     num_rows = int(table.shape[0] if num_rows is None else num_rows)

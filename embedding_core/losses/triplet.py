@@ -41,7 +41,6 @@ def batch_hard_triplet_loss(embeddings: jax.Array, labels: jax.Array, *, margin:
     """Hermans et al. 2017, eq. (5): mean over anchors with a positive and a negative of
     ``max(max_p D(a, p) - min_n D(a, n) + margin, 0)`` (or softplus); ``[n, dim]``,
     ``[n]`` int32 labels, optional ``[n]`` bool masks. Returns float32 ``(loss, stats)``.
-
     Raises: ValueError: shapes disagree, unknown ``distance`` or negative ``margin``."""
     if embeddings.ndim != 2 or labels.shape != embeddings.shape[:1]:
         raise ValueError(f"embeddings must be [n, dim] and labels [n]; got {embeddings.shape} "

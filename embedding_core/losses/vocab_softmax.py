@@ -166,7 +166,6 @@ def vocab_parallel_logsumexp(queries: jax.Array, table: jax.Array, targets: jax.
     ``cosine``), ``[b, d]`` queries sharded over ``data_axis``, ``[V, d]`` table over
     ``model_axis``; rows from ``num_classes`` on are padding; ``block_size`` rows per tile
     (0: untiled); ``table_gradient=False``: zero cotangent for ``table``.
-
     Raises: ValueError: shapes disagree, ``b`` / ``V`` are not divisible by the axis sizes,
     or ``block_size < 0``."""
     if queries.ndim != 2 or table.ndim != 2 or queries.shape[1] != table.shape[1]:

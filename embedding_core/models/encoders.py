@@ -97,7 +97,6 @@ class EncoderConfig:
     def from_hf_config(cls, path_or_dict: str | os.PathLike | Mapping[str, Any]) -> EncoderConfig:
         """From an HF ``config.json`` (folder, file, dict or transformers config); missing
         optional fields at ``BertConfig``'s defaults (RoBERTa: ``pad_token_id`` 1).
-
         Raises: FileNotFoundError; ValueError: invalid json, a missing or unsupported field.
         """
         source = "<dict>"

@@ -56,7 +56,6 @@ def _offline() -> bool:
 
 def download(name: str) -> HubModel:
     """The cached snapshot of ``name``, missing :data:`MODEL_FILES` downloaded.
-
     Raises: ValueError: not a hub id. FileNotFoundError (one line): offline and not cached,
     no such repo or revision, the hub unreachable, no safetensors weights."""
     from huggingface_hub import snapshot_download

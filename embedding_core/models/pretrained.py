@@ -185,7 +185,6 @@ def _read_safetensors(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
 
 def load_pretrained_params(model_dir: str | os.PathLike, config: EncoderConfig) -> dict[str, Any]:
     """``model.safetensors`` (or a sharded index) as the encoder's float32 numpy tree.
-
     Raises: FileNotFoundError; ValueError: every missing, unexpected or misshapen tensor."""
     from flax import traverse_util
 

@@ -10,18 +10,10 @@ from embedding_core.storage import storage
 
 def read_text_lines(path: str | os.PathLike, what: str = "text", flag: str = "--input"
                     ) -> list[str]:
-    """One text per line, strict UTF-8 (a trailing ``\\r`` and a leading BOM are dropped);
-    ``path`` is local or ``gs://``.
+    """One ``what`` per line, strict UTF-8 (a line's ``\\r`` and a leading BOM dropped).
 
-    Args:
-      what: the field's name in errors (``sentence``, ``query``).
-      flag: the command-line flag that named the file, for the message.
-
-    Raises:
-      FileNotFoundError, IsADirectoryError: no such file.
-      DataError: invalid UTF-8, a NUL byte, a carriage return inside a line or an empty
-        line (file and line named), or no line at all.
-    """
+    Raises: FileNotFoundError, IsADirectoryError (naming ``flag``); DataError: invalid
+    UTF-8, a NUL byte, a carriage return inside a line, an empty line, no line at all."""
     path = storage.as_path(path)
     if not path.exists():
         raise FileNotFoundError(f"{flag} {path} does not exist")

@@ -204,7 +204,6 @@ def _check_folder(folder: epath.Path) -> None:
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
             ) -> tuple[int, Any, dict] | None:
     """``(step, state, data_position)`` of ``step`` (default: the newest), or ``None``.
-
     Raises: IncompatibleCheckpointError, DamagedCheckpointError."""
     step = manager.latest_step() if step is None else step
     if step is None:
@@ -226,7 +225,6 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
 def restore_params(directory: str | os.PathLike, abstract_params: Any,
                    step: int | None = None) -> tuple[int, Any]:
     """``(step, params)`` of ``step`` (default: :func:`best_step`, else the newest).
-
     Raises: FileNotFoundError; IncompatibleCheckpointError, DamagedCheckpointError."""
     if not storage.as_path(directory).is_dir():
         raise FileNotFoundError(f"{directory} holds no checkpoint; train first")

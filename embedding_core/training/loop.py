@@ -70,7 +70,6 @@ def train_loop(*, workdir: str | os.PathLike, state: TrainState, state_shardings
     """Trains (or resumes) to ``num_train_steps``, saving every ``checkpoint_every`` steps,
     on a stop and at the end, never a non-finite state; ``make_batches(start_step)``:
     this process's host batches; ``compile_step`` compiles before the first barrier.
-
     Raises: run_control's DivergedError, Preempted, Interrupted, Aborted, WorkdirInUseError.
     """
     workdir = storage.as_path(workdir)

@@ -50,7 +50,6 @@ def run(
 ) -> training.TrainState:
     """Trains (or resumes) ``make_task(config, mesh)`` into ``workdir``; nothing is written
     before the task has loaded its data.
-
     Raises: ValueError, NotADirectoryError, what the task raises; run_control's
     WorkdirInUseError, DivergedError, Preempted, Interrupted, Aborted."""
     # Multi-process is decided from the config: asking JAX would start its backend too early.

@@ -163,7 +163,6 @@ def make_train_step(loss_fn: LossFn, state_shardings: Any, mesh: Mesh, *,
                                   tuple[TrainState, dict]]:
     """``step(state, batch, rng) -> (state, metrics)``, jitted, state donated; dropout key
     ``fold_in(rng, state.step)``; ``table_update`` consumes ``metrics[TABLE_STATS]``.
-
     Raises: ValueError: a table not split by rows; (trace) stats without a table update."""
     grad_fn = value_and_grad or jax.value_and_grad(loss_fn, has_aux=True)
     if table_update is not None:
