@@ -138,11 +138,9 @@ def make_batches(
     groups = field_groups(len(fields), length_groups)
     lengths = [fixed_length] * len(groups)
     if streamed:
-        from data_pipelines.sharded_corpus import StreamBatcher
-
         if fixed_length is None:
             lengths = shard_layout.group_lengths(source.longest, groups, pad_multiple, max_len)
-        batcher = StreamBatcher(source, order, owned, groups, lengths)
+        batcher = shard_layout.StreamBatcher(source, order, owned, groups, lengths)
     else:
         batcher = _StepBatcher(source, global_batch_size=global_batch_size, seed=seed,
                                process_index=process_index, process_count=process_count,

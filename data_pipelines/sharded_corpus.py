@@ -7,21 +7,18 @@ import dataclasses
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from data_pipelines import shards
-from data_pipelines.errors import DataError
 from data_pipelines.table import TokenTable
 from embedding_core.storage import storage
 
 RowSource = Callable[[np.ndarray], TokenTable]
 """``source rows [r] int64 -> TokenTable`` of those rows, in that order."""
 
-_READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # ArrayRecord's random-access setting
 
 
 @dataclasses.dataclass
@@ -195,89 +192,6 @@ def epoch_steps(source: TokenTable | shards.Manifest, global_batch_size: int) ->
     from data_pipelines.pipeline import steps_per_epoch
 
     return steps_per_epoch(source.num_examples, global_batch_size)
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-class _ShardReader:
-    """Random access to one shard file; missing or damaged: a one-line :class:`DataError`."""
-
-    def __init__(self, path: str, expected_rows: int) -> None:
-        from array_record.python.array_record_module import ArrayRecordReader
-
-        self.path = path
-        if not storage.as_path(path).exists():
-            raise DataError(path, None, None, "shard file missing: the corpus folder was "
-                            "changed after preprocess; re-run preprocess")
-        local = storage.local_copy(path)
-        try:
-            self._reader = ArrayRecordReader(os.fspath(local), _READ_OPTIONS)
-            found = self._reader.num_records()
-        except Exception as err:  # noqa: BLE001 - Riegeli raises RuntimeError/ValueError/...
-            raise self._damaged(err) from None
-        if found != expected_rows:
-            raise DataError(path, None, None, f"{found} records, the manifest says "
-                            f"{expected_rows}: the shard file is damaged or was replaced "
-                            "after preprocess; re-run preprocess")
-
-    def _damaged(self, err: BaseException) -> DataError:
-        detail = " ".join(str(err).split())
-        return DataError(self.path, None, None, f"shard file damaged ({detail}); re-run "
-                         "preprocess to write the corpus again")
-
-    def read(self, positions: np.ndarray) -> list[bytes]:
-        try:
-            return self._reader.read([int(i) for i in positions])
-        except Exception as err:  # noqa: BLE001 - Riegeli's hash mismatch is a RuntimeError
-            raise self._damaged(err) from None
-
-
-class StreamBatcher:
-    """This host's slice of step s, read from its shards (thread-safe)."""
-
-    def __init__(self, manifest: shards.Manifest, order: shards.ShardOrder,
-                 owned: range, groups: Sequence[Sequence[int]], lengths: Sequence[int]
-                 ) -> None:
-        from data_pipelines.tfds_builders import tokenized_corpus_features
-
-        self.manifest, self.order, self.owned = manifest, order, owned
-        self.groups, self.lengths = [list(g) for g in groups], list(lengths)
-        self.features = tokenized_corpus_features()
-        self.readers = {k: _ShardReader(manifest.shard_path(k), manifest.shard_rows[k])
-                        for k in owned}
-        self._cache: dict = {}
-        self._lock = threading.Lock()
-
-    def records(self, step: int) -> list[dict[str, np.ndarray]]:
-        """The decoded records of this host's rows of ``step``, in batch order."""
-        with self._lock:
-            return [self.features.deserialize_example_np(raw) for k in self.owned
-                    for raw in self.readers[k].read(self.order.positions(step, k, self._cache))]
-
-    def __call__(self, step: np.int64) -> tuple[np.ndarray, ...]:
-        records = self.records(int(step))
-        m = self.manifest
-        num_fields, b = len(m.fields), len(records)
-        row_lengths = np.stack([r["lengths"] for r in records]).astype(np.int32)
-        offsets = np.concatenate([np.zeros((b, 1), np.int64), np.cumsum(row_lengths, 1)], 1)
-        out = []
-        for fields, length in zip(self.groups, self.lengths, strict=True):
-            ids = np.full((b, len(fields), length), m.pad_id, np.int32)
-            types = np.zeros((b, len(fields), length), np.int32)
-            for i, record in enumerate(records):
-                for j, f in enumerate(fields):
-                    lo, n = offsets[i, f], row_lengths[i, f]
-                    ids[i, j, :n] = record["input_ids"][lo:lo + n]
-                    types[i, j, :n] = record["token_type_ids"][lo:lo + n]
-            lens = row_lengths[:, fields]
-            mask = (np.arange(length, dtype=np.int32) < lens[:, :, None]).astype(np.int32)
-            out += [ids, mask, types]
-        text_ids = np.stack([r["text_ids"] for r in records]).astype(np.int32)
-        if text_ids.shape != (b, num_fields):
-            raise ValueError(f"{m.folder}: a record has {text_ids.shape[1]} text ids for "
-                             f"{num_fields} fields")
-        return (*out, text_ids)
 
 
 def source_rows(manifest: shards.Manifest, step: int, *, global_batch_size: int, seed: int
