@@ -19,6 +19,23 @@ LEGACY_CONFIG_FILE = "config.json"  # of workdirs written before run_config.json
 GROUP = "embedding_jax.methods"
 
 
+def method_entry_points(package: str) -> tuple:
+    """``(train, load, config_fields)`` of a method package laid out as
+    ``docs/architecture.md`` says (``trainer.train``, ``inference.load``,
+    ``configs.default.FIELDS``), each importing its module on first use (no JAX on import)."""
+
+    def train(config, workdir, **kwargs):
+        return importlib.import_module(f"{package}.trainer").train(config, workdir, **kwargs)
+
+    def load(workdir, **kwargs):
+        return importlib.import_module(f"{package}.inference").load(workdir, **kwargs)
+
+    def config_fields() -> list[str]:
+        return list(importlib.import_module(f"{package}.configs.default").FIELDS)
+
+    return train, load, config_fields
+
+
 def is_workdir(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a run config."""
     folder = storage.as_path(path)
