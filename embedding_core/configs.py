@@ -82,6 +82,13 @@ REMAT = Field("none", "per-layer rematerialisation of the trained transformer: n
               "(dense outputs kept, attention recomputed) | full (layer inputs kept); same "
               "gradients, less memory, more compute (docs/performance.md)",
               choices=REMAT_POLICIES, resumable=True)
+# The fine-tuned encoder's fields, declared once for the methods that train one.
+DTYPE = Field("float32", "encoder compute dtype (params stay float32)",
+              choices=("float32", "bfloat16"))
+DROPOUT = Field(True, "the checkpoint's dropout rates during training")
+DROPOUT_IMPL = Field("hash", "hash (integer-hash mask: same rate, the same mask on any mesh, "
+                     "a cheaper step) | flax (threefry bits); docs/performance.md",
+                     choices=("flax", "hash"))
 LOSS_CHUNK_SIZE = Field(
     0, "loss: query rows per data device scored at a time (same loss, less memory; divides "
     "the per-device batch); 0 = all at once", min=0, resumable=True)  # contrastive.map_rows

@@ -39,13 +39,10 @@ FIELDS = configs.declare(
     entity_init_std=Field(0.02, "normal init of the entity table g", above=0),
     table_multiple=Field(128, "table rows padded to a multiple (divisible by mesh_model)",
                          min=1),
-    dtype=Field("float32", "encoder compute dtype (params stay float32)",
-                choices=("float32", "bfloat16")),
-    dropout=Field(True, "the checkpoint's dropout rates during training"),
+    dtype=configs.DTYPE,
+    dropout=configs.DROPOUT,
     remat=configs.REMAT,
-    dropout_impl=Field("hash", "hash (integer-hash mask: same rate, a cheaper step) | "
-                       "flax (threefry bits)",
-                       choices=("flax", "hash")),
+    dropout_impl=configs.DROPOUT_IMPL,
     # Loss: the denominator of P(e | s) (Dual, Hybrid's dual term).
     softmax=Field("in_batch", "in_batch (paper) | full_vocab (the whole table, "
                   "vocabulary-parallel)", choices=SOFTMAXES),

@@ -17,13 +17,10 @@ FIELDS = configs.declare(
                        choices=ARCHITECTURES),
     pooling=Field("cls", "cls | cls_mlp | mean; the same head at training and evaluation",
                   choices=POOLINGS),
-    dtype=Field("float32", "encoder compute dtype (params stay float32)",
-                choices=("float32", "bfloat16")),
-    dropout=Field(True, "the checkpoint's dropout rates during training"),
+    dtype=configs.DTYPE,
+    dropout=configs.DROPOUT,
     remat=configs.REMAT,
-    dropout_impl=Field("hash", "hash (integer-hash mask: same rate, the same mask on any "
-                       "mesh, a cheaper step) | flax (threefry bits); docs/performance.md",
-                       choices=("flax", "hash")),
+    dropout_impl=configs.DROPOUT_IMPL,
     normalize=Field(False, "L2-normalise encoded / exported vectors by default"),
     # Data.
     train_data=Field("inli", "inli | snli (snli only for architecture=simcse)",
