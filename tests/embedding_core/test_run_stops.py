@@ -130,13 +130,53 @@ def _last_line(stderr: str) -> str:
     return stderr.strip().splitlines()[-1]
 
 
+def _sigterm_self(step=None) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _SigtermOnFirstCheck:
+    """A ``go`` file (stop_worker.make_task) whose first check sends this process SIGTERM
+    and which never exists: the in-process form of a signal during the data load."""
+
+    def __init__(self):
+        self.sent = False
+
+    def exists(self) -> bool:
+        if not self.sent:
+            self.sent = True
+            _sigterm_self()
+        return False
+
+
+def _in_process(make_task, steps: int, workdir: Path) -> int:
+    """The stop worker's run in this process under the CLI's error handling: the exit
+    status."""
+    from embedding_core.cli import user_errors
+
+    with pytest.raises(SystemExit) as exit_info, user_errors("stop-worker", "train"):
+        run(make_task, worker.config(steps), workdir)
+    return exit_info.value.code
+
+
+def test_sigterm_saves_and_exits_75_in_process(tmp_path, capsys):
+    """The in-process side of the child-process test below (SIGTERM at step 3)."""
+    workdir, steps = tmp_path / "w", 40
+    code = _in_process(worker.make_task(slow_from=3, on_slow=_sigterm_self), steps, workdir)
+    _sigterm_saved(code, capsys.readouterr().err, workdir, steps)
+
+
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_75(tmp_path):
     workdir, steps = tmp_path / "w", 40
     proc = _start(workdir, steps, slow_from=3)  # steps 1-3 ran; SIGTERM mid-run
     proc.send_signal(signal.SIGTERM)
     worker.release(workdir)  # the loop goes on only now, the signal handled
     _, err = proc.communicate(timeout=HANG_GUARD_S)
-    assert proc.returncode == run_control.EXIT_PREEMPTED == 75, err[-3000:]
+    _sigterm_saved(proc.returncode, err, workdir, steps)
+
+
+def _sigterm_saved(code: int, err: str, workdir: Path, steps: int) -> None:
+    assert code == run_control.EXIT_PREEMPTED == 75, err[-3000:]
     line = _last_line(err)
     assert line.startswith("stop-worker train: preempted (SIGTERM) at step "), line
     first = int(line.split("at step ")[1].split(":")[0])
@@ -145,6 +185,17 @@ def test_sigterm_saves_and_exits_75(tmp_path):
     assert "Traceback" not in err and not (workdir / "run.lock").exists()
 
 
+def test_sigterm_during_start_up_exits_75_at_once_in_process(tmp_path, capsys):
+    """The in-process side of the child-process test below (SIGTERM in the data load)."""
+    workdir = tmp_path / "w"
+    code = _in_process(worker.make_task(slow_from=-1, go=_SigtermOnFirstCheck()), 10,
+                       workdir)
+    out, err = capsys.readouterr()
+    assert out.startswith("READY load"), out
+    _stopped_at_start_up(code, out, err, workdir)
+
+
+@pytest.mark.slow
 def test_sigterm_during_start_up_exits_75_at_once(tmp_path):
     workdir = tmp_path / "w"
     proc = _start(workdir, 10, slow_from=-1)  # the task is loading its data
@@ -153,7 +204,11 @@ def test_sigterm_during_start_up_exits_75_at_once(tmp_path):
     # print LOADED and go on to its first step, whatever the machine's speed.
     worker.release(workdir)
     out, err = proc.communicate(timeout=HANG_GUARD_S)
-    assert proc.returncode == 75, err[-3000:]
+    _stopped_at_start_up(proc.returncode, out, err, workdir)
+
+
+def _stopped_at_start_up(code: int, out: str, err: str, workdir: Path) -> None:
+    assert code == 75, err[-3000:]
     assert "LOADED" not in out, out  # stopped in the load, not after it
     assert _last_line(err) == ("stop-worker train: preempted (SIGTERM) before the first step "
                                "(nothing to save); run the same command to resume (exit "
