@@ -54,9 +54,9 @@ def _fresh_flags():
 
 def run_cli(module: str, *args, env: dict[str, str] | None = None) -> Done:
     """Runs ``python -m MODULE ARGS`` here: ``MODULE.run()`` with ``sys.argv`` set, the
-    module imported afresh (its flags read ``sys.argv`` when defined), or ``python
-    MODULE ARGS`` for a ``.py`` path; ``SystemExit`` is the exit status, a string one
-    printed to stderr as Python would."""
+    module imported afresh (its flags read ``sys.argv`` when defined), its ``__main__``
+    block for a module without ``run``, or ``python MODULE ARGS`` for a ``.py`` path;
+    ``SystemExit`` is the exit status, a string one printed to stderr as Python would."""
     import jax
     import pytest
     from absl import logging
@@ -81,8 +81,11 @@ def run_cli(module: str, *args, env: dict[str, str] | None = None) -> Done:
         try:
             if module.endswith(".py"):  # a script: what `python SCRIPT` runs
                 runpy.run_path(module, run_name="__main__")
-            else:
-                importlib.import_module(module).run()
+            elif hasattr(main := importlib.import_module(module), "run"):
+                main.run()
+            else:  # its `if __name__ == "__main__":` block, as `python -m` runs it
+                sys.modules.pop(module)  # runpy warns of a module imported before it runs
+                runpy.run_module(module, run_name="__main__")
         except SystemExit as done:
             code = done.code
         finally:

@@ -1,7 +1,6 @@
 """The experiment grid: finished cells are skipped, tables pair items and average seeds."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -146,16 +145,12 @@ def test_a_results_pair_is_written_whole_or_not_at_all(tmp_path):
         p.name for p in out.iterdir()) == ["demo.md", "demo.npz"]
 
 
-def test_cli_errors_are_one_line(tmp_path):
-    import subprocess
-    import sys
-
+def test_cli_errors_are_one_line(tmp_path, cli):
     for args, message in ((["--only", "zzz"], "--only 'zzz' matches no cell of this grid"),
                           (["--table-only", "--root", str(tmp_path / "none")],
                            f"--root {tmp_path / 'none'} is not a folder")):
-        run = subprocess.run([sys.executable, "-m", "experiments.docent", *args,
-                              "--results", str(tmp_path / "out")], capture_output=True,
-                             text=True, env={**os.environ, "EMBEDDING_JAX_DEBUG": ""})
+        run = cli("experiments.docent", *args, "--results", str(tmp_path / "out"),
+                  env={"EMBEDDING_JAX_DEBUG": ""})
         assert run.returncode == 1 and run.stderr.splitlines()[0] == (
             f"python -m experiments.docent grid: error: {message} (--list prints them)"
             if "only" in message else
