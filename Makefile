@@ -47,6 +47,9 @@ demo-docent: install
 demo-mrwe: install
 	$(BIN)/mrwe-jax demo --workdir=workdirs/mrwe_convrr_cpu
 
+# The in-process tier (the README's command): what runs in pytest's own processes; pyproject's
+# addopts leave out the slow tier and the targets below. Budget: 10 minutes on 2 quiet
+# cores, no test over 60 s.
 test: install-test
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
 
