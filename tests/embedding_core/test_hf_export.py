@@ -7,6 +7,7 @@ DocEnt-Dual with a projection), and transformers loads every folder in a process
 never imports JAX.
 """
 
+import inspect
 import json
 import os
 import subprocess
@@ -261,38 +262,60 @@ def test_docent_queries_and_entities(docent):
     np.testing.assert_allclose(scale * cos, ranker.score(TEXTS), rtol=1e-4, atol=1e-4)
 
 
-def test_transformers_loads_every_folder_without_jax(cross, bi, docent, tmp_path):
-    """AutoModel + AutoTokenizer in a fresh process: the CLS state of DualCSE-cross's
-    exported BERT pooler is r / u (its cls_mlp head), and JAX is never imported."""
+def _pooler_outputs(cross, bi, docent) -> dict:
+    """folder -> the pooler_output transformers must give for ``TEXTS[:2]`` (DualCSE-cross's
+    exported BERT pooler is its r / u, the cls_mlp head), or None: only loaded."""
     from dualcse_jax import load
 
     workdir, out = cross
     emb = load(workdir)
-    # folder -> the pooler_output it must give (its r or u), or None: only loaded.
     folders = {str(out / kind): emb.encode(TEXTS[:2], kind=kind).tolist()
                for kind in ("explicit", "implicit")}
     folders.update({str(bi[1] / "explicit"): None, str(docent[1]): None})
-    script = textwrap.dedent("""
+    return folders
+
+
+def _check_auto_models(folders: dict, texts: list[str]) -> int:
+    """AutoModel + AutoTokenizer on each folder: 32-wide states and the pooler output
+    asked for; the number of folders. Self-contained: the slow test runs its source in a
+    fresh process."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    for folder, want in folders.items():
+        model = AutoModel.from_pretrained(folder).eval()
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        with torch.no_grad():
+            out = model(**tokenizer(texts, padding=True, return_tensors="pt"))
+        assert out.last_hidden_state.shape[-1] == 32, folder
+        if want is not None:
+            got = out.pooler_output.numpy().tolist()
+            err = max(abs(a - b) for x, y in zip(got, want, strict=True)
+                      for a, b in zip(x, y, strict=True))
+            assert err < 1e-5, (folder, err)
+    return len(folders)
+
+
+def test_transformers_loads_every_folder(cross, bi, docent):
+    """AutoModel + AutoTokenizer in this process: the CLS state of DualCSE-cross's exported
+    BERT pooler is r / u (its cls_mlp head); the slow test below does it without JAX."""
+    assert _check_auto_models(_pooler_outputs(cross, bi, docent), TEXTS[:2]) == 4
+
+
+@pytest.mark.slow
+def test_transformers_loads_every_folder_without_jax(cross, bi, docent, tmp_path):
+    """The same in a fresh process, which never imports JAX."""
+    script = inspect.getsource(_check_auto_models) + textwrap.dedent("""
         import json, sys
-        import torch
-        from transformers import AutoModel, AutoTokenizer
         folders, texts = json.loads(sys.argv[1])
-        for folder, want in folders.items():
-            model = AutoModel.from_pretrained(folder).eval()
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-            with torch.no_grad():
-                out = model(**tokenizer(texts, padding=True, return_tensors="pt"))
-            assert out.last_hidden_state.shape[-1] == 32, folder
-            if want is not None:
-                got = out.pooler_output.numpy().tolist()
-                err = max(abs(a - b) for x, y in zip(got, want) for a, b in zip(x, y))
-                assert err < 1e-5, (folder, err)
+        count = _check_auto_models(folders, texts)
         assert "jax" not in sys.modules and "flax" not in sys.modules
-        print("ok", len(folders))
+        print("ok", count)
     """)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
-    done = subprocess.run([sys.executable, "-c", script, json.dumps([folders, TEXTS[:2]])],
+    done = subprocess.run([sys.executable, "-c", script,
+                           json.dumps([_pooler_outputs(cross, bi, docent), TEXTS[:2]])],
                           capture_output=True, text=True, timeout=1800, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["ok", "4"]
@@ -355,18 +378,16 @@ def test_gs_output_uploaded_whole(gcs_emulator, monkeypatch):
     assert os.fspath(calls[-1]).endswith("config.json")  # modules/config go last
 
 
-def test_cli_export_hf_is_wired_and_refuses_a_used_output_in_one_line(tmp_path):
+def test_cli_export_hf_is_wired_and_refuses_a_used_output_in_one_line(tmp_path, cli):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    done = subprocess.run([sys.executable, "-m", "dualcse_jax.main", "export-hf",
-                           f"--workdir={tmp_path / 'no_run'}", f"--output={out}"],
-                          capture_output=True, text=True, timeout=1800)
+    done = cli("dualcse_jax.main", "export-hf", f"--workdir={tmp_path / 'no_run'}",
+               f"--output={out}")
     assert done.returncode == 1, done.stderr
     assert f"export-hf: error: --output {out} exists and is not an empty folder" in done.stderr
     assert "Traceback" not in done.stderr
-    done = subprocess.run([sys.executable, "-m", "docent_jax.main", "export-hf",
-                           f"--workdir={tmp_path}"], capture_output=True, text=True, timeout=1800)
+    done = cli("docent_jax.main", "export-hf", f"--workdir={tmp_path}")
     assert done.returncode == 1 and "export-hf needs --output=DIR" in done.stderr
 
 
@@ -406,20 +427,21 @@ def test_method_of_tells_the_methods_apart_by_their_config_fields(tmp_path):
         workdirs.method_of(tmp_path / "other")
 
 
-def test_evaluate_gives_the_same_numbers_on_a_workdir_and_its_export_hf_folder(cross, tmp_path):
+def test_evaluate_gives_the_same_numbers_on_a_workdir_and_its_export_hf_folder(cross, tmp_path,
+                                                                              cli):
     """embedding-jax evaluate on a workdir's view and on that view's export-hf folder."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from eval_data import write_eval_files
 
-    from embedding_core.evaluation import cli
+    from embedding_core.evaluation import cli as evaluate_cli
 
     workdir, out = cross
     files = write_eval_files(tmp_path / "data")
     flags = [f"--{kind}={path}" for kind, path in files.items()]
-    assert cli.main([f"--model={workdir}", "--view=implicit", *flags,
-                     f"--output={tmp_path / 'workdir.json'}"]) == 0
-    assert cli.main([f"--model={out / 'implicit'}", *flags,
-                     f"--output={tmp_path / 'hf.json'}"]) == 0
+    assert evaluate_cli.main([f"--model={workdir}", "--view=implicit", *flags,
+                              f"--output={tmp_path / 'workdir.json'}"]) == 0
+    assert evaluate_cli.main([f"--model={out / 'implicit'}", *flags,
+                              f"--output={tmp_path / 'hf.json'}"]) == 0
     a = json.loads((tmp_path / "workdir.json").read_text())["results"]
     b = json.loads((tmp_path / "hf.json").read_text())["results"]
     assert sorted(a) == sorted(b) == ["ir", "pairs", "sts", "triplets"]
@@ -428,12 +450,10 @@ def test_evaluate_gives_the_same_numbers_on_a_workdir_and_its_export_hf_folder(c
         for name, value in a[kind]["metrics"].items():
             assert value == pytest.approx(b[kind]["metrics"][name], abs=1e-5), (kind, name)
     assert "cosine_ndcg@10" in a["ir"]["metrics"] and "spearman_cosine" in a["sts"]["metrics"]
-    assert cli.main([f"--model={workdir}", "--view=nope", *flags]) == 1
+    assert evaluate_cli.main([f"--model={workdir}", "--view=nope", *flags]) == 1
     # The package's own evaluate takes the same flags and runs only those evaluators.
-    done = subprocess.run(  # a hang guard only: the command ends by itself
-        [sys.executable, "-m", "dualcse_jax.main", "evaluate", f"--workdir={workdir}",
-         "--view=implicit", *flags, f"--output={tmp_path / 'package.json'}"],
-        capture_output=True, text=True, timeout=1800, env={**os.environ, "XLA_FLAGS": ""})
+    done = cli("dualcse_jax.main", "evaluate", f"--workdir={workdir}", "--view=implicit",
+               *flags, f"--output={tmp_path / 'package.json'}", env={"XLA_FLAGS": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     c = json.loads((tmp_path / "package.json").read_text())["results"]
     for kind in a:
