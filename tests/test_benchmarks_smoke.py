@@ -57,6 +57,20 @@ def test_torch_peer_loss_equals_dualcse_loss():
     np.testing.assert_allclose(float(peer), float(ours), rtol=1e-5)
 
 
+def test_accelerator_smoke_workers_in_process(capsys):
+    """The in-process side of the test below: ``--smoke``'s JAX and torch workers (the
+    script starts each in a child process) in this process, and their summary."""
+    bench = _accelerator()
+    results = {}
+    for worker in ("jax", "torch"):
+        assert bench.main(["--smoke", "--worker", worker]) == 0
+        results[worker] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert "error" not in results[worker], results[worker]
+    _check_smoke_report({"jax": results["jax"],
+                         "summary": bench.summarise(results["jax"], results["torch"], None)})
+
+
+@pytest.mark.slow
 def test_accelerator_smoke_runs_on_cpu():
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # one CPU device, not the suite's eight
@@ -64,7 +78,10 @@ def test_accelerator_smoke_runs_on_cpu():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke"], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    _check_smoke_report(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _check_smoke_report(report: dict) -> None:
     train, encode = report["jax"]["train"]["4"], report["jax"]["encode"]
     # The smoke model: 1 layer, d 64, FFN 128, length 16; 4 examples x 8 fields x 16 tokens.
     tokens = 4 * 8 * 16
