@@ -2,8 +2,6 @@
 errors on bad input."""
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -14,9 +12,9 @@ from dualcse_jax.configs import default
 from tests import shared_runs
 
 
-def _cli(*args, timeout=1800, check=True):
-    cmd = [sys.executable, "-m", "dualcse_jax.main", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+def _dualcse(cli, *args, check=True):
+    """``dualcse-jax ARGS`` through the ``cli`` fixture (tests/conftest.py)."""
+    out = cli("dualcse_jax.main", *args)
     if check and out.returncode != 0:
         raise AssertionError(out.stdout[-3000:] + out.stderr[-3000:])
     return out
@@ -45,7 +43,7 @@ STEPS = shared_runs.DUALCSE_TINY["num_train_steps"]
 # stop/resume equality by tests/embedding_core/test_run_stops.py (Ctrl-C, then resume).
 
 
-def test_export_equals_fresh_encode(tmp_path, uninterrupted):
+def test_export_equals_fresh_encode(tmp_path, uninterrupted, cli):
     from data_pipelines import inli
     from embedding_core.serving.export_reader import load_export
 
@@ -53,7 +51,7 @@ def test_export_equals_fresh_encode(tmp_path, uninterrupted):
     src = tmp_path / "sentences.txt"
     src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     out = tmp_path / "export"
-    _cli("export", f"--workdir={uninterrupted}", f"--input={src}", f"--output={out}")
+    _dualcse(cli, "export", f"--workdir={uninterrupted}", f"--input={src}", f"--output={out}")
     assert sorted(p.name for p in out.iterdir()) == ["explicit", "export.json", "implicit"]
     views = load_export(out)
     explicit, ids, meta = views["explicit"]
@@ -116,23 +114,23 @@ def test_short_run_loads_encodes_and_exports(tmp_path, uninterrupted):
         assert np.abs(views["explicit"][0] - views["implicit"][0]).max() > 1e-4
 
 
-@pytest.mark.parametrize("content,expect,cli", [
+@pytest.mark.parametrize("content,expect,through_cli", [
     # embedding_core.serving.serving.export reads --input for every model: a line is a 'text'.
     (b"A fine sentence.\n\nAnother.\n", ":2: field 'text': empty text", True),
     # The same path in this process: the CLI's one-line report is the case above.
     (b"ok\n\xff\xfe bad\n", ":2: field 'text': invalid UTF-8", False),
 ])
 def test_export_bad_input_names_line_and_writes_nothing(tmp_path, uninterrupted, content, expect,
-                                                        cli):
+                                                        through_cli, cli):
     from data_pipelines.errors import DataError
     from dualcse_jax import workflows
 
     src = tmp_path / "in.txt"
     src.write_bytes(content)
     out = tmp_path / "export"
-    if cli:
-        res = _cli("export", f"--workdir={uninterrupted}", f"--input={src}",
-                   f"--output={out}", check=False)
+    if through_cli:
+        res = _dualcse(cli, "export", f"--workdir={uninterrupted}", f"--input={src}",
+                       f"--output={out}", check=False)
         assert res.returncode == 1
         assert expect in res.stderr and str(src) in res.stderr
         assert "Traceback" not in res.stderr
@@ -155,9 +153,9 @@ def test_train_rejects_indivisible_batch_before_compiling(tmp_path, tiny_bert_di
     assert not (tmp_path / "w" / "checkpoints").exists()
 
 
-def test_missing_model_path_is_a_clear_error(tmp_path):
-    res = _cli("train", f"--workdir={tmp_path / 'w'}", "--config.model=/no/such/model",
-               check=False)
+def test_missing_model_path_is_a_clear_error(tmp_path, cli):
+    res = _dualcse(cli, "train", f"--workdir={tmp_path / 'w'}", "--config.model=/no/such/model",
+                   check=False)
     assert res.returncode == 1
     assert "dualcse-jax train: error: No model folder at '/no/such/model'" in res.stderr
     assert "Traceback" not in res.stderr  # the user's mistake, not a crash

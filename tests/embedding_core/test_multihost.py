@@ -99,15 +99,33 @@ def _same_export(multi: Path, single: Path) -> None:
         for key in ("export_id", "created_utc", "workdir", "input", "parts", "arrays",
                     "format_version", "part_format_version"):
             ma.pop(key, None), mb.pop(key, None)
-        assert ma == mb, view
+        assert _named(ma) == _named(mb), view
     names = [p.name for p in multi.rglob("*")]
     assert not [n for n in names if n.endswith(".tmp")], names
 
 
-def _results(path: Path, inputs: Path):
-    """A result file with its input files' folder written as ``INPUTS`` (the two runs
-    read equal copies in different folders)."""
-    return json.loads(path.read_text().replace(str(inputs), "INPUTS"))
+def _named(meta: dict) -> dict:
+    """``meta`` with its model and training-data paths as their names (under xdist the
+    two-process run copied another pytest worker's equal shared runs)."""
+    config = dict(meta.get("config", {}))
+    for key in ("model", "train_file"):
+        if config.get(key):
+            config[key] = Path(config[key]).name
+    named = {**meta, "config": config}
+    if named.get("encoder"):
+        named["encoder"] = Path(named["encoder"]).name
+    return named
+
+
+def _results(path: Path, inputs: Path, workdir: Path):
+    """A result file with the folders of its inputs, its run's model and training data
+    written as names: the two-process run reads equal copies in other folders (under
+    xdist, of another pytest worker's shared runs)."""
+    config = json.loads((workdir / "run_config.json").read_text())
+    text = path.read_text().replace(str(inputs), "INPUTS")
+    if config.get("train_file"):
+        text = text.replace(str(Path(config["train_file"]).parent), "RUN")
+    return json.loads(text.replace(str(config["model"]), "MODEL"))
 
 
 def _close_json(a, b, tol: float = 1e-6, where: str = "") -> None:
@@ -165,7 +183,8 @@ def test_two_processes_split_the_work_and_write_one_file_set(workdirs, single, t
     # The same results and exports as one process.
     for path in ("dualcse/eval/rte.json", "dualcse/eval/eis.json",
                  "docent/eval/ranking.json"):
-        _close_json(_results(multi / path, two_processes.root / "multihost"),
-                    _results(single / path, root))
+        method = path.split("/")[0]
+        _close_json(_results(multi / path, two_processes.root / "multihost", multi / method),
+                    _results(single / path, root, single / method))
     _same_export(multi / "out" / "dualcse", single / "out" / "dualcse")
     _same_export(multi / "out" / "docent", single / "out" / "docent")

@@ -5,8 +5,6 @@ give the same numbers, all at the one default batch size."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,10 +16,11 @@ from eval_data import write_eval_files  # noqa: E402
 KINDS = ("ir", "sts", "pairs")
 
 
-def test_eval_files_package_evaluate_and_embedding_jax_evaluate_agree(tmp_path, tiny_bert_dir):
+def test_eval_files_package_evaluate_and_embedding_jax_evaluate_agree(tmp_path, tiny_bert_dir,
+                                                                     cli):
     from dualcse_jax import workflows
     from dualcse_jax.configs import default
-    from embedding_core.evaluation import cli
+    from embedding_core.evaluation import cli as evaluate_cli
     from embedding_core.training.metric_log import read_metrics
 
     files = write_eval_files(tmp_path / "data", rows=8)
@@ -36,14 +35,12 @@ def test_eval_files_package_evaluate_and_embedding_jax_evaluate_agree(tmp_path, 
     trained = {kind: {name[len(f"implicit/{kind}/"):]: value for name, value in row.items()
                       if name.startswith(f"implicit/{kind}/")} for kind in KINDS}
 
-    assert cli.main([f"--model={workdir}", "--view=implicit", *flags,
-                     f"--output={tmp_path / 'embedding_jax.json'}"]) == 0
-    # The package CLI in its own process: absl flags are defined once per process, and
-    # another package's CLI may hold them in this one.
-    done = subprocess.run(  # a hang guard only: the command ends by itself
-        [sys.executable, "-m", "dualcse_jax.main", "evaluate", f"--workdir={workdir}",
-         "--view=implicit", *flags, f"--output={tmp_path / 'package.json'}"],
-        capture_output=True, text=True, timeout=1800, env={**os.environ, "XLA_FLAGS": ""})
+    assert evaluate_cli.main([f"--model={workdir}", "--view=implicit", *flags,
+                              f"--output={tmp_path / 'embedding_jax.json'}"]) == 0
+    # The package CLI through the cli fixture: in this process (its absl flags afresh),
+    # and in the slow tier in a child process on one device.
+    done = cli("dualcse_jax.main", "evaluate", f"--workdir={workdir}", "--view=implicit",
+               *flags, f"--output={tmp_path / 'package.json'}", env={"XLA_FLAGS": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("embedding_jax", "package"):
         results = json.loads((tmp_path / f"{name}.json").read_text())["results"]
