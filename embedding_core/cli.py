@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from absl import app, flags, logging
 
-from embedding_core.errors import StorageError
+from embedding_core.errors import DataError, StorageError
 from embedding_core.storage import storage
 
 _NOISY = ("orbax", "xla_bridge", "jax/_src", "gcsfs")
@@ -132,10 +132,10 @@ def user_errors(prog: str, command: str) -> Iterator[None]:
         sys.exit(run_control.EXIT_INTERRUPTED)
     except (run_control.DivergedError, run_control.WorkdirInUseError) as err:
         sys.exit(f"{prog} {command}: error: {err}")
-    except StorageError as err:  # the message is the whole report: no traceback hint
+    except (StorageError, DataError, FileNotFoundError) as err:  # the whole report: no hint
         if os.environ.get(DEBUG_ENV):
             raise
-        sys.exit(f"{prog} {command}: error: {err}")
+        sys.exit(f"{prog} {command}: error: {storage.describe_error(err)}")
     except (OSError, ValueError) as err:
         if os.environ.get(DEBUG_ENV):
             raise

@@ -315,6 +315,19 @@ def _ids(path: Any, text_of: Callable[[dict, int], str]) -> dict[str, str]:
     return texts
 
 
+def _grade(score: str) -> int | None:
+    """A qrels grade: an integer, also written ``1.0`` as pair files take it; else None."""
+    try:
+        return int(score)
+    except ValueError:
+        pass
+    try:
+        value = float(score)
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() else None
+
+
 def read_beir(folder: str | os.PathLike, split: str = "test"
               ) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
     """``(queries, corpus, {query id: {doc id: grade}})`` of a BEIR folder
@@ -358,10 +371,9 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
             raise DataError(qrels_path, line, "query-id", f"unknown query id {qid!r}")
         if cid not in corpus:
             raise DataError(qrels_path, line, "corpus-id", f"unknown corpus id {cid!r}")
-        try:
-            value = int(score)
-        except ValueError:
-            raise DataError(qrels_path, line, "score", f"not an integer: {score!r}") from None
+        value = _grade(score)
+        if value is None:
+            raise DataError(qrels_path, line, "score", f"not an integer: {score!r}")
         if not -2**31 <= value < 2**31:
             raise DataError(qrels_path, line, "score", f"{score.strip()} is out of range (a "
                             "grade is a small integer: 0 or below not relevant, 1, 2, ...)")

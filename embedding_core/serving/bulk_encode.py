@@ -107,11 +107,10 @@ def _blocks(rows: Iterator[tuple[str, str]], block_rows: int
 
 
 def settings(args: argparse.Namespace, files: Sequence[str]) -> dict[str, Any]:
-    """What a run encodes; a re-run must match it to reuse blocks."""
-    stats = []
-    for name in files:
-        info = storage.as_path(name).stat()
-        stats.append([name, int(info.length), int(info.mtime)])
+    """What a run encodes; a re-run must match it to reuse blocks. Inputs are keyed by size
+    and content hash: a same-size rewrite with its old mtime (``touch -r``, ``cp -p``) differs."""
+    stats = [[name, int(storage.as_path(name).stat().length), storage.content_hash(name)]
+             for name in files]
     return {"inputs": stats, "field": args.field, "model": args.model,
             "block_rows": args.block_rows, "normalize": args.normalize,
             "max_seq_length": args.max_seq_length, "prompt": args.prompt}

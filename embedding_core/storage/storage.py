@@ -3,6 +3,7 @@ start-of-run checks of a ``gs://`` endpoint (``docs/architecture.md``, "Storage"
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pathlib
@@ -376,3 +377,22 @@ class MirroredFolder:
                 self.sync()
             finally:
                 shutil.rmtree(self.local, ignore_errors=True)
+
+
+_HASH_BLOCK = 1 << 22
+
+
+def content_hash(path) -> str:
+    """``sha256:HEX`` of the bytes, or GCS's ``md5:``/``crc32c:`` of a ``gs://`` object."""
+    if is_remote(path):
+        import fsspec
+
+        info = fsspec.filesystem("gs").info(os.fspath(path))
+        for key, name in (("md5Hash", "md5"), ("crc32c", "crc32c")):
+            if info.get(key):
+                return f"{name}:{info[key]}"
+    digest = hashlib.sha256()
+    with as_path(path).open("rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"

@@ -4,8 +4,8 @@ changed data")."""
 
 from __future__ import annotations
 
-import hashlib
 import os
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -15,7 +15,6 @@ from embedding_core.fields import Fields
 from embedding_core.storage import storage
 
 FILE = "data_fingerprint.json"
-_BLOCK = 1 << 22
 RACY_S = 2.0  # seconds: a ctime this close to the recording is not trusted
 
 
@@ -35,7 +34,7 @@ def _paths(value: str) -> list[str]:
 
 def _files(path: str, above: frozenset[str] = frozenset()) -> Iterator[tuple[str, object]]:
     """``(uri, epath.Path)`` of ``path`` or every file under it, sorted. Raises
-    FileNotFoundError (also a broken link); ValueError: a link to a folder above it."""
+    FileNotFoundError (also a broken link); ValueError: a link to a folder above it, a FIFO."""
     root = storage.as_path(path)
     local = not storage.is_remote(path)
     if root.is_dir():
@@ -47,6 +46,9 @@ def _files(path: str, above: frozenset[str] = frozenset()) -> Iterator[tuple[str
             if not child.name.startswith("."):  # .DS_Store, editors' files: not data
                 yield from _files(os.fspath(child), above | {real})
     elif root.exists():
+        if local and not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the hash
+            raise ValueError(f"{path} is not a regular file (a FIFO, socket or device); a data "
+                             "folder holds data files only")
         yield os.fspath(root), root
     elif local and os.path.islink(path):
         raise FileNotFoundError(f"{path} is a broken symbolic link (to {os.readlink(path)}); "
@@ -71,22 +73,6 @@ def _stat(path) -> dict:
             "stamp": None if racy else f"{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}"}
 
 
-def content_hash(path) -> str:
-    """``sha256:HEX`` of the bytes, or GCS's ``md5:``/``crc32c:`` of a ``gs://`` object."""
-    if storage.is_remote(path):
-        import fsspec
-
-        info = fsspec.filesystem("gs").info(os.fspath(path))
-        for key, name in (("md5Hash", "md5"), ("crc32c", "crc32c")):
-            if info.get(key):
-                return f"{name}:{info[key]}"
-    digest = hashlib.sha256()
-    with storage.as_path(path).open("rb") as f:
-        while block := f.read(_BLOCK):
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
-
-
 def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
                 known: Mapping[str, dict] | None = None) -> dict[str, dict[str, dict]]:
     """``{field: {file: {"size", "mtime", "stamp", "hash"}}}``; a file with ``known``'s size
@@ -105,7 +91,7 @@ def fingerprint(config: ml_collections.ConfigDict, names: Iterable[str],
                 old = ((known or {}).get(name) or {}).get(uri)
                 same = (old and now["stamp"] is not None and old.get("size") == now["size"]
                         and old.get("stamp") == now["stamp"])
-                files[uri] = {**now, "hash": old["hash"] if same else content_hash(one)}
+                files[uri] = {**now, "hash": old["hash"] if same else storage.content_hash(one)}
         out[name] = files
     return out
 

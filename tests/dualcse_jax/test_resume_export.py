@@ -133,6 +133,7 @@ def test_export_bad_input_names_line_and_writes_nothing(tmp_path, uninterrupted,
                        f"--output={out}", check=False)
         assert res.returncode == 1
         assert expect in res.stderr and str(src) in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1  # the whole report: no debug hint
         assert "Traceback" not in res.stderr
     else:
         with pytest.raises(DataError) as info:

@@ -82,6 +82,31 @@ def test_interrupted_half_way_the_rerun_keeps_finished_blocks(lines, args, tiny_
     _rerun_keeps_finished_blocks(args, tiny_bert_dir, path, texts, out, capsys)
 
 
+def test_a_same_size_rewrite_with_the_old_mtime_is_refused(lines, args, tmp_path, capsys,
+                                                           monkeypatch):
+    """Stopped after its third block; the input rewritten with the same bytes count (two
+    lines swapped) and its old mtime put back (``touch -r``): the re-run refuses the blocks
+    (a key of size and whole-second mtime reused them)."""
+    path, texts = lines
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    with monkeypatch.context() as m:
+        m.setattr(sys, "stderr", _StopAfterBlock2())
+        with pytest.raises(KeyboardInterrupt):
+            bulk_encode.main(args(src, out))
+    old = src.stat()
+    swapped = [texts[1], texts[0], *texts[2:]]
+    src.write_text("\n".join(swapped) + "\n", encoding="utf-8")
+    os.utime(src, ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert src.stat().st_size == old.st_size and src.stat().st_mtime_ns == old.st_mtime_ns
+    capsys.readouterr()
+    assert bulk_encode.main(args(src, out)) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"embedding-jax encode: error: {out} holds blocks of another encode (['inputs'] "
+        "differ); use a new --output or the same inputs and flags")
+
+
 @pytest.mark.slow
 def test_killed_half_way_the_rerun_keeps_finished_blocks(lines, tmp_path, capsys):
     """MiniLM: its blocks take long enough that the kill lands before the last one."""

@@ -129,7 +129,7 @@ def test_a_missing_data_file_names_the_field(tmp_path):
         data_fingerprint.fingerprint(config, ["train_file"])
 
 
-def test_a_broken_link_or_a_link_loop_under_a_data_folder_names_the_field(tmp_path):
+def test_a_broken_link_a_link_loop_or_a_fifo_under_a_data_folder_names_the_field(tmp_path):
     """Were 'd/dangling does not exist' (no field) and 'd/loop/loop/.../a.txt does not
     exist' after 40 levels."""
     folder = tmp_path / "d"
@@ -153,6 +153,12 @@ def test_a_broken_link_or_a_link_loop_under_a_data_folder_names_the_field(tmp_pa
     with pytest.raises(ValueError, match="a folder it is in: a loop"):
         data_fingerprint.fingerprint(config, ["train_file"])
     (folder / "sub").unlink()
+    os.mkfifo(folder / "pipe")  # hashing it would wait for a writer forever
+    with pytest.raises(ValueError) as err:
+        data_fingerprint.fingerprint(config, ["train_file"])
+    assert str(err.value) == (f"config.train_file: {folder}/pipe is not a regular file (a FIFO, "
+                              "socket or device); a data folder holds data files only")
+    (folder / "pipe").unlink()
     assert list(data_fingerprint.fingerprint(config, ["train_file"])["train_file"]) == [
         f"{folder}/a.txt"]
 

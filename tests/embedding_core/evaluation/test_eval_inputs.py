@@ -38,6 +38,13 @@ def test_beir_folder_problems_name_the_missing_file_and_bad_row(tmp_path):
     with pytest.raises(DataError, match=r"test.tsv:2: field 'score': 99999999999999999999999 "
                        r"is out of range \(a grade is a small integer"):
         retrieval.read_beir(beir)  # was an OverflowError traceback when scored
+    # "1.0" is a grade, as pair files take it; "1.5" and "inf" are not.
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t2.0\n")
+    assert retrieval.read_beir(beir)[2] == {"q1": {"d1": 2}}
+    for bad in ("1.5", "inf", "nan"):
+        (beir / "qrels" / "test.tsv").write_text(f"query-id\tcorpus-id\tscore\nq1\td1\t{bad}\n")
+        with pytest.raises(DataError, match=f"test.tsv:2: field 'score': not an integer: '{bad}'"):
+            retrieval.read_beir(beir)
 
 
 def test_labels_never_collide():
