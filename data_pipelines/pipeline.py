@@ -4,7 +4,7 @@ table in memory or a sharded corpus (docs/data.md, "In-memory batches", "Sharded
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -32,8 +32,11 @@ class _StepBatcher:
     def __init__(self, table: TokenTable, *, global_batch_size: int, seed: int,
                  process_index: int, process_count: int, pad_multiple: int,
                  fixed_length: int | None, groups: Sequence[Sequence[int]],
-                 shards: Sequence[np.ndarray] | None = None) -> None:
+                 shards: Sequence[np.ndarray] | None = None,
+                 order: Callable[[int], np.ndarray] | None = None,
+                 row_values: Mapping[str, np.ndarray] | None = None) -> None:
         self.table, self.groups = table, [list(g) for g in groups]
+        self.custom_order, self.row_values = order, dict(row_values or {})
         self.batch, self.seed = global_batch_size, seed
         self.shards = None if shards is None else [np.asarray(s, np.int64) for s in shards]
         self.order = None
@@ -63,6 +66,8 @@ class _StepBatcher:
 
     def global_rows(self, step: int) -> np.ndarray:
         """[B] int64 table rows of the global batch of ``step``."""
+        if self.custom_order is not None:
+            return np.asarray(self.custom_order(int(step)), np.int64)
         if self.order is not None:
             with self._lock:
                 return np.concatenate([rows[self.order.positions(step, k, self._cache)]
@@ -87,7 +92,7 @@ class _StepBatcher:
             mask = (np.arange(length, dtype=np.int32) < lengths[:, :, None]).astype(np.int32)
             out += [t.input_ids[local][:, fields, :length], mask,
                     t.token_type_ids[local][:, fields, :length]]
-        return (*out, t.text_ids[local])
+        return (*out, t.text_ids[local], *(v[local] for v in self.row_values.values()))
 
 
 def make_batches(
@@ -104,6 +109,8 @@ def make_batches(
     prefetch: int = 2,
     length_groups: Sequence[Sequence[int]] | None = None,
     shards: Sequence[np.ndarray] | None = None,
+    order: Callable[[int], np.ndarray] | None = None,
+    row_values: Mapping[str, np.ndarray] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """This host's slice of each global batch from ``start_step`` (``num_steps`` None: no end),
     from a table or streamed from a sharded corpus's own shards: ``input_ids``, ``attention_mask``,
@@ -113,13 +120,16 @@ def make_batches(
     sequence (a corpus: its longest) rounded up to ``pad_multiple``, or to ``fixed_length``;
     ``shards``: a table's rows per shard (``Manifest.members()``), the corpus order. ValueError:
     inconsistent B, P, S, rows, steps, padding or groups; DataError: a shard file missing or damaged
-    (named)."""
+    (named). A table only: ``order(step)`` the [B] rows of a step (a sampler) in place of the
+    epoch permutation; ``row_values`` ``{name: [n, ...]}`` arrays batched beside the tokens."""
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must lie in [0, {process_count})")
     if global_batch_size % process_count:
         raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
                          f"process_count={process_count}")
     streamed = isinstance(source, shard_layout.Manifest)
+    if streamed and (order is not None or row_values):
+        raise ValueError("order and row_values batch an in-memory table, not a sharded corpus")
     if streamed:
         owned = shard_layout.host_shards(source.num_shards, process_index, process_count)
         order = source.order(global_batch_size, seed)
@@ -145,11 +155,14 @@ def make_batches(
         batcher = _StepBatcher(source, global_batch_size=global_batch_size, seed=seed,
                                process_index=process_index, process_count=process_count,
                                pad_multiple=pad_multiple, fixed_length=fixed_length,
-                               groups=groups, shards=shards)
+                               groups=groups, shards=shards, order=order,
+                               row_values=row_values)
+    values = {k: np.asarray(v) for k, v in (row_values or {}).items()}
     return step_batches(batcher, groups=groups, lengths=lengths,
                         local_batch=global_batch_size // process_count, num_fields=len(fields),
                         grouped=length_groups is not None, start_step=start_step,
-                        num_steps=num_steps, prefetch=prefetch)
+                        num_steps=num_steps, prefetch=prefetch,
+                        values={k: (v.dtype, v.shape[1:]) for k, v in values.items()})
 
 
 def check_steps(start_step: int, num_steps: int | None, pad_multiple: int,
@@ -180,8 +193,10 @@ def step_batches(
     batcher, *, groups: Sequence[Sequence[int]], lengths: Sequence[int | None],
     local_batch: int, num_fields: int, grouped: bool, start_step: int,
     num_steps: int | None, prefetch: int,
+    values: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """The tf.data loop over ``batcher(step)`` (per group ids, mask, types, then ``text_ids``);
+    """The tf.data loop over ``batcher(step)`` (per group ids, mask, types, ``text_ids``, then
+    ``values`` by name: ``(dtype, row shape)``);
     ``lengths[g]`` fixes L_g; the batcher's exception re-raised as itself."""
     names = ("input_ids", "attention_mask", "token_type_ids")
     failures: list[Exception] = []  # not tf.data's many-line wrapper: the batcher's own error
@@ -194,10 +209,16 @@ def step_batches(
             raise
 
     def gather(step: tf.Tensor) -> dict[str, tf.Tensor]:
-        arrays = tf.numpy_function(guarded, [step], [tf.int32] * (3 * len(groups) + 1),
-                                   stateful=False)
-        out = {"text_ids": arrays[-1], "step": step}
+        extra = dict(values or {})
+        arrays = tf.numpy_function(
+            guarded, [step], [tf.int32] * (3 * len(groups) + 1)
+            + [tf.as_dtype(dtype) for dtype, _ in extra.values()], stateful=False)
+        base = 3 * len(groups)
+        out = {"text_ids": arrays[base], "step": step}
         out["text_ids"].set_shape([local_batch, num_fields])
+        for i, (name, (_, shape)) in enumerate(extra.items()):
+            out[name] = arrays[base + 1 + i]
+            out[name].set_shape([local_batch, *shape])
         for g, (fields, length) in enumerate(zip(groups, lengths, strict=True)):
             for k, name in enumerate(names):
                 array = arrays[3 * g + k]

@@ -48,6 +48,9 @@ _NAMES = {
     "SentenceHead": "embedding_core.serving.hf_export",
     "load_export": "embedding_core.serving.export",
     "load_encoder": "embedding_core.serving.st_models",
+    "read_pipeline": "embedding_core.serving.st_models",
+    "pool": "embedding_core.serving.st_models",
+    "ACTIVATIONS": "embedding_core.serving.st_models",
     "method_entry_points": "embedding_core.serving.workdirs",
     # Files, local or gs://.
     "as_path": "embedding_core.storage.storage",

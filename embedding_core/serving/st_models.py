@@ -31,7 +31,7 @@ _LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "
                    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                    "pooling_mode_weightedmean_tokens": "weightedmean",
                    "pooling_mode_lasttoken": "lasttoken"}
-_ACTIVATIONS = {"Identity": lambda x: x, "Tanh": jnp.tanh, "ReLU": jax.nn.relu,
+ACTIVATIONS = {"Identity": lambda x: x, "Tanh": jnp.tanh, "ReLU": jax.nn.relu,
                 "GELU": lambda x: jax.nn.gelu(x, approximate=False), "Sigmoid": jax.nn.sigmoid}
 
 
@@ -74,9 +74,9 @@ def _dense(folder: pathlib.Path) -> tuple[np.ndarray, np.ndarray | None, str]:
 
     raw = _json(folder / "config.json")
     name = str(raw.get("activation_function", "torch.nn.modules.linear.Identity")).split(".")[-1]
-    if name not in _ACTIVATIONS:
+    if name not in ACTIVATIONS:
         raise ValueError(f"{folder / 'config.json'}: activation {name!r} is not one of "
-                         f"{sorted(_ACTIVATIONS)}")
+                         f"{sorted(ACTIVATIONS)}")
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"{folder} has no model.safetensors (the Dense layer's weights)")
@@ -193,7 +193,7 @@ class PretrainedEncoder(Encoder):
             x = pool(hidden, keep, pipe.pooling)
             for kernel, bias, act in pipe.dense:
                 x = x @ kernel + (0.0 if bias is None else bias)
-                x = _ACTIVATIONS[act](x)
+                x = ACTIVATIONS[act](x)
             if pipe.normalize:
                 x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
             return x

@@ -1,0 +1,1 @@
+"""sentence-jax presets: ``default`` (MNRL on MiniLM, CPU sizes)."""
