@@ -46,6 +46,7 @@ _NAMES = {
     "HFFolder": "embedding_core.serving.serving",
     "SavesFolder": "embedding_core.serving.serving",
     "SentenceHead": "embedding_core.serving.hf_export",
+    "hf_tensors": "embedding_core.serving.hf_export",
     "load_export": "embedding_core.serving.export",
     "load_encoder": "embedding_core.serving.st_models",
     "read_pipeline": "embedding_core.serving.st_models",

@@ -143,6 +143,32 @@ def user_errors(prog: str, command: str) -> Iterator[None]:
                  "shows the traceback)")
 
 
+PRESETS_DIR: list[str] = []  # the running package's configs folder (commands.define_flags)
+
+
+def preset_names() -> list[str]:
+    """The presets of the running package, by name."""
+    if not PRESETS_DIR:
+        return []
+    return sorted(n[:-3] for n in os.listdir(PRESETS_DIR[0])
+                  if n.endswith(".py") and not n.startswith("_"))
+
+
+def find_preset(name: str) -> str | None:
+    """The file of a preset named ``NAME``, ``NAME.py`` or ``PACKAGE.configs.NAME`` (an
+    installed wheel has no clone to give a path into), else None."""
+    import importlib.util
+
+    if "." in name and not name.endswith(".py") and "/" not in name:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        return spec.origin if spec and spec.origin and spec.origin.endswith(".py") else None
+    stem = name[:-3] if name.endswith(".py") else name
+    return os.path.join(PRESETS_DIR[0], f"{stem}.py") if stem in preset_names() else None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     # A bad --config file or override would surface as ml_collections tracebacks.
     argv = list(argv)
@@ -151,10 +177,14 @@ def _parse_flags(argv: list[str]) -> list[str]:
             value = arg.split("=", 1)[1]
             if storage.is_remote(value):
                 argv[i] = arg = f"--config={_local_config(value)}"
-            path = arg.split("=", 1)[1].split(":", 1)[0]
+            path, sep, extra = arg.split("=", 1)[1].partition(":")
             if not os.path.isfile(path):
-                sys.exit(f"error: --config={path}: no such file (give a Python file with "
-                         "get_config(), e.g. dualcse_jax/configs/cross_cpu.py)")
+                preset = find_preset(path)
+                if preset is None:
+                    sys.exit(f"error: --config={path}: no such file or preset (give a Python "
+                             "file with get_config(), or a preset by name: "
+                             f"{', '.join(preset_names()) or 'none'})")
+                argv[i] = f"--config={preset}{sep}{extra}"
     try:
         return flags.FLAGS(argv)
     except SystemExit as done:

@@ -149,6 +149,7 @@ def define_flags(default_config: str) -> None:
     """The flags every CLI shares (``--config`` with ``--config.FIELD=VALUE``)."""
     from ml_collections import config_flags
 
+    cli.PRESETS_DIR[:] = [os.path.dirname(os.path.abspath(default_config))]
     try:
         # ml_collections defines one flag per --config.FIELD found in sys.argv, here.
         config_flags.DEFINE_config_file("config", default_config, "Training configuration "

@@ -15,14 +15,15 @@ from embedding_core import (
     BatchField,
     ContrastiveLoss,
     Task,
-    encoder_run_files,
     load_pretrained,
     per_example,
     read_pipeline,
     run,
+    write_json,
 )
-from sentence_jax import data, losses, samplers
+from sentence_jax import card, data, losses, samplers
 from sentence_jax.configs import default
+from sentence_jax.inference import keep_folder
 from sentence_jax.model import build_model, init_fn, pretrained_params
 
 
@@ -137,10 +138,18 @@ def build_task(config: ml_collections.ConfigDict, mesh=None) -> Task:
         num_examples=table.num_examples, steps_per_epoch=sampler.steps_per_epoch(),
         global_batch_size=batch, batch_spec=spec,
         pretrained=pretrained_params(pretrained.params, pipeline),
-        run_files=encoder_run_files(pretrained.model_dir),
+        run_files={**keep_folder(pretrained.model_dir),
+                   card.DATASETS_FILE: lambda path: write_json(path, _described(sets, loss))},
         summary=f"data: {', '.join(s.path for s in sets)} ({table.num_examples} rows, "
                 f"columns {list(sets[0].names)})",
         logical_axis_sizes={"heads": pretrained.config.num_heads})
+
+
+def _described(sets: list[data.Columns], loss) -> dict:
+    """What the model card says of the data and the loss."""
+    return {"datasets": [{"path": s.path, "rows": len(s), "columns": list(s.names),
+                          "label": s.label_name} for s in sets],
+            "loss": {"name": type(loss).__name__, "args": loss.config_dict()}}
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, **kwargs):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from absl import flags
 
 # Modules whose absl flags a command line defines; removed for the run, restored after.
-PROJECT = ("embedding_core", "dualcse_jax", "docent_jax", "mrwe_jax", "data_pipelines",
-           "experiments", "tests")
+PROJECT = ("embedding_core", "dualcse_jax", "docent_jax", "mrwe_jax", "sentence_jax",
+           "data_pipelines", "experiments", "tests")
 
 
 @dataclass
