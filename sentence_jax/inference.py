@@ -63,6 +63,7 @@ class SentenceEncoder(Encoder, SavesFolder):
         positions = model.config.max_position_embeddings - model.config.position_offset
         self.pipeline = read_pipeline(pathlib.Path(model_dir), positions)
         self.max_length = int(config.max_seq_length) or self.pipeline.max_seq_length
+        self.prompts, self.default_prompt_name = trained_prompts(config.prompts)
         self._apply = jax.jit(lambda p, ids, mask, types: model.apply({"params": p}, ids, mask,
                                                                        types))
 
@@ -108,6 +109,24 @@ class SentenceEncoder(Encoder, SavesFolder):
         raw["max_seq_length"] = self.max_length
         settings.write_text(json.dumps(raw, indent=2) + "\n")
         (stage / "README.md").write_text(card.model_card(self), encoding="utf-8")
+        if default.parse_prompts(self.config.prompts):
+            path = stage / "config_sentence_transformers.json"
+            raw = json.loads(path.read_text()) if path.is_file() else {}
+            raw["prompts"] = {**raw.get("prompts", {}), **self.prompts}
+            raw["default_prompt_name"] = self.default_prompt_name
+            path.write_text(json.dumps(raw, indent=2) + "\n")
+
+
+def trained_prompts(text: str) -> tuple[dict[str, str], str | None]:
+    """``(prompts, default_prompt_name)`` of ``config.prompts``: one prompt for every text
+    is ``"default"`` and used by default; columns' prompts by column name."""
+    prompts = default.parse_prompts(text)
+    if isinstance(prompts, str):
+        return ({"default": prompts}, "default") if prompts else ({}, None)
+    flat = {k: v for k, v in prompts.items() if isinstance(v, str)}
+    for item in prompts.values():
+        flat.update(item if isinstance(item, dict) else {})
+    return flat, None
 
 
 def _save(path: pathlib.Path, tensors) -> None:

@@ -47,10 +47,24 @@ def read_datasets(config: ml_collections.ConfigDict, loss) -> list[data.Columns]
     return sets
 
 
-def build_table(sets: list[data.Columns], tokenizer, max_len: int, lower: bool):
-    """``(TokenTable [n, F, max_len], labels [n] float32 or None)`` of the datasets in order."""
+def prompt_of(prompts: str | dict, path: str, column: str) -> str:
+    """The prompt of a dataset's column (sentence-transformers' ``prompts`` forms)."""
+    if isinstance(prompts, str):
+        return prompts
+    name = os.path.basename(path)
+    item = prompts.get(name, prompts.get(os.path.splitext(name)[0]))
+    if isinstance(item, dict):
+        return item.get(column, "")
+    return item if isinstance(item, str) else prompts.get(column, "")
+
+
+def build_table(sets: list[data.Columns], tokenizer, max_len: int, lower: bool,
+                prompts: str | dict = ""):
+    """``(TokenTable [n, F, max_len], labels [n] float32 or None)`` of the datasets in order,
+    each text after its prompt."""
     width = len(sets[0].names)
-    columns = [[row[f] for s in sets for row in s.texts] for f in range(width)]
+    columns = [[prompt_of(prompts, s.path, s.names[f]) + row[f] for s in sets for row in s.texts]
+               for f in range(width)]
     if lower:
         columns = [[t.lower() for t in col] for col in columns]
     names = tuple(f"column_{f}" for f in range(width))
@@ -105,7 +119,12 @@ def build_task(config: ml_collections.ConfigDict, mesh=None) -> Task:
         dim = len(pipeline.pooling) * pretrained.config.hidden_size
         loss.check_dim(int(pipeline.dense[-1][0].shape[1]) if pipeline.dense else dim)
     tokenizer = load_tokenizer(pretrained.model_dir)
-    table, labels = build_table(sets, tokenizer, max_len, pipeline.do_lower_case)
+    prompts = default.parse_prompts(config.prompts)
+    if prompts and not pipeline.include_prompt:
+        raise ValueError(f"config.prompts: {config.model}'s Pooling leaves the prompt out "
+                         "(include_prompt=false), which training does not do yet; train "
+                         "without prompts or with a model that pools them")
+    table, labels = build_table(sets, tokenizer, max_len, pipeline.do_lower_case, prompts)
     batch = int(config.batch_size)
     values = None
     if config.batch_sampler == "no_duplicates":

@@ -23,6 +23,9 @@ FIELDS = configs.declare(
     multi_dataset_batch_sampler=Field("proportional", "proportional | round_robin (each "
                                       "batch from one dataset)",
                                       choices=samplers.MULTI_DATASET_SAMPLERS),
+    prompts=Field("", "training prompts: one for every text ('query: '), or JSON "
+                  "{column: prompt} or {file name: prompt or {column: prompt}}; written to "
+                  "the folder's config_sentence_transformers.json"),
     pad_multiple=Field(16, "batches padded to a multiple of this (fewer compiled shapes)",
                        min=1),
     # Loss (sentence-transformers' classes and arguments).
@@ -74,10 +77,29 @@ def make_loss(config):
         raise ValueError(f"config.matryoshka_dims: {err}") from None
 
 
+def parse_prompts(text: str) -> str | dict:
+    """``config.prompts`` as a string or a dict. Raises ValueError: JSON that is not a
+    string or an object of strings (or of objects of strings)."""
+    import json
+
+    if not text.strip().startswith("{"):
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"config.prompts: invalid JSON ({err.msg})") from None
+    for key, item in value.items():
+        inner = item.values() if isinstance(item, dict) else [item]
+        if not all(isinstance(x, str) for x in inner):
+            raise ValueError(f"config.prompts[{key!r}]: a prompt string or {{column: prompt}}")
+    return value
+
+
 def _check(config) -> None:
     if not str(config.train_files).strip():
         raise ValueError("config.train_files is required: one or more training files")
     make_loss(config)
+    parse_prompts(config.prompts)
 
 
 validate = configs.validator(FIELDS, _check)

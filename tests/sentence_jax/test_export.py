@@ -15,12 +15,14 @@ TEXTS = ["A man is playing a guitar.", "Rain is expected tomorrow.", "question n
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, minilm_dir):
-    """Two MNRL steps of MiniLM (mean pooling + Normalize) with Matryoshka 384, 128."""
+    """Two MNRL steps of MiniLM (mean pooling + Normalize) with Matryoshka 384, 128 and a
+    prompt on the anchor column."""
     root = tmp_path_factory.mktemp("st_export")
     config = default.get_config()
     config.update(model=str(minilm_dir), train_files=str(_triplets(root / "t.csv")),
                   batch_size=8, max_seq_length=32, num_train_steps=2, checkpoint_every=2,
-                  matryoshka_dims="384,128", learning_rate=1e-3)
+                  matryoshka_dims="384,128", learning_rate=1e-3,
+                  prompts='{"anchor": "query: "}')
     trainer.train(config, root / "run")
     encoder = inference.load(root / "run")
     encoder.save(root / "model")
@@ -50,3 +52,26 @@ def test_the_model_card_renders_the_run(run):
                  '"loss": "MultipleNegativesRankingLoss"', "- `batch_size`: 8",
                  "- **Output Dimensionality:** 384 dimensions"):
         assert line in card, line
+
+
+def test_the_prompt_trained_with_is_in_the_folder(run):
+    from sentence_transformers import SentenceTransformer
+
+    encoder, folder = run
+    model = SentenceTransformer(str(folder), device="cpu")
+    assert model.prompts["anchor"] == "query: " and encoder.prompts == {"anchor": "query: "}
+    np.testing.assert_allclose(encoder.encode(TEXTS, prompt_name="anchor"),
+                               model.encode(TEXTS, prompt_name="anchor"), atol=2e-5)
+    assert np.abs(model.encode(TEXTS, prompt_name="anchor") - model.encode(TEXTS)).max() > 1e-3
+
+
+def test_training_texts_carry_their_prompt(tmp_path, tiny_bert_dir):
+    from data_pipelines.tokenization import load_tokenizer
+
+    config = default.get_config()
+    config.update(model=str(tiny_bert_dir), train_files=str(_triplets(tmp_path / "t.csv")),
+                  batch_size=8, max_seq_length=16, prompts='{"t.csv": {"positive": "doc: "}}')
+    batch = next(iter(trainer.build_task(config).make_batches(0)))
+    tokenizer = load_tokenizer(tiny_bert_dir)
+    decoded = [[tokenizer.decode(ids.tolist()) for ids in row] for row in batch["input_ids"]]
+    assert all(r[1].startswith("doc : answer") and r[0].startswith("question") for r in decoded)
