@@ -23,7 +23,7 @@ from embedding_core import (
 )
 from sentence_jax import card, data, losses, samplers
 from sentence_jax.configs import default
-from sentence_jax.inference import keep_folder
+from sentence_jax.inference import SentenceEncoder, keep_folder
 from sentence_jax.model import build_model, init_fn, pretrained_params
 
 
@@ -157,11 +157,26 @@ def build_task(config: ml_collections.ConfigDict, mesh=None) -> Task:
         num_examples=table.num_examples, steps_per_epoch=sampler.steps_per_epoch(),
         global_batch_size=batch, batch_spec=spec,
         pretrained=pretrained_params(pretrained.params, pipeline),
+        encoder_of=_encoder_of(model, tokenizer, config, pretrained.model_dir),
         run_files={**keep_folder(pretrained.model_dir),
                    card.DATASETS_FILE: lambda path: write_json(path, _described(sets, loss))},
         summary=f"data: {', '.join(s.path for s in sets)} ({table.num_examples} rows, "
                 f"columns {list(sets[0].names)})",
         logical_axis_sizes={"heads": pretrained.config.num_heads})
+
+
+def _encoder_of(model, tokenizer, config, model_dir):
+    """``(params, step) -> SentenceEncoder`` for ``eval_files`` (one encoder, compiled once)."""
+    encoders = []
+
+    def of(params, step):
+        if not encoders:
+            encoders.append(SentenceEncoder(model, params, tokenizer, config, step, model_dir,
+                                            None))
+        encoders[0].params, encoders[0].step = params, step
+        return encoders[0]
+
+    return of
 
 
 def _described(sets: list[data.Columns], loss) -> dict:
