@@ -58,6 +58,7 @@ _NAMES = {
     "write_json": "embedding_core.storage.files",
     "read_text_lines": "embedding_core.storage.text_lines",
     "DataError": "embedding_core.errors",
+    "json_object": "embedding_core.errors",
 }
 __all__ = sorted([*_MODULES, *_NAMES])
 

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from data_pipelines.csv_reader import LINE_KEY, read_csv_records
-from embedding_core import DataError, as_path
-from embedding_core.errors import json_object
+from embedding_core import DataError, as_path, json_object
 
 LABEL_COLUMNS = ("label", "score")
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}

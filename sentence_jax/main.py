@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 
 import sentence_jax
-from embedding_core.commands import Program, define_flags, main
+from embedding_core import commands
 from sentence_jax.configs.default import FIELDS
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "default.py")
-define_flags(DEFAULT_CONFIG)
+commands.define_flags(DEFAULT_CONFIG)
 
 
 def _evaluate(inv):
@@ -24,7 +24,7 @@ def _demo(inv):
     return workflows.run_demo(inv.workdir, inv.config)
 
 
-PROGRAM = Program(
+PROGRAM = commands.Program(
     prog="sentence-jax", summary="train any encoder the sentence-transformers way on a mesh: "
     "its data columns, losses, samplers and folders (docs/sentence.md)", fields=FIELDS,
     default_config=DEFAULT_CONFIG, train=sentence_jax.train,
@@ -43,7 +43,7 @@ PROGRAM = Program(
 
 
 def run() -> None:
-    main(PROGRAM, sys.modules[__name__])
+    commands.main(PROGRAM, sys.modules[__name__])
 
 
 if __name__ == "__main__":
