@@ -19,9 +19,11 @@ def _evaluate(inv):
 
 
 def _demo(inv):
+    from absl import flags
+
     from sentence_jax import workflows
 
-    return workflows.run_demo(inv.workdir, inv.config)
+    return workflows.run_demo(inv.workdir, inv.config, flags.FLAGS.num_train_steps)
 
 
 PROGRAM = commands.Program(

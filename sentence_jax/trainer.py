@@ -9,6 +9,8 @@ import jax
 import ml_collections
 import numpy as np
 
+# TensorFlow through data_pipelines (its start-up notices muted) before TensorBoard loads it.
+from data_pipelines import pipeline as batching
 from data_pipelines.table import stack_fields, text_identity_ids
 from data_pipelines.tokenization import load_tokenizer, tokenize
 from embedding_core import (
@@ -143,9 +145,7 @@ def build_task(config: ml_collections.ConfigDict, mesh=None) -> Task:
         spec["labels"] = BatchField("float", ("batch",))
 
     def make_batches(start_step: int):
-        from data_pipelines.pipeline import make_batches as batches  # loads TensorFlow
-
-        return batches(table, global_batch_size=batch, seed=int(config.seed),
+        return batching.make_batches(table, global_batch_size=batch, seed=int(config.seed),
                        start_step=start_step, process_index=jax.process_index(),
                        process_count=jax.process_count(),
                        pad_multiple=int(config.pad_multiple), order=sampler,

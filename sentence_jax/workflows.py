@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import io
 
 from data_pipelines.snli import snli_triplets_path
 from embedding_core import as_path
@@ -22,21 +23,22 @@ def _split(workdir) -> tuple[str, str]:
             rows = list(csv.reader(f))
         folder.mkdir(parents=True, exist_ok=True)
         for path, part in ((train, rows[1:-HELD_OUT]), (heldout, rows[-HELD_OUT:])):
-            with path.open("w", newline="", encoding="utf-8") as f:
-                writer = csv.writer(f)
-                writer.writerow(["anchor", "positive", "negative"])
-                writer.writerows(part)
+            text = io.StringIO(newline="")
+            writer = csv.writer(text)
+            writer.writerow(["anchor", "positive", "negative"])
+            writer.writerows(part)
+            path.write_text(text.getvalue(), encoding="utf-8")
     return str(train), str(heldout)
 
 
-def run_demo(workdir, config) -> None:
-    """Trains ``config`` (its ``train_files`` and ``eval_files`` set to the shipped data)
-    into ``workdir/run`` and exports ``workdir/model``."""
+def run_demo(workdir, config, num_train_steps: int | None = None) -> None:
+    """Trains ``config`` (its ``train_files`` and ``eval_files`` set to the shipped data;
+    ``num_train_steps`` or the config's, else 100) into ``workdir/run`` and exports
+    ``workdir/model``."""
     train, heldout = _split(workdir)
     config = config.copy_and_resolve_references()
     config.train_files, config.eval_files = train, f"triplets:{heldout}"
-    if not config.num_train_steps:
-        config.num_train_steps = 100
+    config.num_train_steps = int(num_train_steps or config.num_train_steps or 100)
     config.eval_every = config.num_train_steps
     run = as_path(workdir) / "run"
     trainer.train(config, run)
