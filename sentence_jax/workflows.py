@@ -13,7 +13,7 @@ from sentence_jax import inference, trainer
 HELD_OUT = 1000
 
 
-def _split(workdir) -> tuple[str, str]:
+def split_shipped(workdir) -> tuple[str, str]:
     """The shipped triplets as ``train.csv`` and the last 1,000 as ``heldout.csv`` (both in
     ``workdir/data``), written once."""
     folder = as_path(workdir) / "data"
@@ -35,7 +35,7 @@ def run_demo(workdir, config, num_train_steps: int | None = None) -> None:
     """Trains ``config`` (its ``train_files`` and ``eval_files`` set to the shipped data;
     ``num_train_steps`` or the config's, else 100) into ``workdir/run`` and exports
     ``workdir/model``."""
-    train, heldout = _split(workdir)
+    train, heldout = split_shipped(workdir)
     config = config.copy_and_resolve_references()
     config.train_files, config.eval_files = train, f"triplets:{heldout}"
     config.num_train_steps = int(num_train_steps or config.num_train_steps or 100)
