@@ -5,7 +5,7 @@ Both folders and the base model are scored by the same evaluators (``embedding-j
 evaluate``): triplet accuracy on the held-out triplets, NDCG@10 on a BEIR folder built from
 the shipped SQuAD dev set. Prints a table; the last line is one JSON object.
 
-    python benchmarks/st_trainer.py [--steps=300] [--batch_size=16] [--out=DIR]
+    python benchmarks/st_trainer.py [--steps=300] [--batch_size=16] [--out=DIR] [--results=F]
 
 Needs the bench extra (``make install-bench``: torch, sentence-transformers, datasets).
 Results: docs/sentence.md, "Against SentenceTransformerTrainer"."""
@@ -29,7 +29,8 @@ import json, sys, time
 import torch
 from datasets import Dataset
 from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
-                                   SentenceTransformerTrainingArguments, losses)
+                                   SentenceTransformerTrainingArguments)
+from sentence_transformers.sentence_transformer import losses
 import csv
 args = json.loads(sys.argv[1])
 torch.set_num_threads(args["threads"])
@@ -40,7 +41,7 @@ model = SentenceTransformer(args["model"], device="cpu")
 training = SentenceTransformerTrainingArguments(
     output_dir=args["out"] + "/trainer", max_steps=args["steps"],
     per_device_train_batch_size=args["batch_size"], learning_rate=args["lr"],
-    warmup_ratio=0.0, lr_scheduler_type="linear", seed=42, save_strategy="no",
+    warmup_steps=0, lr_scheduler_type="linear", seed=42, save_strategy="no",
     report_to=[], logging_steps=50, dataloader_drop_last=True, use_cpu=True)
 trainer = SentenceTransformerTrainer(model=model, args=training, train_dataset=data,
                                      loss=losses.MultipleNegativesRankingLoss(model))
@@ -134,10 +135,10 @@ def score(folder: str, heldout: str, beir: str, out: Path, name: str) -> dict:
         _run([str(bin_dir / "embedding-jax"), "evaluate", f"--model={folder}",
               f"--triplets={heldout}", f"--ir={beir}", f"--output={path}"])
     results = json.loads(path.read_text())["results"]
-    flat = {f"{kind}/{k}": v for kind, metrics in results.items() for k, v in metrics.items()
-            if isinstance(v, (int, float))}
+    flat = {f"{kind}/{k}": v for kind, result in results.items()
+            for k, v in result["metrics"].items()}
     triplet = next(v for k, v in flat.items() if k.endswith("cosine_accuracy"))
-    ndcg = next(v for k, v in flat.items() if k.endswith("ndcg@10"))
+    ndcg = next(v for k, v in flat.items() if k.endswith("cosine_ndcg@10"))
     return {"triplet_accuracy": triplet, "ndcg@10": ndcg}
 
 
@@ -146,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "st_trainer"))
+    p.add_argument("--out", default=str(REPO / "workdirs" / "st_trainer"),
+                   help="runs, folders and scores (kept: a re-run reuses what is there)")
+    p.add_argument("--results", default=str(REPO / "benchmarks" / "results" /
+                                            "st_trainer.json"), help="the summary JSON")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,9 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         row.update(score(row["folder"], heldout, beir, out, name.split()[0].lower()))
         step = f"{row['seconds_per_step']:.2f}" if row["seconds_per_step"] else "-"
         print(f"| {name} | {row['triplet_accuracy']:.4f} | {row['ndcg@10']:.4f} | {step} |")
-    print(json.dumps({"cpu": cpu_model(), "steps": args.steps, "batch_size": args.batch_size,
-                      **{name: {k: v for k, v in row.items() if k != "folder"}
-                         for name, row in rows.items()}}))
+    summary = json.dumps({"cpu": cpu_model(), "steps": args.steps,
+                          "batch_size": args.batch_size,
+                          **{name: {k: v for k, v in row.items() if k != "folder"}
+                             for name, row in rows.items()}})
+    Path(args.results).write_text(summary + "\n")
+    print(summary)
     return 0
 
 

@@ -113,6 +113,28 @@ def dualcse_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh
     return compiled, int(config.batch_size)
 
 
+def sentence_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh: Mesh,
+                  columns: int = 3):
+    """A sentence-jax preset's train step (``sentence_jax.trainer.build_task``): ``columns``
+    texts a row (anchor, positive, hard negative), the model's mean pooling."""
+    from embedding_core import BatchField
+    from embedding_core.serving.st_models import Pipeline
+    from sentence_jax.configs import default
+    from sentence_jax.model import build_model, init_fn
+    from sentence_jax.trainer import make_loss_fn
+
+    model = build_model(config, encoder, Pipeline())
+    spec = {n: BatchField("int", ("batch", columns, "seq"))
+            for n in ("input_ids", "attention_mask", "token_type_ids")}
+    spec["text_ids"] = BatchField("int", ("batch", columns))
+    batch = _batch(spec, {"batch": int(config.batch_size),
+                          "seq": int(config.max_seq_length) or 128}, mesh)
+    loss = make_loss_fn(model, default.make_loss(config), bool(config.dropout))
+    compiled = _compile_step("sentence-jax", config, mesh, init_fn(model), loss, batch,
+                             heads=encoder.num_heads)
+    return compiled, int(config.batch_size)
+
+
 def docent_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh: Mesh,
                 num_entities: int = DOCENT_ENTITIES):
     """A DocEnt preset's train step (``docent_jax.trainer.build_task``) over

@@ -50,6 +50,7 @@ PRESETS = {
     "hybrid_tpu": ("docent", "docent_jax.configs.hybrid_tpu"),
     "convrr_tpu": ("mrwe", "mrwe_jax.configs.convrr_tpu"),
     "fcrr_tpu": ("mrwe", "mrwe_jax.configs.fcrr_tpu"),
+    "mnrl_tpu": ("sentence", "sentence_jax.configs.mnrl_tpu"),
 }
 SLICES = {  # (smaller, the presets' own, larger)
     "v4": ("v4:2x2x2", "v4:2x2x4", "v4:2x4x4"),
@@ -69,7 +70,7 @@ def _config(module: str, tiny: bool):
 
     config = importlib.import_module(module).get_config()
     if tiny:
-        config.max_length = 16
+        config["max_seq_length" if "max_seq_length" in config else "max_length"] = 16
     return config
 
 
@@ -119,7 +120,8 @@ def build(preset: str, slice_name: str, *, tiny: bool, batch: int | None = None,
                                          16 if tiny else 128), mesh, chip,
                 f"{per} windows x 128 tokens per chip (the train step is the small tower)")
     note = _fit_chunk(config, mesh)
-    step = tpu_cases.dualcse_step if package == "dualcse" else tpu_cases.docent_step
+    step = {"dualcse": tpu_cases.dualcse_step, "docent": tpu_cases.docent_step,
+            "sentence": tpu_cases.sentence_step}[package]
     return (*step(config, encoder, mesh), mesh, chip, note)
 
 
@@ -133,7 +135,8 @@ def _code_hash() -> str:
     return digest.hexdigest()
 
 
-CODE = ("embedding_core", "data_pipelines", "dualcse_jax", "docent_jax", "mrwe_jax")
+CODE = ("embedding_core", "data_pipelines", "dualcse_jax", "docent_jax", "mrwe_jax",
+        "sentence_jax")
 
 
 def fingerprint(preset: str, slice_name: str, tiny: bool, batch: int | None,

@@ -12,7 +12,8 @@ import pytest
 PRESETS = ["dualcse_jax.configs.cross_tpu", "dualcse_jax.configs.bi_tpu",
            "dualcse_jax.configs.simcse_tpu", "docent_jax.configs.dual_tpu",
            "docent_jax.configs.full_tpu", "docent_jax.configs.hybrid_tpu",
-           "mrwe_jax.configs.convrr_tpu", "mrwe_jax.configs.fcrr_tpu"]
+           "mrwe_jax.configs.convrr_tpu", "mrwe_jax.configs.fcrr_tpu",
+           "sentence_jax.configs.mnrl_tpu"]
 BERT_BASE = "google-bert/bert-base-uncased"
 
 
@@ -44,7 +45,7 @@ def test_tpu_preset_trains_two_steps_on_cpu(preset, tiny_bert_dir, tmp_path):
     module = importlib.import_module(preset)
     package = preset.split(".")[0]
     config = module.get_config()
-    settings = {k: config.get(k) for k in ("remat", "dtype", "max_length",
+    settings = {k: config.get(k) for k in ("remat", "dtype", "max_length", "max_seq_length",
                                            "contrastive_chunk_size", "paragraphs_per_batch")}
     overrides = {"num_train_steps": 2, "eval_every": 0, "log_every": 1}
     if package == "mrwe_jax":
@@ -58,7 +59,12 @@ def test_tpu_preset_trains_two_steps_on_cpu(preset, tiny_bert_dir, tmp_path):
         assert config.dtype == "bfloat16" and config.remat != "none"
         overrides["model"] = str(tiny_bert_dir)
         overrides["batch_size"] = 8 * (config.contrastive_chunk_size or 8)
-        if package == "docent_jax":
+        if package == "sentence_jax":
+            from sentence_jax.trainer import train
+            from tests.sentence_jax.test_training import _triplets
+
+            overrides["train_files"] = str(_triplets(tmp_path / "t.csv", n=128))
+        elif package == "docent_jax":
             from docent_jax.trainer import train
 
             overrides.update(train_data="squad",  # the preset's "amazon" names review files

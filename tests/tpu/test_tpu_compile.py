@@ -54,6 +54,29 @@ def test_dualcse_step_compiles_for_tpu(slice_name):
     assert gathers and max(c["max_op_bytes"] for c in gathers) <= vectors
 
 
+@pytest.mark.parametrize("slice_name", SLICES)
+def test_sentence_step_compiles_for_tpu(slice_name):
+    """sentence-jax's cached MNRL preset (anchor, positive, hard negative): data parallel,
+    the gradient summed over "data", the embeddings gathered at most once in full."""
+    import tpu_cases
+
+    from sentence_jax.configs import mnrl_tpu
+
+    devices, chip = tpu_compile.topology(slice_name)
+    mesh = tpu_compile.mesh_of(devices)
+    config = mnrl_tpu.get_config()
+    config.max_seq_length, config.batch_size = 16, 8 * mesh.size  # one chunk of 8 a device
+    encoder = tpu_cases.encoder_config(tpu_cases.TINY_BERT)
+    compiled, examples = tpu_cases.sentence_step(config, encoder, mesh)
+    result = tpu_compile.analyse(compiled, mesh, chip, examples)
+    assert 0 < result["hbm_bytes"] <= chip.hbm_bytes and result["flops"] > 0
+    assert {c["axis"] for c in result["collectives"]} <= {"data", "permute"}
+    assert _by_kind(result, "all-reduce", "data")
+    vectors = config.batch_size * 3 * encoder.hidden_size * 4  # 3 texts a row, float32
+    gathers = _by_kind(result, "all-gather", "data")
+    assert gathers and max(c["max_op_bytes"] for c in gathers) <= vectors
+
+
 def _docent_tiled(slice_name, fused, rule=None):
     import tpu_cases
 
