@@ -1,7 +1,6 @@
 """The fourth method (unsup_simcse.py) trained, evaluated, exported and exported to HF by
 the core's commands, each through the CLI as a user runs it."""
 
-import ast
 import json
 import sys
 from pathlib import Path
@@ -110,13 +109,6 @@ def _message() -> str:
 def test_the_method_imports_the_core_only_through_its_public_surface():
     """Every core import of the method and of this test is ``embedding_core`` itself, and
     every name it takes is on the surface (``embedding_core.__all__``)."""
-    import embedding_core
+    from tests.surface_imports import outside_surface
 
-    for path in (SCRIPT, Path(__file__)):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                assert not [a.name for a in node.names if a.name.startswith("embedding_core.")]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                    "embedding_core"):
-                assert node.module == "embedding_core", f"{path.name}: {node.module}"
-                assert {a.name for a in node.names} <= set(embedding_core.__all__)
+    assert [b for path in (SCRIPT, Path(__file__)) for b in outside_surface(path)] == []
