@@ -78,7 +78,7 @@ def test_a_hub_id_downloads_trains_pins_and_loads_offline(server, tmp_path):
     done = _train(tmp_path / "missing", home, server.url, offline=True,
                   model="sentence-transformers/not-cached")
     assert done.returncode == 1 and not (tmp_path / "missing").exists()
-    assert done.stderr.strip().splitlines()[-2] == (
+    assert done.stderr.strip().splitlines()[-1] == (  # one line: no debug hint
         f"dualcse-jax train: error: sentence-transformers/not-cached: not in the hub cache "
         f"{home / 'hub'} and "
         "HF_HUB_OFFLINE=1 forbids downloading it (unset HF_HUB_OFFLINE, or fetch it once where "
