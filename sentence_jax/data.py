@@ -95,7 +95,7 @@ def _label(path: str, line: int, name: str, value: Any) -> float:
 def _text(path: str, line: int, name: str, value: Any) -> str:
     if not isinstance(value, str):
         kind = "null" if value is None else type(value).__name__
-        raise DataError(path, line, name, f"a text column holds a {kind}, not a string")
+        raise DataError(path, line, name, f"a text column holds {kind} {value!r}, not a string")
     if not value.strip():
         raise DataError(path, line, name, "empty text")
     return value

@@ -119,7 +119,10 @@ def build_task(config: ml_collections.ConfigDict, mesh=None) -> Task:
     model = build_model(config, pretrained.config, pipeline)
     if isinstance(loss, losses.MatryoshkaLoss):
         dim = len(pipeline.pooling) * pretrained.config.hidden_size
-        loss.check_dim(int(pipeline.dense[-1][0].shape[1]) if pipeline.dense else dim)
+        try:
+            loss.check_dim(int(pipeline.dense[-1][0].shape[1]) if pipeline.dense else dim)
+        except ValueError as err:
+            raise ValueError(f"config.{err}") from None
     tokenizer = load_tokenizer(pretrained.model_dir)
     prompts = default.parse_prompts(config.prompts)
     if prompts and not pipeline.include_prompt:

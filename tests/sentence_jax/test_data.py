@@ -60,7 +60,7 @@ def test_a_score_column_anywhere_is_the_label(tmp_path):
     ([{"a": "x", "b": "y"}, {"a": "x", "c": "y"}], {}, ":2: field 'b':",
      "the columns differ from the first row's (missing: ['b'])"),
     ([{"a": "x", "b": "y"}, {"a": "x", "b": 3}], {}, ":2: field 'b':",
-     "a text column holds a int, not a string"),
+     "a text column holds int 3, not a string"),
     ([{"a": "x", "b": "y"}, {"a": "x", "b": " "}], {}, ":2: field 'b':", "empty text"),
     ([{"a": "x", "b": "y", "label": "high"}], {}, ":1: field 'label':", "not a number: 'high'"),
 ])

@@ -64,3 +64,11 @@ def test_two_steps_train_and_checkpoint(config, tmp_path):
     losses_seen = [r["loss"] for r in rows if "loss" in r]
     assert len(losses_seen) == 2 and all(np.isfinite(losses_seen))
     assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_a_matryoshka_dim_above_the_models_is_named(config):
+    config.matryoshka_dims = "999,16"
+    with pytest.raises(ValueError) as err:
+        trainer.build_task(config)
+    assert str(err.value) == ("config.matryoshka_dims=[999, 16]: the model's embeddings "
+                              "have 32 dimensions")
