@@ -112,10 +112,6 @@ class Sampler:
         self.locate(0)
         return len(self._epochs[0])
 
-    def dataset_of(self, step: int) -> int:
-        epoch, k = self.locate(step)
-        return self._epochs[epoch][k][0]
-
     def __call__(self, step: int) -> np.ndarray:
         epoch, k = self.locate(step)
         return self._epochs[epoch][k][1]

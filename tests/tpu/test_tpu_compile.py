@@ -41,15 +41,19 @@ def test_dualcse_step_compiles_for_tpu(slice_name):
     config.max_length, config.batch_size = 16, 8 * mesh.size  # one chunk of 8 per device
     encoder = tpu_cases.encoder_config(tpu_cases.TINY_BERT)
     compiled, examples = tpu_cases.dualcse_step(config, encoder, mesh)
-    result = tpu_compile.analyse(compiled, mesh, chip, examples)
+    # 8 sentences a premise, float32
+    _check_data_parallel(tpu_compile.analyse(compiled, mesh, chip, examples), chip,
+                         vectors=config.batch_size * 8 * encoder.hidden_size * 4)
+
+
+def _check_data_parallel(result, chip, vectors: int) -> None:
+    """Fits the chip; data parallel only: the gradient is summed over "data", and in-batch
+    negatives gather the vectors (and their text ids), never more than ``vectors`` bytes."""
     assert result["device_kind"] == chip.device_kind
     assert 0 < result["hbm_bytes"] <= chip.hbm_bytes
     assert result["flops"] > 0 and result["step_time_bound_s"] > 0
-    # Data parallel only: the gradient is summed over "data", and in-batch negatives gather
-    # the sentence vectors (and their text ids), never more than all of them at once.
     assert {c["axis"] for c in result["collectives"]} <= {"data", "permute"}
     assert _by_kind(result, "all-reduce", "data")
-    vectors = config.batch_size * 8 * encoder.hidden_size * 4  # 8 sentences a premise
     gathers = _by_kind(result, "all-gather", "data")
     assert gathers and max(c["max_op_bytes"] for c in gathers) <= vectors
 
@@ -68,13 +72,9 @@ def test_sentence_step_compiles_for_tpu(slice_name):
     config.max_seq_length, config.batch_size = 16, 8 * mesh.size  # one chunk of 8 a device
     encoder = tpu_cases.encoder_config(tpu_cases.TINY_BERT)
     compiled, examples = tpu_cases.sentence_step(config, encoder, mesh)
-    result = tpu_compile.analyse(compiled, mesh, chip, examples)
-    assert 0 < result["hbm_bytes"] <= chip.hbm_bytes and result["flops"] > 0
-    assert {c["axis"] for c in result["collectives"]} <= {"data", "permute"}
-    assert _by_kind(result, "all-reduce", "data")
-    vectors = config.batch_size * 3 * encoder.hidden_size * 4  # 3 texts a row, float32
-    gathers = _by_kind(result, "all-gather", "data")
-    assert gathers and max(c["max_op_bytes"] for c in gathers) <= vectors
+    # 3 texts a row, float32
+    _check_data_parallel(tpu_compile.analyse(compiled, mesh, chip, examples), chip,
+                         vectors=config.batch_size * 3 * encoder.hidden_size * 4)
 
 
 def _docent_tiled(slice_name, fused, rule=None):
