@@ -52,6 +52,20 @@ def _fresh_flags():
         state.update(saved)
 
 
+def _restore_module(module: str, saved: object) -> None:
+    """Puts back ``module`` as it was before the run, in ``sys.modules`` and as its
+    package's attribute (``from PACKAGE import main`` reads the attribute, which the import
+    set to the run's module, whose flags are gone)."""
+    if saved is not None:
+        sys.modules[module] = saved
+    parent, _, name = module.rpartition(".")
+    if parent and (package := sys.modules.get(parent)) is not None:
+        if saved is not None:
+            setattr(package, name, saved)
+        elif hasattr(package, name):
+            delattr(package, name)
+
+
 def run_cli(module: str, *args, env: dict[str, str] | None = None) -> Done:
     """Runs ``python -m MODULE ARGS`` here: ``MODULE.run()`` with ``sys.argv`` set, the
     module imported afresh (its flags read ``sys.argv`` when defined), its ``__main__``
@@ -91,8 +105,7 @@ def run_cli(module: str, *args, env: dict[str, str] | None = None) -> Done:
         finally:
             sys.argv = saved_argv
             sys.modules.pop(module, None)
-            if saved_main is not None:
-                sys.modules[module] = saved_main
+            _restore_module(module, saved_main)
     if isinstance(code, str):
         err.write(code + "\n")
         code = 1
