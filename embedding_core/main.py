@@ -1,5 +1,6 @@
-"""The ``embedding-jax`` console script: ``encode`` (``embedding_core.serving.bulk_encode``) and
-``evaluate`` (``embedding_core.evaluation.cli``)."""
+"""The ``embedding-jax`` console script: ``encode`` (``embedding_core.serving.bulk_encode``),
+``evaluate`` (``embedding_core.evaluation.cli``), ``search`` (``serving.search_cli``) and
+``mine-hard-negatives`` (``serving.mining_cli``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ USAGE = """usage: embedding-jax COMMAND [--help]
   encode    --model=NAME_OR_PATH --input=FILE_OR_GLOB --output=DIR   encode text files
   evaluate  --model=NAME_OR_PATH_OR_WORKDIR [--ir=DIR_OR_JSONL] [--sts=FILE]
             [--pairs=FILE] [--triplets=FILE] [--output=results.json]  score a model
+  search    --corpus=EXPORT_DIR --queries=EXPORT_DIR_OR_FILE [--model=NAME_OR_PATH]
+            --output=run.jsonl|run.trec [--top_k=10] [--score=cos|dot] [--qrels=FILE]
+                                                           exact top-k over the devices
+  mine-hard-negatives --model=NAME_OR_PATH --pairs=FILE --output=FILE [--corpus=FILE]
+            [--num_negatives=3] [--output_format=triplet|n-tuple|labeled-pair|labeled-list]
+                                       hard negatives as sentence-transformers mines them
 """
 
 
@@ -50,6 +57,14 @@ def main(argv: Sequence[str]) -> int:
         from embedding_core.evaluation import cli
 
         return cli.main(argv[1:])  # runs the same check itself
+    if argv[:1] == ["search"]:
+        from embedding_core.serving import search_cli
+
+        return check_storage("search", argv[1:]) or search_cli.main(argv[1:])
+    if argv[:1] == ["mine-hard-negatives"]:
+        from embedding_core.serving import mining_cli
+
+        return check_storage("mine-hard-negatives", argv[1:]) or mining_cli.main(argv[1:])
     print(USAGE, end="", file=sys.stderr)
     return 2
 

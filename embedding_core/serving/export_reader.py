@@ -22,6 +22,28 @@ def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
     """``({name: [num_rows, dim]}, ids, meta)`` of an array folder (parts concatenated).
     Raises FileNotFoundError; ValueError: a file disagrees with ``meta.json``."""
     out_dir = storage.as_path(out_dir)
+    meta = _read_meta(out_dir)
+    if "parts" in meta:
+        parts = _part_list(out_dir, meta, mmap_mode)
+        return ({name: np.concatenate([a[name] for a, _ in parts]) for name in meta["arrays"]},
+                [i for _, ids in parts for i in ids], meta)
+    return _load_single(out_dir, meta, mmap_mode)
+
+
+def load_parts(out_dir: str | os.PathLike, mmap_mode: str | None = None
+               ) -> tuple[list[tuple[dict[str, np.ndarray], list[str]]], dict[str, Any]]:
+    """``([(arrays, ids) of each part, in row order], meta)`` of an array folder, nothing
+    concatenated (a folder without parts is one part), so a reader can stream the rows.
+    Raises as :func:`load_arrays`; a missing part: FileNotFoundError naming it."""
+    out_dir = storage.as_path(out_dir)
+    meta = _read_meta(out_dir)
+    if "parts" in meta:
+        return _part_list(out_dir, meta, mmap_mode), meta
+    arrays, ids, meta = _load_single(out_dir, meta, mmap_mode)
+    return [(arrays, ids)], meta
+
+
+def _read_meta(out_dir: epath.Path) -> dict[str, Any]:
     meta_path = out_dir / META_FILENAME
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: no {META_FILENAME}; not an export directory")
@@ -30,13 +52,16 @@ def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{meta_path}: not valid JSON ({err})") from None
     try:
-        num_rows = int(meta["num_rows"])
-        spec = meta["arrays"]
-        ids_file = meta["ids_file"]
+        int(meta["num_rows"]), meta["arrays"], meta["ids_file"]
     except KeyError as e:
         raise ValueError(f"{meta_path}: missing field {e}") from e
-    if "parts" in meta:
-        return _load_parts(out_dir, meta, mmap_mode)
+    return meta
+
+
+def _load_single(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None
+                 ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+    meta_path = out_dir / META_FILENAME
+    num_rows, spec, ids_file = int(meta["num_rows"]), meta["arrays"], meta["ids_file"]
     arrays = {}
     for name, info in spec.items():
         path = out_dir / info["file"]
@@ -60,30 +85,31 @@ def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
     return arrays, ids, meta
 
 
-def _load_parts(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None
-                ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+def _part_list(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None
+               ) -> list[tuple[dict[str, np.ndarray], list[str]]]:
     where = out_dir / META_FILENAME
-    pieces: dict[str, list[np.ndarray]] = {name: [] for name in meta["arrays"]}
-    ids: list[str] = []
+    names = sorted(meta["arrays"])
+    parts = []
     for part in meta["parts"]:
         arrays, part_ids, part_meta = load_arrays(out_dir / part["folder"], mmap_mode)
-        if "parts" in part_meta or len(part_ids) != part["num_rows"] or \
-                sorted(arrays) != sorted(pieces):
+        if "parts" in part_meta or len(part_ids) != part["num_rows"] or sorted(arrays) != names:
             raise ValueError(f"{out_dir / part['folder']}: its rows or arrays disagree with "
                              f"{where} field 'parts'")
-        for name, arr in arrays.items():
-            pieces[name].append(arr)
-        ids.extend(part_ids)
-    out = {name: np.concatenate(p) for name, p in pieces.items()}
-    for name, arr in out.items():
+        parts.append((arrays, part_ids))
+    rows = sum(len(ids) for _, ids in parts)
+    for name in names:
         info = meta["arrays"][name]
-        if list(arr.shape) != list(info["shape"]) or arr.dtype.name != info["dtype"]:
-            raise ValueError(f"{out_dir}: parts of shape {list(arr.shape)} dtype "
-                             f"{arr.dtype.name} disagree with {where} field 'arrays.{name}'")
-    if len(ids) != int(meta["num_rows"]):
-        raise ValueError(f"{out_dir}: {len(ids)} ids in the parts, but {where} field "
+        tails = {tuple(a[name].shape[1:]) for a, _ in parts}
+        dtypes = {a[name].dtype.name for a, _ in parts}
+        shape = [rows, *next(iter(tails))] if len(tails) == 1 else None
+        if shape != list(info["shape"]) or dtypes != {info["dtype"]}:
+            raise ValueError(f"{out_dir}: parts of shape {shape or sorted(tails)} dtype "
+                             f"{'/'.join(sorted(dtypes))} disagree with {where} field "
+                             f"'arrays.{name}'")
+    if rows != int(meta["num_rows"]):
+        raise ValueError(f"{out_dir}: {rows} ids in the parts, but {where} field "
                          f"'num_rows' is {meta['num_rows']}")
-    return out, ids, meta
+    return parts
 
 
 def _load_npy(path: epath.Path, mmap_mode: str | None) -> np.ndarray:

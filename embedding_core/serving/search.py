@@ -1,0 +1,187 @@
+"""Exact top-k search of query vectors against an exported corpus, streamed from disk in
+row chunks, each chunk split over the devices and ranked by
+``embedding_core.losses.table_ranking.top_k`` (``docs/search.md``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from embedding_core.losses import table_ranking
+from embedding_core.serving import export_reader
+from embedding_core.storage import storage
+
+SCORES = ("cos", "dot")
+CHUNK_ROWS = 1 << 16  # corpus rows a chunk: [chunk, dim] float32 on the host at a time
+QUERY_BATCH = 1024  # queries ranked at once: [batch, row_block] scores a device
+_EPS = 1e-12  # torch.nn.functional.normalize's eps, as sentence-transformers' cos_sim
+
+
+def _dot(q: jax.Array, rows: jax.Array, args: tuple, consts: tuple) -> jax.Array:
+    # HIGHEST: a TPU's default matmul rounds inputs to bfloat16.
+    return jnp.dot(q, rows.T, precision=jax.lax.Precision.HIGHEST)
+
+
+def _cos(q: jax.Array, rows: jax.Array, args: tuple, consts: tuple) -> jax.Array:
+    # Queries arrive unit-length; rows are normalised where they lie (zero rows score 0).
+    norm = jnp.maximum(jnp.linalg.norm(rows, axis=1, keepdims=True), _EPS)
+    return _dot(q, rows / norm, args, consts)
+
+
+_SCORE_FNS = {"cos": _cos, "dot": _dot}
+
+
+class Corpus:
+    """Rows of an export folder (one array folder or a multi-part manifest) read in row
+    ranges, never whole. ``ids`` [num_rows] str; ``dim``; rows any float dtype, read as
+    float32. Raises FileNotFoundError (a missing part names its ``meta.json``), ValueError:
+    files that disagree with ``meta.json``, no such array, integer rows."""
+
+    def __init__(self, path: str | os.PathLike, array: str | None = None) -> None:
+        self.path = str(path)
+        folder = storage.as_path(path)
+        if not (folder / export_reader.META_FILENAME).is_file() and \
+                (folder / export_reader.MANIFEST_FILENAME).is_file():
+            views = sorted(p.name for p in folder.iterdir()
+                           if (p / export_reader.META_FILENAME).is_file())
+            raise ValueError(f"{path} is an export of views {views}; give one view folder, "
+                             f"such as {os.path.join(self.path, views[0] if views else 'VIEW')}")
+        parts, meta = export_reader.load_parts(folder, mmap_mode="r")
+        names = sorted(parts[0][0]) if parts else sorted(meta["arrays"])
+        if array is None:
+            array = export_reader.VIEW_ARRAY if export_reader.VIEW_ARRAY in names or \
+                len(names) != 1 else names[0]
+        if array not in names:
+            raise ValueError(f"{path}: no array {array!r} (arrays {names})")
+        self.arrays = [a[array] for a, _ in parts]
+        self.ids = [i for _, ids in parts for i in ids]
+        self.meta = meta
+        shape = meta["arrays"][array]["shape"]
+        if len(shape) != 2 or not np.issubdtype(np.dtype(meta["arrays"][array]["dtype"]),
+                                                np.floating):
+            raise ValueError(f"{path}: array {array!r} is {meta['arrays'][array]['dtype']} "
+                             f"{shape}; search reads float rows [num_rows, dim]")
+        self.num_rows, self.dim = int(shape[0]), int(shape[1])
+
+    def chunks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first row, [<= rows, dim] float32)`` in row order, across part boundaries."""
+        start, pending, have = 0, [], 0
+        for arr in self.arrays:
+            a = 0
+            while a < len(arr):
+                b = min(len(arr), a + rows - have)
+                pending.append(_read_rows(arr, a, b))
+                have += b - a
+                a = b
+                if have == rows:
+                    block = np.concatenate(pending) if len(pending) > 1 else pending[0]
+                    yield start, block
+                    start, pending, have = start + rows, [], 0
+        if pending:
+            yield start, np.concatenate(pending) if len(pending) > 1 else pending[0]
+
+
+def _read_rows(arr: np.ndarray, a: int, b: int) -> np.ndarray:
+    """Rows ``a:b`` as float32. A local ``.npy`` is read with ``pread``, not through its
+    memory map: touched map pages count in the process's RSS until the kernel needs them,
+    so a mapped 3 GB corpus would end up resident; the page cache holds them instead."""
+    filename = getattr(arr, "filename", None)
+    if isinstance(arr, np.memmap) and filename and arr.flags.c_contiguous:
+        row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:]))
+        out = np.empty((b - a, *arr.shape[1:]), arr.dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        fd = os.open(filename, os.O_RDONLY)
+        try:
+            done, offset = 0, arr.offset + a * row_bytes
+            while done < len(view):
+                n = os.preadv(fd, [view[done:]], offset + done)
+                if n <= 0:
+                    raise ValueError(f"{filename}: ends before row {b}; the file is truncated")
+                done += n
+        finally:
+            os.close(fd)
+        return out.astype(np.float32, copy=False)
+    return np.asarray(arr[a:b], np.float32)
+
+
+def corpus_mesh(devices: Sequence[Any] | None = None) -> Mesh:
+    """A ``(data=1, model=len(devices))`` mesh (default: this process's devices): each
+    corpus chunk is split in row blocks over ``model``, the queries replicated."""
+    devices = list(jax.local_devices() if devices is None else devices)
+    return Mesh(np.asarray(devices).reshape(1, -1), ("data", "model"))
+
+
+def search(queries: np.ndarray, corpus: Corpus | np.ndarray, k: int, *, score: str = "cos",
+           mesh: Mesh | None = None, chunk_rows: int = CHUNK_ROWS, row_block: int = 0,
+           query_batch: int = QUERY_BATCH) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores [n, k] float32, rows [n, k] int64)``: each query's ``k`` best corpus rows,
+    best first; at equal scores the lower row first. ``queries`` ``[n, dim]`` float;
+    ``score`` ``cos`` (both sides L2-normalised, eps 1e-12) or ``dot``. Host memory holds
+    one ``[chunk_rows, dim]`` chunk and ``[n, 2k]`` running results, whatever the corpus.
+
+    Raises: ValueError: ``k`` not in ``[1, corpus rows]``, dimensions that differ, an
+    unknown score, non-finite values (naming the corpus rows)."""
+    if score not in _SCORE_FNS:
+        raise ValueError(f"score {score!r}: use one of {SCORES}")
+    queries = np.asarray(queries)
+    num_rows = corpus.num_rows if isinstance(corpus, Corpus) else len(corpus)
+    dim = corpus.dim if isinstance(corpus, Corpus) else np.shape(corpus)[1]
+    where = corpus.path if isinstance(corpus, Corpus) else "the corpus"
+    if queries.ndim != 2 or len(queries) == 0:
+        raise ValueError(f"queries must be [n >= 1, dim], got shape {queries.shape}")
+    if queries.shape[1] != dim:
+        raise ValueError(f"{where}: rows of dimension {dim}, but the queries have "
+                         f"{queries.shape[1]}")
+    if isinstance(k, bool) or int(k) != k or not 1 <= k <= num_rows:
+        raise ValueError(f"{where}: k={k} must lie in [1, {num_rows}] (the corpus rows)")
+    if not np.isfinite(queries).all():
+        raise ValueError("the queries hold NaN or infinite values")
+    q = np.asarray(queries, np.float64)
+    if score == "cos":
+        q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), _EPS)
+    q = q.astype(np.float32)
+    mesh = mesh or corpus_mesh()
+    shards = mesh.shape["model"]
+    chunk = -(-max(1, min(int(chunk_rows), num_rows)) // shards) * shards
+    batch = min(int(query_batch), len(q))
+    pad = -len(q) % batch
+    q = np.pad(q, ((0, pad), (0, 0)))
+    sharding = NamedSharding(mesh, PartitionSpec("model", None))
+    best_s = np.empty((len(queries), 0), np.float32)
+    best_i = np.empty((len(queries), 0), np.int64)
+    chunks = corpus.chunks(chunk) if isinstance(corpus, Corpus) else \
+        ((a, np.asarray(corpus[a:a + chunk], np.float32)) for a in range(0, num_rows, chunk))
+    for start, rows in chunks:
+        if not np.isfinite(rows).all():
+            bad = start + int(np.argwhere(~np.isfinite(rows))[0, 0])
+            raise ValueError(f"{where}: row {bad} holds NaN or infinite values")
+        real = len(rows)
+        table = jax.device_put(np.pad(rows, ((0, chunk - real), (0, 0))), sharding)
+        k_here = min(int(k), real)
+        scores, index = [], []
+        for a in range(0, len(q), batch):
+            s, i = table_ranking.top_k(_SCORE_FNS[score], q[a:a + batch], table, k_here,
+                                       num_rows=real, mesh=mesh, row_block=row_block)
+            scores.append(np.asarray(s))
+            index.append(np.asarray(i))
+        del table
+        s = np.concatenate(scores)[:len(queries)]
+        i = np.concatenate(index)[:len(queries)].astype(np.int64) + start
+        best_s, best_i = _merge(best_s, best_i, s, i, int(k))
+    return best_s, best_i
+
+
+def _merge(best_s: np.ndarray, best_i: np.ndarray, s: np.ndarray, i: np.ndarray, k: int
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best of earlier rows and a later chunk's; a stable sort keeps the earlier
+    (lower) row first at equal scores, as ``table_ranking`` does within a chunk."""
+    s = np.concatenate([best_s, s], axis=1)
+    i = np.concatenate([best_i, i], axis=1)
+    order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)
