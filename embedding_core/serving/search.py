@@ -20,6 +20,7 @@ from embedding_core.storage import storage
 SCORES = ("cos", "dot")
 CHUNK_ROWS = 1 << 16  # corpus rows a chunk: [chunk, dim] float32 on the host at a time
 QUERY_BATCH = 1024  # queries ranked at once: [batch, row_block] scores a device
+ROW_BLOCK = 8192  # rows a device scores at once: [1024, 8192] float32 = 32 MiB
 _EPS = 1e-12  # torch.nn.functional.normalize's eps, as sentence-transformers' cos_sim
 
 
@@ -81,8 +82,10 @@ class Corpus:
                 a = b
                 if have == rows:
                     block = np.concatenate(pending) if len(pending) > 1 else pending[0]
+                    pending = []
                     yield start, block
-                    start, pending, have = start + rows, [], 0
+                    del block  # one chunk held at a time, not two
+                    start, have = start + rows, 0
         if pending:
             yield start, np.concatenate(pending) if len(pending) > 1 else pending[0]
 
@@ -118,12 +121,13 @@ def corpus_mesh(devices: Sequence[Any] | None = None) -> Mesh:
 
 
 def search(queries: np.ndarray, corpus: Corpus | np.ndarray, k: int, *, score: str = "cos",
-           mesh: Mesh | None = None, chunk_rows: int = CHUNK_ROWS, row_block: int = 0,
+           mesh: Mesh | None = None, chunk_rows: int = CHUNK_ROWS, row_block: int = ROW_BLOCK,
            query_batch: int = QUERY_BATCH) -> tuple[np.ndarray, np.ndarray]:
     """``(scores [n, k] float32, rows [n, k] int64)``: each query's ``k`` best corpus rows,
     best first; at equal scores the lower row first. ``queries`` ``[n, dim]`` float;
     ``score`` ``cos`` (both sides L2-normalised, eps 1e-12) or ``dot``. Host memory holds
-    one ``[chunk_rows, dim]`` chunk and ``[n, 2k]`` running results, whatever the corpus.
+    one ``[chunk_rows, dim]`` chunk and ``[n, 2k]`` running results, whatever the corpus;
+    a device ``[query_batch, row_block]`` scores (``row_block`` 0: its whole share).
 
     Raises: ValueError: ``k`` not in ``[1, corpus rows]``, dimensions that differ, an
     unknown score, non-finite values (naming the corpus rows)."""
@@ -162,7 +166,10 @@ def search(queries: np.ndarray, corpus: Corpus | np.ndarray, k: int, *, score: s
             bad = start + int(np.argwhere(~np.isfinite(rows))[0, 0])
             raise ValueError(f"{where}: row {bad} holds NaN or infinite values")
         real = len(rows)
-        table = jax.device_put(np.pad(rows, ((0, chunk - real), (0, 0))), sharding)
+        if real < chunk:  # the last chunk: padding rows never rank (num_rows=real)
+            rows = np.pad(rows, ((0, chunk - real), (0, 0)))
+        table = jax.device_put(rows, sharding)
+        del rows
         k_here = min(int(k), real)
         scores, index = [], []
         for a in range(0, len(q), batch):

@@ -183,7 +183,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=256, help="texts per encoder call")
     p.add_argument("--chunk_rows", type=int, default=65536,
                    help="corpus rows read and ranked at a time")
-    p.add_argument("--row_block", type=int, default=0,
+    p.add_argument("--row_block", type=int, default=8192,
                    help="rows scored at once on a device (0: its whole share of a chunk)")
     p.add_argument("--query_batch", type=int, default=1024, help="queries ranked at once")
     return p
