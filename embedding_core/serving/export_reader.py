@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,16 +31,38 @@ def load_arrays(out_dir: str | os.PathLike, mmap_mode: str | None = None
     return _load_single(out_dir, meta, mmap_mode)
 
 
-def load_parts(out_dir: str | os.PathLike, mmap_mode: str | None = None
-               ) -> tuple[list[tuple[dict[str, np.ndarray], list[str]]], dict[str, Any]]:
+class IdsFile:
+    """An ids file counted, not read (``len``); :meth:`lines` streams its ids."""
+
+    def __init__(self, path: epath.Path, count: int) -> None:
+        self.path, self.count = path, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def lines(self) -> Iterator[str]:
+        """The ids in order. Raises ValueError: not UTF-8."""
+        with self.path.open("rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    yield raw.decode("utf-8").removesuffix("\n")
+                except UnicodeDecodeError as err:
+                    raise ValueError(f"{self.path}:{number}: not UTF-8 ({err.reason})") from None
+
+
+def load_parts(out_dir: str | os.PathLike, mmap_mode: str | None = None, *,
+               read_ids: bool = True
+               ) -> tuple[list[tuple[dict[str, np.ndarray], list[str] | IdsFile]],
+                          dict[str, Any]]:
     """``([(arrays, ids) of each part, in row order], meta)`` of an array folder, nothing
-    concatenated (a folder without parts is one part), so a reader can stream the rows.
+    concatenated (a folder without parts is one part), so a reader can stream the rows;
+    ``read_ids=False``: each part's ids as an :class:`IdsFile` (counted, not held).
     Raises as :func:`load_arrays`; a missing part: FileNotFoundError naming it."""
     out_dir = storage.as_path(out_dir)
     meta = _read_meta(out_dir)
     if "parts" in meta:
-        return _part_list(out_dir, meta, mmap_mode), meta
-    arrays, ids, meta = _load_single(out_dir, meta, mmap_mode)
+        return _part_list(out_dir, meta, mmap_mode, read_ids), meta
+    arrays, ids, meta = _load_single(out_dir, meta, mmap_mode, read_ids)
     return [(arrays, ids)], meta
 
 
@@ -58,8 +81,8 @@ def _read_meta(out_dir: epath.Path) -> dict[str, Any]:
     return meta
 
 
-def _load_single(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None
-                 ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+def _load_single(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None,
+                 read_ids: bool = True) -> tuple[dict[str, np.ndarray], Any, dict[str, Any]]:
     meta_path = out_dir / META_FILENAME
     num_rows, spec, ids_file = int(meta["num_rows"]), meta["arrays"], meta["ids_file"]
     arrays = {}
@@ -72,6 +95,12 @@ def _load_single(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | Non
                 f"{meta_path} field 'arrays.{name}' ({info['shape']}, {info['dtype']})")
         arrays[name] = arr
     ids_path = out_dir / ids_file
+    if not read_ids:
+        ids = IdsFile(ids_path, _count_lines(ids_path))
+        if len(ids) != num_rows:
+            raise ValueError(f"{ids_path}: {len(ids)} ids, but {meta_path} field 'num_rows' "
+                             f"is {num_rows}")
+        return arrays, ids, meta
     try:
         text = ids_path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
@@ -85,13 +114,27 @@ def _load_single(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | Non
     return arrays, ids, meta
 
 
-def _part_list(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None
-               ) -> list[tuple[dict[str, np.ndarray], list[str]]]:
+def _count_lines(path: epath.Path) -> int:
+    count, last = 0, b"\n"
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            count += block.count(b"\n")
+            last = block[-1:]
+    if last != b"\n":
+        raise ValueError(f"{path}: last line has no newline; the file is truncated")
+    return count
+
+
+def _part_list(out_dir: epath.Path, meta: dict[str, Any], mmap_mode: str | None,
+               read_ids: bool = True) -> list[tuple[dict[str, np.ndarray], Any]]:
     where = out_dir / META_FILENAME
     names = sorted(meta["arrays"])
     parts = []
     for part in meta["parts"]:
-        arrays, part_ids, part_meta = load_arrays(out_dir / part["folder"], mmap_mode)
+        part_dir = out_dir / part["folder"]
+        part_meta = _read_meta(part_dir)
+        arrays, part_ids, _ = ({}, [], None) if "parts" in part_meta else \
+            _load_single(part_dir, part_meta, mmap_mode, read_ids)
         if "parts" in part_meta or len(part_ids) != part["num_rows"] or sorted(arrays) != names:
             raise ValueError(f"{out_dir / part['folder']}: its rows or arrays disagree with "
                              f"{where} field 'parts'")

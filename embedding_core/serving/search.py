@@ -40,20 +40,25 @@ _SCORE_FNS = {"cos": _cos, "dot": _dot}
 
 class Corpus:
     """Rows of an export folder (one array folder or a multi-part manifest) read in row
-    ranges, never whole. ``ids`` [num_rows] str; ``dim``; rows any float dtype, read as
-    float32. Raises FileNotFoundError (a missing part names its ``meta.json``), ValueError:
-    files that disagree with ``meta.json``, no such array, integer rows."""
+    ranges, never whole, and its ids read only when asked for; ``num_rows``, ``dim``; rows
+    any float dtype, read as float32. Raises FileNotFoundError (a missing part names its
+    ``meta.json``), ValueError: files that disagree with ``meta.json``, no such array,
+    integer rows."""
 
     def __init__(self, path: str | os.PathLike, array: str | None = None) -> None:
         self.path = str(path)
         folder = storage.as_path(path)
+        if storage.is_remote(folder) and (folder / export_reader.META_FILENAME).is_file():
+            # A local copy (cached, fetched again when changed) is read in chunks; np.load
+            # of a gs:// .npy would hold every part in memory at once.
+            folder = storage.as_path(storage.local_copy(folder))
         if not (folder / export_reader.META_FILENAME).is_file() and \
                 (folder / export_reader.MANIFEST_FILENAME).is_file():
             views = sorted(p.name for p in folder.iterdir()
                            if (p / export_reader.META_FILENAME).is_file())
             raise ValueError(f"{path} is an export of views {views}; give one view folder, "
                              f"such as {os.path.join(self.path, views[0] if views else 'VIEW')}")
-        parts, meta = export_reader.load_parts(folder, mmap_mode="r")
+        parts, meta = export_reader.load_parts(folder, mmap_mode="r", read_ids=False)
         names = sorted(parts[0][0]) if parts else sorted(meta["arrays"])
         if array is None:
             array = export_reader.VIEW_ARRAY if export_reader.VIEW_ARRAY in names or \
@@ -61,7 +66,7 @@ class Corpus:
         if array not in names:
             raise ValueError(f"{path}: no array {array!r} (arrays {names})")
         self.arrays = [a[array] for a, _ in parts]
-        self.ids = [i for _, ids in parts for i in ids]
+        self.id_files = [ids for _, ids in parts]  # the ids of 2M rows are ~150 MB as str
         self.meta = meta
         shape = meta["arrays"][array]["shape"]
         if len(shape) != 2 or not np.issubdtype(np.dtype(meta["arrays"][array]["dtype"]),
@@ -69,6 +74,22 @@ class Corpus:
             raise ValueError(f"{path}: array {array!r} is {meta['arrays'][array]['dtype']} "
                              f"{shape}; search reads float rows [num_rows, dim]")
         self.num_rows, self.dim = int(shape[0]), int(shape[1])
+
+    def ids_of(self, rows: np.ndarray) -> dict[int, str]:
+        """``{row: id}`` of the distinct ``rows``, reading the ids files once."""
+        wanted = set(np.unique(rows).tolist())
+        found, start = {}, 0
+        for ids in self.id_files:
+            if any(start <= r < start + len(ids) for r in wanted):
+                for row, text in enumerate(ids.lines(), start):
+                    if row in wanted:
+                        found[row] = text
+            start += len(ids)
+        return found
+
+    def all_ids(self) -> list[str]:
+        """Every row's id, in row order."""
+        return [i for ids in self.id_files for i in ids.lines()]
 
     def chunks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
         """``(first row, [<= rows, dim] float32)`` in row order, across part boundaries."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ def read_queries(path: str, model: str | None, batch_size: int
     if where.is_dir():
         corpus = search.Corpus(path)
         vectors = np.concatenate([c for _, c in corpus.chunks(max(corpus.num_rows, 1))])
-        return corpus.ids, vectors
+        return corpus.all_ids(), vectors
     if model is None:
         raise ValueError(f"--queries={path} is a file: give --model=NAME_OR_PATH to encode "
                          "it (or an export folder of query vectors)")
@@ -86,6 +86,9 @@ def read_qrels(path: str, query_ids: Sequence[str], corpus_ids: Sequence[str]
             raise DataError(path, line, "score", f"not an integer: {score!r}")
         if grade > 0:
             relevant.setdefault(qid, {})[cid] = grade
+    if not relevant:
+        raise DataError(path, None, None, "no row with a score above 0: no query of the run "
+                        "has a relevant document")
     return relevant
 
 
@@ -104,10 +107,10 @@ def score_run(rows: np.ndarray, query_ids: Sequence[str], corpus_ids: Sequence[s
     return evaluator.compute_metrics(rows[[position[q] for q in evaluator.query_ids]])
 
 
-def run_text(fmt: str, query_ids: Sequence[str], corpus_ids: Sequence[str],
+def run_text(fmt: str, query_ids: Sequence[str], corpus_ids: Mapping[int, str] | Sequence[str],
              scores: np.ndarray, rows: np.ndarray, run_name: str) -> str:
     """The run as JSON Lines (``{"query_id", "hits": [{"corpus_id", "score"}]}``) or TREC
-    (``qid Q0 docid rank score run_name``)."""
+    (``qid Q0 docid rank score run_name``); ``corpus_ids[row]`` names a hit."""
     out = []
     for qid, s, r in zip(query_ids, scores.tolist(), rows.tolist(), strict=True):
         if fmt == "trec":
@@ -146,15 +149,19 @@ def run_search(args: argparse.Namespace) -> dict[str, Any]:
                          f"queries ({args.queries}) have {queries.shape[1]}")
     if fmt == "trec":
         _check_trec_id(query_ids, f"--queries={args.queries}")
-        _check_trec_id(corpus.ids, f"--corpus={args.corpus}")
-    relevant = read_qrels(args.qrels, query_ids, corpus.ids) if args.qrels else None
+    # Every corpus id only to score against qrels; a run alone reads those of its hits.
+    all_ids = corpus.all_ids() if args.qrels else None
+    relevant = read_qrels(args.qrels, query_ids, all_ids) if args.qrels else None
     scores, rows = search.search(queries, corpus, args.top_k, score=args.score,
                                  chunk_rows=args.chunk_rows, row_block=args.row_block,
                                  query_batch=args.query_batch)
-    metrics = score_run(rows, query_ids, corpus.ids, relevant) if relevant is not None \
-        else None
+    metrics = score_run(rows, query_ids, all_ids, relevant) if relevant is not None else None
+    hit_ids = all_ids if all_ids is not None else corpus.ids_of(rows)
+    if fmt == "trec":
+        _check_trec_id([hit_ids[j] for j in np.unique(rows).tolist()],
+                       f"--corpus={args.corpus}")
     if multihost.is_primary():
-        write_text_atomic(args.output, run_text(fmt, query_ids, corpus.ids, scores, rows,
+        write_text_atomic(args.output, run_text(fmt, query_ids, hit_ids, scores, rows,
                                                 args.run_name))
     return {"queries": len(query_ids), "metrics": metrics}
 

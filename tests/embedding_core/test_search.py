@@ -91,11 +91,15 @@ def test_corpus_reads_parts_in_chunks_across_their_bounds(tmp_path):
     rows = vectors(23, 2)
     corpus = search.Corpus(write_export(tmp_path / "c", rows, parts=4))
     assert corpus.num_rows == 23 and corpus.dim == DIM
-    assert corpus.ids == [f"d{i}" for i in range(23)]
+    assert corpus.all_ids() == [f"d{i}" for i in range(23)]
+    assert corpus.ids_of(np.array([[22, 4], [4, 9]])) == {4: "d4", 9: "d9", 22: "d22"}
     got = list(corpus.chunks(5))
     assert [a for a, _ in got] == [0, 5, 10, 15, 20]
     np.testing.assert_array_equal(np.concatenate([c for _, c in got]), rows)
     assert all(isinstance(a, np.memmap) for a in corpus.arrays)
+    arrays, ids, _ = export.load_arrays(tmp_path / "c")  # the parts concatenated
+    np.testing.assert_array_equal(arrays["embeddings"], rows)
+    assert ids == corpus.all_ids()
 
 
 def test_search_refuses_k_dims_and_nan(tmp_path):
@@ -197,6 +201,11 @@ def test_cli_bad_inputs_give_one_line_and_no_output(files, tmp_path, capsys):
     empty.write_text("")
     assert str(empty) in _error(capsys, f"--corpus={files['corpus']}", f"--queries={empty}",
                                 "--model=unused", f"--output={out}")
+    zeros = tmp_path / "qrels.tsv"
+    zeros.write_text("query-id\tcorpus-id\tscore\nq0\td1\t0\n")
+    assert str(zeros) in _error(capsys, f"--corpus={files['corpus']}",
+                                f"--queries={files['queries']}", f"--qrels={zeros}",
+                                f"--output={out}")
     assert not out.exists() and not list(tmp_path.glob(".run.jsonl*"))
 
 
@@ -216,6 +225,14 @@ def test_cli_encodes_a_query_file_with_the_model(tiny_bert_dir, files, tmp_path)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["query_id"] for x in lines] == ["1", "2", "3"]
     assert [x["hits"][0]["corpus_id"] for x in lines] == ["d0", "d1", "d2"]
+    beir = tmp_path / "queries.jsonl"  # BEIR queries: their _id
+    beir.write_text("".join(json.dumps({"_id": f"b{i}", "text": t}) + "\n"
+                            for i, t in enumerate(texts)))
+    assert _run(f"--corpus={folder}", f"--queries={beir}", f"--model={tiny_bert_dir}",
+                f"--output={out}", "--top_k=2") == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(x["query_id"], x["hits"][0]["corpus_id"]) for x in lines] == [
+        ("b0", "d0"), ("b1", "d1"), ("b2", "d2")]
 
 
 def test_usage_names_the_commands(capsys):
