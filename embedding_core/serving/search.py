@@ -66,7 +66,8 @@ class Corpus:
         if array not in names:
             raise ValueError(f"{path}: no array {array!r} (arrays {names})")
         self.arrays = [a[array] for a, _ in parts]
-        self.id_files = [ids for _, ids in parts]  # the ids of 2M rows are ~150 MB as str
+        # Counted, not read: 2M ids held as str would take ~150 MB.
+        self.id_files = [ids for _, ids in parts]
         self.meta = meta
         shape = meta["arrays"][array]["shape"]
         if len(shape) != 2 or not np.issubdtype(np.dtype(meta["arrays"][array]["dtype"]),
