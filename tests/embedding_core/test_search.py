@@ -241,3 +241,21 @@ def test_usage_names_the_commands(capsys):
     assert "search" in text and "mine-hard-negatives" in text
     assert search_cli.parser().parse_args(
         ["--corpus=c", "--queries=q", "--output=o"]).top_k == 10
+
+
+def test_cli_on_gs_equals_the_local_run(gcs_emulator, files, tmp_path, monkeypatch):
+    from embedding_core.storage import storage
+
+    monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / "cache"))
+    remote = "gs://test-bucket/search40"
+    for name in ("corpus", "queries"):
+        for file in Path(files[name]).rglob("*"):
+            if file.is_file():
+                rel = file.relative_to(files[name]).as_posix()
+                storage.upload(file, f"{remote}/{name}/{rel}")
+    local = tmp_path / "run.jsonl"
+    assert _run(f"--corpus={files['corpus']}", f"--queries={files['queries']}",
+                f"--output={local}", "--top_k=3") == 0
+    assert _run(f"--corpus={remote}/corpus", f"--queries={remote}/queries",
+                f"--output={remote}/run.jsonl", "--top_k=3") == 0
+    assert storage.as_path(f"{remote}/run.jsonl").read_text() == local.read_text()
