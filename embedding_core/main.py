@@ -1,5 +1,6 @@
-"""The ``embedding-jax`` console script: ``encode`` (``embedding_core.serving.bulk_encode``) and
-``evaluate`` (``embedding_core.evaluation.cli``)."""
+"""The ``embedding-jax`` console script: ``encode`` (``embedding_core.serving.bulk_encode``),
+``quantize`` and ``index`` (``serving.quantize``, ``serving.index``) and ``evaluate``
+(``embedding_core.evaluation.cli``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from collections.abc import Sequence
 USAGE = """usage: embedding-jax COMMAND [--help]
 
   encode    --model=NAME_OR_PATH --input=FILE_OR_GLOB --output=DIR   encode text files
+            [--precision=int8|uint8|binary|ubinary [--calibration=EXPORT_OR_NPY]]
+  quantize  --input=EXPORT --output=DIR --precision=int8|uint8|binary|ubinary
+            [--calibration=EXPORT_OR_NPY]                           quantize an export
+  index     --input=EXPORT --output=FILE --kind=flat|ivf|hnsw|binary-flat|usearch
+            [--float=EXPORT]                 a faiss/usearch index, with its recall@10
   evaluate  --model=NAME_OR_PATH_OR_WORKDIR [--ir=DIR_OR_JSONL] [--sts=FILE]
             [--pairs=FILE] [--triplets=FILE] [--output=results.json]  score a model
 """
@@ -46,6 +52,11 @@ def main(argv: Sequence[str]) -> int:
         from embedding_core.serving import bulk_encode
 
         return check_storage("encode", argv[1:]) or bulk_encode.main(argv[1:])
+    if argv[:1] in (["quantize"], ["index"]):
+        from embedding_core.serving import index, quantize
+
+        run = quantize.main if argv[0] == "quantize" else index.main
+        return check_storage(argv[0], argv[1:]) or run(argv[1:])
     if argv[:1] == ["evaluate"]:
         from embedding_core.evaluation import cli
 

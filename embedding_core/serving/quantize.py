@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from embedding_core.serving.export_reader import VIEW_ARRAY, load_arrays, load_export
+from embedding_core.serving.export_reader import VIEW_ARRAY, load_export
 from embedding_core.storage import storage
 
 PRECISIONS = ("int8", "uint8", "binary", "ubinary")
@@ -228,7 +228,7 @@ def load_calibration(path: str | os.PathLike, dim: int) -> tuple[np.ndarray, str
     if precision in SCALAR:  # another quantized export: reuse its buckets
         ranges = np.asarray(meta.get("ranges"), np.float32)
         got = int(meta.get("dim", -1))
-        what = f"the ranges stored in {where}"
+        what = f"those stored in {where}"
     elif precision in BINARY:
         raise ValueError(f"--calibration={where} is a {precision} export: it has no ranges; "
                          "give float embeddings or an int8/uint8 export")
@@ -237,7 +237,7 @@ def load_calibration(path: str | os.PathLike, dim: int) -> tuple[np.ndarray, str
             raise ValueError(f"--calibration={where}: expected float [n, {dim}] embeddings, "
                              f"got {rows.dtype} {list(rows.shape)}")
         got, ranges = rows.shape[1], None
-        what = f"{len(rows):,} calibration rows of {where}"
+        what = f"from {len(rows):,} calibration rows of {where}"
     if got != dim:
         raise ValueError(f"--calibration={where} has dimension {got}, the embeddings {dim}")
     return (ranges_of(calibration=rows) if ranges is None else ranges), what
@@ -256,7 +256,7 @@ def write_quantized(out_dir: str | os.PathLike, blocks: Blocks, num_rows: int, d
     check_precision(precision)
     if precision in SCALAR:
         if ranges is None:
-            ranges, calibration = streamed_ranges(blocks()), "the embeddings themselves"
+            ranges, calibration = streamed_ranges(blocks()), "from the embeddings themselves"
         ranges = np.asarray(ranges, np.float32)
         if ranges.shape != (2, dim):
             raise ValueError(f"ranges of shape {list(ranges.shape)}, expected [2, {dim}]")
@@ -281,32 +281,10 @@ def write_quantized(out_dir: str | os.PathLike, blocks: Blocks, num_rows: int, d
     return full
 
 
-def read_quantized(out_dir: str | os.PathLike, mmap_mode: str | None = None
-                   ) -> tuple[np.ndarray, list[str], dict[str, Any], np.ndarray | None]:
-    """``(codes, ids, meta, ranges float32 [2, dim] or None)`` of a quantized export.
-    Raises FileNotFoundError; ValueError: not quantized, fields that disagree."""
-    arrays, ids, meta = load_arrays(out_dir, mmap_mode)
-    where = storage.display(out_dir)
-    precision = meta.get("precision", "float32")
-    if precision not in PRECISIONS or VIEW_ARRAY not in arrays:
-        raise ValueError(f"{where}: not a quantized export (precision {precision!r})")
-    codes, dim = arrays[VIEW_ARRAY], int(meta.get("dim", 0))
-    if codes.shape[1] != code_dim(precision, max(dim, 1)) or codes.dtype != CODE_DTYPE[precision]:
-        raise ValueError(f"{where}: {codes.dtype} codes of width {codes.shape[1]} disagree with "
-                         f"meta.json precision {precision!r}, dim {dim}")
-    ranges = None
-    if precision in SCALAR:
-        ranges = np.asarray(meta.get("ranges"), np.float32)
-        if ranges.shape != (2, dim):
-            raise ValueError(f"{where}: meta.json 'ranges' of shape {list(ranges.shape)}, "
-                             f"expected [2, {dim}]")
-    return codes, ids, meta, ranges
-
-
-def float_view(path: str | os.PathLike, flag: str = "--input", mmap_mode: str | None = "r"
-               ) -> tuple[np.ndarray, list[str], dict[str, Any]]:
-    """``(embeddings, ids, meta)`` of a float export of one view. Raises FileNotFoundError,
-    ValueError: several views, a quantized export."""
+def one_view(path: str | os.PathLike, flag: str = "--input", mmap_mode: str | None = "r"
+             ) -> tuple[np.ndarray, list[str], dict[str, Any]]:
+    """``(rows, ids, meta)`` of an export of one view (or the view folder itself).
+    Raises FileNotFoundError, ValueError: several views; both naming ``flag=path``."""
     where = storage.display(path)
     if not storage.as_path(path).exists():
         raise FileNotFoundError(f"{flag}={where} does not exist")
@@ -314,10 +292,41 @@ def float_view(path: str | os.PathLike, flag: str = "--input", mmap_mode: str | 
     if len(views) != 1:
         raise ValueError(f"{flag}={where} holds the views {sorted(views)}; name one "
                          f"({flag}={where}/VIEW)")
-    rows, ids, meta = next(iter(views.values()))
-    if meta.get("precision", "float32") != "float32" or not np.issubdtype(rows.dtype,
-                                                                           np.floating):
-        raise ValueError(f"{flag}={where} is a {meta.get('precision')} export, not float "
+    return next(iter(views.values()))
+
+
+def read_quantized(path: str | os.PathLike, mmap_mode: str | None = None,
+                   flag: str = "--input"
+                   ) -> tuple[np.ndarray, list[str], dict[str, Any], np.ndarray | None]:
+    """``(codes, ids, meta, ranges float32 [2, dim] or None)`` of a quantized export
+    (:func:`one_view`). Raises FileNotFoundError; ValueError: not quantized, fields that
+    disagree with the codes."""
+    codes, ids, meta = one_view(path, flag, mmap_mode)
+    where = storage.display(path)
+    precision = meta.get("precision", "float32")
+    if precision not in PRECISIONS:
+        raise ValueError(f"{flag}={where}: not a quantized export (precision {precision!r})")
+    dim = int(meta.get("dim", 0))
+    if codes.shape[1] != code_dim(precision, max(dim, 1)) or codes.dtype != CODE_DTYPE[precision]:
+        raise ValueError(f"{flag}={where}: {codes.dtype} codes of width {codes.shape[1]} disagree"
+                         f" with meta.json precision {precision!r}, dim {dim}")
+    ranges = None
+    if precision in SCALAR:
+        ranges = np.asarray(meta.get("ranges"), np.float32)
+        if ranges.shape != (2, dim):
+            raise ValueError(f"{flag}={where}: meta.json 'ranges' of shape "
+                             f"{list(ranges.shape)}, expected [2, {dim}]")
+    return codes, ids, meta, ranges
+
+
+def float_view(path: str | os.PathLike, flag: str = "--input", mmap_mode: str | None = "r"
+               ) -> tuple[np.ndarray, list[str], dict[str, Any]]:
+    """``(embeddings, ids, meta)`` of a float export (:func:`one_view`). Raises
+    FileNotFoundError; ValueError: several views, a quantized export."""
+    rows, ids, meta = one_view(path, flag, mmap_mode)
+    precision = meta.get("precision", "float32")
+    if precision != "float32" or not np.issubdtype(rows.dtype, np.floating):
+        raise ValueError(f"{flag}={storage.display(path)} is a {precision} export, not float "
                          "embeddings")
     return rows, ids, meta
 
@@ -372,6 +381,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"embedding-jax quantize: error: {storage.describe_error(err)}", file=sys.stderr)
         return 1
     print(f"wrote {args.precision} codes of {meta['dim']}-wide embeddings into {args.output}"
-          + (f" (ranges from {meta['calibration']})" if meta["calibration"] else ""),
+          + (f" (ranges: {meta['calibration']})" if meta["calibration"] else ""),
           file=sys.stderr)
     return 0
