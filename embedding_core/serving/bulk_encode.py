@@ -212,8 +212,9 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
                              f"run ({changed} differ); use a new --output or the same inputs "
                              "and flags")
         if meta.get("precision", "float32") != precision:
-            raise ValueError(f"{storage.display(out)} holds a {meta.get('precision', 'float32')}"
-                             f" export, not {precision}; use a new --output")
+            raise ValueError(f"{storage.display(out)} holds the export of --precision="
+                             f"{meta.get('precision', 'float32')}, not {precision}; use a new "
+                             "--output")
         rows = int(meta["num_rows"])
         return {"rows": rows, "blocks": -(-rows // args.block_rows), "skipped": 0,
                 "encoded": 0, "seconds": 0.0, "finished_before": True}

@@ -119,16 +119,20 @@ def _float_keys(scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def search(queries: np.ndarray, corpus: np.ndarray, precision: str, top_k: int = 10, *,
            rescore: bool = True, rescore_multiplier: int = 2, ranges: np.ndarray | None = None,
-           block_rows: int = BLOCK_ROWS) -> tuple[np.ndarray, np.ndarray]:
+           rescore_with: np.ndarray | None = None, rescore_precision: str = "float32",
+           rescore_ranges: np.ndarray | None = None, block_rows: int | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
     """``(scores float64, ids int64)``, each ``[n_queries, min(top_k, n)]``, best first, of
     float ``[n_queries, dim]`` queries over an ``[n, ...]`` corpus of ``precision`` codes.
 
     Candidates: the ``top_k * rescore_multiplier`` nearest by Hamming distance (binary) or
     by the dot of the query's codes (int8/uint8, quantized with ``ranges``); float32: the
     exact dot product. With ``rescore``, each candidate is scored as query . unpacked bits
-    or dequantized codes (sentence-transformers' recipe); without, ``-hamming`` or the code
-    dot. Ties go to the lower id (float32: among scores rounded to float32).
-    Raises ValueError: shapes, precision, missing ranges."""
+    or dequantized codes (sentence-transformers' recipe), or as query . the same rows of
+    ``rescore_with`` (float32, or ``rescore_precision`` codes of ``rescore_ranges``: the
+    binary-search, int8-rescore recipe of sentence-transformers' quantized-retrieval demo);
+    without, ``-hamming`` or the code dot. Ties go to the lower id (float32: among scores
+    rounded to float32). Raises ValueError: shapes, precision, missing ranges."""
     check_precision(precision, allow_float=True)
     queries = np.asarray(queries)
     if queries.ndim != 2 or not np.issubdtype(queries.dtype, np.floating):
@@ -146,6 +150,14 @@ def search(queries: np.ndarray, corpus: np.ndarray, precision: str, top_k: int =
         raise ValueError(f"top_k={top_k} and rescore_multiplier={rescore_multiplier} must be "
                          f">= 1, and the corpus non-empty ({n} rows)")
     rescore = rescore and precision != "float32"
+    if rescore_with is not None:
+        check_precision(rescore_precision, allow_float=True)
+        if rescore_precision in BINARY or len(rescore_with) != n or \
+                np.shape(rescore_with)[1] != dim or (rescore_precision in SCALAR
+                                                     and rescore_ranges is None):
+            raise ValueError(f"rescore_with: float or int8/uint8 (with rescore_ranges) rows "
+                             f"[{n}, {dim}], got {rescore_precision} {list(rescore_with.shape)}")
+    block_rows = block_rows or BLOCK_ROWS
     k = min(top_k, n)
     wanted = min(k * rescore_multiplier, n) if rescore else k
     if precision in BINARY:
@@ -177,7 +189,11 @@ def search(queries: np.ndarray, corpus: np.ndarray, precision: str, top_k: int =
     if not rescore:
         return (-primary).astype(np.float64), found
     cand = np.asarray(corpus[found.ravel()]).reshape(*found.shape, width)
-    if precision in BINARY:
+    if rescore_with is not None:
+        cand = np.asarray(rescore_with[found.ravel()]).reshape(*found.shape, dim)
+        cand = cand.astype(np.float64) if rescore_precision == "float32" else \
+            dequantize(cand, rescore_precision, rescore_ranges)
+    elif precision in BINARY:
         cand = unpack_bits(cand, precision, dim).astype(int)
     else:
         cand = dequantize(cand, precision, ranges)
@@ -331,8 +347,11 @@ def float_view(path: str | os.PathLike, flag: str = "--input", mmap_mode: str | 
     return rows, ids, meta
 
 
-def array_blocks(rows: np.ndarray, ids: Sequence[str], block_rows: int = BLOCK_ROWS) -> Blocks:
-    """:data:`Blocks` of an (memory-mapped) array and its ids."""
+def array_blocks(rows: np.ndarray, ids: Sequence[str], block_rows: int | None = None
+                 ) -> Blocks:
+    """:data:`Blocks` of an (memory-mapped) array and its ids (default :data:`BLOCK_ROWS`)."""
+    block_rows = block_rows or BLOCK_ROWS
+
     def blocks() -> Iterator[tuple[Sequence[str], np.ndarray]]:
         for a in range(0, len(rows), block_rows):
             yield ids[a:a + block_rows], np.asarray(rows[a:a + block_rows])
