@@ -258,11 +258,11 @@ def test_binary_rescore_keeps_ndcg_within_a_point(squad_vectors):
     assert np.array_equal(signed[1], runs["binary + bits rescore"][1])
 
 
-def test_binary_rescore_ids_equal_semantic_search_faiss(squad_vectors):
-    pytest.importorskip("faiss", reason="faiss-cpu is not installed (the extra `index`)")
+def test_binary_rescore_ids_equal_semantic_search_faiss(request):
+    pytest.importorskip("faiss", reason="faiss-cpu not installed (extra `index`)")
     from sentence_transformers.util.quantization import semantic_search_faiss
 
-    _, q, docs = squad_vectors
+    _, q, docs = request.getfixturevalue("squad_vectors")  # not encoded for a skip
     codes = quantize.quantize_embeddings(docs, "ubinary")
     ids = quantize.search(q, codes, "ubinary", 10, rescore_multiplier=MULTIPLIER)[1]
     results, _ = semantic_search_faiss(q, corpus_embeddings=codes, corpus_precision="ubinary",
