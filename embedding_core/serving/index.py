@@ -198,9 +198,8 @@ def make_index(args: argparse.Namespace) -> tuple[float, int, str, float | None]
         binary = True
     elif precision != "float32":
         raise ValueError(f"--input={args.input} is a {precision} export; --kind={args.kind} "
-                         "needs float embeddings" + (" (binary-flat: a binary/ubinary "
-                                                     "export)" if precision in
-                                                     quantize.SCALAR else ""))
+                         "needs float embeddings (binary-flat and usearch also take "
+                         "binary/ubinary codes)")
     elif args.kind == "binary-flat":
         raise ValueError(f"--kind=binary-flat needs a binary/ubinary export; {args.input} is "
                          "float (embedding-jax quantize --precision=ubinary first)")

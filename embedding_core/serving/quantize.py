@@ -223,7 +223,7 @@ def load_calibration(path: str | os.PathLike, dim: int) -> tuple[np.ndarray, str
     ``[n, dim]``, a float export (its rows), or an int8/uint8 export (its stored ranges).
     Returns ``(ranges, what they came from)``. Raises FileNotFoundError, ValueError (both
     naming ``path``): a missing file, another dimension, a binary export, integer rows."""
-    where = storage.display(path) if os.fspath(path) else repr(path)
+    where = storage.display(path)
     p = storage.as_path(path)
     if p.is_file():
         try:
@@ -233,11 +233,7 @@ def load_calibration(path: str | os.PathLike, dim: int) -> tuple[np.ndarray, str
             raise ValueError(f"--calibration={where}: not a .npy file ({err})") from None
         meta: dict[str, Any] = {}
     elif p.is_dir():
-        views = load_export(p, mmap_mode="r")
-        if len(views) != 1:
-            raise ValueError(f"--calibration={where} holds the views {sorted(views)}; name one "
-                             f"(--calibration={where}/VIEW)")
-        rows, _, meta = next(iter(views.values()))
+        rows, _, meta = one_view(path, "--calibration")
     else:
         raise FileNotFoundError(f"--calibration={where} does not exist")
     precision = meta.get("precision", "float32")
@@ -371,10 +367,13 @@ def quantize_export(input_dir: str, output_dir: str, precision: str,
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--output={storage.display(output_dir)} is a file")
     ranges = what = None
+    if calibration and precision not in SCALAR:
+        raise ValueError(f"--calibration sets int8/uint8 ranges; --precision={precision} has "
+                         "none")
     if calibration:
         ranges, what = load_calibration(calibration, rows.shape[1])
     return write_quantized(output_dir, array_blocks(rows, ids), len(ids), rows.shape[1],
-                           precision, meta, ranges if precision in SCALAR else None, what)
+                           precision, meta, ranges, what)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -63,7 +63,8 @@ def test_export_round_trip_through_load_arrays(precision, tmp_path):
     src = _export(tmp_path / "float", rows)
     calibration = _floats(rows=30, dim=20, seed=2) * 2
     np.save(tmp_path / "cal.npy", calibration)
-    for cal, out in ((None, "self"), (tmp_path / "cal.npy", "npy")):
+    runs = ((None, "self"), (tmp_path / "cal.npy", "npy"))  # binary: no ranges to calibrate
+    for cal, out in runs if precision in quantize.SCALAR else runs[:1]:
         flags = [f"--calibration={cal}"] if cal else []
         assert main(["quantize", f"--input={src}", f"--output={tmp_path / out}",
                      f"--precision={precision}", *flags]) == 0
@@ -129,6 +130,8 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch)
         ([f"--input={src}", "--precision=int8", f"--calibration={tmp_path / 'no.npy'}"],
          [tmp_path / "no.npy", "does not exist"]),
         ([f"--input={tmp_path / 'missing'}", "--precision=binary"], [tmp_path / "missing"]),
+        ([f"--input={src}", "--precision=binary", f"--calibration={tmp_path / 'cal.npy'}"],
+         ["--precision=binary has none"]),
     ]
     for flags, names in cases:
         assert main(["quantize", f"--output={out}", *flags]) == 1
