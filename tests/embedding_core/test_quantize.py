@@ -283,3 +283,28 @@ def test_binary_rescore_ids_equal_semantic_search_faiss(request):
     assert np.array_equal(ids[untied], theirs[untied])
     raw = quantize.search(q, codes, "ubinary", cut, rescore=False)
     assert np.array_equal(-raw[0], ranked[:, :cut])  # our candidates: the nearest by Hamming
+
+
+def test_gs_output_round_trip(gcs_emulator, tmp_path, monkeypatch):
+    import importlib.util
+
+    from embedding_core.storage import storage
+    from embedding_core.storage.gcs_emulator import BUCKET
+
+    monkeypatch.setattr(storage, "_checked", set())
+    rows = _floats(rows=30, dim=12)
+    src = _export(tmp_path / "float", rows)
+    uri = f"gs://{BUCKET}/quant40/int8"
+    assert main(["quantize", f"--input={src}", f"--output={uri}", "--precision=int8"]) == 0
+    arrays, ids, meta = load_arrays(uri)
+    assert np.array_equal(arrays["embeddings"], st_quantize(rows, "int8"))
+    assert meta["precision"] == "int8" and len(ids) == 30
+    assert quantize.read_quantized(uri)[3].shape == (2, 12)
+    if importlib.util.find_spec("faiss"):  # an index goes up in one upload
+        import faiss
+
+        assert main(["index", f"--input={src}", f"--output={uri}.faiss", "--kind=flat",
+                     "--queries=5"]) == 0
+        local = storage.local_copy(f"{uri}.faiss", tmp_path / "cache")
+        assert faiss.read_index(str(local)).ntotal == 30
+    assert not (tmp_path / "gs:").exists()
