@@ -292,6 +292,7 @@ def test_gs_output_round_trip(gcs_emulator, tmp_path, monkeypatch):
     from embedding_core.storage.gcs_emulator import BUCKET
 
     monkeypatch.setattr(storage, "_checked", set())
+    monkeypatch.chdir(tmp_path)  # a URI written as a local path would land here as gs:/
     rows = _floats(rows=30, dim=12)
     src = _export(tmp_path / "float", rows)
     uri = f"gs://{BUCKET}/quant40/int8"
