@@ -1,6 +1,7 @@
 """The ``embedding-jax`` console script: ``encode`` (``embedding_core.serving.bulk_encode``),
-``evaluate`` (``embedding_core.evaluation.cli``), ``search`` (``serving.search_cli``) and
-``mine-hard-negatives`` (``serving.mining_cli``)."""
+``evaluate`` (``embedding_core.evaluation.cli``), ``search`` and ``mine-hard-negatives``
+(``serving.search_cli``, ``serving.mining_cli``), ``quantize`` and ``index`` (``serving.quantize``,
+``serving.index``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from collections.abc import Sequence
 USAGE = """usage: embedding-jax COMMAND [--help]
 
   encode    --model=NAME_OR_PATH --input=FILE_OR_GLOB --output=DIR   encode text files
+            [--precision=int8|uint8|binary|ubinary [--calibration=EXPORT_OR_NPY]]
+  quantize  --input=EXPORT --output=DIR --precision=int8|uint8|binary|ubinary
+            [--calibration=EXPORT_OR_NPY]                           quantize an export
+  index     --input=EXPORT --output=FILE --kind=flat|ivf|hnsw|binary-flat|usearch
+            [--float=EXPORT]                 a faiss/usearch index, with its recall@10
   evaluate  --model=NAME_OR_PATH_OR_WORKDIR [--ir=DIR_OR_JSONL] [--sts=FILE]
             [--pairs=FILE] [--triplets=FILE] [--output=results.json]  score a model
   search    --corpus=EXPORT_DIR --queries=EXPORT_DIR_OR_FILE [--model=NAME_OR_PATH]
@@ -53,6 +59,11 @@ def main(argv: Sequence[str]) -> int:
         from embedding_core.serving import bulk_encode
 
         return check_storage("encode", argv[1:]) or bulk_encode.main(argv[1:])
+    if argv[:1] in (["quantize"], ["index"]):
+        from embedding_core.serving import index, quantize
+
+        run = quantize.main if argv[0] == "quantize" else index.main
+        return check_storage(argv[0], argv[1:]) or run(argv[1:])
     if argv[:1] == ["evaluate"]:
         from embedding_core.evaluation import cli
 

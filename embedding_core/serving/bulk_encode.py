@@ -177,9 +177,15 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
     import jax
 
     from embedding_core.distributed import multihost
-    from embedding_core.serving import export, inference
+    from embedding_core.serving import export, inference, quantize
     from embedding_core.serving.st_models import load_encoder
 
+    precision = quantize.check_precision(getattr(args, "precision", "float32"),
+                                         allow_float=True)
+    calibration = getattr(args, "calibration", None)
+    if calibration and precision not in quantize.SCALAR:
+        raise ValueError(f"--calibration sets int8/uint8 ranges; --precision={precision} has "
+                         "none")
     files = input_files(args.input)
     out = storage.as_path(args.output)
     blocks_dir = out / BLOCKS
@@ -205,6 +211,10 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
             raise ValueError(f"{storage.display(out)} holds the export of another encode or "
                              f"run ({changed} differ); use a new --output or the same inputs "
                              "and flags")
+        if meta.get("precision", "float32") != precision:
+            raise ValueError(f"{storage.display(out)} holds the export of --precision="
+                             f"{meta.get('precision', 'float32')}, not {precision}; use a new "
+                             "--output")
         rows = int(meta["num_rows"])
         return {"rows": rows, "blocks": -(-rows // args.block_rows), "skipped": 0,
                 "encoded": 0, "seconds": 0.0, "finished_before": True}
@@ -213,6 +223,9 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
     if args.max_seq_length:
         encoder.max_seq_length = args.max_seq_length
     encoder.use_local_devices()
+    ranges = what = None
+    if calibration:  # checked before the encoding, not after it
+        ranges, what = quantize.load_calibration(calibration, encoder.dim)
     process, count = jax.process_index(), jax.process_count()
     num_blocks = -(-total // args.block_rows)
     mine = range(process, num_blocks, count)  # every count-th block is this process's
@@ -258,8 +271,12 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
         meta = {"model": args.model, "config": wanted, "step": None,
                 "normalized": bool(args.normalize), "similarity": encoder.similarity_fn_name
                 if encoder.similarity_fn_name in export.SIMILARITIES else "cosine"}
-        export.export_view(out, _read_blocks(blocks_dir, num_blocks), num_rows=total,
-                           dim=encoder.dim, meta=meta, split=False)
+        if precision == "float32":
+            export.export_view(out, _read_blocks(blocks_dir, num_blocks), num_rows=total,
+                               dim=encoder.dim, meta=meta, split=False)
+        else:  # the float blocks stay in _blocks, as they do for a float export
+            quantize.write_quantized(out, lambda: _read_blocks(blocks_dir, num_blocks), total,
+                                     encoder.dim, precision, meta, ranges, what)
     return {"rows": total, "blocks": num_blocks, "skipped": len(kept), "encoded": encoded,
             "seconds": time.time() - t0, "finished_before": False}
 
@@ -290,6 +307,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max_seq_length", type=int, default=0,
                    help="tokens per text (0: the model's own)")
     p.add_argument("--prompt", default=None, help="text prepended to every input")
+    p.add_argument("--precision", default="float32",
+                   help="float32, or codes: int8, uint8, binary, ubinary (docs/quantization.md)")
+    p.add_argument("--calibration", default=None,
+                   help="int8/uint8 ranges from a .npy of float embeddings or an export "
+                        "(default: the encoded rows themselves)")
     p.add_argument("--coordinator_address", default=None,
                    help="multi-process runs: host:port of process 0, or 'auto' on a TPU pod "
                         "(also $JAX_COORDINATOR_ADDRESS); every process runs the same command")

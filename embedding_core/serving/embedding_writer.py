@@ -27,6 +27,7 @@ VIEW_META_KEYS = ("model", "config", "step", "normalized", "similarity")
 SIMILARITIES = ("cosine", "dot", "euclidean")
 _RESERVED_META_KEYS = ("format_version", "num_rows", "arrays", "ids_file", "created_utc")
 _RESERVED_ARRAY_NAMES = ("ids", "meta")  # keys of export_embeddings' result
+CODE_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 def _check_filename(name: str, what: str) -> None:
@@ -96,8 +97,9 @@ class EmbeddingWriter:
             raise ValueError(f"num_rows must be a positive int, got {num_rows!r}")
         self.num_rows = int(num_rows)
         self.dtype = np.dtype(dtype)
-        if not np.issubdtype(self.dtype, np.floating):
-            raise ValueError(f"dtype must be a floating type, got {self.dtype}")
+        # int8/uint8: quantized exports (embedding_core/serving/quantize.py).
+        if not np.issubdtype(self.dtype, np.floating) and self.dtype not in CODE_DTYPES:
+            raise ValueError(f"dtype must be a floating type, int8 or uint8, got {self.dtype}")
         _check_filename(ids_filename, "ids_filename")
         if ids_filename == META_FILENAME or ids_filename in {f"{n}.npy" for n in self.dims}:
             raise ValueError(f"ids_filename {ids_filename!r} collides with another output")
@@ -204,6 +206,10 @@ class EmbeddingWriter:
             if arr.shape != (b, self.dims[name]):
                 raise ValueError(f"array {name!r}: block shape {arr.shape}, expected "
                                  f"({b}, {self.dims[name]}) for {b} ids")
+            if self.dtype in CODE_DTYPES and arr.dtype != self.dtype:
+                # A cast would wrap or truncate codes silently: they come quantized.
+                raise ValueError(f"array {name!r}: block dtype {arr.dtype}, expected "
+                                 f"{self.dtype} codes")
             with np.errstate(over="ignore", invalid="ignore"):
                 arr = arr.astype(self.dtype, copy=False)
             finite = np.isfinite(arr)
