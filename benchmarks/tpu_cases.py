@@ -67,8 +67,10 @@ def _batch(spec, sizes: dict, mesh: Mesh) -> dict:
 
 
 def _compile_step(name: str, config, mesh: Mesh, init_params, loss_fn, batch: dict, *,
-                  optimizer=None, accumulation=None, table_update=None, heads: int = 12):
-    """``embedding_core.training.run._train``'s step, compiled on abstract state and batch."""
+                  optimizer=None, accumulation=None, table_update=None, heads: int = 12,
+                  compile: bool = True):
+    """``embedding_core.training.run._train``'s step, compiled on abstract state and batch
+    (``compile=False``: only lowered, for the default tier's check on CPU devices)."""
     abstract_params = jax.eval_shape(init_params, jax.random.key(0))
     rules = parallel.fit_rules(configs.axis_rules(config), mesh, abstract_params,
                                {"heads": heads})
@@ -93,10 +95,12 @@ def _compile_step(name: str, config, mesh: Mesh, init_params, loss_fn, batch: di
                                     value_and_grad=grad, table_update=table_update)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P()))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        return step.jitted.lower(state, batch, key).compile()
+        lowered = step.jitted.lower(state, batch, key)
+    return lowered.compile() if compile else lowered
 
 
-def dualcse_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh: Mesh):
+def dualcse_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh: Mesh,
+                 compile: bool = True):
     """A DualCSE / SimCSE preset's train step (``dualcse_jax.trainer.build_task``)."""
     from dualcse_jax import data, tables
     from dualcse_jax.model import build_model, init_fn
@@ -109,12 +113,13 @@ def dualcse_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh
              "fields1": fields - 1, "seq": seq, "seq0": seq, "seq1": seq}
     batch = _batch(data.batch_spec(config), sizes, mesh)
     compiled = _compile_step(f"DualCSE-{config.architecture}", config, mesh, init_fn(model),
-                             make_loss_fn(model, config), batch, heads=encoder.num_heads)
+                             make_loss_fn(model, config), batch, heads=encoder.num_heads,
+                             compile=compile)
     return compiled, int(config.batch_size)
 
 
 def sentence_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh: Mesh,
-                  columns: int = 3):
+                  columns: int = 3, compile: bool = True):
     """A sentence-jax preset's train step (``sentence_jax.trainer.build_task``): ``columns``
     texts a row (anchor, positive, hard negative), the model's mean pooling."""
     from embedding_core import BatchField
@@ -131,12 +136,12 @@ def sentence_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mes
                           "seq": int(config.max_seq_length) or 128}, mesh)
     loss = make_loss_fn(model, default.make_loss(config), bool(config.dropout))
     compiled = _compile_step("sentence-jax", config, mesh, init_fn(model), loss, batch,
-                             heads=encoder.num_heads)
+                             heads=encoder.num_heads, compile=compile)
     return compiled, int(config.batch_size)
 
 
 def docent_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh: Mesh,
-                num_entities: int = DOCENT_ENTITIES):
+                num_entities: int = DOCENT_ENTITIES, compile: bool = True):
     """A DocEnt preset's train step (``docent_jax.trainer.build_task``) over
     ``num_entities`` entities; Full and Hybrid mask with bert-base-uncased's special ids."""
     from docent_jax import data, loss
@@ -161,7 +166,8 @@ def docent_step(config: ml_collections.ConfigDict, encoder: EncoderConfig, mesh:
         f"DocEnt-{variant}", config, mesh, init_fn(model),
         loss.make_loss_fn(model, config, mesh, masking), batch, optimizer=make_optimizer,
         accumulation=loss.grad_accumulation(config),
-        table_update=loss.fused_table_update(config, num_entities), heads=encoder.num_heads)
+        table_update=loss.fused_table_update(config, num_entities), heads=encoder.num_heads,
+        compile=compile)
     return compiled, int(config.batch_size)
 
 

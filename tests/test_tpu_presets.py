@@ -1,10 +1,17 @@
 """Every ``*_tpu.py`` preset trains 2 steps on the 8 fake CPU devices with the tiny BERT in
 place of BERT-base (``--config.model=``): the preset's batch, chunking, remat and dtype as
 they are; only the model, the step count, the global batch (one GradCache chunk per CPU
-device: 8 devices x the preset's chunk) and (DocEnt, MRWE) a small data file change."""
+device: 8 devices x the preset's chunk) and (DocEnt, MRWE) a small data file change.
+
+Compiling a BERT-base preset's remat / GradCache step takes 15-45 s on 2 cores, so the
+DualCSE, DocEnt and sentence-jax runs are in the slow tier; the default tier builds and
+lowers the same steps (``benchmarks/tpu_cases.py``, as ``run`` builds them) on the 8 CPU
+devices without compiling them, and runs the MRWE presets (cheap to compile)."""
 
 import importlib
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,7 +47,11 @@ def _mrwe_pairs(path):
     return path
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+SLOW = {p for p in PRESETS if not p.startswith("mrwe_jax")}
+
+
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW
+                                    else p for p in PRESETS])
 def test_tpu_preset_trains_two_steps_on_cpu(preset, tiny_bert_dir, tmp_path):
     module = importlib.import_module(preset)
     package = preset.split(".")[0]
@@ -82,3 +93,31 @@ def test_tpu_preset_trains_two_steps_on_cpu(preset, tiny_bert_dir, tmp_path):
               (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_losses = [m["loss"] for m in losses if "loss" in m]
     assert len(train_losses) == 2 and np.isfinite(train_losses).all(), losses
+
+
+@pytest.mark.parametrize("preset", sorted(SLOW))
+def test_tpu_preset_step_lowers_on_8_cpu_devices(preset):
+    """The slow test's step, traced and lowered for 8 devices: the preset's dtype reaches
+    the program and GradCache chunks loop (``contrastive_chunk_size``)."""
+    import jax
+    from jax.sharding import Mesh
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tpu_cases
+
+    config = importlib.import_module(preset).get_config()
+    config.batch_size = 8 * (config.contrastive_chunk_size or 8)
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(8, 1), ("data", "model"))
+    encoder = tpu_cases.encoder_config(tpu_cases.TINY_BERT)
+    package = preset.split(".")[0]
+    if package == "docent_jax":
+        lowered, examples = tpu_cases.docent_step(config, encoder, mesh, num_entities=64,
+                                                  compile=False)
+    else:
+        build = tpu_cases.sentence_step if package == "sentence_jax" else tpu_cases.dualcse_step
+        lowered, examples = build(config, encoder, mesh, compile=False)
+    assert examples == config.batch_size
+    text = lowered.as_text()
+    assert config.dtype == "bfloat16" and "bf16" in text
+    if config.get("contrastive_chunk_size"):
+        assert "stablehlo.while" in text

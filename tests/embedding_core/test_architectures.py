@@ -108,9 +108,11 @@ def test_load_encoder_equals_sentence_transformers(tiny):
     np.testing.assert_allclose(ours.encode(texts), st.encode(texts), atol=1e-5, err_msg=kind)
 
 
+@pytest.mark.slow  # a DualCSE-bi step compile per architecture (30-50 s each on 2 cores)
 def test_a_two_step_run_exports_its_own_model_type(tiny, tmp_path):
     """DualCSE-bi trained 2 steps from the tiny model: export-hf loads back in transformers
-    with the same model_type, and sentence-transformers gives the run's vectors."""
+    with the same model_type, and sentence-transformers gives the run's vectors (the
+    default tier: the untrained export above and test_hf_export.py's trained BERT)."""
     from sentence_transformers import SentenceTransformer
     from transformers import AutoConfig
 
