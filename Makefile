@@ -49,9 +49,13 @@ demo-mrwe: install
 
 # The in-process tier (the README's command): what runs in pytest's own processes; pyproject's
 # addopts leave out the slow tier and the targets below. Budget: 10 minutes on 2 quiet
-# cores, no test over 60 s.
+# cores, no test over 60 s. Two groups (tests/conftest.py): the tests that build no mesh on
+# 1 CPU device, then those that do on 8; both run even if the first fails.
 test: install-test
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
+	EMBEDDING_JAX_TESTS=single $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests; \
+	single=$$?; \
+	EMBEDDING_JAX_TESTS=mesh $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests; \
+	mesh=$$?; [ $$single -eq 0 ] && [ $$mesh -eq 0 ]
 
 # The quickstart's install cell in a fresh venv that has `tensorflow` (several minutes;
 # downloads TensorFlow once into pip's cache): tests/examples/test_quickstart_notebook.py.

@@ -1,10 +1,21 @@
-"""Test set-up: 8 fake CPU devices before JAX starts, persistent compile cache."""
+"""Test set-up: 8 fake CPU devices before JAX starts (1 for ``EMBEDDING_JAX_TESTS=single``),
+persistent compile cache, the ``mesh`` marker.
+
+``make test`` runs two groups: ``EMBEDDING_JAX_TESTS=single`` (every test file that does not
+build a mesh, on 1 CPU device: a step compiled for 8 fake devices costs ~35% more, and
+these files never shard) and ``EMBEDDING_JAX_TESTS=mesh`` (the files that do, on 8).
+Unset, every test runs on 8 devices."""
 
 import os
+import re
 
+GROUP = os.environ.get("EMBEDDING_JAX_TESTS", "")
+if GROUP not in ("", "single", "mesh"):
+    raise SystemExit(f"EMBEDDING_JAX_TESTS={GROUP!r}: use single, mesh or leave it unset")
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+    count = 1 if GROUP == "single" else 8
+    os.environ["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={count}"
 # LLVM's expensive passes cost ~12% of a cold suite's compile time; tiny test steps run
 # no slower without them, and no test compares step speed.
 if "xla_llvm_disable_expensive_passes" not in os.environ["XLA_FLAGS"]:
@@ -133,3 +144,28 @@ def cli(request):
     from tests import in_process
 
     return in_process.run_cli if request.param == "in_process" else in_process.run_subprocess
+
+
+# A test file that names devices, a mesh or its axes builds one: the `mesh` group's.
+_MESH = re.compile(r"jax\.devices\(|local_devices\(|device_count|Mesh\(|mesh_data|mesh_model|"
+                   r"NamedSharding|shard_map|num_devices|host_platform_device_count")
+_MESH_FILES: dict[str, bool] = {}
+
+
+def _builds_mesh(path: str) -> bool:
+    if path not in _MESH_FILES:
+        with open(path, encoding="utf-8") as f:
+            _MESH_FILES[path] = bool(_MESH.search(f.read()))
+    return _MESH_FILES[path]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks the tests of mesh-building files ``mesh``; keeps one group where asked."""
+    for item in items:
+        if _builds_mesh(str(item.path)):
+            item.add_marker(pytest.mark.mesh)
+    if not GROUP:
+        return
+    keep = [i for i in items if (GROUP == "mesh") == bool(i.get_closest_marker("mesh"))]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep

@@ -18,11 +18,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _readme_train_line() -> str:
+def _readme_train_line(command: str) -> str:
+    """The README's "Pods and Colab" line that runs ``command`` (up to the loop's ``; rc=``)."""
     section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Pods and Colab")[1]
     section = section.split("\n## ")[0]
-    lines = [line.strip() for line in section.splitlines()
-             if "dualcse-jax train --config=dualcse_jax/configs/cross_tpu.py" in line]
+    lines = [line.strip().strip("`") for line in section.splitlines() if command in line]
     assert len(lines) == 1, lines
     return lines[0].split("; rc=")[0]
 
@@ -33,18 +33,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.pod_command
-@pytest.mark.slow
-def test_readme_pod_command_on_two_processes(tmp_path, tiny_bert_dir):
-    line = _readme_train_line()
-    assert "--config.coordinator_address=auto" in line and "$BUCKET/runs/" in line
-    argv = shlex.split(line.replace("$BUCKET", str(tmp_path / "bucket")))
-    assert argv[0] == ".venv/bin/dualcse-jax"
-    argv[0] = str(Path(sys.executable).parent / "dualcse-jax")
-    # A tiny run: the tiny BERT, 2 steps of 8 premises per device (one GradCache chunk).
-    argv += [f"--config.model={tiny_bert_dir}", "--config.num_train_steps=2",
-             "--config.batch_size=64", "--config.max_train_examples=128",
-             "--config.eval_every=0"]
+def _two_processes(argv: list[str]) -> list[str]:
+    """``argv`` as two processes of 4 CPU devices found by Slurm's variables; their output."""
     port = _free_port()
     procs = []
     for pid in range(2):
@@ -58,11 +48,54 @@ def test_readme_pod_command_on_two_processes(tmp_path, tiny_bert_dir):
     for pid, (p, out) in enumerate(zip(procs, outputs, strict=True)):
         assert p.returncode == 0, out[-4000:]
         assert re.search(rf"process {pid} of 2, 4 local / 8 global devices", out), out[-4000:]
-    workdir = tmp_path / "bucket" / "runs" / "cross_tpu"
+    return outputs
+
+
+def _argv(line: str, bucket: Path) -> list[str]:
+    assert "--config.coordinator_address=auto" in line and "$BUCKET/runs/" in line
+    argv = shlex.split(line.replace("$BUCKET", str(bucket)))
+    assert argv[0].startswith(".venv/bin/")
+    argv[0] = str(Path(sys.executable).parent / argv[0].removeprefix(".venv/bin/"))
+    return argv
+
+
+def _check_run(workdir: Path, settings: dict) -> None:
     saved = json.loads((workdir / "run_config.json").read_text())
-    assert (saved["remat"], saved["dtype"], saved["contrastive_chunk_size"]) == (
-        "dots", "bfloat16", 8)
+    assert {k: saved[k] for k in settings} == settings
     steps = [json.loads(x).get("step") for x in
              (workdir / "metrics.jsonl").read_text().splitlines()]
     assert 2 in steps
     assert (workdir / "checkpoints" / "2").is_dir()
+
+
+@pytest.mark.pod_command
+@pytest.mark.slow
+def test_readme_pod_command_on_two_processes(tmp_path, tiny_bert_dir):
+    argv = _argv(_readme_train_line("dualcse-jax train --config="), tmp_path / "bucket")
+    # A tiny run: the tiny BERT, 2 steps of 8 premises per device (one GradCache chunk).
+    argv += [f"--config.model={tiny_bert_dir}", "--config.num_train_steps=2",
+             "--config.batch_size=64", "--config.max_train_examples=128",
+             "--config.eval_every=0"]
+    _two_processes(argv)
+    _check_run(tmp_path / "bucket" / "runs" / "cross_tpu",
+               {"remat": "dots", "dtype": "bfloat16", "contrastive_chunk_size": 8})
+
+
+@pytest.mark.pod_command
+@pytest.mark.slow
+def test_readme_sentence_jax_pod_line_on_two_processes(tmp_path, tiny_bert_dir):
+    """The README's sentence-jax line (``mnrl_tpu``, the preset found by name) on a
+    triplets file in the bucket: CachedMNRL over both processes' rows."""
+    from tests.sentence_jax.test_training import _triplets
+
+    argv = _argv(_readme_train_line("sentence-jax train --config="), tmp_path / "bucket")
+    data = [a.split("=", 1)[1] for a in argv if a.startswith("--config.train_files=")]
+    assert len(data) == 1 and data[0].endswith(".csv")
+    Path(data[0]).parent.mkdir(parents=True)
+    _triplets(Path(data[0]), n=128)
+    argv += [f"--config.model={tiny_bert_dir}", "--config.num_train_steps=2",
+             "--config.batch_size=64", "--config.eval_every=0"]
+    _two_processes(argv)
+    _check_run(tmp_path / "bucket" / "runs" / "mnrl_tpu",
+               {"remat": "dots", "dtype": "bfloat16", "mini_batch_size": 8,
+                "loss": "CachedMultipleNegativesRankingLoss"})

@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from docent_jax.loss import full_vocab_entity_loss, in_batch_entity_loss
 from embedding_core.distributed import parallel
@@ -52,6 +53,7 @@ def test_sentences_of_one_entity_are_not_each_others_negatives():
     np.testing.assert_allclose(grad, 0.0, atol=1e-7)
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_in_batch_equals_full_softmax_when_the_batch_holds_every_entity_once():
     rng = np.random.default_rng(3)
     table = jnp.asarray(rng.standard_normal((8, 5)), jnp.float32)
@@ -65,6 +67,7 @@ def test_in_batch_equals_full_softmax_when_the_batch_holds_every_entity_once():
     np.testing.assert_allclose(float(in_batch), float(full), rtol=1e-5)
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_loss_chunks_give_the_unchunked_loss_and_gradients():
     """``loss_chunk_size`` (``row_chunk``) scores a few sentences per data device at a time:
     the same loss and gradients as all at once, repeated entities masked alike."""

@@ -78,6 +78,7 @@ def _train(batch, data, model_size, fused):
     return jax.device_get((state.step, state.params, state.opt_state)), metrics
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_fused_step_equals_regular_step(batch):
     regular, regular_metrics = _train(batch, 2, 4, fused=False)
     fused, fused_metrics = _train(batch, 2, 4, fused=True)
@@ -99,6 +100,7 @@ def test_fused_step_equals_regular_step(batch):
     assert compared > 3 * 20  # params, both Adam moments, the step counts
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_fused_step_holds_no_table_gradient():
     """Compile-only: with the fused update the step's temporaries stay well under the
     table shard's gradient (which the tiled step alone holds whole:

@@ -104,6 +104,7 @@ def tiled_results(inputs):
     return get
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 @pytest.mark.parametrize("data,model", [(2, 4), (1, 8)])
 @pytest.mark.parametrize("cosine", [True, False], ids=["cosine", "dot"])
 def test_tiled_equals_dense_loss_and_gradients(inputs, tiled_results, data, model, cosine):
@@ -123,6 +124,7 @@ def test_tiled_equals_dense_loss_and_gradients(inputs, tiled_results, data, mode
     assert float(np.abs(grads[2][CLASSES:]).max()) == 0.0
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_union_cross_entropy_tiled_equals_dense():
     """DocEnt-Full's softmax over [word pieces; entities] with the entity part tiled."""
     rng = np.random.default_rng(1)
@@ -172,6 +174,7 @@ def test_union_cross_entropy_tiled_equals_dense():
     assert float(np.abs(grads[3][CLASSES:]).max()) == 0.0
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_tiled_step_holds_one_block_of_logits_per_device():
     """Compile-only: the tiled step's temporaries are the table shard's gradient plus a
     few ``[batch / data, block]`` blocks, well under the ``[batch / data, rows / model]``
@@ -190,6 +193,7 @@ def test_tiled_step_holds_one_block_of_logits_per_device():
     assert state <= tiled["arg_bytes"] <= state + 4096 + batch * (dim + 1) * 4
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_block_size_is_validated_before_compile(inputs):
     queries, table, bias, targets = inputs
     mesh = parallel.make_mesh(2, 4)

@@ -34,6 +34,7 @@ def test_bad_eval_file_stops_the_run_before_the_model_loads(tmp_path, field):
     assert (info.value.path, info.value.line, info.value.field) == (str(path), 3, "neutral")
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_loss_chunk_size_must_divide_the_per_device_batch_before_the_model_loads(tmp_path):
     config = default.get_config()
     config.batch_size, config.loss_chunk_size = 16, 3  # 2 rows per device on 8

@@ -142,6 +142,7 @@ def test_export_bad_input_names_line_and_writes_nothing(tmp_path, uninterrupted,
     assert not out.exists()
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_train_rejects_indivisible_batch_before_compiling(tmp_path, tiny_bert_dir):
     from dualcse_jax.trainer import train
 

@@ -415,6 +415,7 @@ def test_every_param_has_logical_axes():
     assert len(specs) == 5 + 2 * 16
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_sharded_apply_under_mesh_matches_unsharded():
     config = _tiny_config(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     module = encoders.TransformerEncoder(config)

@@ -108,6 +108,7 @@ def test_resume_equals_uninterrupted_run(full_run, tmp_path, caplog):
     assert "resuming at step 5" in said and "training already finished at step 12" in said
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_params_only_restore_onto_another_mesh(full_run):
     workdir, state, _ = full_run
     model = Linear()
@@ -130,6 +131,7 @@ def test_old_single_item_checkpoint_is_refused_before_anything_is_written(tmp_pa
     assert not (tmp_path / configs.CONFIG_FILE).exists()
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_old_single_item_checkpoint_is_refused_with_a_clear_message(tmp_path):
     (tmp_path / "7" / "state").mkdir(parents=True)
     (tmp_path / "7" / "_CHECKPOINT_METADATA").write_text("{}")
@@ -202,6 +204,7 @@ def test_a_run_that_stopped_before_its_first_checkpoint_takes_new_settings(tmp_p
         run(_make_task([]), _config(learning_rate=0.1, num_train_steps=4), tmp_path)
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_a_damaged_checkpoint_names_its_folder(full_run, tmp_path):
     import shutil
 
@@ -253,6 +256,7 @@ def _scripted_task(scores: dict):
     return make
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 @pytest.mark.parametrize("stop_after", [None, 5])
 def test_select_metric_keeps_the_best_checkpoint_and_loaders_take_it(tmp_path, stop_after):
     import json

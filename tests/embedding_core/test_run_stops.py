@@ -44,6 +44,7 @@ def _steps(workdir: Path) -> list[int]:
     (1, 100, 1),  # found by the check before the save of step 2: checkpoint 1 is kept
     (100, 1, None),  # found in the logged metrics of step 2, before any save
 ])
+@pytest.mark.mesh  # sets its own mesh shape
 def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(
         tmp_path, checkpoint_every, log_every, latest):
     # lr 1e38: step 1 moves the kernel to ~1e38 (finite), step 2's loss overflows to inf.
@@ -66,6 +67,7 @@ def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(
     assert not (tmp_path / "run.lock").exists()
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_params_that_overflow_under_a_finite_loss_are_never_saved(tmp_path):
     """Step 2's loss and gradient are finite but its update (lr inf) makes the kernel
     non-finite: the flag names step 2 and checkpoint 1 stays the latest."""
@@ -91,6 +93,7 @@ def test_params_that_overflow_under_a_finite_loss_are_never_saved(tmp_path):
     assert step == 1 and np.isfinite(kernel).all() and np.abs(kernel).max() > 0
 
 
+@pytest.mark.mesh  # sets its own mesh shape
 def test_train_step_flags_the_first_nonfinite_step():
     """The flag is set on device by the step itself and keeps the first bad step."""
     import jax.numpy as jnp
