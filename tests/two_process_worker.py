@@ -12,6 +12,9 @@ runs the phases in order, each phase's stdout, stderr and log lines in
 - ``sharded``: DualCSE trains on a sharded corpus, recording the host batches it consumed
   and the shard files this process held open (npz).
 - ``bulk_encode``: ``embedding-jax encode`` of a text file.
+- ``search``: ``search.search`` of a 3-part corpus export (the results and the row ranges
+  this process read, npz), one whose row on process 1 is NaN (the errors), and
+  ``embedding-jax search`` writing a run (process 0).
 """
 
 from __future__ import annotations
@@ -125,6 +128,41 @@ def sharded_train(spec: dict) -> None:
     np.savez(spec["out"], **recorded)
 
 
+def search_phase(spec: dict) -> None:
+    """``spec["cases"]`` searched: ``scores_<n>``, ``rows_<n>`` and ``read_<n>`` (the
+    ``[a, b)`` row ranges read) into ``spec["out"]``; the report: the CLI's ``rc`` and the
+    error of a corpus holding NaN at ``spec["nan_row"]``."""
+    from embedding_core.serving import search, search_cli
+
+    corpus = search.Corpus(spec["corpus"])
+    _, queries = search_cli.read_queries(spec["queries"], None, 1)
+    read, seen, out = search.Corpus.read, [], {}
+
+    def recording(self, a, b):
+        seen.append([a, b])
+        return read(self, a, b)
+
+    search.Corpus.read = recording
+    try:
+        for n, (k, score, chunk, block) in enumerate(spec["cases"]):
+            seen.clear()
+            s, i = search.search(queries, corpus, k, score=score, chunk_rows=chunk,
+                                 row_block=block, query_batch=4)
+            out.update({f"scores_{n}": s, f"rows_{n}": i,
+                        f"read_{n}": np.array(seen, np.int64).reshape(-1, 2)})
+    finally:
+        search.Corpus.read = read
+    np.savez(spec["out"], **out)
+    bad = corpus.read(0, corpus.num_rows)
+    bad[spec["nan_row"]] = np.nan
+    try:
+        search.search(queries, bad, 3, chunk_rows=8)
+        error = ""
+    except ValueError as err:
+        error = str(err)
+    _write(spec["report"], {"rc": search_cli.main(spec["argv"]), "nan_error": error})
+
+
 def _write(path: str, report: dict) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f)
@@ -159,6 +197,7 @@ def main() -> None:
         "dualcse_train": dualcse_train,
         "sharded": sharded_train,
         "bulk_encode": lambda s: _write(s["report"], {"rc": bulk_encode.main(s["argv"])}),
+        "search": search_phase,
     }
     for name, phase in phases.items():
         with captured(Path(spec["logs"]) / f"{name}_{pid}.log"):

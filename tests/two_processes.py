@@ -1,9 +1,9 @@
 """The slow tier's one two-process run (session fixture ``two_processes``,
 tests/conftest.py): 2 processes x 4 CPU devices start ``tests/two_process_worker.py`` once
 per test run, for all pytest workers (a file lock: the first runs it, the others read its
-files), and five tests read its results: test_multihost.py, test_export_parts.py,
-test_parallel.py, test_sharded_corpus.py, test_bulk_encode.py. Each compares against
-the same work done in its own (8-device) process.
+files), and six tests read its results: test_multihost.py, test_export_parts.py,
+test_parallel.py, test_sharded_corpus.py, test_bulk_encode.py, test_search.py. Each
+compares against the same work done in its own (8-device) process.
 """
 
 from __future__ import annotations
@@ -19,9 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).parent
 REPO = HERE.parent
 EXPORT_ROWS = 11  # odd: the export parts hold 6 and 5 rows
+# (k, score, chunk_rows, row_block) of the search phase over 37 rows: chunks of 8 put
+# chunks 0, 2, 4 on process 0 and 1, 3 on process 1; 1000 rows make one chunk, so that
+# process 1 ranks none.
+SEARCH_CASES = [(10, "cos", 8, 3), (37, "dot", 8, 0), (5, "cos", 1000, 4)]
+SEARCH_NAN_ROW = 9  # in chunk 1: process 1's
 
 
 def load(path: Path):
@@ -108,6 +115,29 @@ def export_spec(root: Path, name: str, nproc: int, pid: int, port: int) -> dict:
             "report": str(root / f"{name}_{pid}.json")}
 
 
+def search_vectors() -> tuple[np.ndarray, np.ndarray]:
+    """``(corpus [37, 8], queries [9, 8])`` float32: row 3 repeated in chunks of both
+    processes (exact ties across them), doubled (a cos tie), two zero rows; the last two
+    queries are row 3 and a zero row (every score ties)."""
+    rng = np.random.default_rng(40)
+    corpus = rng.normal(size=(37, 8)).astype(np.float32)
+    corpus[[5, 12, 20, 27, 36]] = corpus[3]
+    corpus[30] = corpus[3] * 2
+    corpus[[7, 15]] = 0
+    queries = np.concatenate([rng.normal(size=(7, 8)).astype(np.float32), corpus[[3, 7]]])
+    return corpus, queries
+
+
+def search_inputs(root: Path) -> dict:
+    """The search phase's corpus (a 3-part manifest) and queries export under ``root``."""
+    writer = load(HERE / "embedding_core" / "test_search.py")
+    corpus, queries = search_vectors()
+    root.mkdir(parents=True, exist_ok=True)
+    return {"corpus": str(writer.write_export(root / "corpus", corpus, parts=3)),
+            "queries": str(writer.write_export(root / "queries", queries,
+                                               [f"q{i}" for i in range(len(queries))]))}
+
+
 def bulk_lines(path: Path) -> tuple[Path, list[str]]:
     """300 INLI test texts (premise, neutral), one a line."""
     from data_pipelines import inli
@@ -143,6 +173,7 @@ def _specs(root: Path, port: int, tiny_bert_dir: Path, dualcse_run, docent_run,
     multihost_inputs(root / "multihost", dualcse_run, docent_run)
     export_inputs(root / "export_parts")
     lines, _ = bulk_lines(root / "bulk_encode" / "texts.txt")
+    found = search_inputs(root / "search")
     specs = []
     for pid in range(2):
         export = export_spec(root / "export_parts", "multi", 2, pid, port)
@@ -160,7 +191,15 @@ def _specs(root: Path, port: int, tiny_bert_dir: Path, dualcse_run, docent_run,
                         "out": str(root / "sharded" / f"host_{pid}.npz")},
             "bulk_encode": {"argv": bulk_args(tiny_bert_dir, lines,
                                               root / "bulk_encode" / "two"),
-                            "report": str(root / "bulk_encode" / f"report_{pid}.json")}})
+                            "report": str(root / "bulk_encode" / f"report_{pid}.json")},
+            "search": {**found, "cases": SEARCH_CASES, "nan_row": SEARCH_NAN_ROW,
+                       "out": str(root / "search" / f"result_{pid}.npz"),
+                       "report": str(root / "search" / f"report_{pid}.json"),
+                       "argv": [f"--corpus={found['corpus']}", f"--queries={found['queries']}",
+                                f"--output={root / 'search' / 'run.jsonl'}", "--top_k=10",
+                                "--chunk_rows=8", "--query_batch=4",
+                                f"--coordinator_address=localhost:{port}",
+                                "--num_processes=2", f"--process_id={pid}"]}})
     return specs
 
 

@@ -11,8 +11,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from embedding_core.distributed import multihost
 from embedding_core.losses import table_ranking
 from embedding_core.serving import export_reader
 from embedding_core.storage import storage
@@ -92,24 +94,22 @@ class Corpus:
         """Every row's id, in row order."""
         return [i for ids in self.id_files for i in ids.lines()]
 
-    def chunks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
-        """``(first row, [<= rows, dim] float32)`` in row order, across part boundaries."""
-        start, pending, have = 0, [], 0
+    def chunks(self, rows: int, first: int = 0, step: int = 1
+               ) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first row, [<= rows, dim] float32)`` of chunks ``first``, ``first + step``, ...
+        in row order, across part boundaries; the other chunks are not read."""
+        for start in range(first * rows, self.num_rows, step * rows):
+            yield start, self.read(start, min(self.num_rows, start + rows))
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        """Rows ``a:b`` ``[b - a, dim]`` float32, from the parts they lie in."""
+        pieces, offset = [], 0
         for arr in self.arrays:
-            a = 0
-            while a < len(arr):
-                b = min(len(arr), a + rows - have)
-                pending.append(_read_rows(arr, a, b))
-                have += b - a
-                a = b
-                if have == rows:
-                    block = np.concatenate(pending) if len(pending) > 1 else pending[0]
-                    pending = []
-                    yield start, block
-                    del block  # one chunk held at a time, not two
-                    start, have = start + rows, 0
-        if pending:
-            yield start, np.concatenate(pending) if len(pending) > 1 else pending[0]
+            lo, hi = max(a, offset), min(b, offset + len(arr))
+            if lo < hi:
+                pieces.append(_read_rows(arr, lo - offset, hi - offset))
+            offset += len(arr)
+        return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
 
 def _read_rows(arr: np.ndarray, a: int, b: int) -> np.ndarray:
@@ -144,15 +144,60 @@ def corpus_mesh(devices: Sequence[Any] | None = None) -> Mesh:
 
 def search(queries: np.ndarray, corpus: Corpus | np.ndarray, k: int, *, score: str = "cos",
            mesh: Mesh | None = None, chunk_rows: int = CHUNK_ROWS, row_block: int = ROW_BLOCK,
-           query_batch: int = QUERY_BATCH) -> tuple[np.ndarray, np.ndarray]:
+           query_batch: int = QUERY_BATCH, across_processes: bool = True
+           ) -> tuple[np.ndarray, np.ndarray]:
     """``(scores [n, k] float32, rows [n, k] int64)``: each query's ``k`` best corpus rows,
     best first; at equal scores the lower row first. ``queries`` ``[n, dim]`` float;
     ``score`` ``cos`` (both sides L2-normalised, eps 1e-12) or ``dot``. Host memory holds
     one ``[chunk_rows, dim]`` chunk and ``[n, 2k]`` running results, whatever the corpus;
     a device ``[query_batch, row_block]`` scores (``row_block`` 0: its whole share).
 
+    Under ``jax.distributed`` every process calls it with the same arguments (a
+    collective): chunk ``c`` is ranked on process ``c % process_count`` over its own
+    ``mesh``, process 0's queries are searched, and every process returns the result of
+    one process. ``across_processes=False``: this process searches everything alone.
+
     Raises: ValueError: ``k`` not in ``[1, corpus rows]``, dimensions that differ, an
-    unknown score, non-finite values (naming the corpus rows)."""
+    unknown score, non-finite values (naming the corpus rows), a ``mesh`` of other
+    processes' devices, processes that disagree; a peer's error (``multihost.agree``)."""
+    mesh = mesh or corpus_mesh()
+    count = jax.process_count() if across_processes else 1
+    try:
+        q, num_rows, chunk, where = _prepare(queries, corpus, k, score, mesh, chunk_rows,
+                                             count > 1)
+    except ValueError as err:
+        if count == 1:
+            raise
+        multihost.agree(err, "search")  # raises here and, by its type, on the peers
+    if count > 1:
+        setting = [len(q), q.shape[1], num_rows, int(k), chunk, score]
+        statuses = multihost.agree(None, "search", setting=setting)
+        if any(s.get("setting") != setting for s in statuses):
+            raise ValueError("search: the processes were given different queries, corpus, k "
+                             f"or devices ([n, dim, rows, k, chunk, score] "
+                             f"{[s.get('setting') for s in statuses]})")
+        # One set of queries: an encoding that differs in the last bit between hosts
+        # cannot make their results differ.
+        q = np.asarray(multihost_utils.broadcast_one_to_all(q), np.float32)
+    me = jax.process_index() if count > 1 else 0
+    error, best_s, best_i = None, None, None
+    try:
+        best_s, best_i = _rank_chunks(q, corpus, int(k), score, mesh, chunk, row_block,
+                                      query_batch, num_rows, where, me, count)
+    except Exception as err:  # told to the peers by agree(), then re-raised
+        if count == 1:
+            raise
+        error = err
+    if count == 1:
+        return best_s, best_i
+    multihost.agree(error, "search")
+    return _merge_processes(best_s, best_i, int(k), num_rows)
+
+
+def _prepare(queries, corpus, k, score: str, mesh: Mesh, chunk_rows: int, several: bool
+             ) -> tuple[np.ndarray, int, int, str]:
+    """``(queries [n, dim] float32, normalised for cos; corpus rows; chunk rows, a multiple
+    of the mesh's model axis; the corpus's name)``. Raises ValueError."""
     if score not in _SCORE_FNS:
         raise ValueError(f"score {score!r}: use one of {SCORES}")
     queries = np.asarray(queries)
@@ -168,21 +213,32 @@ def search(queries: np.ndarray, corpus: Corpus | np.ndarray, k: int, *, score: s
         raise ValueError(f"{where}: k={k} must lie in [1, {num_rows}] (the corpus rows)")
     if not np.isfinite(queries).all():
         raise ValueError("the queries hold NaN or infinite values")
+    if several and any(d.process_index != jax.process_index() for d in mesh.devices.flat):
+        raise ValueError(f"search over several processes ranks on each process's own "
+                         f"devices; the mesh {dict(mesh.shape)} holds other processes' "
+                         "(use corpus_mesh())")
     q = np.asarray(queries, np.float64)
     if score == "cos":
         q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), _EPS)
-    q = q.astype(np.float32)
-    mesh = mesh or corpus_mesh()
     shards = mesh.shape["model"]
     chunk = -(-max(1, min(int(chunk_rows), num_rows)) // shards) * shards
-    batch = min(int(query_batch), len(q))
-    pad = -len(q) % batch
-    q = np.pad(q, ((0, pad), (0, 0)))
+    return q.astype(np.float32), num_rows, chunk, where
+
+
+def _rank_chunks(q: np.ndarray, corpus, k: int, score: str, mesh: Mesh, chunk: int,
+                 row_block: int, query_batch: int, num_rows: int, where: str, first: int,
+                 step: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores [n, <= k] float32, rows [n, <= k] int64)`` of chunks ``first``,
+    ``first + step``, ... (none: ``[n, 0]``)."""
+    n = len(q)
+    batch = min(int(query_batch), n)
+    q = np.pad(q, ((0, -n % batch), (0, 0)))
     sharding = NamedSharding(mesh, PartitionSpec("model", None))
-    best_s = np.empty((len(queries), 0), np.float32)
-    best_i = np.empty((len(queries), 0), np.int64)
-    chunks = corpus.chunks(chunk) if isinstance(corpus, Corpus) else \
-        ((a, np.asarray(corpus[a:a + chunk], np.float32)) for a in range(0, num_rows, chunk))
+    best_s = np.empty((n, 0), np.float32)
+    best_i = np.empty((n, 0), np.int64)
+    chunks = corpus.chunks(chunk, first, step) if isinstance(corpus, Corpus) else \
+        ((a, np.asarray(corpus[a:a + chunk], np.float32))
+         for a in range(first * chunk, num_rows, step * chunk))
     for start, rows in chunks:
         if not np.isfinite(rows).all():
             bad = start + int(np.argwhere(~np.isfinite(rows))[0, 0])
@@ -192,7 +248,7 @@ def search(queries: np.ndarray, corpus: Corpus | np.ndarray, k: int, *, score: s
             rows = np.pad(rows, ((0, chunk - real), (0, 0)))
         table = jax.device_put(rows, sharding)
         del rows
-        k_here = min(int(k), real)
+        k_here = min(k, real)
         scores, index = [], []
         for a in range(0, len(q), batch):
             s, i = table_ranking.top_k(_SCORE_FNS[score], q[a:a + batch], table, k_here,
@@ -200,10 +256,28 @@ def search(queries: np.ndarray, corpus: Corpus | np.ndarray, k: int, *, score: s
             scores.append(np.asarray(s))
             index.append(np.asarray(i))
         del table
-        s = np.concatenate(scores)[:len(queries)]
-        i = np.concatenate(index)[:len(queries)].astype(np.int64) + start
-        best_s, best_i = _merge(best_s, best_i, s, i, int(k))
+        s = np.concatenate(scores)[:n]
+        i = np.concatenate(index)[:n].astype(np.int64) + start
+        best_s, best_i = _merge(best_s, best_i, s, i, k)
     return best_s, best_i
+
+
+def _merge_processes(best_s: np.ndarray, best_i: np.ndarray, k: int, num_rows: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Every process's ``[n, <= k]`` results exchanged (a collective) and merged: the same
+    ``k`` best on every process, ordered by (score descending, row ascending) as one
+    process's chunk merge orders them; padding (-inf, row ``num_rows``) never ranks, as
+    the corpus holds >= ``k`` finite scores."""
+    pad = k - best_s.shape[1]
+    s = np.pad(best_s, ((0, 0), (0, pad)), constant_values=-np.inf)
+    i = np.pad(best_i, ((0, 0), (0, pad)), constant_values=num_rows)
+    # Rows travel as int32 pairs: process_allgather would cut int64 to JAX's int32.
+    s = np.asarray(multihost_utils.process_allgather(s))  # [processes, n, k]
+    i = np.asarray(multihost_utils.process_allgather(i.view(np.int32))).view(np.int64)
+    s = np.concatenate(list(s), axis=1)
+    i = np.concatenate(list(i), axis=1)
+    order = np.lexsort((i, -s), axis=1)[:, :k]
+    return np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)
 
 
 def _merge(best_s: np.ndarray, best_i: np.ndarray, s: np.ndarray, i: np.ndarray, k: int

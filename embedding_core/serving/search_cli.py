@@ -170,7 +170,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="embedding-jax search",
         description="Exact top-k search of queries against an exported corpus, the corpus "
-                    "streamed in row chunks over the devices.")
+                    "streamed in row chunks over the devices (and the processes).")
     p.add_argument("--corpus", required=True, help="export folder of the corpus vectors (an "
                    "array folder or a multi-part manifest; local or gs://)")
     p.add_argument("--queries", required=True, help="an export folder of query vectors, or "
@@ -193,6 +193,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--row_block", type=int, default=8192,
                    help="rows scored at once on a device (0: its whole share of a chunk)")
     p.add_argument("--query_batch", type=int, default=1024, help="queries ranked at once")
+    p.add_argument("--coordinator_address", default=None,
+                   help="multi-process runs: host:port of process 0, or 'auto' on a TPU pod "
+                        "(also $JAX_COORDINATOR_ADDRESS); every process runs the same command "
+                        "and ranks its share of the chunks, process 0 writes")
+    p.add_argument("--num_processes", type=int, default=None, help="with a host:port")
+    p.add_argument("--process_id", type=int, default=None, help="with a host:port")
     return p
 
 
@@ -204,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               "--query_batch must be >= 1, --row_block >= 0, --run_name one word",
               file=sys.stderr)
         return 2
+    from embedding_core.distributed import parallel
+
+    parallel.maybe_initialize_distributed(args.coordinator_address, args.num_processes,
+                                          args.process_id)
     try:
         done = run_search(args)
     except (OSError, ValueError) as err:

@@ -1,6 +1,7 @@
 """embedding-jax search: exact top-k over the mesh equals a numpy brute force (ids, scores,
 ties: lower row first) on 1 and 8 devices, chunks and row blocks smaller than the corpus,
-multi-part exports; the CLI's JSON Lines / TREC runs, --qrels metrics, one-line errors."""
+multi-part exports; the CLI's JSON Lines / TREC runs, --qrels metrics, one-line errors; the
+shared two-process run's search (2 processes x 4 devices) equal to one process's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from embedding_core import main as cli_main
 from embedding_core.serving import export, export_parts, search, search_cli
 from embedding_core.serving.embedding_writer import FORMAT_VERSION
+from tests.two_processes import SEARCH_CASES, SEARCH_NAN_ROW, search_vectors
 
 DIM = 8
 META = {"model": "test", "config": {}, "step": None, "normalized": False,
@@ -87,6 +89,43 @@ def test_ties_rank_the_lower_row_first():
     np.testing.assert_allclose(s, 1.0, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_two_processes_search_equals_one_process(two_processes):
+    """Each process ranks its chunks (c % 2) on its 4 devices; both return the result of
+    one process (bit for bit on a 4-device mesh), ties across processes included."""
+    corpus, queries = search_vectors()
+    run = two_processes.root / "search"
+    reports = [two_processes.report("search", pid) for pid in range(2)]
+    assert [r["rc"] for r in reports] == [0, 0], [two_processes.log("search", p) for p in (0, 1)]
+    nan = f"the corpus: row {SEARCH_NAN_ROW} holds NaN or infinite values"
+    assert [r["nan_error"] for r in reports] == [f"search: process 1 failed: {nan}", nan]
+    got = [np.load(run / f"result_{pid}.npz") for pid in range(2)]
+    mesh = search.corpus_mesh(jax.local_devices()[:4])
+    folder = search.Corpus(run / "corpus")
+    for n, (k, score, chunk, block) in enumerate(SEARCH_CASES):
+        s, i = got[0][f"scores_{n}"], got[0][f"rows_{n}"]
+        np.testing.assert_array_equal(got[1][f"scores_{n}"], s)
+        np.testing.assert_array_equal(got[1][f"rows_{n}"], i)
+        assert s.dtype == np.float32 and i.dtype == np.int64 and i.shape == (9, k)
+        want_s, want_i = brute_force(queries, corpus, k, score)
+        np.testing.assert_array_equal(i, want_i)
+        np.testing.assert_allclose(s, want_s, atol=1e-6, rtol=1e-6)
+        one_s, one_i = search.search(queries, folder, k, score=score, mesh=mesh,
+                                     chunk_rows=chunk, row_block=block, query_batch=4)
+        np.testing.assert_array_equal(i, one_i)
+        np.testing.assert_array_equal(s, one_s)
+        # Each process read its own chunks only.
+        starts = [got[p][f"read_{n}"][:, 0].tolist() for p in range(2)]
+        assert starts == ([[0, 16, 32], [8, 24]] if chunk == 8 else [[0], []])
+    np.testing.assert_array_equal(i[-1], np.arange(k))  # a zero query: every score ties
+    lines = [json.loads(x) for x in (run / "run.jsonl").read_text().splitlines()]
+    _, want_i = brute_force(queries, corpus, 10, "cos")
+    assert [x["query_id"] for x in lines] == [f"q{q}" for q in range(9)]
+    assert [[h["corpus_id"] for h in x["hits"]] for x in lines] == \
+        [[f"d{j}" for j in row] for row in want_i]
+    assert not list(run.glob(".run.jsonl*"))
+
+
 def test_corpus_reads_parts_in_chunks_across_their_bounds(tmp_path):
     rows = vectors(23, 2)
     corpus = search.Corpus(write_export(tmp_path / "c", rows, parts=4))
@@ -96,6 +135,11 @@ def test_corpus_reads_parts_in_chunks_across_their_bounds(tmp_path):
     got = list(corpus.chunks(5))
     assert [a for a, _ in got] == [0, 5, 10, 15, 20]
     np.testing.assert_array_equal(np.concatenate([c for _, c in got]), rows)
+    # Every second chunk from the second (process 1 of 2): across a part's bound too.
+    got = list(corpus.chunks(5, 1, 2))
+    assert [a for a, _ in got] == [5, 15]
+    np.testing.assert_array_equal(np.concatenate([c for _, c in got]), rows[[*range(5, 10),
+                                                                             *range(15, 20)]])
     assert all(isinstance(a, np.memmap) for a in corpus.arrays)
     arrays, ids, _ = export.load_arrays(tmp_path / "c")  # the parts concatenated
     np.testing.assert_array_equal(arrays["embeddings"], rows)
