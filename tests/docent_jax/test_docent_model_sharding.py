@@ -71,8 +71,11 @@ ENTITY_SIDE = {
                "['word_bias']", "['mlm_transform']['dense']['kernel']"},
 }
 # Hybrid's full_vocab dual term is Dual's function (entity_softmax_loss), covered by Dual.
-CASES = [("dual", "full_vocab"), ("dual", "in_batch"), ("full", "in_batch"),
-         ("hybrid", "in_batch")]
+# Full and Hybrid add the MLM head to Dual's sharded table and encoder (35-50 s each on 2
+# cores): the slow tier; Dual's two softmaxes stay in the default tier.
+CASES = [("dual", "full_vocab"), ("dual", "in_batch"),
+         pytest.param("full", "in_batch", marks=pytest.mark.slow),
+         pytest.param("hybrid", "in_batch", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("variant,softmax", CASES)
