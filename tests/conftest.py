@@ -105,7 +105,7 @@ def docent_tiny_run(tmp_path_factory, tiny_bert_dir):
 @pytest.fixture(scope="session")
 def two_processes(tmp_path_factory, tiny_bert_dir, dualcse_tiny_run, docent_tiny_run):
     """The slow tier's one two-process run (``tests/two_processes.py``): 2 processes x 4
-    CPU devices, once per test run, whose results five tests read."""
+    CPU devices, once per test run, whose results six tests read."""
     from tests import two_processes
 
     return two_processes.shared(tmp_path_factory, tiny_bert_dir, dualcse_tiny_run,
