@@ -174,3 +174,25 @@ def test_cli_refuses_a_csv_of_lists_and_writes_nothing(pairs_file, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(out) in err[0] and "write .jsonl" in err[0]
     assert not os.path.exists(out)
+
+
+def test_sentence_jax_trains_on_the_mined_triplets_unchanged(pairs_file, tiny_bert_dir,
+                                                             tmp_path):
+    """The mined CSV as ``config.train_files``: 2 steps (tests/sentence_jax/test_training.py's
+    settings, so the step comes from the compile cache), finite losses, 3 columns."""
+    from sentence_jax import trainer
+    from sentence_jax.configs import default
+
+    out = tmp_path / "mined.csv"
+    assert cli_main.main(["mine-hard-negatives", f"--model={tiny_bert_dir}",
+                          f"--pairs={pairs_file}", f"--output={out}",
+                          "--output_format=triplet"]) == 0
+    config = default.get_config()
+    config.model, config.train_files = str(tiny_bert_dir), str(out)
+    config.update(batch_size=8, max_seq_length=16, num_train_steps=2, log_every=1,
+                  checkpoint_every=2, dropout=False)
+    assert int(trainer.train(config, tmp_path / "run").step) == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+            .splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert len(losses) == 2 and np.isfinite(losses).all()
