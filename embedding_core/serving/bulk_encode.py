@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from embedding_core.distributed import arguments
 from embedding_core.errors import DataError
 from embedding_core.storage import storage
 from embedding_core.storage.files import write_bytes_atomic
@@ -312,11 +313,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", default=None,
                    help="int8/uint8 ranges from a .npy of float embeddings or an export "
                         "(default: the encoded rows themselves)")
-    p.add_argument("--coordinator_address", default=None,
-                   help="multi-process runs: host:port of process 0, or 'auto' on a TPU pod "
-                        "(also $JAX_COORDINATOR_ADDRESS); every process runs the same command")
-    p.add_argument("--num_processes", type=int, default=None, help="with a host:port")
-    p.add_argument("--process_id", type=int, default=None, help="with a host:port")
+    arguments.add_coordinator_arguments(p, "")
     return p
 
 
@@ -325,10 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size < 1 or args.block_rows < 1:
         print("error: --batch_size and --block_rows must be >= 1", file=sys.stderr)
         return 2
-    from embedding_core.distributed import parallel
-
-    parallel.maybe_initialize_distributed(args.coordinator_address, args.num_processes,
-                                          args.process_id)
+    arguments.initialize_from_arguments(args)
     try:
         done = encode_files(args)
     except (OSError, ValueError) as err:

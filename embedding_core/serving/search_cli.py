@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from embedding_core.distributed import arguments
 from embedding_core.errors import DataError
 from embedding_core.storage import storage
 from embedding_core.storage.files import write_text_atomic
@@ -193,12 +194,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--row_block", type=int, default=8192,
                    help="rows scored at once on a device (0: its whole share of a chunk)")
     p.add_argument("--query_batch", type=int, default=1024, help="queries ranked at once")
-    p.add_argument("--coordinator_address", default=None,
-                   help="multi-process runs: host:port of process 0, or 'auto' on a TPU pod "
-                        "(also $JAX_COORDINATOR_ADDRESS); every process runs the same command "
-                        "and ranks its share of the chunks, process 0 writes")
-    p.add_argument("--num_processes", type=int, default=None, help="with a host:port")
-    p.add_argument("--process_id", type=int, default=None, help="with a host:port")
+    arguments.add_coordinator_arguments(p, ", and ranks its share of the chunks, process 0 writes")
     return p
 
 
@@ -210,10 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "--query_batch must be >= 1, --row_block >= 0, --run_name one word",
               file=sys.stderr)
         return 2
-    from embedding_core.distributed import parallel
-
-    parallel.maybe_initialize_distributed(args.coordinator_address, args.num_processes,
-                                          args.process_id)
+    arguments.initialize_from_arguments(args)
     try:
         done = run_search(args)
     except (OSError, ValueError) as err:
