@@ -69,8 +69,10 @@ class Sampler:
         self.no_duplicates = batch_sampler == "no_duplicates"
         self.round_robin = multi_dataset_batch_sampler == "round_robin"
         self.values = values
-        self._epochs: list[list[tuple[int, np.ndarray]]] = []
-        self._starts = [0]  # first step of each epoch computed so far
+        self._starts = [0]  # first step of each epoch counted so far
+        # One epoch's batches kept (not every epoch's: a long run would hold a row index per
+        # row and epoch); an epoch is a function of (seed, epoch), so it is recomputed.
+        self._cached: tuple[int, list[tuple[int, np.ndarray]]] | None = None
 
     def _dataset_batches(self, epoch: int, d: int) -> list[np.ndarray]:
         order = np.random.default_rng([self.seed, epoch, d]).permutation(self.sizes[d])
@@ -98,11 +100,10 @@ class Sampler:
     def locate(self, step: int) -> tuple[int, int]:
         """``(epoch, batch index in it)`` of ``step``."""
         while self._starts[-1] <= step:
-            batches = self.epoch(len(self._epochs))
+            batches = self._batches(len(self._starts) - 1)
             if not batches:
                 raise ValueError("no_duplicates found no full batch: too few distinct texts "
                                  f"for a global batch of {self.batch_size}")
-            self._epochs.append(batches)
             self._starts.append(self._starts[-1] + len(batches))
         epoch = int(np.searchsorted(self._starts, step, side="right")) - 1
         return epoch, step - self._starts[epoch]
@@ -110,8 +111,13 @@ class Sampler:
     def steps_per_epoch(self) -> int:
         """Batches in epoch 0 (later epochs may differ by a few under ``no_duplicates``)."""
         self.locate(0)
-        return len(self._epochs[0])
+        return self._starts[1]
+
+    def _batches(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, self.epoch(epoch))
+        return self._cached[1]
 
     def __call__(self, step: int) -> np.ndarray:
         epoch, k = self.locate(step)
-        return self._epochs[epoch][k][1]
+        return self._batches(epoch)[k][1]

@@ -78,3 +78,15 @@ def test_a_dataset_smaller_than_a_batch_is_named():
     with pytest.raises(ValueError, match="small.csv has 5 rows, fewer than one global batch "
                        "of 8"):
         Sampler([40, 5], 8, seed=0, names=["big.csv", "small.csv"])
+
+
+def test_steps_in_any_order_equal_a_fresh_sampler_and_one_epoch_is_kept():
+    """A resume asks for a late step first, an evaluation may go back: each step's rows equal
+    those a sampler walking the steps in order gives, with one epoch's batches held."""
+    kwargs = dict(sizes=[23, 41], batch_size=4, seed=7)
+    walked = Sampler(**kwargs)
+    expected = [walked(step) for step in range(60)]
+    jumping = Sampler(**kwargs)
+    for step in (55, 3, 41, 0, 59, 12):
+        np.testing.assert_array_equal(jumping(step), expected[step])
+        assert jumping._cached[0] == jumping.locate(step)[0]
