@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from embedding_core.serving import quantize
-from embedding_core.storage import storage
+from embedding_core.storage import files, storage
 
 KINDS = ("flat", "ivf", "hnsw", "binary-flat", "usearch")
 K = 10  # recall@K
@@ -176,6 +176,7 @@ def make_index(args: argparse.Namespace) -> tuple[float, int, str, float | None]
     one line naming the file or flag."""
     if args.kind not in KINDS:
         raise ValueError(f"unknown --kind={args.kind!r}; use one of {', '.join(KINDS)}")
+    files.check_not_an_input(args.output, {"--input": args.input, "--float": args.float})
     out = storage.as_path(args.output)
     if out.is_dir():
         raise IsADirectoryError(f"--output={storage.display(args.output)} is a folder; name "
@@ -207,14 +208,20 @@ def make_index(args: argparse.Namespace) -> tuple[float, int, str, float | None]
         rows, ids, meta = quantize.float_view(args.input)
         similarity = meta.get("similarity", "cosine")
         vectors, exact_from, binary = prepare(rows, similarity), args.input, False
+    if len(ids) == 0 or not np.isfinite(rows).all():
+        where = exact_from if binary else args.input
+        raise ValueError(f"{storage.display(where)}: " + ("no rows" if len(ids) == 0 else
+                         f"row {int(np.argwhere(~np.isfinite(rows))[0, 0])} holds NaN or "
+                         "infinite values"))
     floats = prepare(rows, similarity)
     index = build(args.kind, vectors, similarity, args)
-    save(index, args.kind, args.output)
+    # Measured before it is written: a failure leaves no index (nor replaces one).
     sample = sample_rows(len(ids), args.queries, args.seed)
     found = search(index, args.kind, vectors[sample], K)
     exact = exact_top(floats[sample], floats, similarity)
     again = recall(rescored(index, args.kind, vectors, floats[sample], args.rescore_multiplier),
                    exact) if binary else None
+    save(index, args.kind, args.output)
     return recall(found, exact), len(sample), exact_from, again
 
 
@@ -246,14 +253,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``embedding-jax index ...``; the exit status (1 after one error line)."""
     args = parser().parse_args(argv)
     if min(args.nlist + 1, args.nprobe, args.M, args.ef_construction, args.ef_search,
-           args.queries, args.rescore_multiplier) < 1:
-        print("embedding-jax index: error: --nlist must be >= 0, the other numbers >= 1",
-              file=sys.stderr)
-        return 1
+           args.queries, args.rescore_multiplier) < 1 or args.seed < 0:
+        print("embedding-jax index: error: --nlist and --seed must be >= 0, the other numbers "
+              ">= 1", file=sys.stderr)
+        return 2
     try:
         value, count, exact_from, again = make_index(args)
-    except (OSError, ValueError, ImportError) as err:
-        print(f"embedding-jax index: error: {storage.describe_error(err)}", file=sys.stderr)
+    except (OSError, ValueError, ImportError, RuntimeError) as err:  # faiss: RuntimeError
+        print(f"embedding-jax index: error: {storage.describe_error(err)}".splitlines()[0],
+              file=sys.stderr)
         return 1
     print(f"recall@{K} {value:.4f} over {count} queries ({args.kind} index {args.output}; "
           f"exact: numpy brute force over {exact_from})")

@@ -15,7 +15,7 @@ import numpy as np
 from embedding_core.errors import DataError
 from embedding_core.serving import mining
 from embedding_core.storage import storage
-from embedding_core.storage.files import write_text_atomic
+from embedding_core.storage.files import check_not_an_input, write_text_atomic
 
 
 def file_text(mined: mining.Mined, path: str) -> str:
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> mining.Mined:
     from embedding_core.storage.text_lines import read_text_lines
     from sentence_jax.data import read_columns
 
+    check_not_an_input(args.output, {"--pairs": args.pairs, "--corpus": args.corpus})
     pairs = read_columns(args.pairs, min_columns=2)
     anchors = [row[0] for row in pairs.texts]
     positives = [row[1] for row in pairs.texts]
@@ -108,6 +109,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.seed < 0:
+        print("embedding-jax mine-hard-negatives: error: --seed must be >= 0", file=sys.stderr)
+        return 2
     try:
         mined = run(args)
     except (OSError, ValueError) as err:

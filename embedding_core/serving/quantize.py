@@ -40,6 +40,15 @@ def code_dim(precision: str, dim: int) -> int:
     return -(-dim // 8) if check_precision(precision) in BINARY else dim
 
 
+def _check_finite(rows: np.ndarray, what: str) -> None:
+    """Raises ValueError naming the first row holding NaN or an infinity (its codes would be
+    silent garbage)."""
+    bad = ~np.isfinite(rows)
+    if bad.any():
+        raise ValueError(f"{what}: row {int(np.argwhere(bad)[0][0])} holds NaN or infinite "
+                         "values")
+
+
 def ranges_of(embeddings: np.ndarray | None = None,
               calibration: np.ndarray | None = None) -> np.ndarray:
     """float32 ``[2, dim]`` per-column (min, max) of ``calibration`` if given, else of
@@ -50,6 +59,8 @@ def ranges_of(embeddings: np.ndarray | None = None,
     if source.ndim != 2 or len(source) < (1 if calibration is not None else 2):
         raise ValueError(f"cannot compute quantization ranges from {len(source)} embedding(s) "
                          f"of shape {list(source.shape)}; give calibration embeddings")
+    _check_finite(source, "the calibration embeddings" if calibration is not None else
+                  "the embeddings")
     return np.vstack((np.min(source, axis=0), np.max(source, axis=0))).astype(np.float32)
 
 
@@ -65,6 +76,7 @@ def quantize_embeddings(embeddings: np.ndarray, precision: str,
     if not np.issubdtype(embeddings.dtype, np.floating):
         raise ValueError(f"embeddings to quantize must be float, got {embeddings.dtype}")
     dim = embeddings.shape[-1]
+    _check_finite(embeddings, "the embeddings")
     if precision in BINARY:
         bits = np.packbits(embeddings > 0, axis=-1)
         # int8 arithmetic on the uint8 codes: v - 128 wraps as in sentence-transformers.
@@ -252,7 +264,10 @@ def load_calibration(path: str | os.PathLike, dim: int) -> tuple[np.ndarray, str
         what = f"from {len(rows):,} calibration rows of {where}"
     if got != dim:
         raise ValueError(f"--calibration={where} has dimension {got}, the embeddings {dim}")
-    return (ranges_of(calibration=rows) if ranges is None else ranges), what
+    try:
+        return (ranges_of(calibration=rows) if ranges is None else ranges), what
+    except ValueError as err:
+        raise ValueError(f"--calibration={where}: {err}") from None
 
 
 def write_quantized(out_dir: str | os.PathLike, blocks: Blocks, num_rows: int, dim: int,
@@ -287,8 +302,14 @@ def write_quantized(out_dir: str | os.PathLike, blocks: Blocks, num_rows: int, d
     with writer:
         start = 0
         for ids, block in blocks():
-            writer.write(start, {VIEW_ARRAY: quantize_embeddings(
-                np.asarray(block), precision, ranges)}, ids)
+            block = np.asarray(block)
+            bad = ~np.isfinite(block)
+            if bad.any():  # named by its row in the whole input, not in the block
+                row = int(np.argwhere(bad)[0][0])
+                raise ValueError(f"row {start + row} (id {ids[row]}) of the embeddings holds "
+                                 "NaN or infinite values")
+            writer.write(start, {VIEW_ARRAY: quantize_embeddings(block, precision, ranges)},
+                         ids)
             start += len(ids)
     return full
 

@@ -15,7 +15,7 @@ import numpy as np
 from embedding_core.distributed import arguments
 from embedding_core.errors import DataError
 from embedding_core.storage import storage
-from embedding_core.storage.files import write_text_atomic
+from embedding_core.storage.files import check_not_an_input, write_text_atomic
 
 # The evaluator's cutoffs (sentence-transformers' defaults); only those <= --top_k are
 # printed, as a run of k hits cannot give a metric at a deeper cutoff.
@@ -138,6 +138,8 @@ def run_search(args: argparse.Namespace) -> dict[str, Any]:
     from embedding_core.serving import search
 
     fmt = args.format or ("trec" if args.output.endswith(".trec") else "jsonl")
+    check_not_an_input(args.output, {"--corpus": args.corpus, "--queries": args.queries,
+                                     "--qrels": args.qrels})
     corpus = search.Corpus(args.corpus)
     if args.top_k > corpus.num_rows:
         # Refused, not clamped as sentence-transformers does: a run shorter than asked

@@ -74,3 +74,16 @@ def read_json_object(path: str | os.PathLike, missing_hint: str = "") -> dict[st
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def check_not_an_input(output: str | os.PathLike, inputs: dict[str, Any]) -> None:
+    """Raises ValueError naming the flag when ``output`` is one of ``inputs`` (``{"--flag":
+    path or None}``) or lies inside an input folder: writing it would destroy that input."""
+    out = os.path.normpath(os.fspath(storage.display(output)))
+    for flag, value in inputs.items():
+        if value is None or value == "":
+            continue
+        src = os.path.normpath(os.fspath(storage.display(value)))
+        if out == src or out.startswith(src.rstrip("/") + "/"):
+            raise ValueError(f"--output={storage.display(output)} would overwrite "
+                             f"{flag}={storage.display(value)}; write elsewhere")
