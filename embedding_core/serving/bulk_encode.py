@@ -216,6 +216,13 @@ def encode_files(args: argparse.Namespace, stream: TextIO | None = None) -> dict
             raise ValueError(f"{storage.display(out)} holds the export of --precision="
                              f"{meta.get('precision', 'float32')}, not {precision}; use a new "
                              "--output")
+        stored = str(meta.get("calibration") or "")
+        if precision in quantize.SCALAR and (
+                (storage.display(calibration) not in stored) if calibration else
+                stored != quantize.OWN_RANGES):
+            raise ValueError(f"{storage.display(out)} holds codes with ranges {stored}, not "
+                             f"{'--calibration=' + calibration if calibration else 'its own'}; "
+                             "use a new --output")
         rows = int(meta["num_rows"])
         return {"rows": rows, "blocks": -(-rows // args.block_rows), "skipped": 0,
                 "encoded": 0, "seconds": 0.0, "finished_before": True}

@@ -40,6 +40,9 @@ def code_dim(precision: str, dim: int) -> int:
     return -(-dim // 8) if check_precision(precision) in BINARY else dim
 
 
+OWN_RANGES = "from the embeddings themselves"  # meta.json "calibration" without one
+
+
 def _check_finite(rows: np.ndarray, what: str) -> None:
     """Raises ValueError naming the first row holding NaN or an infinity (its codes would be
     silent garbage)."""
@@ -283,7 +286,7 @@ def write_quantized(out_dir: str | os.PathLike, blocks: Blocks, num_rows: int, d
     check_precision(precision)
     if precision in SCALAR:
         if ranges is None:
-            ranges, calibration = streamed_ranges(blocks()), "from the embeddings themselves"
+            ranges, calibration = streamed_ranges(blocks()), OWN_RANGES
         ranges = np.asarray(ranges, np.float32)
         if ranges.shape != (2, dim):
             raise ValueError(f"ranges of shape {list(ranges.shape)}, expected [2, {dim}]")

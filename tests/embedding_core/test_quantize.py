@@ -107,6 +107,13 @@ def test_encode_precision_writes_codes_of_the_encoded_floats(tiny_bert_dir, tmp_
     capsys.readouterr()  # st_quantize's warning about 20 rows
     assert main(["encode", *flags, f"--output={tmp_path / 'int8'}", "--precision=ubinary"]) == 1
     _one_error_line(capsys, tmp_path / "int8", "--precision=int8, not ubinary")
+    # ... or other ranges: a rerun with a calibration is not "already complete".
+    np.save(tmp_path / "cal20.npy", floats)
+    assert main(["encode", *flags, f"--output={tmp_path / 'int8'}", "--precision=int8",
+                 f"--calibration={tmp_path / 'cal20.npy'}"]) == 1
+    _one_error_line(capsys, tmp_path / "int8", "ranges from the embeddings themselves")
+    assert main(["encode", *flags, f"--output={tmp_path / 'int8'}", "--precision=int8"]) == 0
+    capsys.readouterr()
     # float32 (the default) stays the float export it was.
     assert bulk_encode.main([*flags, f"--output={tmp_path / 'f'}"]) == 0
     assert "precision" not in load_arrays(tmp_path / "f")[2]
