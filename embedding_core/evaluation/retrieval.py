@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -355,6 +355,15 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
 
     corpus = _ids(paths["corpus"], document)
     queries = _ids(paths["queries"], lambda r, line: _text(r, "text", paths["queries"], line))
+    return queries, corpus, read_qrels(qrels_path, queries, corpus)
+
+
+def read_qrels(path: str | os.PathLike, queries: Collection[str], corpus: Collection[str]
+               ) -> dict[str, dict[str, int]]:
+    """BEIR ``qrels/*.tsv`` (header ``query-id corpus-id score``) as ``{query: {doc:
+    grade}}``, grades > 0 kept. Raises DataError naming the line: a bad header or row, an
+    id not in ``queries`` / ``corpus``, a grade out of range, a pair scored twice."""
+    qrels_path = as_path(path)
     relevant: dict[str, dict[str, int]] = {}
     seen: dict[tuple[str, str], int] = {}
     rows = _records(qrels_path, jsonl=False)
@@ -382,7 +391,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
                             f"{seen[qid, cid]} on an earlier line, now {value}")
         if value > 0:
             relevant.setdefault(qid, {})[cid] = value
-    return queries, corpus, relevant
+    return relevant
 
 
 def read_jsonl(path: str | os.PathLike

@@ -63,30 +63,10 @@ def read_qrels(path: str, query_ids: Sequence[str], corpus_ids: Sequence[str]
     grade}}``, grades > 0 kept. Raises DataError: a bad row, an id the run does not know."""
     from embedding_core.evaluation import retrieval
 
-    queries, corpus = dict.fromkeys(query_ids, ""), dict.fromkeys(corpus_ids, "")
     where = storage.as_path(path)
     if not where.is_file():
         raise FileNotFoundError(f"--qrels={path} does not exist")
-    rows = retrieval._records(where, jsonl=False)
-    header = next(rows, None)
-    if header is None or header[1].split("\t") != ["query-id", "corpus-id", "score"]:
-        raise DataError(path, header and header[0], None,
-                        "expected the header 'query-id<TAB>corpus-id<TAB>score'")
-    relevant: dict[str, dict[str, int]] = {}
-    for line, text in rows:
-        fields = text.split("\t")
-        if len(fields) != 3:
-            raise DataError(path, line, None, f"{len(fields)} tab-separated fields, not 3")
-        qid, cid, score = fields
-        if qid not in queries:
-            raise DataError(path, line, "query-id", f"unknown query id {qid!r}")
-        if cid not in corpus:
-            raise DataError(path, line, "corpus-id", f"unknown corpus id {cid!r}")
-        grade = retrieval._grade(score)
-        if grade is None:
-            raise DataError(path, line, "score", f"not an integer: {score!r}")
-        if grade > 0:
-            relevant.setdefault(qid, {})[cid] = grade
+    relevant = retrieval.read_qrels(where, set(query_ids), set(corpus_ids))
     if not relevant:
         raise DataError(path, None, None, "no row with a score above 0: no query of the run "
                         "has a relevant document")
