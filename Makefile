@@ -11,7 +11,7 @@ WORKDIR ?= workdirs/dualcse_cross_cpu
 # single-threaded); whole files go to a worker so module fixtures compile once.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-test install-bench install-tpu demo demo-docent demo-mrwe test test-notebook test-pod test-slow test-tpu tpu-plan test-bench bench \
+.PHONY: install install-test install-bench install-tpu demo demo-docent demo-mrwe test test-notebook test-pod test-slow test-tpu tpu-plan test-bench bench bench-cpu \
 	lint clean
 
 $(BIN)/python:
@@ -95,12 +95,18 @@ test-tpu: install-tpu
 tpu-plan: install-tpu
 	$(BIN)/python benchmarks/tpu_plan.py $(TPU_PLAN_ARGS)
 
-# bench_dualcse.py end to end at tiny sizes (two child processes, two MiniLM compiles each).
-test-bench: install-test
+# bench_dualcse.py and cpu_bench.py --quick end to end at tiny sizes (child processes, MiniLM
+# compiles in each; several minutes).
+test-bench: install-bench
 	$(BIN)/python -m pytest -q -m bench_run tests/test_benchmarks_smoke.py
 
 bench: install-bench
 	$(BIN)/python benchmarks/bench_dualcse.py
+
+# Each side in its own process, alternated, 3 rounds (docs/performance.md); on a quiet
+# machine: about 25 minutes on 2 cores. BENCH_CPU_ARGS=--quick for a smoke run.
+bench-cpu: install-bench
+	$(BIN)/python benchmarks/cpu_bench.py $(BENCH_CPU_ARGS)
 
 lint: install-test
 	$(BIN)/ruff check .

@@ -1,6 +1,7 @@
 """The accelerator benchmark keeps working on CPU (`--smoke`), and its PyTorch peer computes
 the loss our step computes; the CPU comparison (bench_dualcse.py) runs both OpenMP wait
-policies and counts sentence-transformers' padding as it batches."""
+policies and counts sentence-transformers' padding as it batches; cpu_bench.py runs each
+side in its own process and its float32 sides' vectors agree with sentence-transformers'."""
 
 import importlib.util
 import json
@@ -15,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "accelerator.py"
 CPU_BENCH = ROOT / "benchmarks" / "bench_dualcse.py"
+SEPARATE_BENCH = ROOT / "benchmarks" / "cpu_bench.py"
 
 
 def _load(path: Path, name: str):
@@ -137,6 +139,56 @@ def test_cpu_bench_runs_both_wait_policies():
             == report["active"]["encode"]["jax_slots"])
     assert report["encode_ratio"] == report["passive"]["encode"]["ratio"]
     assert report["train_ratio_active"] == report["active"]["train"]["ratio"]
+
+
+def test_cpu_bench_length_mix_and_spreads():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sides = _load(ROOT / "benchmarks" / "cpu_bench_sides.py", "cpu_bench_sides")
+    bench = _load(SEPARATE_BENCH, "cpu_bench")
+    sentences = [f"s{i}" for i in range(10)]
+    paragraphs = [f"p{i}" for i in range(5)]
+    texts = sides.length_mix(sentences, paragraphs, 8, 0.25)
+    # round(8 * 0.25) = 2 paragraphs, the first 6 sentences, nothing twice; same seed, same mix.
+    assert sorted(t for t in texts if t.startswith("s")) == sorted(sentences[:6])
+    assert len({t for t in texts if t.startswith("p")}) == 2 and len(texts) == 8
+    assert texts == sides.length_mix(sentences, paragraphs, 8, 0.25)
+    with pytest.raises(ValueError, match="need 4 sentences and 6 paragraphs"):
+        sides.length_mix(sentences, paragraphs, 10, 0.6)
+    assert bench.spread([3.0, 1.0, 2.0, 10.0]) == [1.0, 2.5, 10.0]
+    quick = bench.parse_args(["--quick", "--threads", "1"])
+    assert (quick.repeats, quick.texts, quick.threads) == (1, 24, 1)
+    assert bench.parse_args(["--texts", "5"]).repeats == 3
+
+
+@pytest.mark.bench_run  # minutes: make test-bench, not the default run
+def test_cpu_bench_quick_each_side_in_its_own_process():
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("onnxruntime")
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the bench sets its own
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
+    proc = subprocess.run([sys.executable, str(SEPARATE_BENCH), "--quick"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("encode_ratio_torch", "encode_ratio_onnx", "train_ratio_torch", "cpu_model",
+                "cpu_flags", "threads", "spreads", "int8", "max_abs_diff_vs_st_torch"):
+        assert report[key] is not None, key
+    assert report["threads"] == len(os.sched_getaffinity(0))
+    assert report["max_seq_length"] == 256  # the MiniLM folder's own
+    diffs = report["max_abs_diff_vs_st_torch"]
+    assert diffs["ours"] < 1e-4 and diffs["st_onnx"] < 1e-4, diffs
+    # int8 is a different model: off by more than float32 rounding, yet the same vectors.
+    assert 1e-4 < report["int8"]["max_abs_error_vs_st_torch"] < 0.5
+    for name in ("encode/ours", "encode/st_torch", "encode/st_onnx", "encode/st_onnx_int8",
+                 "train/ours", "train/st_torch"):
+        lo, med, hi = report["spreads"][name]
+        assert 0 < lo <= med <= hi, name
+    med = {k: v[1] for k, v in report["spreads"].items()}
+    assert report["encode_ratio_onnx"] == pytest.approx(med["encode/ours"]
+                                                        / med["encode/st_onnx"])
+    assert report["train_ratio_torch"] == pytest.approx(med["train/ours"]
+                                                        / med["train/st_torch"])
 
 
 HAND_HLO = """HloModule jit_step, entry_computation_layout={()->f32[]}
