@@ -6,6 +6,7 @@ build a mesh, on 1 CPU device: a step compiled for 8 fake devices costs ~35% mor
 these files never shard) and ``EMBEDDING_JAX_TESTS=mesh`` (the files that do, on 8).
 Unset, every test runs on 8 devices."""
 
+import ast
 import os
 import re
 
@@ -20,6 +21,10 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 # no slower without them, and no test compares step speed.
 if "xla_llvm_disable_expensive_passes" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_llvm_disable_expensive_passes=true"
+# LLVM at -O0 on 1 device (HLO passes still run): a cold test file compiles 18-42% faster.
+# Not in the mesh group: its 1-ulp comparisons across chunkings hold only at the default.
+if GROUP == "single" and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -146,23 +151,58 @@ def cli(request):
     return in_process.run_cli if request.param == "in_process" else in_process.run_subprocess
 
 
-# A test file that names devices, a mesh or its axes builds one: the `mesh` group's.
-_MESH = re.compile(r"jax\.devices\(|local_devices\(|device_count|Mesh\(|mesh_data|mesh_model|"
-                   r"NamedSharding|shard_map|num_devices|host_platform_device_count")
-_MESH_FILES: dict[str, bool] = {}
+# A test that names devices, a mesh or its axes builds one: the `mesh` group's. Read in the
+# test, its decorators, and the fixtures, functions and constants of its file it reaches.
+# (jax.devices()[:1] and make_mesh(1, 1) are one device's.)
+_MESH = re.compile(r"jax\.devices\((?!\)\[:1\])|local_devices\(|device_count|Mesh\(|"
+                   r"mesh_data|mesh_model|NamedSharding|shard_map|num_devices|"
+                   r"host_platform_device_count|make_mesh\((?!\s*1\s*,\s*1\b)")
+_FILES: dict[str, tuple[bool, dict]] = {}
 
 
-def _builds_mesh(path: str) -> bool:
-    if path not in _MESH_FILES:
+def _top_level(path: str) -> tuple[bool, dict]:
+    """(whether the file names a mesh at all, {top-level name: (source, names it uses)})."""
+    if path not in _FILES:
         with open(path, encoding="utf-8") as f:
-            _MESH_FILES[path] = bool(_MESH.search(f.read()))
-    return _MESH_FILES[path]
+            text = f.read()
+        lines, names = text.splitlines(), {}
+        if _MESH.search(text):
+            for node in ast.parse(text).body:
+                targets = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) \
+                    else [t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
+                          if isinstance(t, ast.Name)]
+                first = min([node.lineno] + [d.lineno for d in
+                                             getattr(node, "decorator_list", [])])
+                source = "\n".join(lines[first - 1 : node.end_lineno])
+                used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                for target in targets:
+                    names[target] = (source, used)
+        _FILES[path] = (bool(names), names)
+    return _FILES[path]
+
+
+def _builds_mesh(item) -> bool:
+    any_mesh, names = _top_level(str(item.path))
+    if not any_mesh:
+        return False
+    todo = [item.cls.__name__ if item.cls else item.originalname, *item.fixturenames]
+    seen = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in names:
+            continue
+        seen.add(name)
+        source, used = names[name]
+        if _MESH.search(source):
+            return True
+        todo += used
+    return False
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks the tests of mesh-building files ``mesh``; keeps one group where asked."""
+    """Marks the tests that build a mesh ``mesh``; keeps one group where asked."""
     for item in items:
-        if _builds_mesh(str(item.path)):
+        if _builds_mesh(item):
             item.add_marker(pytest.mark.mesh)
     if not GROUP:
         return

@@ -30,9 +30,10 @@ def _kernel_env() -> dict[str, str]:
     """The kernel sees what a user's Python sees: one CPU device (not the suite's 8 fake
     ones), the suite's compile cache (reruns compile less)."""
     env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split()  # the suite's own (conftest.py)
-             if "xla_force_host_platform_device_count" not in f
-             and "xla_llvm_disable_expensive_passes" not in f]
+    suite_only = ("xla_force_host_platform_device_count", "xla_llvm_disable_expensive_passes",
+                  "xla_backend_optimization_level")  # tests/conftest.py's
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not any(name in f for name in suite_only)]
     env["XLA_FLAGS"] = " ".join(flags)
     env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("JAX_COMPILATION_CACHE_DIR",

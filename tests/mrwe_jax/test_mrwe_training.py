@@ -329,6 +329,7 @@ def test_export_tower_folder_encodes_like_the_workdir(trained, tmp_path):
         load_tower_export(out)
 
 
+@pytest.mark.mesh  # the data-parallel size of all 8 devices
 def test_bad_settings_fail_before_anything_loads(tmp_path):
     feats, _ = synthetic_features()
     workdir = tmp_path / "w"
