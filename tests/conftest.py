@@ -1,12 +1,13 @@
 """Test set-up: 8 fake CPU devices before JAX starts (1 for ``EMBEDDING_JAX_TESTS=single``),
 persistent compile cache, the ``mesh`` marker.
 
-``make test`` runs two groups: ``EMBEDDING_JAX_TESTS=single`` (every test file that does not
-build a mesh, on 1 CPU device: a step compiled for 8 fake devices costs ~35% more, and
-these files never shard) and ``EMBEDDING_JAX_TESTS=mesh`` (the files that do, on 8).
-Unset, every test runs on 8 devices."""
+``make test`` runs two groups: ``EMBEDDING_JAX_TESTS=single`` (every test that builds no
+mesh, on 1 CPU device: a step compiled for 8 fake devices costs ~35% more) and
+``EMBEDDING_JAX_TESTS=mesh`` (the tests that do, on 8), each at LLVM -O0 and with the
+heaviest files first. Unset (the slow tier), every test runs on 8 devices."""
 
 import ast
+import json
 import os
 import re
 
@@ -21,9 +22,11 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 # no slower without them, and no test compares step speed.
 if "xla_llvm_disable_expensive_passes" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_llvm_disable_expensive_passes=true"
-# LLVM at -O0 (HLO passes still run): a cold test file compiles 18-42% faster. A test
-# comparing programs to 1 ulp compiles them at the default (test_cached_and_mesh.py).
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+# LLVM at -O0 in `make test`'s groups (HLO passes still run): a cold test file compiles
+# 18-42% faster. A test comparing programs to 1 ulp compiles them at the default
+# (test_cached_and_mesh.py); the slow tier, whose child processes compile at the default
+# level, keeps it throughout.
+if GROUP and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -210,4 +213,16 @@ def pytest_collection_modifyitems(config, items):
         return
     keep = [i for i in items if (GROUP == "mesh") == bool(i.get_closest_marker("mesh"))]
     config.hook.pytest_deselected(items=[i for i in items if i not in keep])
-    items[:] = keep
+    items[:] = _heaviest_files_first(keep)
+
+
+def _heaviest_files_first(items: list) -> list:
+    """Whole files, the longest first (tests/durations.json): ``--dist loadfile`` hands them
+    out in this order, so the last file a worker gets is a short one."""
+    seconds = json.loads(Path(__file__).with_name("durations.json").read_text())
+    root = Path(__file__).parent.parent
+    first: dict = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+    return sorted(items, key=lambda item: (
+        -seconds.get(Path(item.path).relative_to(root).as_posix(), 0), first[item.path]))
