@@ -301,7 +301,8 @@ def ours_train(spec: dict, prepared: dict):
         jax.block_until_ready((s, metrics))
         holder["state"] = s
 
-    widths = sorted({int(b["input_ids"].shape[-1]) for b in host})
+    widths = sorted({tuple(int(v.shape[-1]) for k, v in sorted(b.items())
+                           if k.startswith("input_ids")) for b in host})
     return one_pass, {"padded_widths": widths, "dropout": bool(config.dropout),
                       "xla_flags": os.environ.get("XLA_FLAGS", "")}
 

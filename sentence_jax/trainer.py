@@ -4,8 +4,10 @@ table, each step's rows from the sampler, the loss on the global batch's embeddi
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -80,21 +82,35 @@ def build_table(sets: list[data.Columns], tokenizer, max_len: int, lower: bool,
     return table, labels
 
 
-def make_loss_fn(model, loss, dropout: bool) -> ContrastiveLoss:
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def input_suffixes(width: int, group_padding: bool) -> list[str]:
+    """The batch's input names end in these: ``_c`` per column with ``group_padding``."""
+    return [f"_{c}" for c in range(width)] if group_padding else [""]
+
+
+def make_loss_fn(model, loss, dropout: bool, suffixes: Sequence[str] = ("",)
+                 ) -> ContrastiveLoss:
     """Split at the ``[rows, F, dim]`` float32 embeddings; row i's dropout key is
-    ``fold_in(step key, i)``, so the global batch gives the same loss on any mesh."""
+    ``fold_in(step key, i)`` (and ``fold_in(that, g)`` for input group g), so the global
+    batch gives the same loss on any mesh."""
 
     def embed(params, batch, rows, rng):
         def apply(inputs, key):
-            ids, mask, types = inputs
-            r, f, length = ids.shape
-            out = model.apply({"params": params}, ids.reshape(r * f, length),
-                              mask.reshape(r * f, length), types.reshape(r * f, length),
-                              deterministic=key is None,
-                              rngs={} if key is None else {"dropout": key})
-            return out.reshape(r, f, -1)
+            out = []
+            for g, (ids, mask, types) in enumerate(inputs):
+                r, f, length = ids.shape
+                k = None if key is None else key if len(inputs) == 1 else \
+                    jax.random.fold_in(key, g)
+                out.append(model.apply({"params": params}, ids.reshape(r * f, length),
+                                       mask.reshape(r * f, length),
+                                       types.reshape(r * f, length), deterministic=k is None,
+                                       rngs={} if k is None else {"dropout": k}
+                                       ).reshape(r, f, -1))
+            return out[0] if len(out) == 1 else jnp.concatenate(out, axis=1)
 
-        inputs = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        inputs = tuple(tuple(batch[name + s] for name in INPUTS) for s in suffixes)
         return per_example(apply, dropout)(inputs, rows, rng)
 
     def value(params, embeddings, batch, rng):
@@ -139,8 +155,9 @@ def build_task(config: ml_collections.ConfigDict, mesh=None) -> Task:
                                multi_dataset_batch_sampler=config.multi_dataset_batch_sampler,
                                values=values, names=[s.path for s in sets])
     width = len(sets[0].names)
-    spec = {name: BatchField("int", ("batch", width, "seq"))
-            for name in ("input_ids", "attention_mask", "token_type_ids")}
+    suffixes = input_suffixes(width, bool(config.group_padding))
+    spec = {name + s: BatchField("int", ("batch", width // len(suffixes), f"seq{s}"))
+            for name in INPUTS for s in suffixes}
     spec["text_ids"] = BatchField("int", ("batch", width))
     row_values = {}
     if isinstance(losses.inner(loss), losses.CoSENTLoss):
@@ -152,11 +169,13 @@ def build_task(config: ml_collections.ConfigDict, mesh=None) -> Task:
                        start_step=start_step, process_index=jax.process_index(),
                        process_count=jax.process_count(),
                        pad_multiple=int(config.pad_multiple), order=sampler,
-                       row_values=row_values)
+                       row_values=row_values,
+                       length_groups=[[c] for c in range(width)] if len(suffixes) > 1 else None)
 
     return Task(
         name=f"sentence-jax {type(loss).__name__}", init_params=init_fn(model),
-        loss_fn=make_loss_fn(model, loss, bool(config.dropout)), make_batches=make_batches,
+        loss_fn=make_loss_fn(model, loss, bool(config.dropout), suffixes),
+        make_batches=make_batches,
         num_examples=table.num_examples, steps_per_epoch=sampler.steps_per_epoch(),
         global_batch_size=batch, batch_spec=spec,
         pretrained=pretrained_params(pretrained.params, pipeline),

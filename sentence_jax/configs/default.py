@@ -28,6 +28,8 @@ FIELDS = configs.declare(
                   "the folder's config_sentence_transformers.json"),
     pad_multiple=Field(16, "batches padded to a multiple of this (fewer compiled shapes)",
                        min=1),
+    group_padding=Field(True, "pad each text column to its own longest, as "
+                        "sentence-transformers' collator does (false: one width for all)"),
     # Loss (sentence-transformers' classes and arguments).
     loss=Field("MultipleNegativesRankingLoss", "the loss class", choices=tuple(losses.LOSSES)),
     scale=Field(20.0, "similarity scale (1 / temperature)", above=0),

@@ -73,5 +73,6 @@ def test_training_texts_carry_their_prompt(tmp_path, tiny_bert_dir):
                   batch_size=8, max_seq_length=16, prompts='{"t.csv": {"positive": "doc: "}}')
     batch = next(iter(trainer.build_task(config).make_batches(0)))
     tokenizer = load_tokenizer(tiny_bert_dir)
-    decoded = [[tokenizer.decode(ids.tolist()) for ids in row] for row in batch["input_ids"]]
+    decoded = [[tokenizer.decode(batch[f"input_ids_{c}"][r, 0].tolist()) for c in range(2)]
+               for r in range(len(batch["input_ids_0"]))]
     assert all(r[1].startswith("doc : answer") and r[0].startswith("question") for r in decoded)

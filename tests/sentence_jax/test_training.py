@@ -40,10 +40,10 @@ def test_the_negative_column_reaches_the_loss(config):
 
     task = trainer.build_task(config)
     batch = next(iter(task.make_batches(0)))
-    assert batch["input_ids"].shape[:2] == (8, 3)
+    assert [batch[f"input_ids_{c}"].shape[:2] for c in range(3)] == [(8, 1)] * 3
     tokenizer = load_tokenizer(config.model)
     first = [tokenizer.decode(ids[:n].tolist()) for ids, n in zip(
-        batch["input_ids"][:, 2], batch["attention_mask"][:, 2].sum(-1), strict=True)]
+        batch["input_ids_2"][:, 0], batch["attention_mask_2"][:, 0].sum(-1), strict=True)]
     assert all(text.startswith("unrelated ") for text in first), first
     params = nn.meta.unbox(task.init_params(jax.random.key(0)))
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
@@ -54,6 +54,42 @@ def test_the_negative_column_reaches_the_loss(config):
     assert float(value) == pytest.approx(float(mnrl([emb[:, 0], emb[:, 1], emb[:, 2]])),
                                          abs=1e-6)
     assert abs(float(value) - float(mnrl([emb[:, 0], emb[:, 1]]))) > 1e-3
+
+
+def test_each_column_is_padded_to_its_own_longest_and_the_loss_is_unchanged(config,
+                                                                             tmp_path):
+    """group_padding (sentence-transformers' collator): column c is [rows, 1, its longest];
+    with dropout off the loss and its gradients equal one width for all columns."""
+    path = tmp_path / "lengths.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["anchor", "positive"])
+        for i in range(8):
+            writer.writerow([f"a much longer question number {i} with many words in it",
+                             f"short {i}"])
+    config.update(train_files=str(path), pad_multiple=1)
+    params = None
+    results = []
+    for grouped in (True, False):
+        config.group_padding = grouped
+        task = trainer.build_task(config)
+        batch = next(iter(task.make_batches(0)))
+        if grouped:
+            real = [int(batch[f"attention_mask_{c}"].sum(-1).max()) for c in range(2)]
+            assert [batch[f"input_ids_{c}"].shape for c in range(2)] == \
+                [(8, 1, real[0]), (8, 1, real[1])] and real[0] > real[1] + 4
+        else:
+            assert batch["input_ids"].shape == (8, 2, max(real))
+        params = params or nn.meta.unbox(task.init_params(jax.random.key(0)))
+        batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "step"}
+        results.append(jax.value_and_grad(lambda p, b=batch, t=task: t.loss_fn(
+            p, b, jax.random.key(1))[0])(params))
+    (grouped_loss, grouped_grads), (loss, grads) = results
+    assert float(grouped_loss) == pytest.approx(float(loss), abs=1e-6)
+    # Sums over other padded lengths: float32 rounding, measured as in test_cached_and_mesh.
+    pairs = list(zip(jax.tree.leaves(grouped_grads), jax.tree.leaves(grads), strict=True))
+    diff = np.sqrt(sum(float(np.sum((a - b) ** 2)) for a, b in pairs))
+    assert diff / np.sqrt(sum(float(np.sum(b * b)) for _, b in pairs)) < 1e-5
 
 
 def test_two_steps_train_and_checkpoint(config, tmp_path):
